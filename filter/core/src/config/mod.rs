@@ -1,0 +1,234 @@
+//! The validated runtime config, and the one entry point that builds it from text.
+//!
+//! The same [`load`] runs in the native CLI (`llmroute validate`, `llmroute render`) and in the filter's
+//! `on_configure`, so a file that validates on a laptop is exactly the file the filter accepts.
+//! Look-up tables (alias to routes) are compiled once here, never per request.
+
+mod address;
+mod raw;
+mod validate;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+pub use address::{parse_endpoint, parse_listen, Endpoint};
+pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute};
+
+/// The only schema version.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Default body bound: 8 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+/// The most a body bound may be raised to: 64 MiB.
+pub const MAX_MAX_BODY_BYTES: usize = 64 << 20;
+/// Default CHWBL bound, percent of the mean load.
+pub const DEFAULT_BALANCE_FACTOR: u32 = 150;
+/// Default first-user-message prefix for the affinity fallback.
+pub const DEFAULT_USER_PREFIX_BYTES: usize = 256;
+/// Largest allowed `user_prefix_bytes`.
+pub const MAX_USER_PREFIX_BYTES: usize = 64 << 10;
+
+/// One problem in a config file: which field, what value, and why it is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// A path such as `backends[1].balance_factor`.
+    pub field: String,
+    /// The offending value as written (may be empty when the field is missing).
+    pub value: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.field, self.reason)
+        } else {
+            write!(f, "{} = {}: {}", self.field, self.value, self.reason)
+        }
+    }
+}
+
+/// All problems found in one file, in document order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The engine software behind a backend. It decides health paths and dialect checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    LlamaCpp,
+    Vllm,
+    Sglang,
+    Ollama,
+    OpenAi,
+}
+
+impl EngineKind {
+    pub const NAMES: &'static str = "llamacpp, vllm, sglang, ollama, openai";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "llamacpp" => Self::LlamaCpp,
+            "vllm" => Self::Vllm,
+            "sglang" => Self::Sglang,
+            "ollama" => Self::Ollama,
+            "openai" => Self::OpenAi,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LlamaCpp => "llamacpp",
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Ollama => "ollama",
+            Self::OpenAi => "openai",
+        }
+    }
+}
+
+/// How Envoy picks a host inside a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LbPolicy {
+    /// Ring hash on the affinity header with `hash_balance_factor`: consistent hashing with bounded loads.
+    Chwbl,
+    LeastRequest,
+    RoundRobin,
+}
+
+impl LbPolicy {
+    pub const NAMES: &'static str = "chwbl, least_request, round_robin";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "chwbl" => Self::Chwbl,
+            "least_request" => Self::LeastRequest,
+            "round_robin" => Self::RoundRobin,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    pub name: String,
+    pub kind: EngineKind,
+    pub endpoints: Vec<Endpoint>,
+    pub lb: LbPolicy,
+    /// Percent of the mean load; only meaningful for [`LbPolicy::Chwbl`].
+    pub balance_factor: u32,
+    pub connect_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Index into [`Config::backends`].
+    pub backend: usize,
+    pub upstream_model: String,
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelAlias {
+    pub name: String,
+    /// Sorted by priority, lowest first; stable for ties.
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AffinityConfig {
+    /// Lower-case header names, checked in order.
+    pub session_headers: Vec<String>,
+    pub user_prefix_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub request_timeout_ms: u64,
+}
+
+/// The validated config. Build it with [`load`] or [`Config::try_from`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub backends: Vec<Backend>,
+    pub models: Vec<ModelAlias>,
+    pub affinity: AffinityConfig,
+    pub limits: Limits,
+    pub debug_headers: bool,
+    alias_index: HashMap<String, usize>,
+}
+
+impl Config {
+    /// The alias a client named, if it exists.
+    pub fn alias(&self, name: &str) -> Option<&ModelAlias> {
+        self.alias_index.get(name).and_then(|&i| self.models.get(i))
+    }
+
+    pub fn backend(&self, index: usize) -> Option<&Backend> {
+        self.backends.get(index)
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigErrors;
+
+    fn try_from(raw: RawConfig) -> Result<Self, Self::Error> {
+        validate::validate(raw)
+    }
+}
+
+/// Parses and validates a config document. JSON is always accepted; YAML when built with the `yaml` feature.
+pub fn load(text: &str) -> Result<Config, ConfigErrors> {
+    Config::try_from(parse(text)?)
+}
+
+/// Stage one only: the document's shape, with unknown fields rejected and the path of the offending field named.
+pub fn parse(text: &str) -> Result<RawConfig, ConfigErrors> {
+    if text.trim_start().starts_with('{') {
+        let mut de = serde_json::Deserializer::from_str(text);
+        return serde_path_to_error::deserialize(&mut de).map_err(|e| shape_error(e.path(), e.inner()));
+    }
+    parse_yaml(text)
+}
+
+#[cfg(feature = "yaml")]
+fn parse_yaml(text: &str) -> Result<RawConfig, ConfigErrors> {
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| shape_error(e.path(), e.inner()))
+}
+
+#[cfg(not(feature = "yaml"))]
+fn parse_yaml(_text: &str) -> Result<RawConfig, ConfigErrors> {
+    Err(ConfigErrors(vec![ConfigError {
+        field: "(document)".into(),
+        value: String::new(),
+        reason: "the filter reads the JSON form of llmroute.yaml; `llmroute render` embeds it".into(),
+    }]))
+}
+
+fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> ConfigErrors {
+    let field = match path.to_string() {
+        p if p == "." || p.is_empty() => "(document)".to_string(),
+        p => p,
+    };
+    ConfigErrors(vec![ConfigError {
+        field,
+        value: String::new(),
+        reason: inner.to_string(),
+    }])
+}

@@ -1,0 +1,103 @@
+//! Stage one of the config: the document exactly as written in `llmroute.yaml`.
+//!
+//! These structs only give the file its shape. Unknown fields are rejected here, by serde, so a typo never
+//! silently falls back to a default. Everything about *values* (ranges, references, addresses, duplicates) is
+//! checked in stage two, [`super::validate`], which can report every problem at once.
+
+use serde::Deserialize;
+
+/// The whole `llmroute.yaml` document, schema version 1.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Schema version. Only `1` exists.
+    pub version: u32,
+    /// Where Envoy listens for clients, `IP:PORT`. Default `127.0.0.1:10000`.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// Where Envoy's admin interface listens, `IP:PORT`. Default `127.0.0.1:9901`.
+    #[serde(default)]
+    pub admin: Option<String>,
+    /// The engine fleets. Each one becomes an Envoy cluster of the same name.
+    pub backends: Vec<RawBackend>,
+    /// The model aliases clients may send, and where each one goes.
+    pub models: Vec<RawModel>,
+    /// How the affinity key is found.
+    #[serde(default)]
+    pub affinity: Option<RawAffinity>,
+    /// Bounds on what a client may send.
+    #[serde(default)]
+    pub limits: Option<RawLimits>,
+    /// Add `x-llmroute-*` response headers that show how a request was routed. Default false.
+    #[serde(default)]
+    pub debug_headers: Option<bool>,
+}
+
+/// One fleet of engines of the same kind serving the same models.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBackend {
+    /// Cluster name: 1 to 64 characters of `A-Z a-z 0-9 . _ -`.
+    pub name: String,
+    /// Engine kind: `llamacpp`, `vllm`, `sglang`, `ollama` or `openai`.
+    pub kind: String,
+    /// Engine addresses, `HOST:PORT` (an IP literal or a DNS name; IPv6 in brackets).
+    pub endpoints: Vec<String>,
+    /// Load balancing: `chwbl` (ring hash with bounded load, the default), `least_request` or `round_robin`.
+    #[serde(default)]
+    pub lb: Option<String>,
+    /// The CHWBL bound, in percent of the mean load: a host takes at most this share before keys spill. `>= 100`.
+    #[serde(default)]
+    pub balance_factor: Option<u32>,
+    /// Upstream connect timeout in milliseconds. Default 2000.
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// A model alias and its routes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// The alias clients send in `model`.
+    pub name: String,
+    /// Where the alias may go. The lowest `priority` wins; ties go to the first listed.
+    pub routes: Vec<RawRoute>,
+}
+
+/// One way to serve an alias.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// The backend name.
+    pub backend: String,
+    /// The `model` value the engine expects. Default: the alias itself, and the body is left untouched.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Lower is preferred. Default 0.
+    #[serde(default)]
+    pub priority: Option<i32>,
+}
+
+/// Where the affinity key comes from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAffinity {
+    /// Request headers that carry an explicit session id, checked in order. Default `["x-session-id"]`.
+    #[serde(default)]
+    pub session_headers: Option<Vec<String>>,
+    /// How many bytes of the first user message form the fallback key. `0` turns the fallback off. Default 256.
+    #[serde(default)]
+    pub user_prefix_bytes: Option<usize>,
+}
+
+/// Input bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Largest request body the filter buffers, in bytes; beyond it, 413. Default 8 MiB, at most 64 MiB.
+    #[serde(default)]
+    pub max_body_bytes: Option<usize>,
+    /// Route timeout for a whole request, in milliseconds; `0` disables it. Default 600000 (10 minutes).
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
+}

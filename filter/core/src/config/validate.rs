@@ -1,0 +1,308 @@
+//! Stage two of the config: values, references and uniqueness.
+//!
+//! Validation never stops at the first problem: an operator fixing a file wants the whole list. Each error names
+//! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
+//! `Option`s left to interpret.
+
+use std::collections::HashMap;
+
+use super::*;
+
+const NAME_MAX: usize = 64;
+const MODEL_NAME_MAX: usize = 256;
+
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, field: impl Into<String>, value: impl ToString, reason: impl Into<String>) {
+        self.0.push(ConfigError {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        });
+    }
+}
+
+pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
+    let mut errs = Errors(Vec::new());
+    if raw.version != SCHEMA_VERSION {
+        errs.push(
+            "version",
+            raw.version,
+            format!("unsupported schema version; this build reads version {SCHEMA_VERSION}"),
+        );
+    }
+    let listen = listen_addr(&mut errs, "listen", raw.listen.as_deref(), "127.0.0.1:10000");
+    let admin = listen_addr(&mut errs, "admin", raw.admin.as_deref(), "127.0.0.1:9901");
+    if listen.is_some() && listen == admin {
+        errs.push(
+            "admin",
+            admin.map(|a| a.to_string()).unwrap_or_default(),
+            "must differ from `listen`",
+        );
+    }
+
+    let backends: Vec<Backend> = raw
+        .backends
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| backend(&mut errs, i, b))
+        .collect();
+    if raw.backends.is_empty() {
+        errs.push("backends", "[]", "at least one backend is needed");
+    }
+    check_unique(&mut errs, "backends", raw.backends.iter().map(|b| b.name.as_str()));
+    let backend_index: HashMap<&str, usize> = backends.iter().enumerate().map(|(i, b)| (b.name.as_str(), i)).collect();
+
+    let models: Vec<ModelAlias> = raw
+        .models
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| model(&mut errs, i, m, &backend_index))
+        .collect();
+    if raw.models.is_empty() {
+        errs.push("models", "[]", "at least one model alias is needed");
+    }
+    check_unique(&mut errs, "models", raw.models.iter().map(|m| m.name.as_str()));
+
+    let affinity = affinity(&mut errs, raw.affinity.as_ref());
+    let limits = limits(&mut errs, raw.limits.as_ref());
+
+    match (errs.0.is_empty(), listen, admin) {
+        (true, Some(listen), Some(admin)) => {
+            let alias_index = models.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
+            Ok(Config {
+                listen,
+                admin,
+                backends,
+                models,
+                affinity,
+                limits,
+                debug_headers: raw.debug_headers.unwrap_or(false),
+                alias_index,
+            })
+        }
+        _ => Err(ConfigErrors(errs.0)),
+    }
+}
+
+fn listen_addr(errs: &mut Errors, field: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
+    let text = value.unwrap_or(default);
+    parse_listen(text).map_err(|reason| errs.push(field, text, reason)).ok()
+}
+
+fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
+    let at = |f: &str| format!("backends[{i}].{f}");
+    let before = errs.0.len();
+    check_cluster_name(errs, &at("name"), &b.name);
+    let kind = EngineKind::parse(&b.kind);
+    if kind.is_none() {
+        errs.push(
+            at("kind"),
+            &b.kind,
+            format!("unknown engine kind; expected one of {}", EngineKind::NAMES),
+        );
+    }
+    let lb_text = b.lb.as_deref().unwrap_or("chwbl");
+    let lb = LbPolicy::parse(lb_text);
+    if lb.is_none() {
+        errs.push(
+            at("lb"),
+            lb_text,
+            format!("unknown load-balancing policy; expected one of {}", LbPolicy::NAMES),
+        );
+    }
+    let balance_factor = b.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR);
+    if balance_factor < 100 {
+        errs.push(
+            at("balance_factor"),
+            balance_factor,
+            "must be >= 100 (percent of the mean load a host may take)",
+        );
+    }
+    if b.balance_factor.is_some() && lb.is_some_and(|l| l != LbPolicy::Chwbl) {
+        errs.push(
+            at("balance_factor"),
+            balance_factor,
+            format!("only applies to lb: chwbl, not {lb_text}"),
+        );
+    }
+    let connect_timeout_ms = b.connect_timeout_ms.unwrap_or(2000);
+    if !(1..=600_000).contains(&connect_timeout_ms) {
+        errs.push(
+            at("connect_timeout_ms"),
+            connect_timeout_ms,
+            "must be between 1 and 600000",
+        );
+    }
+    let endpoints = endpoints(errs, i, &b.endpoints);
+    match (kind, lb, errs.0.len() == before) {
+        (Some(kind), Some(lb), true) => Some(Backend {
+            name: b.name.clone(),
+            kind,
+            endpoints,
+            lb,
+            balance_factor,
+            connect_timeout_ms,
+        }),
+        _ => None,
+    }
+}
+
+fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
+    if list.is_empty() {
+        errs.push(
+            format!("backends[{i}].endpoints"),
+            "[]",
+            "a backend needs at least one endpoint",
+        );
+    }
+    let mut seen = Vec::new();
+    for (j, text) in list.iter().enumerate() {
+        let field = format!("backends[{i}].endpoints[{j}]");
+        match parse_endpoint(text) {
+            Ok(ep) if seen.contains(&ep) => errs.push(field, text, "duplicate endpoint in this backend"),
+            Ok(ep) => seen.push(ep),
+            Err(reason) => errs.push(field, text, format!("malformed address: {reason}")),
+        }
+    }
+    seen
+}
+
+fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usize>) -> Option<ModelAlias> {
+    let before = errs.0.len();
+    check_model_name(errs, &format!("models[{i}].name"), &m.name);
+    if m.routes.is_empty() {
+        errs.push(format!("models[{i}].routes"), "[]", "an alias needs at least one route");
+    }
+    let mut routes = Vec::new();
+    for (j, r) in m.routes.iter().enumerate() {
+        let at = |f: &str| format!("models[{i}].routes[{j}].{f}");
+        let upstream_model = r.upstream_model.clone().unwrap_or_else(|| m.name.clone());
+        if r.upstream_model.is_some() {
+            check_model_name(errs, &at("upstream_model"), &upstream_model);
+        }
+        match backends.get(r.backend.as_str()) {
+            Some(&backend) if routes.iter().any(|x: &Route| x.backend == backend) => errs.push(
+                at("backend"),
+                &r.backend,
+                "duplicate route to the same backend in this alias",
+            ),
+            Some(&backend) => routes.push(Route {
+                backend,
+                upstream_model,
+                priority: r.priority.unwrap_or(0),
+            }),
+            None => errs.push(at("backend"), &r.backend, "no backend with this name is defined"),
+        }
+    }
+    routes.sort_by_key(|r| r.priority);
+    (errs.0.len() == before).then(|| ModelAlias {
+        name: m.name.clone(),
+        routes,
+    })
+}
+
+fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
+    let headers = raw
+        .and_then(|a| a.session_headers.clone())
+        .unwrap_or_else(|| vec!["x-session-id".to_string()]);
+    for (i, h) in headers.iter().enumerate() {
+        let field = format!("affinity.session_headers[{i}]");
+        if h.is_empty() || h.len() > 128 || !h.bytes().all(is_token_byte) {
+            errs.push(field, h, "not a valid HTTP header name");
+        } else if h.to_ascii_lowercase().starts_with("x-llmroute-") {
+            errs.push(
+                field,
+                h,
+                "x-llmroute-* headers are the gateway's own and are stripped from clients",
+            );
+        } else if h.starts_with(':') {
+            errs.push(field, h, "pseudo-headers cannot carry a session id");
+        }
+    }
+    check_unique(errs, "affinity.session_headers", headers.iter().map(String::as_str));
+    let user_prefix_bytes = raw
+        .and_then(|a| a.user_prefix_bytes)
+        .unwrap_or(DEFAULT_USER_PREFIX_BYTES);
+    if user_prefix_bytes > MAX_USER_PREFIX_BYTES {
+        errs.push(
+            "affinity.user_prefix_bytes",
+            user_prefix_bytes,
+            format!("must be at most {MAX_USER_PREFIX_BYTES}"),
+        );
+    }
+    AffinityConfig {
+        session_headers: headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+        user_prefix_bytes,
+    }
+}
+
+fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
+    let max_body_bytes = raw.and_then(|l| l.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    if !(1024..=MAX_MAX_BODY_BYTES).contains(&max_body_bytes) {
+        errs.push(
+            "limits.max_body_bytes",
+            max_body_bytes,
+            format!("must be between 1024 and {MAX_MAX_BODY_BYTES}"),
+        );
+    }
+    let request_timeout_ms = raw.and_then(|l| l.request_timeout_ms).unwrap_or(600_000);
+    if request_timeout_ms > 86_400_000 {
+        errs.push(
+            "limits.request_timeout_ms",
+            request_timeout_ms,
+            "must be at most 86400000 (one day)",
+        );
+    }
+    Limits {
+        max_body_bytes,
+        request_timeout_ms,
+    }
+}
+
+fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
+    let ok = (1..=NAME_MAX).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        errs.push(
+            field,
+            format!("{name:?}"),
+            format!("must be 1 to {NAME_MAX} characters of A-Z a-z 0-9 . _ -"),
+        );
+    }
+}
+
+fn check_model_name(errs: &mut Errors, field: &str, name: &str) {
+    let ok = (1..=MODEL_NAME_MAX).contains(&name.len()) && !name.chars().any(|c| c.is_control() || c.is_whitespace());
+    if !ok {
+        errs.push(
+            field,
+            format!("{name:?}"),
+            format!("must be 1 to {MODEL_NAME_MAX} bytes without spaces or control characters"),
+        );
+    }
+}
+
+fn check_unique<'a>(errs: &mut Errors, list: &str, names: impl Iterator<Item = &'a str>) {
+    let mut first: HashMap<String, usize> = HashMap::new();
+    for (i, name) in names.enumerate() {
+        let key = name.to_ascii_lowercase();
+        match first.get(&key) {
+            Some(j) => errs.push(
+                format!("{list}[{i}]"),
+                name,
+                format!("duplicate name; {list}[{j}] already uses it"),
+            ),
+            None => {
+                first.insert(key, i);
+            }
+        }
+    }
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}

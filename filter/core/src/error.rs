@@ -1,0 +1,232 @@
+//! Every way the gateway refuses a request, and how each refusal is written back to the client.
+//!
+//! A refusal is answered by the filter itself (an Envoy local reply), so the upstream never sees the request.
+//! Each variant knows its HTTP status and its OpenAI `type`/`code`, so the envelope is derived, never written by
+//! hand at the call site. Messages never quote prompt text; a client-sent model name is quoted, bounded.
+
+use std::fmt;
+
+use serde_json::json;
+
+use crate::json::JsonError;
+
+/// The longest client-sent string quoted back in an error message.
+const QUOTE_MAX: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayError {
+    /// The body is not one valid JSON object.
+    InvalidJson(JsonError),
+    /// The body exceeds `limits.max_body_bytes`.
+    BodyTooLarge { limit: usize },
+    /// A required field is absent.
+    MissingField { field: &'static str },
+    /// A field has the wrong type or value.
+    InvalidField { field: &'static str, reason: String },
+    /// A field the gateway reads appears more than once (in any letter case).
+    DuplicateField { field: &'static str },
+    /// The alias is not configured.
+    UnknownModel { model: String },
+    /// A configured session header holds an unusable value.
+    InvalidSessionHeader { header: String, reason: &'static str },
+    /// The path exists but not for this method.
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: &'static str,
+    },
+    /// No such endpoint.
+    NotFound { method: String, path: String },
+}
+
+impl GatewayError {
+    pub fn status(&self) -> u32 {
+        match self {
+            Self::InvalidJson(_)
+            | Self::MissingField { .. }
+            | Self::InvalidField { .. }
+            | Self::DuplicateField { .. }
+            | Self::InvalidSessionHeader { .. } => 400,
+            Self::UnknownModel { .. } | Self::NotFound { .. } => 404,
+            Self::MethodNotAllowed { .. } => 405,
+            Self::BodyTooLarge { .. } => 413,
+        }
+    }
+
+    /// The OpenAI `code` field; also used as the metric reason and the `x-llmroute-error` header.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidJson(JsonError::TooDeep { .. }) => "json_too_deep",
+            Self::InvalidJson(JsonError::NotAnObject { .. }) => "body_not_object",
+            Self::InvalidJson(_) => "invalid_json",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::MissingField { .. } => "missing_field",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::DuplicateField { .. } => "duplicate_field",
+            Self::UnknownModel { .. } => "model_not_found",
+            Self::InvalidSessionHeader { .. } => "invalid_session_header",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::NotFound { .. } => "unknown_url",
+        }
+    }
+
+    /// The OpenAI `param` field: the request field at fault, when there is one.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::MissingField { field } | Self::InvalidField { field, .. } | Self::DuplicateField { field } => {
+                Some(field)
+            }
+            Self::UnknownModel { .. } => Some("model"),
+            Self::InvalidSessionHeader { header, .. } => Some(header),
+            _ => None,
+        }
+    }
+
+    /// Extra response headers a refusal carries.
+    pub fn headers(&self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Self::MethodNotAllowed { allow, .. } => vec![("allow", allow)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The body of the refusal in the OpenAI error envelope.
+    pub fn openai_body(&self) -> Vec<u8> {
+        let kind = match self.status() {
+            404 if matches!(self, Self::NotFound { .. }) => "invalid_request_error",
+            404 => "not_found_error",
+            _ => "invalid_request_error",
+        };
+        let body = json!({
+            "error": {
+                "message": self.to_string(),
+                "type": kind,
+                "param": self.param(),
+                "code": self.code(),
+            }
+        });
+        body.to_string().into_bytes()
+    }
+}
+
+impl fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidJson(e) => write!(f, "We could not parse the JSON body of your request: {e}."),
+            Self::BodyTooLarge { limit } => write!(f, "The request body exceeds the gateway limit of {limit} bytes."),
+            Self::MissingField { field } => write!(f, "The request is missing the required field `{field}`."),
+            Self::InvalidField { field, reason } => write!(f, "Invalid value for `{field}`: {reason}."),
+            Self::DuplicateField { field } => write!(
+                f,
+                "The field `{field}` appears more than once (in some letter case); send it exactly once."
+            ),
+            Self::UnknownModel { model } => {
+                write!(
+                    f,
+                    "The model `{}` does not exist or is not served by this gateway.",
+                    quote(model)
+                )
+            }
+            Self::InvalidSessionHeader { header, reason } => write!(f, "Invalid `{header}` header: {reason}."),
+            Self::MethodNotAllowed { method, path, allow } => {
+                write!(
+                    f,
+                    "Method {} is not allowed on {}; use {allow}.",
+                    quote(method),
+                    quote(path)
+                )
+            }
+            Self::NotFound { method, path } => write!(f, "Invalid URL ({} {}).", quote(method), quote(path)),
+        }
+    }
+}
+
+/// Bounds a client-sent string for quoting in a message, cut on a character boundary.
+fn quote(s: &str) -> &str {
+    crate::text::prefix_on_char_boundary(s, QUOTE_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn envelope(e: &GatewayError) -> Value {
+        serde_json::from_slice(&e.openai_body()).unwrap()
+    }
+
+    #[test]
+    fn unknown_model_is_404_model_not_found() {
+        let e = GatewayError::UnknownModel { model: "gpt-9".into() };
+        assert_eq!(e.status(), 404);
+        let v = envelope(&e);
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert!(v["error"]["message"].as_str().unwrap().contains("gpt-9"));
+    }
+
+    #[test]
+    fn envelope_has_exactly_the_four_openai_fields() {
+        let e = GatewayError::InvalidJson(JsonError::Empty);
+        let v = envelope(&e);
+        let obj = v["error"].as_object().unwrap();
+        let mut keys: Vec<_> = obj.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["code", "message", "param", "type"]);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], Value::Null);
+    }
+
+    #[test]
+    fn long_client_strings_are_bounded_in_messages() {
+        let e = GatewayError::UnknownModel {
+            model: "é".repeat(1000),
+        };
+        let msg = e.to_string();
+        assert!(msg.len() < 400, "{}", msg.len());
+    }
+
+    #[test]
+    fn statuses() {
+        let cases: Vec<(GatewayError, u32, &str)> = vec![
+            (GatewayError::BodyTooLarge { limit: 10 }, 413, "body_too_large"),
+            (
+                GatewayError::InvalidJson(JsonError::TooDeep { limit: 64 }),
+                400,
+                "json_too_deep",
+            ),
+            (
+                GatewayError::MethodNotAllowed {
+                    method: "GET".into(),
+                    path: "/v1/chat/completions".into(),
+                    allow: "POST",
+                },
+                405,
+                "method_not_allowed",
+            ),
+            (
+                GatewayError::NotFound {
+                    method: "GET".into(),
+                    path: "/x".into(),
+                },
+                404,
+                "unknown_url",
+            ),
+            (GatewayError::MissingField { field: "model" }, 400, "missing_field"),
+            (GatewayError::DuplicateField { field: "model" }, 400, "duplicate_field"),
+        ];
+        for (e, status, code) in cases {
+            assert_eq!((e.status(), e.code()), (status, code), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn method_not_allowed_names_the_allowed_method() {
+        let e = GatewayError::MethodNotAllowed {
+            method: "GET".into(),
+            path: "/p".into(),
+            allow: "POST",
+        };
+        assert_eq!(e.headers(), vec![("allow", "POST")]);
+    }
+}

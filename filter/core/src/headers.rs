@@ -1,0 +1,76 @@
+//! Header hygiene: which client headers the gateway removes, and the names of the headers it sets.
+//!
+//! The `x-llmroute-*` namespace belongs to the gateway: a client-sent copy could steer the route, so every one
+//! is removed before the gateway sets its own. Client credentials are removed too, so they never reach an
+//! engine; a backend that needs a credential gets the gateway's own.
+
+/// The route's `cluster_header`: the backend (Envoy cluster) chosen for the request.
+pub const CLUSTER: &str = "x-llmroute-cluster";
+/// The route's `hash_policy` header: the affinity hash, 16 hex digits.
+pub const AFFINITY: &str = "x-llmroute-affinity";
+/// Debug response header: where the affinity key came from.
+pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
+/// Debug response header: the upstream host that answered.
+pub const UPSTREAM: &str = "x-llmroute-upstream";
+/// Local replies name their reason code here.
+pub const ERROR: &str = "x-llmroute-error";
+
+const OWNED_PREFIX: &str = "x-llmroute-";
+const CREDENTIALS: [&str; 4] = ["authorization", "proxy-authorization", "x-api-key", "api-key"];
+
+/// True for a request header that must not travel upstream as the client sent it.
+pub fn must_strip(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.starts_with(OWNED_PREFIX) || CREDENTIALS.contains(&name.as_str())
+}
+
+/// The names among `names` that the gateway removes, in order.
+pub fn to_strip<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    names.into_iter().filter(|n| must_strip(n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_our_namespace_in_any_case() {
+        assert!(must_strip("x-llmroute-cluster"));
+        assert!(must_strip("X-LLMRoute-Affinity"));
+        assert!(must_strip("x-llmroute-anything"));
+        assert!(!must_strip("x-llmroutex"));
+    }
+
+    #[test]
+    fn strips_credentials() {
+        for h in [
+            "authorization",
+            "Authorization",
+            "x-api-key",
+            "proxy-authorization",
+            "api-key",
+        ] {
+            assert!(must_strip(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn keeps_everything_else() {
+        for h in [
+            "content-type",
+            "x-session-id",
+            "anthropic-version",
+            "x-stainless-os",
+            "accept",
+            ":path",
+        ] {
+            assert!(!must_strip(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn to_strip_keeps_order() {
+        let names = ["a", "x-llmroute-b", "authorization", "c"];
+        assert_eq!(to_strip(names), vec!["x-llmroute-b", "authorization"]);
+    }
+}

@@ -1,0 +1,25 @@
+//! llmroute's decisions, as plain functions over plain data.
+//!
+//! Nothing here calls the proxy-wasm host: the filter crate reads inputs from Envoy, calls these functions and
+//! applies what they return. That keeps every decision testable natively, and identical between the native
+//! CLI and the wasm build.
+
+pub mod affinity;
+pub mod config;
+pub mod endpoint;
+pub mod error;
+pub mod fields;
+pub mod headers;
+pub mod json;
+pub mod models;
+pub mod route;
+pub mod text;
+
+pub use affinity::{Affinity, AffinitySource};
+pub use config::{load as load_config, Config, ConfigError, ConfigErrors};
+pub use endpoint::{classify, Endpoint};
+pub use error::GatewayError;
+pub use route::{route_chat, session_from_headers, BodyPatch, RouteDecision};
+
+/// The version reported by the CLI and logged by the filter at VM start.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

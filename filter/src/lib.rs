@@ -1,0 +1,16 @@
+//! The llmroute proxy-wasm filter: thin glue between Envoy and `llmroute-core`.
+//!
+//! The contexts here only read from the host and apply decisions made by the core crate. Nothing in this crate
+//! decides anything that a native test could not check on the core crate directly.
+
+mod host;
+mod http;
+mod root;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    std::panic::set_hook(Box::new(|info| {
+        log::error!("llmroute: panic, this worker's VM is lost: {info}");
+    }));
+    proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
+}}

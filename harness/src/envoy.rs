@@ -1,0 +1,234 @@
+//! Starts a real Envoy with the real compiled filter, for tests, benches and the demo.
+//!
+//! The launcher takes an llmroute config document (as a JSON value), puts fresh listen and admin ports in it,
+//! validates it with the same validator the filter uses, renders it with `render`, and starts
+//! `.tools/bin/envoy`. It polls the admin `/ready` endpoint instead of sleeping. Ports are drawn from 10000 to
+//! 30000, below the kernel's ephemeral range, and a start that loses a port race is retried on new ports.
+//! Envoy's log is kept in a file and printed when the owning test panics; Envoy is killed on drop.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::render::{bootstrap_yaml, RenderOptions};
+
+/// The repository root, where `.tools/` and `target/` live.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The Envoy binary: `$LLMROUTE_ENVOY`, else `.tools/bin/envoy`.
+pub fn envoy_binary() -> PathBuf {
+    std::env::var_os("LLMROUTE_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/bin/envoy"))
+}
+
+/// The filter module: `$LLMROUTE_WASM`, else the release build.
+pub fn wasm_module() -> PathBuf {
+    std::env::var_os("LLMROUTE_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/release/llmroute_filter.wasm"))
+}
+
+/// How to start Envoy.
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    /// Worker threads. Default 2, so the filter runs in more than one VM.
+    pub concurrency: u32,
+    /// Envoy's log level. Default `info`.
+    pub log_level: String,
+    /// Fixed listen/admin addresses instead of random ports (the demo uses this).
+    pub fixed_ports: bool,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        EnvoyOptions {
+            concurrency: 2,
+            log_level: "info".into(),
+            fixed_ports: false,
+        }
+    }
+}
+
+/// A running Envoy. Killed on drop.
+pub struct Envoy {
+    child: Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy for `config` (an llmroute document) with random ports.
+    pub async fn start(config: Value) -> Result<Envoy, String> {
+        Self::start_with(config, EnvoyOptions::default()).await
+    }
+
+    pub async fn start_with(config: Value, opts: EnvoyOptions) -> Result<Envoy, String> {
+        let mut last_err = String::new();
+        for attempt in 0..5 {
+            let mut doc = config.clone();
+            if !opts.fixed_ports {
+                let (listen, admin) = random_ports(attempt);
+                doc["listen"] = Value::from(format!("127.0.0.1:{listen}"));
+                doc["admin"] = Value::from(format!("127.0.0.1:{admin}"));
+            }
+            match Self::start_once(&doc, &opts).await {
+                Ok(envoy) => return Ok(envoy),
+                Err(StartError::PortTaken(log)) if !opts.fixed_ports => last_err = log,
+                Err(StartError::PortTaken(log) | StartError::Failed(log)) => return Err(log),
+            }
+        }
+        Err(format!("Envoy could not bind ports after 5 attempts:\n{last_err}"))
+    }
+
+    async fn start_once(doc: &Value, opts: &EnvoyOptions) -> Result<Envoy, StartError> {
+        let text = doc.to_string();
+        let cfg = llmroute_core::load_config(&text).map_err(|e| StartError::Failed(format!("invalid config:\n{e}")))?;
+        let wasm = wasm_module();
+        if !wasm.exists() {
+            return Err(StartError::Failed(format!(
+                "{} is missing: run `make build`",
+                wasm.display()
+            )));
+        }
+        let envoy = envoy_binary();
+        if !envoy.exists() {
+            return Err(StartError::Failed(format!(
+                "{} is missing: run `make envoy`",
+                envoy.display()
+            )));
+        }
+        let dir = tempfile::tempdir().map_err(|e| StartError::Failed(e.to_string()))?;
+        let yaml =
+            bootstrap_yaml(&cfg, &text, &RenderOptions::new(wasm.display().to_string())).map_err(StartError::Failed)?;
+        let bootstrap = dir.path().join("envoy.yaml");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&bootstrap, yaml).map_err(|e| StartError::Failed(e.to_string()))?;
+        let child = Command::new(&envoy)
+            .arg("-c")
+            .arg(&bootstrap)
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args(["--log-level", &opts.log_level])
+            .arg("--log-path")
+            .arg(&log_path)
+            .arg("--disable-hot-restart")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| StartError::Failed(format!("starting {}: {e}", envoy.display())))?;
+        let mut envoy = Envoy {
+            child,
+            listen: cfg.listen,
+            admin: cfg.admin,
+            log_path,
+            _dir: dir,
+        };
+        envoy.wait_ready(Duration::from_secs(60)).await?;
+        Ok(envoy)
+    }
+
+    async fn wait_ready(&mut self, limit: Duration) -> Result<(), StartError> {
+        let client = reqwest::Client::new();
+        let url = format!("http://{}/ready", self.admin);
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = self.log();
+                let msg = format!("Envoy exited with {status} before it was ready. Its log:\n{log}");
+                return Err(
+                    if log.contains("Address already in use") || log.contains("cannot bind") {
+                        StartError::PortTaken(msg)
+                    } else {
+                        StartError::Failed(msg)
+                    },
+                );
+            }
+            if let Ok(r) = client.get(&url).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(StartError::Failed(format!(
+                    "Envoy was not ready within {limit:?}. Its log:\n{}",
+                    self.log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` of the listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.listen)
+    }
+
+    /// `http://127.0.0.1:PORT` of the admin interface.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// One counter or gauge from the admin `/stats`, by exact name.
+    pub async fn stat(&self, name: &str) -> Option<u64> {
+        let url = self.admin_url(&format!("/stats?filter=^{}$", name.replace('.', "\\.")));
+        let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Stops Envoy now.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- Envoy log ({}) -----\n{}\n----- end of Envoy log -----",
+                self.listen,
+                self.log()
+            );
+        }
+    }
+}
+
+enum StartError {
+    PortTaken(String),
+    Failed(String),
+}
+
+/// Two distinct ports in 10000..30000, different per process and attempt.
+fn random_ports(attempt: u32) -> (u16, u16) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let seed = xxhash_rust::xxh3::xxh3_64(
+        &[
+            nanos.to_le_bytes(),
+            std::process::id().to_le_bytes(),
+            attempt.to_le_bytes(),
+        ]
+        .concat(),
+    );
+    let base = 10000 + (seed % 19_998) as u16;
+    (base, base + 1)
+}
