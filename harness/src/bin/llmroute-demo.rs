@@ -34,13 +34,17 @@ async fn run() -> Result<(), String> {
         println!("engine  {} on {}", engine.name(), engine.addr());
         engines.push(engine);
     }
-    let doc: Value = serde_json::from_str(&llmroute_harness::render::config_json(CONFIG)?).map_err(|e| e.to_string())?;
+    let doc: Value =
+        serde_json::from_str(&llmroute_harness::render::config_json(CONFIG)?).map_err(|e| e.to_string())?;
     let opts = EnvoyOptions {
         fixed_ports: true,
         ..EnvoyOptions::default()
     };
     let envoy = Envoy::start_with(doc, opts).await?;
-    println!("envoy   listening on {} (admin {}), filter loaded\n", envoy.listen, envoy.admin);
+    println!(
+        "envoy   listening on {} (admin {}), filter loaded\n",
+        envoy.listen, envoy.admin
+    );
 
     show_routing(&envoy).await?;
     print_examples(&envoy);
@@ -60,7 +64,12 @@ async fn show_routing(envoy: &Envoy) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     println!("Which backend answers (same system prompt -> same engine, so its KV cache stays warm):");
-    let families = ["You are a pirate.", "You are a terse SQL expert.", "You translate to French."];
+    let families = [
+        "You are a pirate.",
+        "You are a poet.",
+        "You are a lawyer.",
+        "You are a historian.",
+    ];
     for system in families {
         for question in ["Hello!", "What can you do?"] {
             let body = json!({"model": "local-chat", "messages": [
@@ -70,9 +79,12 @@ async fn show_routing(envoy: &Envoy) -> Result<(), String> {
         }
     }
     let body = json!({"model": "local-chat", "messages": [{"role": "user", "content": "Continue our chat."}]});
-    for session in ["alice", "bob"] {
+    for session in ["alice", "bob", "carol"] {
         let line = send(&client, envoy, &body, Some(session)).await?;
-        println!("  x-session-id: {session:<22} user {:<18} -> {line}", "Continue our chat.");
+        println!(
+            "  x-session-id: {session:<22} user {:<18} -> {line}",
+            "Continue our chat."
+        );
     }
     Ok(())
 }

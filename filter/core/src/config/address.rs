@@ -38,7 +38,8 @@ pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
     }
     check_dns_name(host)?;
     Ok(Endpoint {
-        host: host.to_string(),
+        // DNS names are case-insensitive and a trailing dot is the same name: normalise so duplicates show.
+        host: host.trim_end_matches('.').to_ascii_lowercase(),
         port,
         is_ip: false,
     })

@@ -221,14 +221,29 @@ fn parse_yaml(_text: &str) -> Result<RawConfig, ConfigErrors> {
     }]))
 }
 
+/// The longest parser message kept; a non-config file can otherwise be quoted back whole.
+const REASON_MAX: usize = 240;
+
 fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> ConfigErrors {
     let field = match path.to_string() {
-        p if p == "." || p.is_empty() => "(document)".to_string(),
+        p if p == "." || p == "?" || p.is_empty() => "(document)".to_string(),
         p => p,
+    };
+    let message = inner.to_string();
+    // The YAML parser prefixes its own copy of the path (or of its parent); keep one.
+    let reason = match message.split_once(": ") {
+        Some((prefix, rest)) if field.starts_with(prefix) => rest,
+        _ => &message,
+    };
+    let cut = crate::text::prefix_on_char_boundary(reason, REASON_MAX);
+    let reason = if cut.len() < reason.len() {
+        format!("{cut}...")
+    } else {
+        reason.to_string()
     };
     ConfigErrors(vec![ConfigError {
         field,
         value: String::new(),
-        reason: inner.to_string(),
+        reason,
     }])
 }

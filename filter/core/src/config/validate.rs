@@ -34,12 +34,11 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
     let listen = listen_addr(&mut errs, "listen", raw.listen.as_deref(), "127.0.0.1:10000");
     let admin = listen_addr(&mut errs, "admin", raw.admin.as_deref(), "127.0.0.1:9901");
-    if listen.is_some() && listen == admin {
-        errs.push(
-            "admin",
-            admin.map(|a| a.to_string()).unwrap_or_default(),
-            "must differ from `listen`",
-        );
+    if let (Some(l), Some(a)) = (listen, admin) {
+        let overlap = l.ip() == a.ip() || l.ip().is_unspecified() || a.ip().is_unspecified();
+        if l.port() == a.port() && overlap {
+            errs.push("admin", a, "binds the same port as `listen`");
+        }
     }
 
     let backends: Vec<Backend> = raw
@@ -52,7 +51,14 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         errs.push("backends", "[]", "at least one backend is needed");
     }
     check_unique(&mut errs, "backends", raw.backends.iter().map(|b| b.name.as_str()));
-    let backend_index: HashMap<&str, usize> = backends.iter().enumerate().map(|(i, b)| (b.name.as_str(), i)).collect();
+    // Indexed over every declared backend, valid or not, so a backend with its own error does not also make
+    // its routes look undefined. The indices match `backends` whenever the config as a whole is valid.
+    let backend_index: HashMap<&str, usize> = raw
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name.as_str(), i))
+        .collect();
 
     let models: Vec<ModelAlias> = raw
         .models

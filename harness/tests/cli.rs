@@ -1,0 +1,444 @@
+//! The `llmroute` binary, driven as an operator would: `validate` and `render` on the fixtures in
+//! `testdata/configs/`.
+//!
+//! - `good-*` fixtures validate with a one-line summary and render to a bootstrap that parses as YAML;
+//! - `bad-*` fixtures exit 1, and stderr holds every substring of their first line, `# expect: A && B`.
+//!
+//! Envoy itself is not run here: `scripts/validate-configs.sh` feeds the renders to `envoy --mode validate`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const WASM: &str = "/opt/llmroute/llmroute_filter.wasm";
+
+fn configs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/configs")
+        .canonicalize()
+        .expect("testdata/configs exists")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    configs_dir().join(name)
+}
+
+/// Every fixture whose file name starts with `prefix`, sorted by name.
+fn fixtures(prefix: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(configs_dir())
+        .expect("testdata/configs is readable")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| file_name(p).starts_with(prefix))
+        .collect();
+    found.sort();
+    assert!(
+        !found.is_empty(),
+        "no {prefix}* fixtures in {}",
+        configs_dir().display()
+    );
+    found
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+fn llmroute<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    Command::new(env!("CARGO_BIN_EXE_llmroute"))
+        .args(args)
+        .output()
+        .expect("the llmroute binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).expect("stderr is UTF-8")
+}
+
+fn validate(path: &Path) -> Output {
+    llmroute([Path::new("validate"), path])
+}
+
+/// `llmroute render PATH --wasm WASM [-o OUTPUT]`.
+fn render(path: &Path, output: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    cmd.arg("render").arg(path).args(["--wasm", WASM]);
+    if let Some(o) = output {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.output().expect("the llmroute binary runs")
+}
+
+/// The substrings a bad fixture's first line, `# expect: A && B`, says the error output must hold.
+fn expectations(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let first = text.lines().next().unwrap_or_default();
+    let list = first
+        .strip_prefix("# expect: ")
+        .unwrap_or_else(|| panic!("{}: first line must be `# expect: ...`, not {first:?}", path.display()));
+    let subs: Vec<String> = list.split(" && ").map(str::to_string).collect();
+    assert!(
+        subs.iter().all(|s| !s.trim().is_empty()),
+        "{}: empty substring in {first:?}",
+        path.display()
+    );
+    subs
+}
+
+/// The error lines of a rejected config: stderr is `PATH: N error(s):` then one indented line per error.
+/// Checks the header's count against the lines that follow.
+fn error_lines(path: &Path, err: &str) -> Vec<String> {
+    let mut lines = err.lines();
+    let header = lines.next().unwrap_or_default();
+    let prefix = format!("{}: ", path.display());
+    let count: usize = header
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(" error(s):"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line of stderr: {header:?}\n{err}"));
+    let errors: Vec<String> = lines
+        .map(|l| {
+            l.strip_prefix("  ")
+                .unwrap_or_else(|| panic!("error line not indented: {l:?}"))
+                .to_string()
+        })
+        .collect();
+    assert_eq!(errors.len(), count, "header says {count} error(s):\n{err}");
+    assert!(count >= 1, "a rejection lists at least one error:\n{err}");
+    errors
+}
+
+/// The fixture as a JSON value (YAML or JSON text), to compare a render against what was written.
+fn document(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap()
+}
+
+/// Parses a rendered bootstrap: it must be YAML, and it is navigated as a JSON value.
+fn parse_bootstrap(yaml: &str) -> Value {
+    assert!(
+        yaml.starts_with("# Rendered by `llmroute render`"),
+        "render output starts with its header comment:\n{yaml}"
+    );
+    let _: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("the render is YAML");
+    serde_yaml_ng::from_str(yaml).expect("the render maps onto a JSON value")
+}
+
+fn hcm(bootstrap: &Value) -> &Value {
+    &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+}
+
+fn wasm_config(bootstrap: &Value) -> &Value {
+    &hcm(bootstrap)["http_filters"][0]["typed_config"]["config"]
+}
+
+/// Everything a bootstrap must hold for the config it came from.
+fn check_bootstrap(path: &Path, yaml: &str) {
+    let name = file_name(path);
+    let doc = document(path);
+    let v = parse_bootstrap(yaml);
+
+    // The textual forms an operator would grep for.
+    for needle in [
+        "allow_on_headers_stop_iteration: true",
+        "cluster_header: x-llmroute-cluster",
+        "header_name: x-llmroute-affinity",
+    ] {
+        assert!(yaml.contains(needle), "{name}: render lacks `{needle}`:\n{yaml}");
+    }
+
+    // One cluster per backend, same names, same order, each with its own load assignment.
+    let want: Vec<&str> = doc["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    let clusters = v["static_resources"]["clusters"].as_array().expect("clusters");
+    let got: Vec<&str> = clusters.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(got, want, "{name}: cluster names");
+    for c in clusters {
+        assert_eq!(c["load_assignment"]["cluster_name"], c["name"], "{name}");
+        let needle = format!("name: {}", c["name"].as_str().unwrap());
+        assert!(yaml.contains(&needle), "{name}: render lacks `{needle}`");
+    }
+
+    // The route leaves the cluster choice to the filter and hashes on its affinity header.
+    let route = &hcm(&v)["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+    assert_eq!(route["cluster_header"], "x-llmroute-cluster", "{name}");
+    assert_eq!(
+        route["hash_policy"][0]["header"]["header_name"], "x-llmroute-affinity",
+        "{name}"
+    );
+
+    // The wasm filter pauses on headers, loads the module given on the command line, and embeds the config.
+    let wasm = wasm_config(&v);
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], true, "{name}");
+    assert_eq!(wasm["vm_config"]["code"]["local"]["filename"], WASM, "{name}");
+    let embedded = wasm["configuration"]["value"].as_str().expect("embedded config");
+    let embedded: Value = serde_json::from_str(embedded).expect("the embedded config is JSON");
+    assert_eq!(embedded, doc, "{name}: embedded config is the document as written");
+    assert_eq!(
+        hcm(&v)["http_filters"][1]["name"],
+        "envoy.filters.http.router",
+        "{name}"
+    );
+}
+
+#[test]
+fn validate_accepts_every_good_fixture_with_a_one_line_summary() {
+    for path in fixtures("good-") {
+        let out = validate(&path);
+        let (so, se) = (stdout(&out), stderr(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}:\nstdout: {so}\nstderr: {se}",
+            path.display()
+        );
+        assert_eq!(so.lines().count(), 1, "one summary line:\n{so}");
+        assert!(se.is_empty(), "nothing on stderr: {se}");
+        let prefix = format!("{}: ok: ", path.display());
+        assert!(so.starts_with(&prefix), "summary starts with {prefix:?}: {so}");
+        for part in ["backend(s)", "endpoint(s)", "model alias(es)", "; listen ", ", admin "] {
+            assert!(so.contains(part), "summary lacks {part:?}: {so}");
+        }
+    }
+}
+
+#[test]
+fn validate_summaries_count_what_the_fixtures_define() {
+    for (name, counts) in [
+        (
+            "good-basic.yaml",
+            "1 backend(s), 3 endpoint(s), 1 model alias(es); listen 127.0.0.1:10000, admin 127.0.0.1:9901",
+        ),
+        (
+            "good-basic.json",
+            "1 backend(s), 3 endpoint(s), 1 model alias(es); listen 127.0.0.1:10000, admin 127.0.0.1:9901",
+        ),
+        (
+            "good-minimal.yaml",
+            "1 backend(s), 1 endpoint(s), 1 model alias(es); listen 127.0.0.1:10000, admin 127.0.0.1:9901",
+        ),
+        (
+            "good-multi.yaml",
+            "3 backend(s), 5 endpoint(s), 2 model alias(es); listen 127.0.0.1:10000, admin 127.0.0.1:9901",
+        ),
+    ] {
+        let path = fixture(name);
+        let out = validate(&path);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        assert_eq!(stdout(&out).trim_end(), format!("{}: ok: {counts}", path.display()));
+    }
+}
+
+#[test]
+fn validate_rejects_every_bad_fixture_with_the_expected_errors() {
+    let mut failures = Vec::new();
+    for path in fixtures("bad-") {
+        let name = file_name(&path);
+        let expect = expectations(&path);
+        let out = validate(&path);
+        let (so, se) = (stdout(&out), stderr(&out));
+        if out.status.code() != Some(1) {
+            failures.push(format!(
+                "{name}: exit {:?}, expected 1\nstdout: {so}\nstderr: {se}",
+                out.status.code()
+            ));
+            continue;
+        }
+        assert!(so.is_empty(), "{name}: nothing on stdout when rejected: {so}");
+        error_lines(&path, &se);
+        let missing: Vec<&String> = expect.iter().filter(|s| !se.contains(s.as_str())).collect();
+        if !missing.is_empty() {
+            failures.push(format!("{name}: stderr lacks {missing:?}\n{se}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn bad_many_lists_every_error_not_just_the_first() {
+    let path = fixture("bad-many.yaml");
+    let expect = expectations(&path);
+    assert!(expect.len() >= 3, "bad-many.yaml should expect several errors");
+    let out = validate(&path);
+    assert_eq!(out.status.code(), Some(1));
+    let errors = error_lines(&path, &stderr(&out));
+    assert!(
+        errors.len() >= expect.len(),
+        "{} independent mistakes, {} error line(s):\n{}",
+        expect.len(),
+        errors.len(),
+        errors.join("\n")
+    );
+    // Each expected error is its own line, in document order.
+    let mut last = None;
+    for s in &expect {
+        let at = errors
+            .iter()
+            .position(|e| e.contains(s.as_str()))
+            .unwrap_or_else(|| panic!("no error line holds {s:?}:\n{}", errors.join("\n")));
+        if let Some(l) = last {
+            assert!(at > l, "{s:?} is out of document order:\n{}", errors.join("\n"));
+        }
+        last = Some(at);
+    }
+}
+
+#[test]
+fn render_to_stdout_gives_a_complete_bootstrap_for_every_good_fixture() {
+    for path in fixtures("good-") {
+        let out = render(&path, None);
+        let (so, se) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{}: {se}", path.display());
+        assert!(se.is_empty(), "nothing on stderr: {se}");
+        check_bootstrap(&path, &so);
+    }
+}
+
+#[test]
+fn render_to_a_file_writes_what_stdout_would_show() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in fixtures("good-") {
+        let file = dir.path().join(format!("{}.envoy.yaml", file_name(&path)));
+        let out = render(&path, Some(&file));
+        assert_eq!(out.status.code(), Some(0), "{}: {}", path.display(), stderr(&out));
+        assert!(out.stdout.is_empty(), "nothing on stdout with -o: {}", stdout(&out));
+        let written = std::fs::read_to_string(&file).expect("-o wrote the file");
+        check_bootstrap(&path, &written);
+
+        let to_stdout = render(&path, None);
+        assert_eq!(written, stdout(&to_stdout), "{}: -o and stdout differ", path.display());
+    }
+}
+
+#[test]
+fn render_of_good_multi_keeps_each_backends_kind_and_policy() {
+    let out = render(&fixture("good-multi.yaml"), None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = parse_bootstrap(&stdout(&out));
+    let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+    let summary: Vec<(&str, &str, &str)> = clusters
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["type"].as_str().unwrap(),
+                c["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"]
+                    .as_str()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("llama-local", "STATIC", "envoy.load_balancing_policies.ring_hash"),
+            ("vllm-pool", "STRICT_DNS", "envoy.load_balancing_policies.least_request"),
+            ("ollama-v6", "STATIC", "envoy.load_balancing_policies.round_robin"),
+        ]
+    );
+    let ring = &clusters[0]["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"];
+    assert_eq!(ring["consistent_hashing_lb_config"]["hash_balance_factor"], 125);
+    let v6 =
+        &clusters[2]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    assert_eq!(
+        (v6["address"].as_str(), v6["port_value"].as_u64()),
+        (Some("::1"), Some(11434))
+    );
+    let dns =
+        &clusters[1]["load_assignment"]["endpoints"][0]["lb_endpoints"][1]["endpoint"]["address"]["socket_address"];
+    assert_eq!(dns["address"], "vllm-1.vllm.internal");
+    assert_eq!(clusters[0]["connect_timeout"], "0.500s");
+
+    let route = &hcm(&v)["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+    assert_eq!(route["timeout"], "300.000s");
+    let buffer = v["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        buffer > 16_777_216,
+        "the listener buffers more than the filter's body limit: {buffer}"
+    );
+}
+
+#[test]
+fn json_and_yaml_forms_of_the_same_document_render_the_same_bootstrap() {
+    let rendered = |name: &str| {
+        let out = render(&fixture(name), None);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(
+        document(&fixture("good-basic.json")),
+        document(&fixture("good-basic.yaml"))
+    );
+    assert_eq!(rendered("good-basic.json"), rendered("good-basic.yaml"));
+}
+
+#[test]
+fn render_of_a_bad_config_exits_1_and_writes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in fixtures("bad-") {
+        let name = file_name(&path);
+        let file = dir.path().join(format!("{name}.envoy.yaml"));
+        let out = render(&path, Some(&file));
+        let se = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {se}");
+        assert!(
+            !file.exists(),
+            "{name}: render wrote {} for a rejected config",
+            file.display()
+        );
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout: {}", stdout(&out));
+        for s in expectations(&path) {
+            assert!(se.contains(&s), "{name}: render's stderr lacks {s:?}:\n{se}");
+        }
+    }
+}
+
+#[test]
+fn render_of_a_bad_config_to_stdout_prints_no_bootstrap() {
+    let out = render(&fixture("bad-version.yaml"), None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "no partial bootstrap: {}", stdout(&out));
+    assert!(stderr(&out).contains("version = 2: unsupported schema version"));
+}
+
+#[test]
+fn a_missing_config_file_is_a_clear_error() {
+    let path = fixture("does-not-exist.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.yaml");
+    for out in [validate(&path), render(&path, Some(&file))] {
+        let se = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{se}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            se.contains(&path.display().to_string()),
+            "the error names the file: {se}"
+        );
+        assert!(se.contains("No such file or directory"), "the error says why: {se}");
+        assert_eq!(se.lines().count(), 1, "one line: {se}");
+    }
+    assert!(!file.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [vec!["validate"], vec!["render", "x.yaml"], vec!["frobnicate"]] {
+        let out = llmroute(args.iter());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).is_empty(), "{args:?}: clap explains the usage");
+    }
+}
