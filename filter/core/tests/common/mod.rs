@@ -1,0 +1,184 @@
+//! Shared helpers for the integration tests: configs, SDK fixtures, a deterministic generator.
+#![allow(dead_code)]
+
+use llmroute_core::json::{scan_object, Member, Span, MAX_DEPTH};
+use llmroute_core::{load_config, Config};
+
+/// Two backends, four aliases. `local-chat` is renamed upstream, `same` is not, `big` has two routes whose
+/// priorities reverse their listed order, `embedder` exists so the embeddings capture resolves.
+pub const TWO_BACKENDS: &str = r#"{
+  "version": 1,
+  "backends": [
+    { "name": "llama-a", "kind": "llamacpp", "endpoints": ["127.0.0.1:8081", "127.0.0.1:8082"] },
+    { "name": "vllm-b", "kind": "vllm", "endpoints": ["10.0.0.5:8000"], "lb": "least_request" }
+  ],
+  "models": [
+    { "name": "local-chat", "routes": [ { "backend": "llama-a", "upstream_model": "qwen3-0.6b" } ] },
+    { "name": "big", "routes": [
+        { "backend": "vllm-b", "upstream_model": "Qwen/Qwen3-32B", "priority": 5 },
+        { "backend": "llama-a", "priority": 1 } ] },
+    { "name": "same", "routes": [ { "backend": "vllm-b" } ] },
+    { "name": "embedder", "routes": [ { "backend": "vllm-b", "upstream_model": "bge-m3" } ] }
+  ]
+}"#;
+
+/// The README example (`testdata/configs/good-basic.yaml`) in its JSON form.
+pub const README_EXAMPLE: &str = r#"{
+  "version": 1,
+  "listen": "127.0.0.1:10000",
+  "admin": "127.0.0.1:9901",
+  "backends": [
+    {
+      "name": "llama-a",
+      "kind": "llamacpp",
+      "endpoints": ["127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083"],
+      "lb": "chwbl",
+      "balance_factor": 175
+    }
+  ],
+  "models": [
+    { "name": "local-chat", "routes": [ { "backend": "llama-a", "upstream_model": "qwen3-0.6b", "priority": 10 } ] }
+  ],
+  "affinity": { "session_headers": ["x-session-id"], "user_prefix_bytes": 256 }
+}"#;
+
+pub fn config(text: &str) -> Config {
+    match load_config(text) {
+        Ok(c) => c,
+        Err(e) => panic!("config should load:\n{e}"),
+    }
+}
+
+pub fn two_backends() -> Config {
+    config(TWO_BACKENDS)
+}
+
+/// [`TWO_BACKENDS`] with an `affinity` section.
+pub fn two_backends_with_affinity(affinity_json: &str) -> Config {
+    let text = TWO_BACKENDS.trim_end().trim_end_matches('}');
+    config(&format!("{text}, \"affinity\": {affinity_json} }}"))
+}
+
+/// The captured SDK request bodies and their metadata, from `testdata/sdk/`.
+pub fn sdk(name: &str) -> &'static [u8] {
+    match name {
+        "chat-basic.body" => include_bytes!("../../../../testdata/sdk/chat-basic.body"),
+        "chat-basic.json" => include_bytes!("../../../../testdata/sdk/chat-basic.json"),
+        "chat-stream-include-usage.body" => {
+            include_bytes!("../../../../testdata/sdk/chat-stream-include-usage.body")
+        }
+        "chat-stream-include-usage.json" => {
+            include_bytes!("../../../../testdata/sdk/chat-stream-include-usage.json")
+        }
+        "chat-tools-image-prompt-cache-key.body" => {
+            include_bytes!("../../../../testdata/sdk/chat-tools-image-prompt-cache-key.body")
+        }
+        "chat-tools-image-prompt-cache-key.json" => {
+            include_bytes!("../../../../testdata/sdk/chat-tools-image-prompt-cache-key.json")
+        }
+        "messages-tools-image-thinking-cache-control-claude-code.body" => {
+            include_bytes!("../../../../testdata/sdk/messages-tools-image-thinking-cache-control-claude-code.body")
+        }
+        "messages-tools-image-thinking-cache-control-claude-code.json" => {
+            include_bytes!("../../../../testdata/sdk/messages-tools-image-thinking-cache-control-claude-code.json")
+        }
+        "responses-instructions-prompt-cache-key.body" => {
+            include_bytes!("../../../../testdata/sdk/responses-instructions-prompt-cache-key.body")
+        }
+        "responses-instructions-prompt-cache-key.json" => {
+            include_bytes!("../../../../testdata/sdk/responses-instructions-prompt-cache-key.json")
+        }
+        "completions-basic.body" => include_bytes!("../../../../testdata/sdk/completions-basic.body"),
+        "completions-basic.json" => include_bytes!("../../../../testdata/sdk/completions-basic.json"),
+        "embeddings-two-inputs.body" => include_bytes!("../../../../testdata/sdk/embeddings-two-inputs.body"),
+        "embeddings-two-inputs.json" => include_bytes!("../../../../testdata/sdk/embeddings-two-inputs.json"),
+        "messages-basic.body" => include_bytes!("../../../../testdata/sdk/messages-basic.body"),
+        "messages-basic.json" => include_bytes!("../../../../testdata/sdk/messages-basic.json"),
+        other => panic!("no fixture {other}"),
+    }
+}
+
+/// Every captured body, by name without extension.
+pub const SDK_NAMES: [&str; 8] = [
+    "chat-basic",
+    "chat-stream-include-usage",
+    "chat-tools-image-prompt-cache-key",
+    "messages-tools-image-thinking-cache-control-claude-code",
+    "responses-instructions-prompt-cache-key",
+    "completions-basic",
+    "embeddings-two-inputs",
+    "messages-basic",
+];
+
+pub fn sdk_body(name: &str) -> &'static [u8] {
+    sdk(&format!("{name}.body"))
+}
+
+/// The `.json` metadata of a capture, parsed.
+pub fn sdk_meta(name: &str) -> serde_json::Value {
+    serde_json::from_slice(sdk(&format!("{name}.json"))).unwrap()
+}
+
+/// The captured request headers as `(name, value)` pairs.
+pub fn sdk_headers(name: &str) -> Vec<(String, String)> {
+    sdk_meta(name)["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| {
+            (
+                pair[0].as_str().unwrap().to_string(),
+                pair[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Scans `body` with the production depth limit and panics on error.
+pub fn members(body: &[u8]) -> Vec<Member> {
+    match scan_object(body, MAX_DEPTH) {
+        Ok(m) => m,
+        Err(e) => panic!("{e}: {}", String::from_utf8_lossy(body)),
+    }
+}
+
+/// The value span of the first top-level member named `name` (unescaped keys only).
+pub fn member_span(body: &[u8], name: &str) -> Span {
+    let quoted = format!("\"{name}\"");
+    members(body)
+        .into_iter()
+        .find(|m| m.key.of(body) == quoted.as_bytes())
+        .unwrap_or_else(|| panic!("no member {name}"))
+        .value
+}
+
+/// The text of a span, for assertions.
+pub fn text(body: &[u8], span: Span) -> &str {
+    std::str::from_utf8(span.of(body)).unwrap()
+}
+
+/// A 64-bit LCG (Knuth's MMIX constants): deterministic, no dependency.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 ^ (self.0 >> 29)
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.next_u64() >> 16) % n as u64) as usize
+    }
+
+    pub fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}

@@ -1,0 +1,934 @@
+//! Config loading: the README example, the defaults, and every rejection with its field, value and reason.
+
+// Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{README_EXAMPLE, TWO_BACKENDS};
+use llmroute_core::config::{
+    parse_endpoint, parse_listen, EngineKind, LbPolicy, DEFAULT_BALANCE_FACTOR, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_USER_PREFIX_BYTES, MAX_MAX_BODY_BYTES, MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
+};
+use llmroute_core::{load_config, Config, ConfigError, ConfigErrors};
+use serde_json::{json, Value};
+
+/// The smallest valid config: every optional field left out.
+fn minimal() -> Value {
+    json!({
+        "version": 1,
+        "backends": [ { "name": "a", "kind": "llamacpp", "endpoints": ["127.0.0.1:8081"] } ],
+        "models": [ { "name": "m", "routes": [ { "backend": "a" } ] } ]
+    })
+}
+
+/// [`minimal`] plus a backend `b` that no alias routes to: a refusal of `b` stands alone.
+fn spare() -> Value {
+    edit(minimal(), |v| {
+        v["backends"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "name": "b", "kind": "vllm", "endpoints": ["10.0.0.9:8000"] }))
+    })
+}
+
+fn two() -> Value {
+    serde_json::from_str(TWO_BACKENDS).unwrap()
+}
+
+fn load(v: &Value) -> Result<Config, ConfigErrors> {
+    load_config(&v.to_string())
+}
+
+fn loads(v: &Value) -> Config {
+    load(v).unwrap_or_else(|e| panic!("should load:\n{e}\n{v:#}"))
+}
+
+fn errors(v: &Value) -> Vec<ConfigError> {
+    match load(v) {
+        Ok(_) => panic!("should be refused: {v:#}"),
+        Err(ConfigErrors(list)) => list,
+    }
+}
+
+/// The config `base` with `f` applied.
+fn edit(mut base: Value, f: impl FnOnce(&mut Value)) -> Value {
+    f(&mut base);
+    base
+}
+
+/// Asserts exactly one error, on `field`, with `value`, whose reason contains `reason`.
+fn refused(v: &Value, field: &str, value: &str, reason: &str) -> ConfigError {
+    let list = errors(v);
+    assert_eq!(list.len(), 1, "expected one error, got {list:#?}");
+    let e = list.into_iter().next().unwrap();
+    assert_eq!(e.field, field, "{e:?}");
+    assert_eq!(e.value, value, "{e:?}");
+    assert!(
+        e.reason.contains(reason),
+        "reason {:?} should contain {reason:?}",
+        e.reason
+    );
+    e
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Loading
+
+#[test]
+fn readme_example_loads() {
+    let cfg = common::config(README_EXAMPLE);
+    assert_eq!(cfg.listen, "127.0.0.1:10000".parse::<SocketAddr>().unwrap());
+    assert_eq!(cfg.admin, "127.0.0.1:9901".parse::<SocketAddr>().unwrap());
+    assert_eq!(cfg.backends.len(), 1);
+    let b = &cfg.backends[0];
+    assert_eq!(b.name, "llama-a");
+    assert_eq!(b.kind, EngineKind::LlamaCpp);
+    assert_eq!(b.lb, LbPolicy::Chwbl);
+    assert_eq!(b.balance_factor, 175);
+    assert_eq!(b.connect_timeout_ms, 2000);
+    let eps: Vec<String> = b.endpoints.iter().map(ToString::to_string).collect();
+    assert_eq!(eps, ["127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083"]);
+    assert!(b.endpoints.iter().all(|e| e.is_ip && e.host == "127.0.0.1"));
+    assert_eq!(cfg.models.len(), 1);
+    let alias = cfg.alias("local-chat").unwrap();
+    assert_eq!(alias.name, "local-chat");
+    assert_eq!(alias.routes.len(), 1);
+    assert_eq!(alias.routes[0].backend, 0);
+    assert_eq!(alias.routes[0].upstream_model, "qwen3-0.6b");
+    assert_eq!(alias.routes[0].priority, 10);
+    assert_eq!(cfg.affinity.session_headers, ["x-session-id"]);
+    assert_eq!(cfg.affinity.user_prefix_bytes, 256);
+    assert_eq!(cfg.limits.max_body_bytes, 8 << 20);
+    assert!(!cfg.debug_headers);
+}
+
+#[test]
+fn readme_json_matches_the_shipped_yaml_example() {
+    // testdata/configs/good-basic.yaml is the README's example; its JSON form above must say the same things.
+    let yaml = include_str!("../../../testdata/configs/good-basic.yaml");
+    for needle in [
+        "name: llama-a",
+        "kind: llamacpp",
+        "\"127.0.0.1:8081\", \"127.0.0.1:8082\", \"127.0.0.1:8083\"",
+        "balance_factor: 175",
+        "name: local-chat",
+        "upstream_model: qwen3-0.6b, priority: 10",
+        "user_prefix_bytes: 256",
+    ] {
+        assert!(yaml.contains(needle), "{needle}");
+    }
+}
+
+#[test]
+fn two_backend_config_loads() {
+    let cfg = common::two_backends();
+    assert_eq!(cfg.backends.len(), 2);
+    assert_eq!(cfg.backends[1].kind, EngineKind::Vllm);
+    assert_eq!(cfg.backends[1].lb, LbPolicy::LeastRequest);
+    let names: Vec<&str> = cfg.models.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["local-chat", "big", "same", "embedder"]);
+}
+
+#[test]
+fn defaults_fill_every_optional_field() {
+    let cfg = loads(&minimal());
+    assert_eq!(cfg.listen.to_string(), "127.0.0.1:10000");
+    assert_eq!(cfg.admin.to_string(), "127.0.0.1:9901");
+    let b = &cfg.backends[0];
+    assert_eq!(b.lb, LbPolicy::Chwbl);
+    assert_eq!(b.balance_factor, 150);
+    assert_eq!(b.connect_timeout_ms, 2000);
+    assert_eq!(cfg.affinity.session_headers, ["x-session-id"]);
+    assert_eq!(cfg.affinity.user_prefix_bytes, 256);
+    assert_eq!(cfg.limits.max_body_bytes, 8 * 1024 * 1024);
+    assert_eq!(cfg.limits.request_timeout_ms, 600_000);
+    assert!(!cfg.debug_headers);
+    let route = &cfg.alias("m").unwrap().routes[0];
+    assert_eq!(route.priority, 0);
+}
+
+#[test]
+fn default_constants() {
+    assert_eq!(SCHEMA_VERSION, 1);
+    assert_eq!(DEFAULT_MAX_BODY_BYTES, 8_388_608);
+    assert_eq!(MAX_MAX_BODY_BYTES, 67_108_864);
+    assert_eq!(DEFAULT_BALANCE_FACTOR, 150);
+    assert_eq!(DEFAULT_USER_PREFIX_BYTES, 256);
+    assert_eq!(MAX_USER_PREFIX_BYTES, 65_536);
+}
+
+#[test]
+fn empty_affinity_and_limits_sections_take_defaults() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["affinity"] = json!({});
+        v["limits"] = json!({});
+    }));
+    assert_eq!(cfg.affinity.session_headers, ["x-session-id"]);
+    assert_eq!(cfg.affinity.user_prefix_bytes, 256);
+    assert_eq!(cfg.limits.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+}
+
+#[test]
+fn upstream_model_defaults_to_the_alias() {
+    let cfg = common::two_backends();
+    assert_eq!(cfg.alias("same").unwrap().routes[0].upstream_model, "same");
+    assert_eq!(cfg.alias("local-chat").unwrap().routes[0].upstream_model, "qwen3-0.6b");
+}
+
+#[test]
+fn routes_are_sorted_by_priority_lowest_first() {
+    let cfg = common::two_backends();
+    let big = cfg.alias("big").unwrap();
+    let order: Vec<(&str, i32)> = big
+        .routes
+        .iter()
+        .map(|r| (cfg.backend(r.backend).unwrap().name.as_str(), r.priority))
+        .collect();
+    assert_eq!(order, [("llama-a", 1), ("vllm-b", 5)]);
+    assert_eq!(big.routes[0].upstream_model, "big");
+}
+
+#[test]
+fn priority_ties_keep_the_listed_order() {
+    let v = json!({
+        "version": 1,
+        "backends": [
+            { "name": "a", "kind": "vllm", "endpoints": ["10.0.0.1:80"] },
+            { "name": "b", "kind": "vllm", "endpoints": ["10.0.0.2:80"] },
+            { "name": "c", "kind": "vllm", "endpoints": ["10.0.0.3:80"] },
+            { "name": "d", "kind": "vllm", "endpoints": ["10.0.0.4:80"] }
+        ],
+        "models": [ { "name": "m", "routes": [
+            { "backend": "c", "priority": 2 },
+            { "backend": "b", "priority": -1 },
+            { "backend": "d" },
+            { "backend": "a", "priority": -1 }
+        ] } ]
+    });
+    let cfg = loads(&v);
+    let order: Vec<usize> = cfg.alias("m").unwrap().routes.iter().map(|r| r.backend).collect();
+    // b(-1), a(-1) in listed order, then d(0), then c(2); indices into `backends`.
+    assert_eq!(order, [1, 0, 3, 2]);
+}
+
+#[test]
+fn alias_lookup_is_exact() {
+    let cfg = common::two_backends();
+    assert!(cfg.alias("local-chat").is_some());
+    assert!(cfg.alias("Local-Chat").is_none());
+    assert!(cfg.alias("qwen3-0.6b").is_none(), "upstream names are not aliases");
+    assert!(cfg.alias("").is_none());
+    assert!(cfg.backend(1).is_some());
+    assert!(cfg.backend(2).is_none());
+}
+
+#[test]
+fn every_engine_kind_is_accepted() {
+    for (name, kind) in [
+        ("llamacpp", EngineKind::LlamaCpp),
+        ("vllm", EngineKind::Vllm),
+        ("sglang", EngineKind::Sglang),
+        ("ollama", EngineKind::Ollama),
+        ("openai", EngineKind::OpenAi),
+    ] {
+        let cfg = loads(&edit(minimal(), |v| v["backends"][0]["kind"] = json!(name)));
+        assert_eq!(cfg.backends[0].kind, kind);
+        assert_eq!(kind.as_str(), name);
+        assert_eq!(EngineKind::parse(name), Some(kind));
+    }
+    assert_eq!(EngineKind::parse("vLLM"), None);
+}
+
+#[test]
+fn every_lb_policy_is_accepted() {
+    for (name, lb) in [
+        ("chwbl", LbPolicy::Chwbl),
+        ("least_request", LbPolicy::LeastRequest),
+        ("round_robin", LbPolicy::RoundRobin),
+    ] {
+        let cfg = loads(&edit(minimal(), |v| v["backends"][0]["lb"] = json!(name)));
+        assert_eq!(cfg.backends[0].lb, lb);
+    }
+}
+
+#[test]
+fn explicit_values_are_kept() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["listen"] = json!("0.0.0.0:8080");
+        v["admin"] = json!("[::1]:9000");
+        v["debug_headers"] = json!(true);
+        v["backends"][0]["connect_timeout_ms"] = json!(250);
+        v["backends"][0]["balance_factor"] = json!(100);
+        v["affinity"] =
+            json!({ "session_headers": ["X-Session-Id", "x-claude-code-session-id"], "user_prefix_bytes": 0 });
+        v["limits"] = json!({ "max_body_bytes": 1024, "request_timeout_ms": 0 });
+    }));
+    assert_eq!(cfg.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(cfg.admin.to_string(), "[::1]:9000");
+    assert!(cfg.debug_headers);
+    assert_eq!(cfg.backends[0].connect_timeout_ms, 250);
+    assert_eq!(cfg.backends[0].balance_factor, 100);
+    // Header names are stored in lower case.
+    assert_eq!(
+        cfg.affinity.session_headers,
+        ["x-session-id", "x-claude-code-session-id"]
+    );
+    assert_eq!(cfg.affinity.user_prefix_bytes, 0);
+    assert_eq!(cfg.limits.max_body_bytes, 1024);
+    assert_eq!(cfg.limits.request_timeout_ms, 0);
+}
+
+#[test]
+fn endpoints_of_every_address_form_are_parsed() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["backends"][0]["endpoints"] = json!(["127.0.0.1:8081", "[::1]:8082", "llama-0.llama.svc.cluster.local:8080"])
+    }));
+    let eps = &cfg.backends[0].endpoints;
+    assert_eq!(
+        (eps[0].host.as_str(), eps[0].port, eps[0].is_ip),
+        ("127.0.0.1", 8081, true)
+    );
+    assert_eq!((eps[1].host.as_str(), eps[1].port, eps[1].is_ip), ("::1", 8082, true));
+    assert_eq!(eps[1].to_string(), "[::1]:8082");
+    assert_eq!(
+        (eps[2].host.as_str(), eps[2].port, eps[2].is_ip),
+        ("llama-0.llama.svc.cluster.local", 8080, false)
+    );
+}
+
+#[test]
+fn address_parsers_directly() {
+    assert!(parse_endpoint("localhost:1").is_ok());
+    assert!(
+        parse_endpoint("host.:80").is_ok(),
+        "a trailing dot is a fully qualified name"
+    );
+    assert!(parse_endpoint(&format!("{}:80", "a".repeat(63))).is_ok());
+    assert!(parse_endpoint(&format!("{}:80", "a".repeat(64))).is_err());
+    assert!(parse_endpoint("h_st:80").is_err());
+    assert!(parse_endpoint("127.0.0.1:65535").is_ok());
+    assert_eq!(parse_listen("0.0.0.0:1").map(|a| a.port()), Ok(1));
+    assert!(parse_listen("127.0.0.1").is_err());
+    assert!(parse_listen("[::]:0").is_err());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Stage one: shape errors
+
+#[test]
+fn unknown_top_level_field_is_refused() {
+    let list = errors(&edit(minimal(), |v| v["listen_address"] = json!("127.0.0.1:1")));
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].field, "listen_address");
+    assert!(
+        list[0].reason.contains("unknown field `listen_address`"),
+        "{:?}",
+        list[0]
+    );
+    // The reason lists what is allowed and where the typo is.
+    assert!(list[0].reason.contains("expected one of `version`"), "{:?}", list[0]);
+    assert!(list[0].reason.contains("line 1 column"), "{:?}", list[0]);
+    assert!(list[0].value.is_empty());
+}
+
+#[test]
+fn unknown_nested_field_names_its_path() {
+    let list = errors(&edit(minimal(), |v| v["backends"][0]["weight"] = json!(3)));
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].field, "backends[0].weight");
+    assert!(list[0].reason.contains("unknown field `weight`"), "{:?}", list[0]);
+}
+
+#[test]
+fn unknown_field_deep_in_a_route_names_its_path() {
+    let list = errors(&edit(two(), |v| v["models"][1]["routes"][1]["weight"] = json!(3)));
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].field, "models[1].routes[1].weight");
+    assert!(list[0].reason.contains("unknown field `weight`"));
+}
+
+#[test]
+fn unknown_fields_in_affinity_and_limits_are_refused() {
+    let list = errors(&edit(minimal(), |v| v["affinity"] = json!({ "headers": [] })));
+    assert_eq!(list[0].field, "affinity.headers");
+    let list = errors(&edit(minimal(), |v| v["limits"] = json!({ "max_body": 1 })));
+    assert_eq!(list[0].field, "limits.max_body");
+    assert!(list[0].reason.contains("unknown field `max_body`"));
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let list = errors(&edit(minimal(), |v| v["version"] = json!("1")));
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].field, "version");
+    let list = errors(&edit(minimal(), |v| v["backends"][0]["balance_factor"] = json!(-5)));
+    assert_eq!(list[0].field, "backends[0].balance_factor");
+    let list = errors(&edit(minimal(), |v| {
+        v["backends"][0]["endpoints"] = json!("127.0.0.1:80")
+    }));
+    assert_eq!(list[0].field, "backends[0].endpoints");
+}
+
+#[test]
+fn missing_required_fields_are_refused() {
+    let list = errors(&edit(minimal(), |v| {
+        v.as_object_mut().unwrap().remove("version");
+    }));
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].field, "(document)");
+    assert!(list[0].reason.contains("missing field `version`"), "{list:?}");
+    let list = errors(&edit(minimal(), |v| {
+        v["models"][0]["routes"][0].as_object_mut().unwrap().remove("backend");
+    }));
+    assert!(list[0].reason.contains("missing field `backend`"), "{list:?}");
+    assert_eq!(list[0].field, "models[0].routes[0]");
+}
+
+#[test]
+fn broken_json_is_refused_with_its_position() {
+    let err = load_config("{ \"version\": 1, ").unwrap_err();
+    assert_eq!(err.0.len(), 1);
+    assert!(err.0[0].reason.contains("EOF while parsing"), "{err}");
+    assert!(err.0[0].reason.contains("line 1 column"), "{err}");
+}
+
+#[test]
+fn broken_json_is_a_document_error() {
+    let err = load_config("{ \"version\": 1, ").unwrap_err();
+    assert_eq!(err.0[0].field, "(document)", "{err:?}");
+}
+
+#[cfg(not(feature = "yaml"))]
+#[test]
+fn yaml_needs_the_yaml_feature() {
+    let err = load_config("version: 1\n").unwrap_err();
+    assert_eq!(err.0.len(), 1);
+    assert_eq!(err.0[0].field, "(document)");
+    assert!(err.0[0].reason.contains("JSON form"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Stage two: values, one rejection each
+
+#[test]
+fn wrong_version_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["version"] = json!(2)),
+        "version",
+        "2",
+        "unsupported schema version",
+    );
+    refused(
+        &edit(minimal(), |v| v["version"] = json!(0)),
+        "version",
+        "0",
+        "version 1",
+    );
+}
+
+#[test]
+fn route_to_an_undefined_backend_is_refused() {
+    refused(
+        &edit(two(), |v| v["models"][1]["routes"][0]["backend"] = json!("vllm-c")),
+        "models[1].routes[0].backend",
+        "vllm-c",
+        "no backend with this name is defined",
+    );
+}
+
+#[test]
+fn backend_references_are_case_sensitive() {
+    refused(
+        &edit(two(), |v| v["models"][0]["routes"][0]["backend"] = json!("LLAMA-A")),
+        "models[0].routes[0].backend",
+        "LLAMA-A",
+        "no backend",
+    );
+}
+
+#[test]
+fn duplicate_backend_name_is_refused() {
+    refused(
+        &edit(spare(), |v| v["backends"][1]["name"] = json!("a")),
+        "backends[1]",
+        "a",
+        "backends[0] already uses it",
+    );
+}
+
+#[test]
+fn backend_names_are_unique_ignoring_case() {
+    refused(
+        &edit(spare(), |v| v["backends"][1]["name"] = json!("A")),
+        "backends[1]",
+        "A",
+        "duplicate name",
+    );
+}
+
+#[test]
+fn duplicate_alias_is_refused() {
+    refused(
+        &edit(two(), |v| v["models"][2]["name"] = json!("local-chat")),
+        "models[2]",
+        "local-chat",
+        "models[0] already uses it",
+    );
+    refused(
+        &edit(two(), |v| v["models"][3]["name"] = json!("BIG")),
+        "models[3]",
+        "BIG",
+        "models[1] already uses it",
+    );
+}
+
+#[test]
+fn duplicate_route_to_one_backend_is_refused() {
+    refused(
+        &edit(two(), |v| v["models"][1]["routes"][1]["backend"] = json!("vllm-b")),
+        "models[1].routes[1].backend",
+        "vllm-b",
+        "duplicate route",
+    );
+}
+
+#[test]
+fn balance_factor_below_100_is_refused() {
+    let e = refused(
+        &edit(spare(), |v| v["backends"][1]["balance_factor"] = json!(99)),
+        "backends[1].balance_factor",
+        "99",
+        "must be >= 100",
+    );
+    assert_eq!(e.to_string(), format!("backends[1].balance_factor = 99: {}", e.reason));
+    loads(&edit(spare(), |v| v["backends"][1]["balance_factor"] = json!(100)));
+}
+
+#[test]
+fn balance_factor_with_a_non_chwbl_policy_is_refused() {
+    refused(
+        &edit(spare(), |v| {
+            v["backends"][1]["lb"] = json!("least_request");
+            v["backends"][1]["balance_factor"] = json!(150);
+        }),
+        "backends[1].balance_factor",
+        "150",
+        "only applies to lb: chwbl, not least_request",
+    );
+    refused(
+        &edit(spare(), |v| {
+            v["backends"][1]["lb"] = json!("round_robin");
+            v["backends"][1]["balance_factor"] = json!(200);
+        }),
+        "backends[1].balance_factor",
+        "200",
+        "not round_robin",
+    );
+    loads(&edit(minimal(), |v| {
+        v["backends"][0]["lb"] = json!("chwbl");
+        v["backends"][0]["balance_factor"] = json!(200);
+    }));
+}
+
+#[test]
+fn empty_endpoints_are_refused() {
+    refused(
+        &edit(spare(), |v| v["backends"][1]["endpoints"] = json!([])),
+        "backends[1].endpoints",
+        "[]",
+        "at least one endpoint",
+    );
+}
+
+#[test]
+fn malformed_addresses_are_refused_with_their_index() {
+    for bad in [
+        "127.0.0.1",
+        "127.0.0.1:0",
+        "127.0.0.1:70000",
+        "::1:8080",
+        "host name:80",
+        "http://h:80",
+        ":80",
+    ] {
+        refused(
+            &edit(spare(), |v| v["backends"][1]["endpoints"] = json!(["10.0.0.1:80", bad])),
+            "backends[1].endpoints[1]",
+            bad,
+            "malformed address",
+        );
+    }
+}
+
+#[test]
+fn duplicate_endpoints_in_a_backend_are_refused() {
+    refused(
+        &edit(spare(), |v| {
+            v["backends"][1]["endpoints"] = json!(["10.0.0.1:80", "10.0.0.2:80", "10.0.0.1:80"])
+        }),
+        "backends[1].endpoints[2]",
+        "10.0.0.1:80",
+        "duplicate endpoint",
+    );
+}
+
+#[test]
+fn bad_kind_is_refused_with_the_valid_list() {
+    refused(
+        &edit(spare(), |v| v["backends"][1]["kind"] = json!("tgi")),
+        "backends[1].kind",
+        "tgi",
+        "expected one of llamacpp, vllm, sglang, ollama, openai",
+    );
+}
+
+#[test]
+fn bad_lb_is_refused_with_the_valid_list() {
+    refused(
+        &edit(spare(), |v| v["backends"][1]["lb"] = json!("random")),
+        "backends[1].lb",
+        "random",
+        "expected one of chwbl, least_request, round_robin",
+    );
+}
+
+#[test]
+fn connect_timeout_out_of_range_is_refused() {
+    for bad in [0u64, 600_001] {
+        refused(
+            &edit(spare(), |v| v["backends"][1]["connect_timeout_ms"] = json!(bad)),
+            "backends[1].connect_timeout_ms",
+            &bad.to_string(),
+            "between 1 and 600000",
+        );
+    }
+    loads(&edit(spare(), |v| {
+        v["backends"][1]["connect_timeout_ms"] = json!(600_000)
+    }));
+}
+
+#[test]
+fn bad_backend_names_are_refused_quoted() {
+    for bad in ["", "has space", "slash/name", &"n".repeat(65)] {
+        refused(
+            &edit(spare(), |v| v["backends"][1]["name"] = json!(bad)),
+            "backends[1].name",
+            &format!("{bad:?}"),
+            "1 to 64 characters",
+        );
+    }
+    loads(&edit(minimal(), |v| {
+        v["backends"][0]["name"] = json!("A.b_c-9");
+        v["models"][0]["routes"][0]["backend"] = json!("A.b_c-9");
+    }));
+}
+
+#[test]
+fn bad_model_names_are_refused_quoted() {
+    for bad in ["", "has space", "tab\there", &"m".repeat(257)] {
+        refused(
+            &edit(minimal(), |v| v["models"][0]["name"] = json!(bad)),
+            "models[0].name",
+            &format!("{bad:?}"),
+            "without spaces or control characters",
+        );
+    }
+    refused(
+        &edit(minimal(), |v| {
+            v["models"][0]["routes"][0]["upstream_model"] = json!("a\u{1}b")
+        }),
+        "models[0].routes[0].upstream_model",
+        "\"a\\u{1}b\"",
+        "without spaces",
+    );
+    loads(&edit(minimal(), |v| {
+        v["models"][0]["name"] = json!("Qwen/Qwen3-32B:q4_K_M")
+    }));
+}
+
+#[test]
+fn alias_without_routes_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["models"][0]["routes"] = json!([])),
+        "models[0].routes",
+        "[]",
+        "at least one route",
+    );
+}
+
+#[test]
+fn empty_model_list_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["models"] = json!([])),
+        "models",
+        "[]",
+        "at least one model alias",
+    );
+}
+
+#[test]
+fn empty_backends_reports_both_the_list_and_the_dangling_route() {
+    let list = errors(&edit(minimal(), |v| v["backends"] = json!([])));
+    let fields: Vec<&str> = list.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["backends", "models[0].routes[0].backend"], "{list:#?}");
+    assert_eq!(list[0].value, "[]");
+    assert!(list[0].reason.contains("at least one backend"));
+}
+
+#[test]
+fn reserved_session_header_is_refused() {
+    refused(
+        &edit(minimal(), |v| {
+            v["affinity"] = json!({ "session_headers": ["x-session-id", "x-llmroute-session"] })
+        }),
+        "affinity.session_headers[1]",
+        "x-llmroute-session",
+        "gateway's own",
+    );
+    refused(
+        &edit(minimal(), |v| {
+            v["affinity"] = json!({ "session_headers": ["X-LLMRoute-Affinity"] })
+        }),
+        "affinity.session_headers[0]",
+        "X-LLMRoute-Affinity",
+        "gateway's own",
+    );
+}
+
+#[test]
+fn invalid_session_header_names_are_refused() {
+    for bad in ["", "has space", ":authority", "x-sess\u{e9}", "a\nb", &"h".repeat(129)] {
+        refused(
+            &edit(minimal(), |v| v["affinity"] = json!({ "session_headers": [bad] })),
+            "affinity.session_headers[0]",
+            bad,
+            "not a valid HTTP header name",
+        );
+    }
+    loads(&edit(minimal(), |v| {
+        v["affinity"] = json!({ "session_headers": ["x-a!#$%&'*+-.^_`|~0"] })
+    }));
+}
+
+#[test]
+fn duplicate_session_headers_are_refused_ignoring_case() {
+    refused(
+        &edit(minimal(), |v| {
+            v["affinity"] = json!({ "session_headers": ["x-session-id", "X-Session-Id"] })
+        }),
+        "affinity.session_headers[1]",
+        "X-Session-Id",
+        "duplicate name",
+    );
+}
+
+#[test]
+fn empty_session_header_list_is_allowed() {
+    let cfg = loads(&edit(minimal(), |v| v["affinity"] = json!({ "session_headers": [] })));
+    assert!(cfg.affinity.session_headers.is_empty());
+}
+
+#[test]
+fn user_prefix_bytes_too_large_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["affinity"] = json!({ "user_prefix_bytes": 65_537 })),
+        "affinity.user_prefix_bytes",
+        "65537",
+        "at most 65536",
+    );
+    loads(&edit(minimal(), |v| {
+        v["affinity"] = json!({ "user_prefix_bytes": 65_536 })
+    }));
+}
+
+#[test]
+fn max_body_bytes_out_of_range_is_refused() {
+    for bad in [0usize, 1023, (64 << 20) + 1] {
+        refused(
+            &edit(minimal(), |v| v["limits"] = json!({ "max_body_bytes": bad })),
+            "limits.max_body_bytes",
+            &bad.to_string(),
+            "between 1024 and 67108864",
+        );
+    }
+    for good in [1024usize, 64 << 20] {
+        loads(&edit(minimal(), |v| v["limits"] = json!({ "max_body_bytes": good })));
+    }
+}
+
+#[test]
+fn request_timeout_over_a_day_is_refused() {
+    refused(
+        &edit(minimal(), |v| {
+            v["limits"] = json!({ "request_timeout_ms": 86_400_001u64 })
+        }),
+        "limits.request_timeout_ms",
+        "86400001",
+        "one day",
+    );
+    loads(&edit(minimal(), |v| {
+        v["limits"] = json!({ "request_timeout_ms": 86_400_000u64 })
+    }));
+}
+
+#[test]
+fn listen_equal_to_admin_is_refused() {
+    refused(
+        &edit(minimal(), |v| {
+            v["listen"] = json!("127.0.0.1:9901");
+        }),
+        "admin",
+        "127.0.0.1:9901",
+        "`listen`",
+    );
+}
+
+#[test]
+fn admin_on_the_listen_port_of_a_wildcard_address_is_refused() {
+    // 0.0.0.0:9901 and 127.0.0.1:9901 cannot both be bound.
+    refused(
+        &edit(minimal(), |v| v["listen"] = json!("0.0.0.0:9901")),
+        "admin",
+        "127.0.0.1:9901",
+        "`listen`",
+    );
+    refused(
+        &edit(minimal(), |v| v["admin"] = json!("0.0.0.0:10000")),
+        "admin",
+        "0.0.0.0:10000",
+        "`listen`",
+    );
+}
+
+#[test]
+fn listen_and_admin_may_share_a_port_on_different_addresses() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["listen"] = json!("127.0.0.1:9000");
+        v["admin"] = json!("127.0.0.2:9000");
+    }));
+    assert_eq!(cfg.listen.port(), cfg.admin.port());
+}
+
+#[test]
+fn listen_and_admin_must_be_ip_and_port() {
+    refused(
+        &edit(minimal(), |v| v["listen"] = json!("localhost:10000")),
+        "listen",
+        "localhost:10000",
+        "expected IP:PORT",
+    );
+    refused(
+        &edit(minimal(), |v| v["admin"] = json!("127.0.0.1:0")),
+        "admin",
+        "127.0.0.1:0",
+        "port must be",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Many errors, and how they read
+
+#[test]
+fn every_problem_is_reported_at_once_in_document_order() {
+    let v = json!({
+        "version": 3,
+        "listen": "127.0.0.1:9901",
+        "backends": [
+            { "name": "a", "kind": "tgi", "endpoints": ["127.0.0.1"], "balance_factor": 50 },
+            { "name": "a", "kind": "vllm", "endpoints": [] }
+        ],
+        "models": [
+            { "name": "m", "routes": [ { "backend": "zzz" } ] },
+            { "name": "m", "routes": [] }
+        ],
+        "affinity": { "session_headers": ["x-llmroute-s"], "user_prefix_bytes": 100000 },
+        "limits": { "max_body_bytes": 10 }
+    });
+    let list = errors(&v);
+    let fields: Vec<&str> = list.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "version",
+            "admin",
+            "backends[0].kind",
+            "backends[0].balance_factor",
+            "backends[0].endpoints[0]",
+            "backends[1].endpoints",
+            "backends[1]",
+            "models[0].routes[0].backend",
+            "models[1].routes",
+            "models[1]",
+            "affinity.session_headers[0]",
+            "affinity.user_prefix_bytes",
+            "limits.max_body_bytes",
+        ],
+        "{list:#?}"
+    );
+    assert_eq!(list.len(), 13);
+}
+
+#[test]
+fn error_display_is_field_value_reason() {
+    let e = ConfigError {
+        field: "backends[1].lb".into(),
+        value: "random".into(),
+        reason: "bad".into(),
+    };
+    assert_eq!(e.to_string(), "backends[1].lb = random: bad");
+    let e = ConfigError {
+        field: "version".into(),
+        value: String::new(),
+        reason: "missing".into(),
+    };
+    assert_eq!(e.to_string(), "version: missing");
+}
+
+#[test]
+fn error_list_display_has_one_line_per_error() {
+    let list = load_config(
+        &edit(spare(), |v| {
+            v["version"] = json!(9);
+            v["backends"][1]["lb"] = json!("random");
+        })
+        .to_string(),
+    )
+    .unwrap_err();
+    let text = list.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("version = 9: "), "{text}");
+    assert!(
+        lines[1].starts_with("backends[1].lb = random: unknown load-balancing policy"),
+        "{text}"
+    );
+    assert!(!text.ends_with('\n'));
+}
+
+#[test]
+fn shape_error_display_has_no_value() {
+    let list = errors(&edit(minimal(), |v| v["bogus"] = json!(1)));
+    let line = list[0].to_string();
+    assert!(!line.contains(" = "), "{line}");
+    assert!(line.contains("unknown field `bogus`"), "{line}");
+}
+
+#[test]
+fn invalid_backend_does_not_make_its_routes_dangling() {
+    // Only the backend's own problem is reported: its routes still name a backend that is defined.
+    refused(
+        &edit(minimal(), |v| v["backends"][0]["kind"] = json!("tgi")),
+        "backends[0].kind",
+        "tgi",
+        "unknown engine",
+    );
+    refused(
+        &edit(minimal(), |v| v["backends"][0]["endpoints"] = json!(["nope"])),
+        "backends[0].endpoints[0]",
+        "nope",
+        "malformed address",
+    );
+}

@@ -1,0 +1,486 @@
+//! Endpoint classification, the `/v1/models` answers, and header hygiene.
+
+// Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{sdk_headers, sdk_meta, two_backends, SDK_NAMES};
+use llmroute_core::headers::{must_strip, to_strip, AFFINITY, AFFINITY_SOURCE, CLUSTER, ERROR, UPSTREAM};
+use llmroute_core::json::JsonError;
+use llmroute_core::models::{get_body, list_body};
+use llmroute_core::{classify, Endpoint, GatewayError};
+use serde_json::{json, Value};
+
+fn envelope(e: &GatewayError) -> Value {
+    serde_json::from_slice(&e.openai_body()).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// classify
+
+#[test]
+fn chat_completions_is_post_only() {
+    assert_eq!(classify("POST", "/v1/chat/completions"), Ok(Endpoint::ChatCompletions));
+    for method in ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "post"] {
+        let e = classify(method, "/v1/chat/completions").unwrap_err();
+        assert_eq!(e.status(), 405, "{method}");
+        assert_eq!(e.code(), "method_not_allowed");
+        assert_eq!(e.headers(), vec![("allow", "POST")], "{method}");
+    }
+}
+
+#[test]
+fn models_endpoints_allow_get_and_head() {
+    assert_eq!(classify("GET", "/v1/models"), Ok(Endpoint::ListModels));
+    assert_eq!(classify("HEAD", "/v1/models"), Ok(Endpoint::ListModels));
+    assert_eq!(
+        classify("GET", "/v1/models/local-chat"),
+        Ok(Endpoint::GetModel("local-chat".into()))
+    );
+    assert_eq!(classify("HEAD", "/v1/models/x"), Ok(Endpoint::GetModel("x".into())));
+    for method in ["POST", "DELETE", "get"] {
+        let e = classify(method, "/v1/models").unwrap_err();
+        assert_eq!((e.status(), e.headers()), (405, vec![("allow", "GET")]), "{method}");
+        let e = classify(method, "/v1/models/local-chat").unwrap_err();
+        assert_eq!(e.status(), 405, "{method}");
+    }
+}
+
+#[test]
+fn model_ids_may_contain_slashes() {
+    assert_eq!(
+        classify("GET", "/v1/models/Qwen/Qwen3-32B"),
+        Ok(Endpoint::GetModel("Qwen/Qwen3-32B".into()))
+    );
+}
+
+#[test]
+fn query_and_fragment_are_ignored() {
+    assert_eq!(
+        classify("POST", "/v1/chat/completions?api-version=1"),
+        Ok(Endpoint::ChatCompletions)
+    );
+    assert_eq!(
+        classify("POST", "/v1/chat/completions#x"),
+        Ok(Endpoint::ChatCompletions)
+    );
+    assert_eq!(classify("GET", "/v1/models?limit=1&after=a"), Ok(Endpoint::ListModels));
+    assert_eq!(classify("GET", "/v1/models/m?x=1"), Ok(Endpoint::GetModel("m".into())));
+    assert_eq!(classify("GET", "/v1/models/m#frag"), Ok(Endpoint::GetModel("m".into())));
+}
+
+#[test]
+fn unknown_paths_are_404_unknown_url() {
+    for path in [
+        "",
+        "/",
+        "/v1",
+        "/v1/",
+        "/v1/chat",
+        "/v1/chat/completions/",
+        "/V1/chat/completions",
+        "/v1/Chat/Completions",
+        "//v1/chat/completions",
+        "/v2/chat/completions",
+        "/v1/models/",
+        "/v1/models/?x",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/health",
+        "v1/chat/completions",
+    ] {
+        let e = classify("POST", path).unwrap_err();
+        assert_eq!((e.status(), e.code()), (404, "unknown_url"), "{path:?}");
+        assert!(e.headers().is_empty());
+    }
+}
+
+#[test]
+fn not_found_reports_the_path_without_its_query() {
+    let e = classify("GET", "/nope?secret=1").unwrap_err();
+    assert_eq!(
+        e,
+        GatewayError::NotFound {
+            method: "GET".into(),
+            path: "/nope".into()
+        }
+    );
+    assert_eq!(e.to_string(), "Invalid URL (GET /nope).");
+    let v = envelope(&e);
+    assert_eq!(
+        v,
+        json!({ "error": {
+            "message": "Invalid URL (GET /nope).",
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "unknown_url"
+        } })
+    );
+}
+
+#[test]
+fn method_not_allowed_message_and_envelope() {
+    let e = classify("GET", "/v1/chat/completions?x=1").unwrap_err();
+    assert_eq!(
+        e,
+        GatewayError::MethodNotAllowed {
+            method: "GET".into(),
+            path: "/v1/chat/completions".into(),
+            allow: "POST"
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "Method GET is not allowed on /v1/chat/completions; use POST."
+    );
+    let v = envelope(&e);
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["code"], "method_not_allowed");
+    assert_eq!(v["error"]["param"], Value::Null);
+}
+
+#[test]
+fn long_paths_are_quoted_bounded() {
+    let path = format!("/{}", "p".repeat(5000));
+    let e = classify("GET", &path).unwrap_err();
+    assert!(e.to_string().len() < 200, "{}", e.to_string().len());
+}
+
+#[test]
+fn only_chat_reads_the_body() {
+    assert!(Endpoint::ChatCompletions.reads_body());
+    assert!(!Endpoint::ListModels.reads_body());
+    assert!(!Endpoint::GetModel("m".into()).reads_body());
+    assert_eq!(Endpoint::ChatCompletions.as_str(), "chat");
+    assert_eq!(Endpoint::ListModels.as_str(), "models");
+    assert_eq!(Endpoint::GetModel("m".into()).as_str(), "models");
+}
+
+#[test]
+fn captured_requests_classify_by_their_recorded_path() {
+    for name in SDK_NAMES {
+        let meta = sdk_meta(name);
+        let got = classify(meta["method"].as_str().unwrap(), meta["path"].as_str().unwrap());
+        let chat = meta["path"] == "/v1/chat/completions";
+        assert_eq!(got.is_ok(), chat, "{name}: {got:?}");
+        if !chat {
+            assert_eq!(got.unwrap_err().status(), 404, "{name}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// /v1/models
+
+#[test]
+fn list_body_lists_aliases_in_config_order() {
+    let v: Value = serde_json::from_slice(&list_body(&two_backends())).unwrap();
+    let model = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "llmroute" });
+    assert_eq!(
+        v,
+        json!({
+            "object": "list",
+            "data": [model("local-chat"), model("big"), model("same"), model("embedder")]
+        })
+    );
+}
+
+#[test]
+fn list_body_never_names_upstream_models_or_backends() {
+    let body = String::from_utf8(list_body(&two_backends())).unwrap();
+    for hidden in [
+        "qwen3-0.6b",
+        "Qwen/Qwen3-32B",
+        "bge-m3",
+        "llama-a",
+        "vllm-b",
+        "127.0.0.1",
+    ] {
+        assert!(!body.contains(hidden), "{hidden} leaked: {body}");
+    }
+}
+
+#[test]
+fn readme_example_lists_one_model() {
+    let cfg = common::config(common::README_EXAMPLE);
+    let v: Value = serde_json::from_slice(&list_body(&cfg)).unwrap();
+    assert_eq!(v["data"].as_array().unwrap().len(), 1);
+    assert_eq!(v["data"][0]["id"], "local-chat");
+}
+
+#[test]
+fn get_body_returns_one_model_object() {
+    let v: Value = serde_json::from_slice(&get_body(&two_backends(), "big").unwrap()).unwrap();
+    assert_eq!(
+        v,
+        json!({ "id": "big", "object": "model", "created": 0, "owned_by": "llmroute" })
+    );
+}
+
+#[test]
+fn get_body_of_an_unknown_model_is_404() {
+    for id in ["gpt-4o", "qwen3-0.6b", "Local-Chat", ""] {
+        let e = get_body(&two_backends(), id).unwrap_err();
+        assert_eq!(e, GatewayError::UnknownModel { model: id.into() });
+        assert_eq!(
+            (e.status(), e.code(), e.param()),
+            (404, "model_not_found", Some("model"))
+        );
+        assert_eq!(envelope(&e)["error"]["type"], "not_found_error");
+    }
+}
+
+#[test]
+fn classify_then_get_round_trip() {
+    let cfg = two_backends();
+    let Ok(Endpoint::GetModel(id)) = classify("GET", "/v1/models/embedder?x=1") else {
+        panic!("not GetModel")
+    };
+    let v: Value = serde_json::from_slice(&get_body(&cfg, &id).unwrap()).unwrap();
+    assert_eq!(v["id"], "embedder");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Headers
+
+#[test]
+fn gateway_header_names() {
+    assert_eq!(CLUSTER, "x-llmroute-cluster");
+    assert_eq!(AFFINITY, "x-llmroute-affinity");
+    assert_eq!(AFFINITY_SOURCE, "x-llmroute-affinity-source");
+    assert_eq!(UPSTREAM, "x-llmroute-upstream");
+    assert_eq!(ERROR, "x-llmroute-error");
+}
+
+#[test]
+fn every_gateway_header_is_stripped_from_clients() {
+    for name in [CLUSTER, AFFINITY, AFFINITY_SOURCE, UPSTREAM, ERROR] {
+        assert!(must_strip(name), "{name}");
+        assert!(must_strip(&name.to_ascii_uppercase()), "{name}");
+    }
+}
+
+#[test]
+fn the_whole_x_llmroute_namespace_is_stripped() {
+    for name in [
+        "x-llmroute-",
+        "x-llmroute-anything",
+        "X-LLMROUTE-Cluster",
+        "x-LlmRoute-future-header",
+    ] {
+        assert!(must_strip(name), "{name}");
+    }
+    for name in [
+        "x-llmroute",
+        "x-llmroutex-cluster",
+        "llmroute-cluster",
+        "x-llm-route-cluster",
+        "xx-llmroute-a",
+    ] {
+        assert!(!must_strip(name), "{name}");
+    }
+}
+
+#[test]
+fn client_credentials_are_stripped() {
+    for name in [
+        "authorization",
+        "Authorization",
+        "AUTHORIZATION",
+        "proxy-authorization",
+        "Proxy-Authorization",
+        "x-api-key",
+        "X-Api-Key",
+        "api-key",
+        "Api-Key",
+    ] {
+        assert!(must_strip(name), "{name}");
+    }
+}
+
+#[test]
+fn other_headers_are_kept() {
+    for name in [
+        "content-type",
+        "accept",
+        "x-session-id",
+        "x-claude-code-session-id",
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-organization",
+        "x-stainless-os",
+        "user-agent",
+        ":path",
+        ":authority",
+        "authorization-extra",
+        "x-authorization",
+        "x-api-keys",
+        "",
+    ] {
+        assert!(!must_strip(name), "{name}");
+    }
+}
+
+#[test]
+fn to_strip_keeps_request_order_and_duplicates() {
+    let names = [
+        "content-type",
+        "X-LLMRoute-Cluster",
+        "authorization",
+        "accept",
+        "x-llmroute-cluster",
+        "api-key",
+    ];
+    assert_eq!(
+        to_strip(names),
+        vec!["X-LLMRoute-Cluster", "authorization", "x-llmroute-cluster", "api-key"]
+    );
+    assert!(to_strip(["a", "b"]).is_empty());
+    assert!(to_strip(Vec::<&str>::new()).is_empty());
+}
+
+#[test]
+fn captured_headers_lose_only_the_credentials() {
+    for name in SDK_NAMES {
+        let headers = sdk_headers(name);
+        let stripped = to_strip(headers.iter().map(|(n, _)| n.as_str()));
+        assert_eq!(stripped, ["authorization"], "{name}");
+        // What stays includes every SDK telemetry and Anthropic header.
+        let kept: Vec<&str> = headers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !must_strip(n))
+            .collect();
+        assert_eq!(kept.len(), headers.len() - 1, "{name}");
+        assert!(kept.contains(&"x-stainless-lang"), "{name}");
+    }
+}
+
+#[test]
+fn claude_code_capture_keeps_its_session_and_beta_headers() {
+    let headers = sdk_headers("messages-tools-image-thinking-cache-control-claude-code");
+    for wanted in ["x-claude-code-session-id", "anthropic-beta", "anthropic-version"] {
+        assert!(headers.iter().any(|(n, _)| n == wanted), "{wanted}");
+        assert!(!must_strip(wanted), "{wanted}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Error envelopes and statuses
+
+#[test]
+fn every_error_variant_has_its_status_code_and_param() {
+    let cases: Vec<(GatewayError, u32, &str, Option<&str>)> = vec![
+        (GatewayError::InvalidJson(JsonError::Empty), 400, "invalid_json", None),
+        (
+            GatewayError::InvalidJson(JsonError::TooDeep { limit: 64 }),
+            400,
+            "json_too_deep",
+            None,
+        ),
+        (
+            GatewayError::InvalidJson(JsonError::NotAnObject {
+                found: llmroute_core::json::Kind::Array,
+            }),
+            400,
+            "body_not_object",
+            None,
+        ),
+        (GatewayError::BodyTooLarge { limit: 1024 }, 413, "body_too_large", None),
+        (
+            GatewayError::MissingField { field: "model" },
+            400,
+            "missing_field",
+            Some("model"),
+        ),
+        (
+            GatewayError::InvalidField {
+                field: "messages",
+                reason: "r".into(),
+            },
+            400,
+            "invalid_field",
+            Some("messages"),
+        ),
+        (
+            GatewayError::DuplicateField { field: "stream" },
+            400,
+            "duplicate_field",
+            Some("stream"),
+        ),
+        (
+            GatewayError::UnknownModel { model: "x".into() },
+            404,
+            "model_not_found",
+            Some("model"),
+        ),
+        (
+            GatewayError::InvalidSessionHeader {
+                header: "x-session-id".into(),
+                reason: "r",
+            },
+            400,
+            "invalid_session_header",
+            Some("x-session-id"),
+        ),
+        (
+            GatewayError::MethodNotAllowed {
+                method: "GET".into(),
+                path: "/p".into(),
+                allow: "POST",
+            },
+            405,
+            "method_not_allowed",
+            None,
+        ),
+        (
+            GatewayError::NotFound {
+                method: "GET".into(),
+                path: "/p".into(),
+            },
+            404,
+            "unknown_url",
+            None,
+        ),
+    ];
+    for (e, status, code, param) in cases {
+        assert_eq!((e.status(), e.code(), e.param()), (status, code, param), "{e:?}");
+        let v = envelope(&e);
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["param"], param.map_or(Value::Null, Value::from));
+        assert_eq!(v["error"]["message"], e.to_string());
+        assert!(e.to_string().ends_with('.'), "{e}");
+    }
+}
+
+#[test]
+fn body_too_large_message() {
+    let e = GatewayError::BodyTooLarge { limit: 8_388_608 };
+    assert_eq!(
+        e.to_string(),
+        "The request body exceeds the gateway limit of 8388608 bytes."
+    );
+    assert_eq!(envelope(&e)["error"]["type"], "invalid_request_error");
+}
+
+#[test]
+fn quoted_model_is_cut_on_a_character_boundary() {
+    let e = GatewayError::UnknownModel {
+        model: format!("a{}", "€".repeat(100)),
+    };
+    let msg = e.to_string();
+    // 1 + 42 * 3 = 127 bytes fit in 128; the 43rd euro sign would not.
+    assert!(msg.contains(&format!("`a{}`", "€".repeat(42))), "{msg}");
+}
+
+#[test]
+fn envelope_escapes_client_strings() {
+    let e = GatewayError::UnknownModel {
+        model: "a\"b\\c\n</script>".into(),
+    };
+    let v = envelope(&e);
+    assert!(v["error"]["message"].as_str().unwrap().contains("a\"b\\c\n</script>"));
+}
