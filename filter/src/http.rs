@@ -1,13 +1,16 @@
 //! The per-request context: read headers and body from Envoy, ask the core for a decision, apply it.
 //!
-//! Flow for chat: strip the client's `x-llmroute-*` and credential headers, classify the endpoint, read the
-//! session header, pause; buffer the body up to the limit; at end of stream (in the body or trailers callback,
-//! since HTTP/2 may end there), decide once; then rewrite `model`, set `content-length`, and set the cluster and
-//! affinity headers that the route's `cluster_header` and `hash_policy` read.
+//! Headers phase: strip the client's `x-llmroute-*`, token-estimate and credential headers, make sure the
+//! request id is usable, and let the core classify the request (refusals and `/v1/models` are answered here).
+//! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
+//! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
+//! cluster and affinity headers the route reads, and the token estimate. Response headers name the affinity
+//! source and echo an explicit session key.
 
 use std::rc::Rc;
 
-use llmroute_core::{headers, models, route_chat, session_from_headers, Affinity, Config, Endpoint, GatewayError};
+use llmroute_core::request::{self, Refusal, RequestStart};
+use llmroute_core::{headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
@@ -15,48 +18,83 @@ use crate::host;
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
-    /// Set while a chat body is being buffered.
-    reading_body: bool,
+    context_id: u32,
+    request_id: Option<String>,
+    /// Set while an inference body is being buffered.
+    reading: Option<(Api, Option<SessionKey>)>,
     body_size: usize,
-    session: Option<Affinity>,
-    /// What was decided, for the debug response headers.
-    routed: Option<(String, Option<Affinity>)>,
+    /// What was decided, for the response headers.
+    routed: Option<RouteDecision>,
 }
 
 impl Http {
-    pub fn new(cfg: Option<Rc<Config>>) -> Self {
+    pub fn new(cfg: Option<Rc<Config>>, context_id: u32) -> Self {
         Http {
             cfg,
-            reading_body: false,
+            context_id,
+            request_id: None,
+            reading: None,
             body_size: 0,
-            session: None,
             routed: None,
         }
     }
 
-    fn refuse(&mut self, e: &GatewayError) -> Action {
+    fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
-        self.reading_body = false;
+        self.reading = None;
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
-        host::send_reply(e.status(), &hdrs, &e.openai_body());
+        if let Some(id) = &self.request_id {
+            hdrs.push((headers::REQUEST_ID, id));
+        }
+        host::send_reply(e.status(), &hdrs, &e.body(envelope, self.request_id.as_deref()));
         Action::Pause
     }
 
     fn reply_json(&mut self, body: &[u8]) -> Action {
-        host::send_reply(200, &[("content-type", "application/json")], body);
+        let mut hdrs = vec![("content-type", "application/json")];
+        if let Some(id) = &self.request_id {
+            hdrs.push((headers::REQUEST_ID, id));
+        }
+        host::send_reply(200, &hdrs, body);
         Action::Pause
+    }
+
+    /// Keeps a well-formed request id; replaces a missing or malformed one.
+    fn settle_request_id(&mut self, sent: Option<&[u8]>) {
+        let id = match sent {
+            Some(v) if request::request_id_ok(v) => String::from_utf8_lossy(v).into_owned(),
+            _ => {
+                let id = host::fresh_request_id(self.context_id);
+                host::set_request_header(headers::REQUEST_ID, Some(&id));
+                id
+            }
+        };
+        self.request_id = Some(id);
+    }
+
+    fn models(&mut self, cfg: &Config, start: &RequestStart, query: &str) -> Action {
+        let body = match &start.endpoint {
+            Endpoint::GetModel(id) => models::get_body(cfg, start.envelope, id),
+            _ => models::list_body(cfg, start.envelope, query),
+        };
+        match body {
+            Ok(body) => self.reply_json(&body),
+            Err(e) => self.refuse(&e, start.envelope),
+        }
     }
 
     /// Decides and applies, once the whole body is buffered.
     fn finish_body(&mut self, cfg: &Config) -> Action {
-        self.reading_body = false;
+        let Some((api, session)) = self.reading.take() else {
+            return Action::Continue;
+        };
         let Some(body) = host::request_body(self.body_size) else {
             return self.unavailable();
         };
-        let decision = match route_chat(cfg, &body, self.session) {
+        let decision = match route(cfg, api, &body, session.as_ref()) {
             Ok(d) => d,
-            Err(e) => return self.refuse(&e),
+            Err(e) => return self.refuse(&e, api.envelope()),
         };
         if let Some(patch) = &decision.patch {
             if !host::replace_request_body(body.len(), &patch.apply(&body)) {
@@ -68,17 +106,21 @@ impl Http {
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
         }
+        let tokens = decision.input_tokens.to_string();
+        host::set_request_header(headers::INPUT_TOKENS, Some(&tokens));
+        host::set_request_header(headers::TOKEN_ESTIMATE, Some(&tokens));
         log::debug!(
-            "llmroute: chat cluster={} affinity={}",
+            "llmroute: {} cluster={} affinity={}",
+            api.name(),
             decision.cluster,
             decision.affinity.map_or("none", |a| a.source.as_str())
         );
-        self.routed = Some((decision.cluster, decision.affinity));
+        self.routed = Some(decision);
         Action::Continue
     }
 
     fn unavailable(&mut self) -> Action {
-        self.reading_body = false;
+        self.reading = None;
         let body = br#"{"error":{"message":"The gateway could not process the request.","type":"server_error","param":null,"code":"gateway_error"}}"#;
         host::send_reply(
             503,
@@ -101,42 +143,37 @@ impl HttpContext for Http {
             host::set_request_header(name, None);
         }
         let find = |name: &str| all.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice());
+        self.settle_request_id(find(headers::REQUEST_ID));
         let text = |name: &str| find(name).and_then(|v| std::str::from_utf8(v).ok()).unwrap_or_default();
-        let endpoint = match llmroute_core::classify(text(":method"), text(":path")) {
-            Ok(e) => e,
-            Err(e) => return self.refuse(&e),
+        let path = text(":path");
+        let start = match request::start(&cfg, text(":method"), path, find) {
+            Ok(s) => s,
+            Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
         };
-        match endpoint {
-            Endpoint::ListModels => self.reply_json(&models::list_body(&cfg)),
-            Endpoint::GetModel(id) => match models::get_body(&cfg, &id) {
-                Ok(body) => self.reply_json(&body),
-                Err(e) => self.refuse(&e),
-            },
-            Endpoint::ChatCompletions => {
-                match session_from_headers(&cfg, find) {
-                    Ok(s) => self.session = s,
-                    Err(e) => return self.refuse(&e),
-                }
-                if end_of_stream {
-                    return self.refuse(&GatewayError::InvalidJson(llmroute_core::json::JsonError::Empty));
-                }
-                self.reading_body = true;
-                Action::Pause
-            }
+        let Endpoint::Inference(api) = start.endpoint else {
+            let query = path.split_once('?').map_or("", |(_, q)| q);
+            return self.models(&cfg, &start, query);
+        };
+        if end_of_stream {
+            let empty = GatewayError::InvalidJson(llmroute_core::json::JsonError::Empty);
+            return self.refuse(&empty, start.envelope);
         }
+        self.reading = Some((api, start.session));
+        Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.reading_body {
+        let Some((api, _)) = &self.reading else {
             return Action::Continue;
-        }
+        };
+        let envelope = api.envelope();
         let Some(cfg) = self.cfg.clone() else {
             return self.unavailable();
         };
         self.body_size = body_size;
         if body_size > cfg.limits.max_body_bytes {
             let limit = cfg.limits.max_body_bytes;
-            return self.refuse(&GatewayError::BodyTooLarge { limit });
+            return self.refuse(&GatewayError::BodyTooLarge { limit }, envelope);
         }
         if !end_of_stream {
             return Action::Pause;
@@ -145,7 +182,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if !self.reading_body {
+        if self.reading.is_none() {
             return Action::Continue;
         }
         match self.cfg.clone() {
@@ -155,11 +192,16 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
-        if let (true, Some((cluster, affinity))) = (debug, &self.routed) {
-            host::set_response_header(headers::CLUSTER, cluster);
-            let source = affinity.map_or("none", |a| a.source.as_str());
-            host::set_response_header(headers::AFFINITY_SOURCE, source);
+        let Some(d) = &self.routed else {
+            return Action::Continue;
+        };
+        let source = d.affinity.map_or("none", |a| a.source.header_value());
+        host::set_response_header(headers::AFFINITY_SOURCE, source);
+        if let Some(session) = &d.echo_session {
+            host::set_response_header(headers::SESSION_ECHO, session);
+        }
+        if self.cfg.as_ref().is_some_and(|c| c.debug_headers) {
+            host::set_response_header(headers::CLUSTER, &d.cluster);
             if let Some(addr) = host::property_string(&["upstream", "address"]) {
                 host::set_response_header(headers::UPSTREAM, &addr);
             }

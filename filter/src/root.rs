@@ -53,10 +53,10 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never `None`: the SDK panics on it. Envoy refuses a plugin whose `on_configure` failed, so a
         // missing config here is a host anomaly, and `Http` answers 503 for it.
-        Some(Box::new(Http::new(self.config.clone())))
+        Some(Box::new(Http::new(self.config.clone(), context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

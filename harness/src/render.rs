@@ -7,6 +7,9 @@
 //! - the listener's buffer limit is raised above the filter's body limit, so the filter (not Envoy) answers 413
 //!   with a JSON envelope;
 //! - the route timeout follows `limits.request_timeout_ms`, since Envoy's 15 s default would cut long generations.
+//!
+//! With [`RenderOptions::with_filter`] off, the same bootstrap is rendered minus the wasm filter, and the route
+//! names the first backend's cluster statically (the hash policy stays). The overhead bench compares the two.
 
 use llmroute_core::config::{Backend, Config, LbPolicy};
 use llmroute_core::headers;
@@ -22,6 +25,9 @@ pub struct RenderOptions {
     pub wasm_path: String,
     /// The wasm runtime. Default `envoy.wasm.runtime.v8`.
     pub runtime: String,
+    /// Include the wasm filter. Default true. When false, the route sends everything to the first backend's
+    /// cluster: plain Envoy, the baseline of the overhead bench.
+    pub with_filter: bool,
 }
 
 impl RenderOptions {
@@ -29,7 +35,14 @@ impl RenderOptions {
         RenderOptions {
             wasm_path: wasm_path.into(),
             runtime: "envoy.wasm.runtime.v8".into(),
+            with_filter: true,
         }
+    }
+
+    /// The same options without the wasm filter.
+    pub fn without_filter(mut self) -> Self {
+        self.with_filter = false;
+        self
     }
 }
 
@@ -74,6 +87,15 @@ fn duration_ms(ms: u64) -> String {
 }
 
 fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value {
+    let router = json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+    });
+    let http_filters = if opts.with_filter {
+        vec![wasm_filter(plugin_config, opts), router]
+    } else {
+        vec![router]
+    };
     json!({
         "name": "llmroute",
         "address": socket(&cfg.listen.ip().to_string(), cfg.listen.port()),
@@ -85,18 +107,25 @@ fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value 
                     "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                     "stat_prefix": "llmroute",
                     "codec_type": "AUTO",
-                    "route_config": route_config(cfg),
-                    "http_filters": [wasm_filter(plugin_config, opts), {
-                        "name": "envoy.filters.http.router",
-                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
-                    }],
+                    "always_set_request_id_in_response": true,
+                    "route_config": route_config(cfg, opts.with_filter),
+                    "http_filters": http_filters,
                 },
             }],
         }],
     })
 }
 
-fn route_config(cfg: &Config) -> Value {
+/// The one route. With the filter, the cluster comes from the filter's header; without it, the first backend.
+fn route_config(cfg: &Config, with_filter: bool) -> Value {
+    let mut route = json!({
+        "timeout": duration_ms(cfg.limits.request_timeout_ms),
+        "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }],
+    });
+    match (with_filter, cfg.backends.first()) {
+        (false, Some(first)) => route["cluster"] = Value::from(first.name.as_str()),
+        _ => route["cluster_header"] = Value::from(headers::CLUSTER),
+    }
     json!({
         "name": "llmroute",
         "virtual_hosts": [{
@@ -104,11 +133,7 @@ fn route_config(cfg: &Config) -> Value {
             "domains": ["*"],
             "routes": [{
                 "match": { "prefix": "/" },
-                "route": {
-                    "cluster_header": headers::CLUSTER,
-                    "timeout": duration_ms(cfg.limits.request_timeout_ms),
-                    "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }],
-                },
+                "route": route,
             }],
         }],
     })
@@ -198,6 +223,30 @@ mod tests {
         assert_eq!(route["cluster_header"], "x-llmroute-cluster");
         assert_eq!(route["hash_policy"][0]["header"]["header_name"], "x-llmroute-affinity");
         assert_eq!(route["timeout"], "1.500s");
+    }
+
+    #[test]
+    fn without_filter_routes_statically_and_keeps_the_rest() {
+        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let with = render();
+        let plain = bootstrap(&cfg, DOC, &RenderOptions::new("/x/llmroute.wasm").without_filter()).unwrap();
+        let hcm =
+            |v: &Value| v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"].clone();
+        let filters = hcm(&plain)["http_filters"].as_array().unwrap().clone();
+        assert_eq!(filters.len(), 1);
+        assert_eq!(filters[0]["name"], "envoy.filters.http.router");
+        let route = &hcm(&plain)["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(route["cluster"], "a");
+        assert!(route.get("cluster_header").is_none());
+        assert_eq!(route["hash_policy"][0]["header"]["header_name"], "x-llmroute-affinity");
+        assert_eq!(route["timeout"], "1.500s");
+        assert_eq!(
+            plain["static_resources"]["clusters"],
+            with["static_resources"]["clusters"]
+        );
+        assert_eq!(plain["admin"], with["admin"]);
+        let listener = |v: &Value| v["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"].clone();
+        assert_eq!(listener(&plain), listener(&with));
     }
 
     #[test]

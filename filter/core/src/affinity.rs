@@ -1,45 +1,67 @@
 //! The affinity key: which prompt family a request belongs to, so Envoy's ring hash sends the family to the host
 //! whose KV cache is already warm.
 //!
-//! The contract, first match wins:
-//! 1. a configured session header (explicit, set by the client or an agent framework);
-//! 2. the body's `prompt_cache_key` (the OpenAI SDK's explicit key; same namespace as the session header);
-//! 3. the system prompt: every `system`/`developer` message before the conversation starts, text parts joined;
-//! 4. a bounded prefix of the first `user` message, cut on a character boundary;
-//! 5. nothing, and Envoy spreads the request.
+//! The contract, the same for chat, completions, responses and messages; the first source present wins:
+//! 1. **Explicit**: the body's `prompt_cache_key`; then a configured session header; then, when enabled,
+//!    the Responses `conversation` id or Anthropic `metadata.user_id`. Explicit keys share one namespace, so the
+//!    same id sent in any of these places gives the same key.
+//! 2. **Content**: the system prompt (chat `system`/`developer` messages, Responses `instructions`, Anthropic
+//!    `system`), hashed together with the resolved alias.
+//! 3. **Fallback**: a bounded prefix of the first user message (of `prompt` for completions, of the first input
+//!    item for responses), cut on a character boundary, hashed with the alias.
+//! 4. **None**: no hash header, and Envoy spreads the request.
 //!
-//! Assistant turns never feed the key, so a multi-turn conversation keeps its key as it grows. The key leaves the
-//! filter only as an xxh3-64 hash in hex: prompt text never reaches a header, a log line or a metric label.
-//! The hash is seedless, so every Envoy replica, every restart and the native CLI agree on it.
-//! Cost: one pass over the system messages and at most `user_prefix_bytes` of the first user message.
-
-use std::borrow::Cow;
+//! Assistant turns (including reasoning) never feed a key, so a conversation resent with its history appended
+//! keeps its key. The key leaves the filter only as an xxh3-64 hash in hex: prompt text never reaches a header, a
+//! log line or a metric label. The hash is seedless, so every Envoy replica, every restart and the native CLI
+//! agree on it.
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::json::{nav, Kind, Span};
 use crate::text::prefix_on_char_boundary;
 
-/// The longest session header value accepted.
-pub const SESSION_VALUE_MAX: usize = 256;
+/// The longest explicit key accepted (session header value, `prompt_cache_key`, conversation id, user id).
+pub const EXPLICIT_MAX: usize = 256;
 
-/// Where the key came from. It names the reason in logs, the debug header, metrics and tests.
+/// Where the key came from. It names the reason in logs, headers, metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AffinitySource {
-    SessionHeader,
     PromptCacheKey,
+    SessionHeader,
+    /// The Responses `conversation` id.
+    Conversation,
+    /// Anthropic `metadata.user_id`.
+    UserId,
     SystemPrompt,
     UserPrefix,
 }
 
 impl AffinitySource {
+    /// The detailed name, for logs and tests.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::SessionHeader => "session_header",
             Self::PromptCacheKey => "prompt_cache_key",
+            Self::SessionHeader => "session_header",
+            Self::Conversation => "conversation",
+            Self::UserId => "user_id",
             Self::SystemPrompt => "system_prompt",
             Self::UserPrefix => "user_prefix",
         }
+    }
+
+    /// The value of the `x-llmroute-affinity-source` response header.
+    pub fn header_value(self) -> &'static str {
+        match self {
+            Self::PromptCacheKey => "prompt-cache-key",
+            Self::SessionHeader | Self::Conversation | Self::UserId => "session",
+            Self::SystemPrompt => "system",
+            Self::UserPrefix => "user-prefix",
+        }
+    }
+
+    /// True for keys the client chose; those are echoed back so later turns can pin to them.
+    pub fn is_explicit(self) -> bool {
+        !matches!(self, Self::SystemPrompt | Self::UserPrefix)
     }
 }
 
@@ -58,18 +80,18 @@ impl Affinity {
 }
 
 /// Domain tags keep the namespaces apart: a system prompt never collides with an equal user message.
-const TAG_SESSION: &[u8] = b"llmroute/session\0";
+const TAG_EXPLICIT: &[u8] = b"llmroute/session\0";
 const TAG_SYSTEM: &[u8] = b"llmroute/system\0";
 const TAG_USER: &[u8] = b"llmroute/user\0";
-/// Separates consecutive system messages in the hash input.
-const MESSAGE_SEPARATOR: &[u8] = b"\x1e";
+/// Separates the alias from the text, and consecutive system messages from each other.
+const SEPARATOR: &[u8] = b"\x1e";
 
-/// Checks a session header value: 1 to 256 bytes, no control characters.
-pub fn check_session_value(v: &[u8]) -> Result<(), &'static str> {
+/// Checks an explicit key: 1 to 256 bytes, no control characters.
+pub fn check_explicit(v: &[u8]) -> Result<(), &'static str> {
     if v.is_empty() {
         return Err("the value is empty");
     }
-    if v.len() > SESSION_VALUE_MAX {
+    if v.len() > EXPLICIT_MAX {
         return Err("the value is longer than 256 bytes");
     }
     if v.iter().any(|&b| b < 0x20 || b == 0x7f) {
@@ -78,10 +100,10 @@ pub fn check_session_value(v: &[u8]) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The key for an explicit session id (header or `prompt_cache_key`).
-pub fn session(value: &[u8], source: AffinitySource) -> Affinity {
+/// The key for an explicit id. Not scoped by alias: the client chose it.
+pub fn explicit(value: &[u8], source: AffinitySource) -> Affinity {
     let mut h = Xxh3::new();
-    h.update(TAG_SESSION);
+    h.update(TAG_EXPLICIT);
     h.update(value);
     Affinity {
         source,
@@ -89,96 +111,135 @@ pub fn session(value: &[u8], source: AffinitySource) -> Affinity {
     }
 }
 
-/// The content key of a chat `messages` array: system prompt, else first-user prefix.
-pub fn chat_messages(buf: &[u8], messages: Span, user_prefix_bytes: usize) -> Option<Affinity> {
-    system_prompt(buf, messages).or_else(|| first_user_prefix(buf, messages, user_prefix_bytes))
+/// Builds a content key from pieces of text, scoped by alias. Empty text gives no key.
+pub struct ContentKey {
+    hasher: Xxh3,
+    source: AffinitySource,
+    text_bytes: usize,
+    /// For prefix keys: how many more bytes may be fed.
+    room: usize,
 }
 
-/// Hashes the leading `system`/`developer` messages. `None` when there are none or they hold no text.
-pub fn system_prompt(buf: &[u8], messages: Span) -> Option<Affinity> {
-    let mut h = Xxh3::new();
-    h.update(TAG_SYSTEM);
-    let mut text_bytes = 0usize;
-    for (i, msg) in nav::array_items(buf, messages).enumerate() {
-        if !matches!(role(buf, msg).as_deref(), Some("system" | "developer")) {
-            break;
-        }
-        if i > 0 {
-            h.update(MESSAGE_SEPARATOR);
-        }
-        for_each_text(buf, msg, |t| {
-            text_bytes += t.len();
-            h.update(t.as_bytes());
-            true
-        });
+impl ContentKey {
+    /// A system-prompt key: the whole text counts.
+    pub fn system(alias: &str) -> Self {
+        Self::new(TAG_SYSTEM, alias, AffinitySource::SystemPrompt, usize::MAX)
     }
-    (text_bytes > 0).then(|| Affinity {
-        source: AffinitySource::SystemPrompt,
-        hash: h.digest(),
-    })
-}
 
-/// Hashes up to `max` bytes of the first `user` message's text. `None` when `max` is 0 or there is no text.
-pub fn first_user_prefix(buf: &[u8], messages: Span, max: usize) -> Option<Affinity> {
-    if max == 0 {
-        return None;
+    /// A prefix key: only the first `max` bytes count, cut on a character boundary.
+    pub fn user_prefix(alias: &str, max: usize) -> Self {
+        Self::new(TAG_USER, alias, AffinitySource::UserPrefix, max)
     }
-    let msg = nav::array_items(buf, messages).find(|m| role(buf, *m).as_deref() == Some("user"))?;
-    let mut prefix = String::new();
-    for_each_text(buf, msg, |t| {
-        let room = max - prefix.len();
-        prefix.push_str(prefix_on_char_boundary(t, room));
-        prefix.len() < max && t.len() <= room
-    });
-    text_key(TAG_USER, &prefix, AffinitySource::UserPrefix)
-}
 
-/// Hashes a plain text under a tag. `None` for empty text.
-pub fn text_key(tag: &[u8], text: &str, source: AffinitySource) -> Option<Affinity> {
-    if text.is_empty() {
-        return None;
-    }
-    let mut h = Xxh3::new();
-    h.update(tag);
-    h.update(text.as_bytes());
-    Some(Affinity {
-        source,
-        hash: h.digest(),
-    })
-}
-
-fn role(buf: &[u8], msg: Span) -> Option<Cow<'_, str>> {
-    if nav::kind(buf, msg) != Some(Kind::Object) {
-        return None;
-    }
-    nav::str_value(buf, nav::get(buf, msg, "role")?)
-}
-
-/// Calls `f` with each piece of text in a message's `content`: the string itself, or each `text` part of an
-/// array. Stops when `f` returns false.
-fn for_each_text(buf: &[u8], msg: Span, mut f: impl FnMut(&str) -> bool) {
-    let Some(content) = nav::get(buf, msg, "content") else {
-        return;
-    };
-    match nav::kind(buf, content) {
-        Some(Kind::String) => {
-            if let Some(t) = nav::str_value(buf, content) {
-                f(&t);
-            }
+    fn new(tag: &[u8], alias: &str, source: AffinitySource, room: usize) -> Self {
+        let mut hasher = Xxh3::new();
+        hasher.update(tag);
+        hasher.update(alias.as_bytes());
+        hasher.update(SEPARATOR);
+        ContentKey {
+            hasher,
+            source,
+            text_bytes: 0,
+            room,
         }
-        Some(Kind::Array) => {
-            for part in nav::array_items(buf, content) {
-                if nav::kind(buf, part) != Some(Kind::Object) {
-                    continue;
-                }
-                let text = nav::get(buf, part, "text").and_then(|t| nav::str_value(buf, t));
-                if let Some(t) = text {
-                    if !f(&t) {
-                        return;
-                    }
-                }
-            }
+    }
+
+    /// Feeds text. Returns false once a prefix key is full, so callers can stop walking.
+    pub fn feed(&mut self, text: &str) -> bool {
+        let piece = prefix_on_char_boundary(text, self.room);
+        self.hasher.update(piece.as_bytes());
+        self.text_bytes += piece.len();
+        self.room -= piece.len();
+        piece.len() == text.len() && self.room > 0
+    }
+
+    /// Marks a boundary between two messages.
+    pub fn separate(&mut self) {
+        if self.text_bytes > 0 {
+            self.hasher.update(SEPARATOR);
         }
-        _ => {}
+    }
+
+    /// The key, or `None` when no text was fed.
+    pub fn finish(self) -> Option<Affinity> {
+        (self.text_bytes > 0).then(|| Affinity {
+            source: self.source,
+            hash: self.hasher.digest(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn system(alias: &str, parts: &[&str]) -> Option<Affinity> {
+        let mut k = ContentKey::system(alias);
+        for p in parts {
+            k.feed(p);
+        }
+        k.finish()
+    }
+
+    #[test]
+    fn content_keys_are_scoped_by_alias() {
+        assert_ne!(system("a", &["You are terse."]), system("b", &["You are terse."]));
+        assert_eq!(system("a", &["You are terse."]), system("a", &["You are ", "terse."]));
+    }
+
+    #[test]
+    fn explicit_keys_are_not_scoped_and_share_a_namespace() {
+        let a = explicit(b"conv-1", AffinitySource::PromptCacheKey);
+        let b = explicit(b"conv-1", AffinitySource::SessionHeader);
+        assert_eq!(a.hash, b.hash);
+        assert_ne!(a.hash, explicit(b"conv-2", AffinitySource::SessionHeader).hash);
+    }
+
+    #[test]
+    fn prefix_keys_stop_at_the_limit() {
+        let mut k = ContentKey::user_prefix("m", 4);
+        assert!(!k.feed("abcdef"));
+        let mut k2 = ContentKey::user_prefix("m", 4);
+        assert!(!k2.feed("abcdXYZ"));
+        assert_eq!(k.finish(), k2.finish());
+    }
+
+    #[test]
+    fn prefix_keys_never_split_a_character() {
+        let mut k = ContentKey::user_prefix("m", 2);
+        k.feed("aé");
+        let mut k2 = ContentKey::user_prefix("m", 2);
+        k2.feed("a");
+        assert_eq!(k.finish(), k2.finish());
+    }
+
+    #[test]
+    fn no_text_no_key() {
+        assert_eq!(system("a", &[]), None);
+        assert_eq!(system("a", &[""]), None);
+    }
+
+    #[test]
+    fn header_values() {
+        assert_eq!(AffinitySource::PromptCacheKey.header_value(), "prompt-cache-key");
+        assert_eq!(AffinitySource::Conversation.header_value(), "session");
+        assert_eq!(AffinitySource::UserPrefix.header_value(), "user-prefix");
+        assert!(AffinitySource::UserId.is_explicit());
+        assert!(!AffinitySource::SystemPrompt.is_explicit());
+        let a = Affinity {
+            source: AffinitySource::SystemPrompt,
+            hash: 0xab,
+        };
+        assert_eq!(a.header_value(), "00000000000000ab");
+    }
+
+    #[test]
+    fn explicit_values_are_checked() {
+        assert!(check_explicit(b"abc").is_ok());
+        assert!(check_explicit(&[b'a'; 256]).is_ok());
+        assert!(check_explicit(&[b'a'; 257]).is_err());
+        assert!(check_explicit(b"").is_err());
+        assert!(check_explicit(b"a\tb").is_err());
+        assert!(check_explicit(b"a\x7f").is_err());
     }
 }

@@ -1,15 +1,104 @@
-//! Which API a request is for, from its method and path alone.
+//! Which API a request is for, from its method and path alone, and in which dialect its errors are written.
 //!
 //! Decided in the headers phase, before any body byte arrives, so a wrong method or an unknown path is refused
 //! without buffering anything. The query string is ignored for matching.
 
 use crate::error::GatewayError;
 
-/// The APIs the filter handles.
+/// The inference APIs the filter routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completions,
+    /// `POST /v1/responses`
+    Responses,
+    /// `POST /v1/embeddings`
+    Embeddings,
+    /// `POST /v1/messages` (Anthropic)
+    Messages,
+}
+
+impl Api {
+    pub const ALL: [Api; 5] = [
+        Api::Chat,
+        Api::Completions,
+        Api::Responses,
+        Api::Embeddings,
+        Api::Messages,
+    ];
+    pub const NAMES: &'static str = "chat, completions, responses, embeddings, messages";
+
+    /// The name used in config (`endpoints: [...]`), logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Responses => "responses",
+            Api::Embeddings => "embeddings",
+            Api::Messages => "messages",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Responses => "/v1/responses",
+            Api::Embeddings => "/v1/embeddings",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    pub fn envelope(self) -> Envelope {
+        match self {
+            Api::Messages => Envelope::Anthropic,
+            _ => Envelope::OpenAi,
+        }
+    }
+
+    /// A bit for [`ApiSet`].
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A set of APIs, such as the endpoints an alias serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiSet(u8);
+
+impl ApiSet {
+    pub const ALL: ApiSet = ApiSet(0b1_1111);
+    pub const EMPTY: ApiSet = ApiSet(0);
+
+    pub fn with(self, api: Api) -> ApiSet {
+        ApiSet(self.0 | api.bit())
+    }
+
+    pub fn contains(self, api: Api) -> bool {
+        self.0 & api.bit() != 0
+    }
+}
+
+/// The error dialect of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Envelope {
+    /// `{"error":{"message","type","param","code"}}`
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"},"request_id"}`
+    Anthropic,
+}
+
+/// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `POST /v1/chat/completions`: routed by alias and affinity.
-    ChatCompletions,
+    /// An inference API: routed by alias and affinity.
+    Inference(Api),
     /// `GET /v1/models`: answered from config.
     ListModels,
     /// `GET /v1/models/{id}`: answered from config.
@@ -17,14 +106,9 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// True when the request body must be buffered and read.
-    pub fn reads_body(&self) -> bool {
-        matches!(self, Endpoint::ChatCompletions)
-    }
-
-    pub fn as_str(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
-            Endpoint::ChatCompletions => "chat",
+            Endpoint::Inference(api) => api.name(),
             Endpoint::ListModels | Endpoint::GetModel(_) => "models",
         }
     }
@@ -33,10 +117,11 @@ impl Endpoint {
 /// Classifies a request. Errors are the 404 and 405 refusals.
 pub fn classify(method: &str, path: &str) -> Result<Endpoint, GatewayError> {
     let bare = path.split(['?', '#']).next().unwrap_or_default();
-    let (endpoint, allow) = match bare {
-        "/v1/chat/completions" => (Endpoint::ChatCompletions, "POST"),
-        "/v1/models" => (Endpoint::ListModels, "GET"),
-        _ => match bare.strip_prefix("/v1/models/") {
+    let api = Api::ALL.into_iter().find(|a| a.path() == bare);
+    let (endpoint, allow) = match (api, bare) {
+        (Some(api), _) => (Endpoint::Inference(api), "POST"),
+        (None, "/v1/models") => (Endpoint::ListModels, "GET"),
+        (None, _) => match bare.strip_prefix("/v1/models/") {
             Some(id) if !id.is_empty() => (Endpoint::GetModel(id.to_string()), "GET"),
             _ => {
                 return Err(GatewayError::NotFound {
@@ -62,26 +147,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chat_is_post_only() {
-        assert_eq!(classify("POST", "/v1/chat/completions"), Ok(Endpoint::ChatCompletions));
-        let e = classify("GET", "/v1/chat/completions").unwrap_err();
-        assert_eq!(e.status(), 405);
-        assert_eq!(e.headers(), vec![("allow", "POST")]);
-        assert_eq!(classify("PUT", "/v1/chat/completions").unwrap_err().status(), 405);
+    fn every_api_is_post_only() {
+        for api in Api::ALL {
+            assert_eq!(classify("POST", api.path()), Ok(Endpoint::Inference(api)));
+            let e = classify("GET", api.path()).unwrap_err();
+            assert_eq!(e.status(), 405);
+            assert_eq!(e.headers(), vec![("allow", "POST")]);
+        }
+    }
+
+    #[test]
+    fn names_round_trip_and_sets_work() {
+        let mut set = ApiSet::EMPTY;
+        for api in Api::ALL {
+            assert_eq!(Api::parse(api.name()), Some(api));
+            assert!(!set.contains(api));
+            set = set.with(api);
+            assert!(set.contains(api));
+        }
+        assert_eq!(set, ApiSet::ALL);
+        assert_eq!(Api::parse("chat_completions"), None);
+    }
+
+    #[test]
+    fn only_messages_speaks_anthropic() {
+        for api in Api::ALL {
+            let want = if api == Api::Messages {
+                Envelope::Anthropic
+            } else {
+                Envelope::OpenAi
+            };
+            assert_eq!(api.envelope(), want);
+        }
     }
 
     #[test]
     fn query_strings_are_ignored() {
         assert_eq!(
             classify("POST", "/v1/chat/completions?x=1"),
-            Ok(Endpoint::ChatCompletions)
+            Ok(Endpoint::Inference(Api::Chat))
         );
         assert_eq!(classify("GET", "/v1/models?limit=2"), Ok(Endpoint::ListModels));
     }
 
     #[test]
     fn models_list_and_get() {
-        assert_eq!(classify("GET", "/v1/models"), Ok(Endpoint::ListModels));
         assert_eq!(classify("HEAD", "/v1/models"), Ok(Endpoint::ListModels));
         assert_eq!(classify("GET", "/v1/models/a/b"), Ok(Endpoint::GetModel("a/b".into())));
         assert_eq!(classify("POST", "/v1/models").unwrap_err().status(), 405);

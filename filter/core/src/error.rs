@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde_json::json;
 
+use crate::endpoint::{Api, Envelope};
 use crate::json::JsonError;
 
 /// The longest client-sent string quoted back in an error message.
@@ -19,6 +20,8 @@ pub enum GatewayError {
     InvalidJson(JsonError),
     /// The body exceeds `limits.max_body_bytes`.
     BodyTooLarge { limit: usize },
+    /// `content-type` is not JSON, or `content-encoding` is not identity.
+    UnsupportedMediaType { header: &'static str, value: String },
     /// A required field is absent.
     MissingField { field: &'static str },
     /// A field has the wrong type or value.
@@ -27,8 +30,12 @@ pub enum GatewayError {
     DuplicateField { field: &'static str },
     /// The alias is not configured.
     UnknownModel { model: String },
+    /// The alias exists but does not serve this API.
+    EndpointNotServed { model: String, api: Api },
     /// A configured session header holds an unusable value.
     InvalidSessionHeader { header: String, reason: &'static str },
+    /// A query parameter is out of range.
+    InvalidQuery { param: &'static str, reason: &'static str },
     /// The path exists but not for this method.
     MethodNotAllowed {
         method: String,
@@ -46,10 +53,12 @@ impl GatewayError {
             | Self::MissingField { .. }
             | Self::InvalidField { .. }
             | Self::DuplicateField { .. }
-            | Self::InvalidSessionHeader { .. } => 400,
-            Self::UnknownModel { .. } | Self::NotFound { .. } => 404,
+            | Self::InvalidSessionHeader { .. }
+            | Self::InvalidQuery { .. } => 400,
+            Self::UnknownModel { .. } | Self::EndpointNotServed { .. } | Self::NotFound { .. } => 404,
             Self::MethodNotAllowed { .. } => 405,
             Self::BodyTooLarge { .. } => 413,
+            Self::UnsupportedMediaType { .. } => 415,
         }
     }
 
@@ -60,11 +69,14 @@ impl GatewayError {
             Self::InvalidJson(JsonError::NotAnObject { .. }) => "body_not_object",
             Self::InvalidJson(_) => "invalid_json",
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::UnsupportedMediaType { .. } => "unsupported_media_type",
             Self::MissingField { .. } => "missing_field",
             Self::InvalidField { .. } => "invalid_field",
             Self::DuplicateField { .. } => "duplicate_field",
             Self::UnknownModel { .. } => "model_not_found",
+            Self::EndpointNotServed { .. } => "endpoint_not_served",
             Self::InvalidSessionHeader { .. } => "invalid_session_header",
+            Self::InvalidQuery { .. } => "invalid_query",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::NotFound { .. } => "unknown_url",
         }
@@ -76,9 +88,20 @@ impl GatewayError {
             Self::MissingField { field } | Self::InvalidField { field, .. } | Self::DuplicateField { field } => {
                 Some(field)
             }
-            Self::UnknownModel { .. } => Some("model"),
+            Self::UnknownModel { .. } | Self::EndpointNotServed { .. } => Some("model"),
             Self::InvalidSessionHeader { header, .. } => Some(header),
+            Self::InvalidQuery { param, .. } => Some(param),
+            Self::UnsupportedMediaType { header, .. } => Some(header),
             _ => None,
+        }
+    }
+
+    /// The Anthropic `error.type` for this refusal.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status() {
+            404 => "not_found_error",
+            413 => "request_too_large",
+            _ => "invalid_request_error",
         }
     }
 
@@ -90,22 +113,30 @@ impl GatewayError {
         }
     }
 
-    /// The body of the refusal in the OpenAI error envelope.
-    pub fn openai_body(&self) -> Vec<u8> {
-        let kind = match self.status() {
-            404 if matches!(self, Self::NotFound { .. }) => "invalid_request_error",
-            404 => "not_found_error",
-            _ => "invalid_request_error",
+    /// The refusal's body in the route's dialect. `request_id` is echoed so a client can quote it.
+    pub fn body(&self, envelope: Envelope, request_id: Option<&str>) -> Vec<u8> {
+        let body = match envelope {
+            Envelope::OpenAi => json!({
+                "error": {
+                    "message": self.to_string(),
+                    "type": "invalid_request_error",
+                    "param": self.param(),
+                    "code": self.code(),
+                },
+                "request_id": request_id,
+            }),
+            Envelope::Anthropic => json!({
+                "type": "error",
+                "error": { "type": self.anthropic_type(), "message": self.to_string() },
+                "request_id": request_id,
+            }),
         };
-        let body = json!({
-            "error": {
-                "message": self.to_string(),
-                "type": kind,
-                "param": self.param(),
-                "code": self.code(),
-            }
-        });
         body.to_string().into_bytes()
+    }
+
+    /// The body in the OpenAI envelope, without a request id.
+    pub fn openai_body(&self) -> Vec<u8> {
+        self.body(Envelope::OpenAi, None)
     }
 }
 
@@ -114,6 +145,13 @@ impl fmt::Display for GatewayError {
         match self {
             Self::InvalidJson(e) => write!(f, "We could not parse the JSON body of your request: {e}."),
             Self::BodyTooLarge { limit } => write!(f, "The request body exceeds the gateway limit of {limit} bytes."),
+            Self::UnsupportedMediaType { header, value } => {
+                write!(
+                    f,
+                    "Unsupported {header} `{}`; send `application/json` without content encoding.",
+                    quote(value)
+                )
+            }
             Self::MissingField { field } => write!(f, "The request is missing the required field `{field}`."),
             Self::InvalidField { field, reason } => write!(f, "Invalid value for `{field}`: {reason}."),
             Self::DuplicateField { field } => write!(
@@ -127,7 +165,11 @@ impl fmt::Display for GatewayError {
                     quote(model)
                 )
             }
+            Self::EndpointNotServed { model, api } => {
+                write!(f, "The model `{}` is not served on {}.", quote(model), api.path())
+            }
             Self::InvalidSessionHeader { header, reason } => write!(f, "Invalid `{header}` header: {reason}."),
+            Self::InvalidQuery { param, reason } => write!(f, "Invalid query parameter `{param}`: {reason}."),
             Self::MethodNotAllowed { method, path, allow } => {
                 write!(
                     f,

@@ -8,7 +8,7 @@ use crate::error::GatewayError;
 use crate::json::{nav, Member};
 
 /// Every field any endpoint reads. Their duplicates are refused on all endpoints.
-pub const READ_FIELDS: [&str; 9] = [
+pub const READ_FIELDS: [&str; 11] = [
     "model",
     "stream",
     "messages",
@@ -18,6 +18,8 @@ pub const READ_FIELDS: [&str; 9] = [
     "system",
     "instructions",
     "prompt_cache_key",
+    "conversation",
+    "metadata",
 ];
 
 /// The read fields of one body, each at most once, exact letter case.
@@ -42,7 +44,7 @@ pub fn read_fields(buf: &[u8], members: &[Member]) -> Result<Fields, GatewayErro
         let Some(key) = nav::str_value(buf, m.key) else {
             continue;
         };
-        let Some(i) = READ_FIELDS.iter().position(|f| f.eq_ignore_ascii_case(&key)) else {
+        let Some(i) = READ_FIELDS.iter().position(|f| folds_to(&key, f)) else {
             continue;
         };
         if seen[i] {
@@ -54,4 +56,37 @@ pub fn read_fields(buf: &[u8], members: &[Member]) -> Result<Fields, GatewayErro
         }
     }
     Ok(fields)
+}
+
+/// True when `key` equals the ASCII field name `field` under Unicode simple case folding.
+fn folds_to(key: &str, field: &str) -> bool {
+    let mut chars = key.chars();
+    for f in field.bytes() {
+        let folded = match chars.next() {
+            Some('\u{17f}') => 's',
+            Some('\u{212a}') => 'k',
+            Some(c) => c.to_ascii_lowercase(),
+            None => return false,
+        };
+        if folded != f.to_ascii_lowercase() as char {
+            return false;
+        }
+    }
+    chars.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::folds_to;
+
+    #[test]
+    fn folding_matches_go_encoding_json() {
+        assert!(folds_to("model", "model"));
+        assert!(folds_to("MODEL", "model"));
+        assert!(folds_to("meſſages", "messages"));
+        assert!(folds_to("max_to\u{212a}ens", "max_tokens"));
+        assert!(!folds_to("models", "model"));
+        assert!(!folds_to("mode", "model"));
+        assert!(!folds_to("modél", "model"));
+    }
 }

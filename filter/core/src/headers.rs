@@ -1,8 +1,10 @@
 //! Header hygiene: which client headers the gateway removes, and the names of the headers it sets.
 //!
 //! The `x-llmroute-*` namespace belongs to the gateway: a client-sent copy could steer the route, so every one
-//! is removed before the gateway sets its own. Client credentials are removed too, so they never reach an
-//! engine; a backend that needs a credential gets the gateway's own.
+//! is removed before the gateway sets its own, and so are client copies of the token-estimate headers. Client
+//! credentials and cookies are removed too, so they never reach an engine; a backend that needs a credential
+//! gets the gateway's own. Everything else, `anthropic-version`, `anthropic-beta` and W3C trace headers
+//! included, passes through.
 
 /// The route's `cluster_header`: the backend (Envoy cluster) chosen for the request.
 pub const CLUSTER: &str = "x-llmroute-cluster";
@@ -14,14 +16,24 @@ pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
 pub const UPSTREAM: &str = "x-llmroute-upstream";
 /// Local replies name their reason code here.
 pub const ERROR: &str = "x-llmroute-error";
+/// Upstream request headers with the gateway's input-token estimate (both carry the same value).
+pub const INPUT_TOKENS: &str = "x-input-tokens";
+pub const TOKEN_ESTIMATE: &str = "x-token-estimate";
+/// Response header echoing an explicit session key, so clients can pin later turns.
+pub const SESSION_ECHO: &str = "x-multi-turn-session-id";
+/// Envoy's request id, kept on every response and in every error body.
+pub const REQUEST_ID: &str = "x-request-id";
 
 const OWNED_PREFIX: &str = "x-llmroute-";
-const CREDENTIALS: [&str; 4] = ["authorization", "proxy-authorization", "x-api-key", "api-key"];
+/// Headers only the gateway may set upstream.
+const OWNED: [&str; 2] = [INPUT_TOKENS, TOKEN_ESTIMATE];
+/// Client credentials and cookies never reach an engine.
+const CREDENTIALS: [&str; 5] = ["authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"];
 
 /// True for a request header that must not travel upstream as the client sent it.
 pub fn must_strip(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    name.starts_with(OWNED_PREFIX) || CREDENTIALS.contains(&name.as_str())
+    name.starts_with(OWNED_PREFIX) || OWNED.contains(&name.as_str()) || CREDENTIALS.contains(&name.as_str())
 }
 
 /// The names among `names` that the gateway removes, in order.
@@ -52,6 +64,12 @@ mod tests {
         ] {
             assert!(must_strip(h), "{h}");
         }
+    }
+
+    #[test]
+    fn strips_client_copies_of_our_token_headers() {
+        assert!(must_strip("X-Token-Estimate"));
+        assert!(must_strip("x-input-tokens"));
     }
 
     #[test]

@@ -5,21 +5,25 @@
 //! CLI and the wasm build.
 
 pub mod affinity;
+pub mod api;
 pub mod config;
+pub mod content;
 pub mod endpoint;
 pub mod error;
+pub mod estimate;
 pub mod fields;
 pub mod headers;
 pub mod json;
 pub mod models;
+pub mod request;
 pub mod route;
 pub mod text;
 
 pub use affinity::{Affinity, AffinitySource};
 pub use config::{load as load_config, Config, ConfigError, ConfigErrors};
-pub use endpoint::{classify, Endpoint};
+pub use endpoint::{classify, Api, Endpoint, Envelope};
 pub use error::GatewayError;
-pub use route::{route_chat, session_from_headers, BodyPatch, RouteDecision};
+pub use route::{route, session_from_headers, BodyPatch, RouteDecision, SessionKey};
 
 /// The version reported by the CLI and logged by the filter at VM start.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,15 +1,20 @@
-//! The routing decision for a chat request: which backend, which upstream model, which affinity key, and the
-//! one body edit.
+//! The routing decision for an inference request: which backend, which upstream model, which affinity key,
+//! the token estimate, and the one body edit.
 //!
-//! The decision is data. The filter applies it (headers, body) and reads nothing else; tests assert on it
-//! directly. The only body edit is the `model` value: every other byte, including whitespace, key order and
-//! unknown fields, reaches the engine exactly as the client sent it.
+//! The steps every API shares live here: JSON validity, duplicate fields, alias resolution (with optional
+//! `<alias>/<upstream>` prefix routing), the endpoint check, explicit keys, and the `model` rewrite. The API
+//! modules add their own checks and content keys. The decision is data: the filter applies it and reads nothing
+//! else, and tests assert on it directly. The only body edit is the `model` value: every other byte, including
+//! whitespace, key order and unknown fields, reaches the engine exactly as the client sent it.
 
 use crate::affinity::{self, Affinity, AffinitySource};
+use crate::api::{self, string_value};
 use crate::config::Config;
+use crate::endpoint::Api;
 use crate::error::GatewayError;
+use crate::estimate;
 use crate::fields::{read_fields, Fields};
-use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
+use crate::json::{scan_object, Kind, Member, Span, MAX_DEPTH};
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,15 +41,27 @@ impl BodyPatch {
     }
 }
 
-/// Where a chat request goes and why.
+/// An explicit session id read from a request header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionKey {
+    pub value: String,
+    pub affinity: Affinity,
+}
+
+/// Where a request goes and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteDecision {
-    /// The alias the client sent.
+    pub api: Api,
+    /// The alias the request resolved to.
     pub alias: String,
     /// The backend name, which is the Envoy cluster.
     pub cluster: String,
     pub upstream_model: String,
     pub affinity: Option<Affinity>,
+    /// The explicit key the client chose, echoed in `x-multi-turn-session-id` so later turns can pin to it.
+    pub echo_session: Option<String>,
+    /// The gateway's estimate of input tokens.
+    pub input_tokens: u64,
     /// `None` when the body goes upstream untouched.
     pub patch: Option<BodyPatch>,
 }
@@ -60,80 +77,93 @@ impl RouteDecision {
 pub fn session_from_headers<'h>(
     cfg: &Config,
     header: impl Fn(&str) -> Option<&'h [u8]>,
-) -> Result<Option<Affinity>, GatewayError> {
+) -> Result<Option<SessionKey>, GatewayError> {
     for name in &cfg.affinity.session_headers {
         if let Some(v) = header(name) {
-            affinity::check_session_value(v).map_err(|reason| GatewayError::InvalidSessionHeader {
+            affinity::check_explicit(v).map_err(|reason| GatewayError::InvalidSessionHeader {
                 header: name.clone(),
                 reason,
             })?;
-            return Ok(Some(affinity::session(v, AffinitySource::SessionHeader)));
+            return Ok(Some(SessionKey {
+                value: String::from_utf8_lossy(v).into_owned(),
+                affinity: affinity::explicit(v, AffinitySource::SessionHeader),
+            }));
         }
     }
     Ok(None)
 }
 
-/// Decides a `POST /v1/chat/completions` request. `session` is the key from the headers, if any.
-pub fn route_chat(cfg: &Config, body: &[u8], session: Option<Affinity>) -> Result<RouteDecision, GatewayError> {
+/// Decides an inference request. `session` is the key from the headers, if any.
+pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
-    let model = fields
+    let model_member = fields
         .get("model")
         .ok_or(GatewayError::MissingField { field: "model" })?;
-    let alias_name = string_field(body, model, "model")?;
-    let alias = cfg.alias(&alias_name).ok_or_else(|| GatewayError::UnknownModel {
-        model: alias_name.clone(),
+    let model = string_value(body, model_member, "model")?;
+    let (alias, prefix_rest) = cfg.resolve(&model).ok_or_else(|| GatewayError::UnknownModel {
+        model: model.to_string(),
     })?;
-    let messages = fields
-        .get("messages")
-        .ok_or(GatewayError::MissingField { field: "messages" })?;
-    if messages.kind != Kind::Array || nav::array_items(body, messages.value).next().is_none() {
-        return Err(GatewayError::InvalidField {
-            field: "messages",
-            reason: "must be a non-empty array".into(),
+    if !alias.endpoints.contains(api) {
+        return Err(GatewayError::EndpointNotServed {
+            model: model.to_string(),
+            api,
         });
     }
+    let ctx = api::Context {
+        alias: &alias.name,
+        affinity: &cfg.affinity,
+    };
+    let inspection = api::inspect(api, body, &fields, &ctx)?;
     let cache_key = prompt_cache_key(body, &fields)?;
-    let route = alias.routes.first().ok_or_else(|| GatewayError::UnknownModel {
-        model: alias_name.clone(),
-    })?;
-    let backend = cfg.backend(route.backend).ok_or_else(|| GatewayError::UnknownModel {
-        model: alias_name.clone(),
-    })?;
-    let affinity = session
-        .or(cache_key)
-        .or_else(|| affinity::chat_messages(body, messages.value, cfg.affinity.user_prefix_bytes));
+    let explicit = cache_key
+        .or_else(|| session.map(|s| (s.value.clone(), s.affinity)))
+        .or_else(|| {
+            let (value, source) = inspection.explicit.clone()?;
+            let a = affinity::explicit(value.as_bytes(), source);
+            Some((value, a))
+        });
+    let (echo_session, affinity) = match (inspection.sticky, explicit) {
+        (false, _) => (None, None),
+        (true, Some((value, a))) => (Some(value), Some(a)),
+        (true, None) => (None, inspection.content),
+    };
+    let unavailable = || GatewayError::UnknownModel {
+        model: model.to_string(),
+    };
+    let route = alias.routes.first().ok_or_else(unavailable)?;
+    let backend = cfg.backend(route.backend).ok_or_else(unavailable)?;
+    let upstream_model = prefix_rest.unwrap_or(&route.upstream_model).to_string();
     Ok(RouteDecision {
-        patch: model_patch(body, model, &route.upstream_model),
+        api,
+        patch: model_patch(body, model_member, &upstream_model),
         alias: alias.name.clone(),
         cluster: backend.name.clone(),
-        upstream_model: route.upstream_model.clone(),
+        upstream_model,
         affinity,
+        echo_session,
+        input_tokens: estimate::input_tokens(body, cfg.image_tokens),
     })
 }
 
-fn string_field(body: &[u8], m: Member, field: &'static str) -> Result<String, GatewayError> {
-    let invalid = || GatewayError::InvalidField {
-        field,
-        reason: "must be a string".into(),
-    };
-    if m.kind != Kind::String {
-        return Err(invalid());
-    }
-    nav::str_value(body, m.value)
-        .map(|s| s.into_owned())
-        .ok_or_else(invalid)
-}
-
-fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<Affinity>, GatewayError> {
+/// The body's `prompt_cache_key`: 1 to 256 bytes without control characters; empty or null is ignored.
+fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<(String, Affinity)>, GatewayError> {
     let Some(m) = fields.get("prompt_cache_key") else {
         return Ok(None);
     };
     if m.kind == Kind::Null {
         return Ok(None);
     }
-    let key = string_field(body, m, "prompt_cache_key")?;
-    Ok((!key.is_empty()).then(|| affinity::session(key.as_bytes(), AffinitySource::PromptCacheKey)))
+    let key = string_value(body, m, "prompt_cache_key")?;
+    if key.is_empty() {
+        return Ok(None);
+    }
+    affinity::check_explicit(key.as_bytes()).map_err(|reason| GatewayError::InvalidField {
+        field: "prompt_cache_key",
+        reason: reason.to_string(),
+    })?;
+    let a = affinity::explicit(key.as_bytes(), AffinitySource::PromptCacheKey);
+    Ok(Some((key.into_owned(), a)))
 }
 
 /// The edit that puts `upstream` in place of the client's `model` value; `None` when the bytes already match.

@@ -13,7 +13,9 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
-pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute};
+pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute, RawTokens};
+
+use crate::endpoint::ApiSet;
 
 /// The only schema version.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -25,6 +27,10 @@ pub const MAX_MAX_BODY_BYTES: usize = 64 << 20;
 pub const DEFAULT_BALANCE_FACTOR: u32 = 150;
 /// Default first-user-message prefix for the affinity fallback.
 pub const DEFAULT_USER_PREFIX_BYTES: usize = 256;
+/// Default session headers, checked in order.
+pub const DEFAULT_SESSION_HEADERS: [&str; 3] = ["x-session-id", "x-multi-turn-session-id", "x-claude-code-session-id"];
+/// Default tokens counted per image.
+pub const DEFAULT_IMAGE_TOKENS: u32 = 768;
 /// Largest allowed `user_prefix_bytes`.
 pub const MAX_USER_PREFIX_BYTES: usize = 64 << 10;
 
@@ -145,6 +151,8 @@ pub struct ModelAlias {
     pub name: String,
     /// Sorted by priority, lowest first; stable for ties.
     pub routes: Vec<Route>,
+    pub endpoints: ApiSet,
+    pub model_prefix_routing: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +160,8 @@ pub struct AffinityConfig {
     /// Lower-case header names, checked in order.
     pub session_headers: Vec<String>,
     pub user_prefix_bytes: usize,
+    pub conversation_id: bool,
+    pub anthropic_user_id: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +180,7 @@ pub struct Config {
     pub affinity: AffinityConfig,
     pub limits: Limits,
     pub debug_headers: bool,
+    pub image_tokens: u32,
     alias_index: HashMap<String, usize>,
 }
 
@@ -177,6 +188,19 @@ impl Config {
     /// The alias a client named, if it exists.
     pub fn alias(&self, name: &str) -> Option<&ModelAlias> {
         self.alias_index.get(name).and_then(|&i| self.models.get(i))
+    }
+
+    /// Resolves a client's `model`: an alias by exact name, else `<alias>/<rest>` for an alias with
+    /// `model_prefix_routing`, in which case `rest` goes upstream unchanged.
+    pub fn resolve<'m>(&self, model: &'m str) -> Option<(&ModelAlias, Option<&'m str>)> {
+        if let Some(alias) = self.alias(model) {
+            return Some((alias, None));
+        }
+        let (prefix, rest) = model.split_once('/')?;
+        let alias = self
+            .alias(prefix)
+            .filter(|a| a.model_prefix_routing && !rest.is_empty())?;
+        Some((alias, Some(rest)))
     }
 
     pub fn backend(&self, index: usize) -> Option<&Backend> {

@@ -31,6 +31,9 @@ pub struct RawConfig {
     /// Add `x-llmroute-*` response headers that show how a request was routed. Default false.
     #[serde(default)]
     pub debug_headers: Option<bool>,
+    /// How the gateway estimates input tokens.
+    #[serde(default)]
+    pub tokens: Option<RawTokens>,
 }
 
 /// One fleet of engines of the same kind serving the same models.
@@ -62,6 +65,12 @@ pub struct RawModel {
     pub name: String,
     /// Where the alias may go. The lowest `priority` wins; ties go to the first listed.
     pub routes: Vec<RawRoute>,
+    /// The APIs this alias serves: `chat`, `completions`, `responses`, `embeddings`, `messages`. Default: all.
+    #[serde(default)]
+    pub endpoints: Option<Vec<String>>,
+    /// Accept `model: "<alias>/<upstream-name>"`: the prefix picks this alias and the rest goes upstream as is.
+    #[serde(default)]
+    pub model_prefix_routing: Option<bool>,
 }
 
 /// One way to serve an alias.
@@ -82,9 +91,16 @@ pub struct RawRoute {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAffinity {
-    /// Request headers that carry an explicit session id, checked in order. Default `["x-session-id"]`.
+    /// Request headers that carry an explicit session id, checked in order.
+    /// Default `["x-session-id", "x-multi-turn-session-id", "x-claude-code-session-id"]`.
     #[serde(default)]
     pub session_headers: Option<Vec<String>>,
+    /// Use the Responses API's `conversation` id as an explicit key. Default false.
+    #[serde(default)]
+    pub conversation_id: Option<bool>,
+    /// Use Anthropic's `metadata.user_id` as an explicit key. Default false.
+    #[serde(default)]
+    pub anthropic_user_id: Option<bool>,
     /// How many bytes of the first user message form the fallback key. `0` turns the fallback off. Default 256.
     #[serde(default)]
     pub user_prefix_bytes: Option<usize>,
@@ -100,4 +116,13 @@ pub struct RawLimits {
     /// Route timeout for a whole request, in milliseconds; `0` disables it. Default 600000 (10 minutes).
     #[serde(default)]
     pub request_timeout_ms: Option<u64>,
+}
+
+/// Input-token estimation.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokens {
+    /// Tokens counted for each image, whatever its size. Default 768.
+    #[serde(default)]
+    pub image_tokens: Option<u32>,
 }

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::endpoint::Api;
 
 const NAME_MAX: usize = 64;
 const MODEL_NAME_MAX: usize = 256;
@@ -73,6 +74,14 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
 
     let affinity = affinity(&mut errs, raw.affinity.as_ref());
     let limits = limits(&mut errs, raw.limits.as_ref());
+    let image_tokens = raw
+        .tokens
+        .as_ref()
+        .and_then(|t| t.image_tokens)
+        .unwrap_or(DEFAULT_IMAGE_TOKENS);
+    if image_tokens > 100_000 {
+        errs.push("tokens.image_tokens", image_tokens, "must be at most 100000");
+    }
 
     match (errs.0.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
@@ -85,6 +94,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 affinity,
                 limits,
                 debug_headers: raw.debug_headers.unwrap_or(false),
+                image_tokens,
                 alias_index,
             })
         }
@@ -203,16 +213,42 @@ fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usi
         }
     }
     routes.sort_by_key(|r| r.priority);
+    let endpoints = endpoint_set(errs, i, m.endpoints.as_deref());
     (errs.0.len() == before).then(|| ModelAlias {
         name: m.name.clone(),
         routes,
+        endpoints,
+        model_prefix_routing: m.model_prefix_routing.unwrap_or(false),
     })
+}
+
+fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet {
+    let Some(names) = names else { return ApiSet::ALL };
+    if names.is_empty() {
+        errs.push(
+            format!("models[{i}].endpoints"),
+            "[]",
+            "an alias must serve at least one endpoint",
+        );
+    }
+    let mut set = ApiSet::EMPTY;
+    for (j, name) in names.iter().enumerate() {
+        match Api::parse(name) {
+            Some(api) => set = set.with(api),
+            None => errs.push(
+                format!("models[{i}].endpoints[{j}]"),
+                name,
+                format!("unknown endpoint; expected one of {}", Api::NAMES),
+            ),
+        }
+    }
+    set
 }
 
 fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
     let headers = raw
         .and_then(|a| a.session_headers.clone())
-        .unwrap_or_else(|| vec!["x-session-id".to_string()]);
+        .unwrap_or_else(|| DEFAULT_SESSION_HEADERS.iter().map(|h| h.to_string()).collect());
     for (i, h) in headers.iter().enumerate() {
         let field = format!("affinity.session_headers[{i}]");
         if h.is_empty() || h.len() > 128 || !h.bytes().all(is_token_byte) {
@@ -241,6 +277,8 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
     AffinityConfig {
         session_headers: headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
         user_prefix_bytes,
+        conversation_id: raw.and_then(|a| a.conversation_id).unwrap_or(false),
+        anthropic_user_id: raw.and_then(|a| a.anthropic_user_id).unwrap_or(false),
     }
 }
 

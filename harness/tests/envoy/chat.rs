@@ -1,10 +1,6 @@
-//! Integration tests through the real compiled filter in a real Envoy, in front of emulated llama.cpp engines.
-//!
-//! Every test starts its own Envoy on random ports (see `llmroute_harness::envoy`), polls readiness, and prints
-//! Envoy's log if it fails. Engines are self-checking emulators: they record the exact bytes they received and
-//! answer with the header `x-emu-backend`, so each assertion is about what really crossed Envoy.
+//! Chat routing: alias to cluster, the byte-exact `model` rewrite, affinity and bounded load, SSE relay,
+//! refusals, and the models list.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -12,70 +8,7 @@ use llmroute_harness::envoy::Envoy;
 use llmroute_harness::fleet::{single_backend_config, Fleet};
 use serde_json::{json, Value};
 
-const ALIAS: &str = "local-chat";
-const UPSTREAM: &str = "qwen3-0.6b";
-
-/// One 3-engine llama.cpp fleet behind Envoy with one alias.
-async fn one_fleet(balance_factor: u32) -> (Fleet, Envoy) {
-    let fleet = Fleet::start("llama-a", 3).await.unwrap();
-    let envoy = Envoy::start(single_backend_config(&fleet, ALIAS, UPSTREAM, balance_factor))
-        .await
-        .unwrap();
-    (fleet, envoy)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-fn h2_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-fn chat(system: Option<&str>, user: &str) -> Value {
-    let mut messages = Vec::new();
-    if let Some(s) = system {
-        messages.push(json!({"role": "system", "content": s}));
-    }
-    messages.push(json!({"role": "user", "content": user}));
-    json!({"model": ALIAS, "messages": messages})
-}
-
-/// Posts a chat body, returns (status, answering backend, body).
-async fn post(c: &reqwest::Client, envoy: &Envoy, body: &Value, headers: &[(&str, &str)]) -> (u16, String, Value) {
-    let mut req = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let backend = resp
-        .headers()
-        .get("x-emu-backend")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    (status, backend, body)
-}
-
-fn tally(backends: impl IntoIterator<Item = String>) -> HashMap<String, usize> {
-    let mut m = HashMap::new();
-    for b in backends {
-        *m.entry(b).or_insert(0) += 1;
-    }
-    m
-}
+use crate::support::*;
 
 /// The exact body the client sends, with unusual spacing, unknown fields and `model` in the middle.
 const RAW_BODY: &str = "{ \"temperature\" :0.25,\n  \"model\":   \"local-chat\" ,\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":\"Hi \\u00e9\"}],\"x_custom\":{\"a\":[1,2,{\"b\":null}]}  }";

@@ -1,0 +1,119 @@
+//! The gateway's own estimate of a request's input tokens, sent upstream as `x-input-tokens` and
+//! `x-token-estimate`, and available to capacity and context-length checks.
+//!
+//! The estimate is deliberately simple and the same for every API, so it is cheap and predictable:
+//! - every string value in the body counts ceil(bytes / 4) tokens (keys do not count);
+//! - every image part (`"type"` of `image`, `image_url` or `input_image`) counts a flat `image_tokens`;
+//! - image payloads (a `data:` URL, or a string of 1 KiB or more made only of base64 characters) count nothing as
+//!   text, since their size says nothing about the tokens a vision encoder will use;
+//! - the result is at least 1.
+//!
+//! It is one linear pass over the validated body, with no allocation. It over-counts JSON scaffolding such as
+//! role names and tool schemas slightly, which errs on the safe side for limits.
+
+use crate::json::{nav, Span};
+
+/// Bytes per token assumed for text.
+pub const BYTES_PER_TOKEN: usize = 4;
+/// A bare base64 string this long or longer is taken for binary data.
+const BASE64_MIN: usize = 1024;
+
+/// Estimates the input tokens of a validated JSON body.
+pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
+    let mut text_bytes = 0usize;
+    let mut images = 0u64;
+    let mut last_key_was_type = false;
+    let mut i = 0;
+    while let Some(&b) = buf.get(i) {
+        if b != b'"' {
+            i += 1;
+            continue;
+        }
+        let end = string_end(buf, i);
+        let span = Span { start: i, end };
+        let is_key = next_non_ws(buf, end) == Some(b':');
+        if is_key {
+            last_key_was_type = nav::key_eq(buf, span, "type");
+        } else {
+            let inner = buf.get(i + 1..end.saturating_sub(1)).unwrap_or_default();
+            if last_key_was_type && matches!(inner, b"image" | b"image_url" | b"input_image") {
+                images += 1;
+            } else if !is_binary(inner) {
+                text_bytes += inner.len();
+            }
+            last_key_was_type = false;
+        }
+        i = end;
+    }
+    let text = text_bytes.div_ceil(BYTES_PER_TOKEN) as u64;
+    (text + images * u64::from(image_tokens)).max(1)
+}
+
+/// The index just past the string opening at `pos`.
+fn string_end(buf: &[u8], pos: usize) -> usize {
+    let mut i = pos + 1;
+    while let Some(&b) = buf.get(i) {
+        match b {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    buf.len()
+}
+
+fn next_non_ws(buf: &[u8], mut i: usize) -> Option<u8> {
+    while let Some(&b) = buf.get(i) {
+        if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+            return Some(b);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// True for image payloads: data URLs, and long strings of base64 characters only.
+fn is_binary(s: &[u8]) -> bool {
+    s.starts_with(b"data:")
+        || (s.len() >= BASE64_MIN
+            && s.iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_counts_a_token_per_four_bytes() {
+        // "m" (1) + "user" (4) + 16 bytes of text = 21 bytes -> 6 tokens.
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"0123456789abcdef"}]}"#;
+        assert_eq!(input_tokens(body, 100), 6);
+    }
+
+    #[test]
+    fn keys_do_not_count_and_minimum_is_one() {
+        assert_eq!(input_tokens(br#"{"a_very_long_key_name_here":1}"#, 100), 1);
+        assert_eq!(input_tokens(b"{}", 100), 1);
+    }
+
+    #[test]
+    fn images_count_flat_and_their_data_does_not() {
+        let data = "A".repeat(50_000);
+        let chat =
+            format!(r#"{{"content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{data}"}}}}]}}"#);
+        // "image_url" is the type value (counted as an image, not text); the data URL is skipped.
+        assert_eq!(input_tokens(chat.as_bytes(), 500), 500);
+        let anthropic = format!(
+            r#"{{"content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{data}"}}}}]}}"#
+        );
+        // "base64" (6) + "image/png" (9) = 15 bytes -> 4 tokens, plus one image.
+        assert_eq!(input_tokens(anthropic.as_bytes(), 500), 504);
+    }
+
+    #[test]
+    fn escaped_quotes_do_not_confuse_the_walk() {
+        let body = br#"{"a":"x\"y:z","type":"image"}"#;
+        assert_eq!(input_tokens(body, 10), 2 + 10);
+    }
+}

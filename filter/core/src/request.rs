@@ -1,0 +1,133 @@
+//! The headers-phase decision: what a request asks for, in which error dialect, whether its media type is
+//! acceptable, and its explicit session key, all before any body byte is buffered.
+//!
+//! Content-Type must be JSON and Content-Encoding absent or `identity`: the gateway reads the body, and it
+//! must read exactly what the engine will read, so compressed or non-JSON bodies are refused with 415.
+
+use crate::config::Config;
+use crate::endpoint::{classify, Api, Endpoint, Envelope};
+use crate::error::GatewayError;
+use crate::route::{session_from_headers, SessionKey};
+
+/// A request the filter will handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestStart {
+    pub endpoint: Endpoint,
+    pub envelope: Envelope,
+    /// From a configured session header.
+    pub session: Option<SessionKey>,
+}
+
+/// A request refused in the headers phase, with the dialect to refuse it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub error: GatewayError,
+    pub envelope: Envelope,
+}
+
+/// The longest request id kept as sent.
+pub const REQUEST_ID_MAX: usize = 128;
+
+/// Decides what to do with a request from its method, path and headers (`header` looks up lower-case names).
+pub fn start<'h>(
+    cfg: &Config,
+    method: &str,
+    path: &str,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
+) -> Result<RequestStart, Refusal> {
+    let wants_anthropic = header("anthropic-version").is_some();
+    let bare = path.split(['?', '#']).next().unwrap_or_default();
+    let fallback = if bare == Api::Messages.path() {
+        Envelope::Anthropic
+    } else {
+        Envelope::OpenAi
+    };
+    let refuse = |error, envelope| Refusal { error, envelope };
+    let endpoint = classify(method, path).map_err(|e| refuse(e, fallback))?;
+    let envelope = match &endpoint {
+        Endpoint::Inference(api) => api.envelope(),
+        _ if wants_anthropic => Envelope::Anthropic,
+        _ => Envelope::OpenAi,
+    };
+    let mut session = None;
+    if let Endpoint::Inference(_) = endpoint {
+        check_media_type(header("content-type"), header("content-encoding")).map_err(|e| refuse(e, envelope))?;
+        session = session_from_headers(cfg, &header).map_err(|e| refuse(e, envelope))?;
+    }
+    Ok(RequestStart {
+        endpoint,
+        envelope,
+        session,
+    })
+}
+
+/// Content-Type must be `application/json` (parameters allowed); Content-Encoding absent or `identity`.
+pub fn check_media_type(content_type: Option<&[u8]>, encoding: Option<&[u8]>) -> Result<(), GatewayError> {
+    let text = |v: &[u8]| String::from_utf8_lossy(v).trim().to_ascii_lowercase();
+    let ct = content_type.map(text).unwrap_or_default();
+    let media = ct.split(';').next().unwrap_or_default().trim();
+    if media != "application/json" {
+        return Err(GatewayError::UnsupportedMediaType {
+            header: "content-type",
+            value: if ct.is_empty() {
+                "(none)".to_string()
+            } else {
+                ct.clone()
+            },
+        });
+    }
+    if let Some(enc) = encoding.map(text) {
+        if !enc.is_empty() && enc != "identity" {
+            return Err(GatewayError::UnsupportedMediaType {
+                header: "content-encoding",
+                value: enc,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// True for a request id worth keeping: 1 to 128 characters of `A-Z a-z 0-9 - _ . :`.
+pub fn request_id_ok(v: &[u8]) -> bool {
+    (1..=REQUEST_ID_MAX).contains(&v.len())
+        && v.iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types() {
+        assert!(check_media_type(Some(b"application/json"), None).is_ok());
+        assert!(check_media_type(Some(b"Application/JSON; charset=utf-8"), None).is_ok());
+        assert!(check_media_type(Some(b"application/json"), Some(b"identity")).is_ok());
+        for bad in [
+            &b"text/plain"[..],
+            b"application/x-www-form-urlencoded",
+            b"application/jsonl",
+            b"",
+        ] {
+            let e = check_media_type(Some(bad), None).unwrap_err();
+            assert_eq!(e.status(), 415);
+        }
+        assert_eq!(check_media_type(None, None).unwrap_err().status(), 415);
+        assert_eq!(
+            check_media_type(Some(b"application/json"), Some(b"gzip"))
+                .unwrap_err()
+                .status(),
+            415
+        );
+    }
+
+    #[test]
+    fn request_ids() {
+        assert!(request_id_ok(b"0f1e2d3c-aaaa-bbbb-cccc-1234567890ab"));
+        assert!(request_id_ok(b"req_01:abc.def"));
+        assert!(!request_id_ok(b""));
+        assert!(!request_id_ok(b"has space"));
+        assert!(!request_id_ok(b"quote\"d"));
+        assert!(!request_id_ok(&[b'a'; 129]));
+    }
+}
