@@ -73,3 +73,41 @@ render: cli ## Render envoy/envoy.yaml (for docker-compose) from envoy/llmroute.
 
 clean: ## Remove build outputs (keeps .tools)
 	$(CARGO) clean
+
+.PHONY: engines engines-check
+
+engines: ## Build a real llama.cpp llama-server (cached in ~/.cache/llmroute, ~5 min once) and the tiny model .tools/models/tiny-llama.gguf
+	CARGO="$(CARGO)" ./scripts/build-engines.sh
+
+engines-check: engines ## Start the real llama-server on the tiny model: alias, streaming, prompt-cache hits, prefill time
+	$(CARGO) test -p llmroute-harness --test engines -- --test-threads=1 --nocapture
+
+.PHONY: bench bench-overhead bench-micro bench-peers
+
+BENCH                 := target/release/llmroute-bench
+BENCH_ARGS            ?=
+SGLANG_ROUTER_VERSION ?= 0.3.2
+VLLM_ROUTER_VERSION   ?= 0.1.17
+
+bench: bench-micro bench-overhead ## Both benches; bench/RESULTS.md then holds the overhead and the micro figures
+
+bench-overhead: build envoy bench-peers ## Filter overhead vs plain Envoy and the peer routers (<=10 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) overhead $(BENCH_ARGS)
+
+bench-micro: ## Criterion benches of the core (MiB/s, ~2 min), then allocations per request (bench/out/alloc.md)
+	$(CARGO) bench -p llmroute-core --bench core
+	LLMROUTE_BENCH_OUT=$(CURDIR)/bench/out $(CARGO) bench -p llmroute-core --bench alloc
+
+bench-peers: $(VENV)/.bench-peers ## Install sglang-router and vllm-router into .tools/venv (a failure is reported, not fatal)
+
+# A peer that fails to install is reported and left out: the overhead bench then lists it as missing.
+$(VENV)/.bench-peers: | $(PYTHON)
+	@ok=1; for p in sglang-router==$(SGLANG_ROUTER_VERSION) vllm-router==$(VLLM_ROUTER_VERSION); do \
+		$(PYTHON) -m pip install --quiet $$p || { ok=0; echo "bench-peers: installing $$p failed; the overhead bench will report it missing"; }; \
+	done; if [ $$ok = 1 ]; then touch $@; fi
+
+.PHONY: sdk
+
+sdk: build envoy sdk-clients ## The real openai and anthropic Python SDKs against one emulated engine, and through Envoy + the filter
+	$(CARGO) test -p llmroute-harness --test sdk -- --nocapture

@@ -74,3 +74,105 @@ pub fn fresh_request_id(context_id: u32) -> String {
     seed.extend_from_slice(&context_id.to_le_bytes());
     format!("llmroute-{:016x}", xxhash_rust::xxh3::xxh3_64(&seed))
 }
+
+/// Milliseconds since the Unix epoch, by the host's clock; 0 when the host cannot tell.
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Asks the host to call the root context's `on_tick` every `period_ms`.
+pub fn set_tick_period(period_ms: u64) -> bool {
+    hostcalls::set_tick_period(std::time::Duration::from_millis(period_ms))
+        .map_err(|s| log::warn!("llmroute: setting the tick period failed: {s:?}"))
+        .is_ok()
+}
+
+/// Starts a body-less `GET path` to the Envoy cluster `cluster`; the answer arrives in `on_http_call_response`
+/// with the returned token.
+pub fn dispatch_get(cluster: &str, path: &str, timeout_ms: u64) -> Option<u32> {
+    let headers = vec![(":method", "GET"), (":path", path), (":authority", cluster)];
+    let timeout = std::time::Duration::from_millis(timeout_ms);
+    hostcalls::dispatch_http_call(cluster, headers, None, Vec::new(), timeout)
+        .map_err(|s| log::debug!("llmroute: calling cluster {cluster} failed: {s:?}"))
+        .ok()
+}
+
+/// The `:status` of the answer being delivered to `on_http_call_response`, if there is one.
+pub fn http_call_status() -> Option<u32> {
+    let value = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok()??;
+    std::str::from_utf8(&value).ok()?.parse().ok()
+}
+
+/// The body of the answer being delivered to `on_http_call_response` (`size` is its length).
+pub fn http_call_body(size: usize) -> Option<Vec<u8>> {
+    match hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size) {
+        Ok(body) => Some(body.unwrap_or_default()),
+        Err(s) => {
+            log::warn!("llmroute: reading an http call's answer failed: {s:?}");
+            None
+        }
+    }
+}
+
+/// A value in the VM-wide shared data, with its compare-and-swap token.
+pub fn shared_data(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    hostcalls::get_shared_data(key).unwrap_or_else(|s| {
+        log::warn!("llmroute: reading shared data {key} failed: {s:?}");
+        (None, None)
+    })
+}
+
+/// Writes shared data; with `cas`, only if nobody wrote since it was read. False when it was not written.
+pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
+    match hostcalls::set_shared_data(key, Some(value), cas) {
+        Ok(()) => true,
+        Err(proxy_wasm::types::Status::CasMismatch) => false,
+        Err(s) => {
+            log::warn!("llmroute: writing shared data {key} failed: {s:?}");
+            false
+        }
+    }
+}
+
+/// One response header, as text.
+pub fn response_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name)
+        .ok()
+        .flatten()
+}
+
+pub fn remove_response_header(name: &str) {
+    if let Err(s) = hostcalls::set_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name, None) {
+        log::warn!("llmroute: removing response header {name} failed: {s:?}");
+    }
+}
+
+/// Replaces the whole buffered response body (`size` is its current length).
+pub fn replace_response_body(size: usize, body: &[u8]) {
+    if let Err(s) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body) {
+        log::warn!("llmroute: replacing the response body failed: {s:?}");
+    }
+}
+
+/// One request header, as text.
+pub fn request_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+}
+
+/// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).
+pub fn define_counter(name: &str) -> Option<u32> {
+    hostcalls::define_metric(proxy_wasm::types::MetricType::Counter, name)
+        .map_err(|s| log::warn!("llmroute: defining metric {name} failed: {s:?}"))
+        .ok()
+}
+
+pub fn increment(metric: Option<u32>) {
+    if let Some(id) = metric {
+        let _ = hostcalls::increment_metric(id, 1);
+    }
+}

@@ -15,10 +15,14 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use crate::host;
+use crate::metrics::Metrics;
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
+    metrics: Metrics,
     context_id: u32,
+    /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
+    replacing_overflow: bool,
     request_id: Option<String>,
     /// Set while an inference body is being buffered.
     reading: Option<(Api, Option<SessionKey>)>,
@@ -28,10 +32,12 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(cfg: Option<Rc<Config>>, context_id: u32) -> Self {
+    pub fn new(cfg: Option<Rc<Config>>, metrics: Metrics, context_id: u32) -> Self {
         Http {
             cfg,
+            metrics,
             context_id,
+            replacing_overflow: false,
             request_id: None,
             reading: None,
             body_size: 0,
@@ -42,6 +48,11 @@ impl Http {
     fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
         self.reading = None;
+        let counter = match e {
+            GatewayError::ContextLengthExceeded { .. } => self.metrics.context_exceeded,
+            _ => self.metrics.refused,
+        };
+        host::increment(counter);
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
         if let Some(id) = &self.request_id {
@@ -106,6 +117,10 @@ impl Http {
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
         }
+        if decision.failover {
+            host::set_request_header(headers::ALIAS, Some(&decision.alias));
+        }
+        host::increment(self.metrics.routed);
         let tokens = decision.input_tokens.to_string();
         host::set_request_header(headers::INPUT_TOKENS, Some(&tokens));
         host::set_request_header(headers::TOKEN_ESTIMATE, Some(&tokens));
@@ -150,6 +165,9 @@ impl HttpContext for Http {
             Ok(s) => s,
             Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
         };
+        if let Endpoint::Status(page) = start.endpoint {
+            return crate::status::answer(&cfg, page, self.request_id.as_deref());
+        }
         let Endpoint::Inference(api) = start.endpoint else {
             let query = path.split_once('?').map_or("", |(_, q)| q);
             return self.models(&cfg, &start, query);
@@ -206,6 +224,28 @@ impl HttpContext for Http {
                 host::set_response_header(headers::UPSTREAM, &addr);
             }
         }
+        if host::response_header("x-envoy-overloaded").as_deref() == Some("true") {
+            // Envoy's circuit breaker shed this request: say when to come back, in the route's dialect.
+            host::increment(self.metrics.overflow);
+            host::set_response_header("retry-after", "1");
+            host::set_response_header("content-type", "application/json");
+            host::remove_response_header("content-length");
+            self.replacing_overflow = true;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.replacing_overflow {
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.replacing_overflow = false;
+        let envelope = self.routed.as_ref().map_or(Envelope::OpenAi, |d| d.api.envelope());
+        let body = llmroute_core::error::overloaded_body(envelope, self.request_id.as_deref());
+        host::replace_response_body(body_size, &body);
         Action::Continue
     }
 }

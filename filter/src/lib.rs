@@ -5,7 +5,10 @@
 
 mod host;
 mod http;
+mod metrics;
 mod root;
+mod status;
+mod upstream;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

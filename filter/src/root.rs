@@ -1,4 +1,5 @@
-//! The root context: loads and validates the plugin configuration, and hands it to each request.
+//! The root context: loads and validates the plugin configuration, and hands it to each request. The main
+//! role's root context also polls Envoy's admin API for the status endpoints (see `status`).
 //!
 //! A bad configuration makes `on_configure` return false, which makes Envoy refuse the plugin; the errors are
 //! logged one per line. `llmroute validate` runs the same validator before deployment.
@@ -11,13 +12,27 @@ use proxy_wasm::types::ContextType;
 
 use crate::host;
 use crate::http::Http;
+use crate::metrics::Metrics;
+use crate::status::Poller;
+use crate::upstream::Upstream;
+
+/// The root id of the upstream role (`llmroute render` gives the failover clusters' filter this id).
+const UPSTREAM_ROOT_ID: &str = "llmroute_upstream";
 
 #[derive(Default)]
 pub struct Root {
     config: Option<Rc<Config>>,
+    metrics: Metrics,
+    /// True when this plugin instance is the failover clusters' upstream filter.
+    upstream: bool,
+    poller: Poller,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        self.poller.on_response(token_id, body_size);
+    }
+}
 
 impl RootContext for Root {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
@@ -42,6 +57,13 @@ impl RootContext for Root {
                     cfg.models.len()
                 );
                 self.config = Some(Rc::new(cfg));
+                self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
+                if !self.upstream {
+                    self.metrics = Metrics::define();
+                    if let Some(cfg) = &self.config {
+                        self.poller.start(cfg.clone());
+                    }
+                }
                 true
             }
             Err(errs) => {
@@ -53,10 +75,17 @@ impl RootContext for Root {
         }
     }
 
+    fn on_tick(&mut self) {
+        self.poller.on_tick();
+    }
+
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never `None`: the SDK panics on it. Envoy refuses a plugin whose `on_configure` failed, so a
         // missing config here is a host anomaly, and `Http` answers 503 for it.
-        Some(Box::new(Http::new(self.config.clone(), context_id)))
+        if self.upstream {
+            return Some(Box::new(Upstream::new(self.config.clone())));
+        }
+        Some(Box::new(Http::new(self.config.clone(), self.metrics, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -43,6 +43,13 @@ pub struct EnvoyOptions {
     pub log_level: String,
     /// Fixed listen/admin addresses instead of random ports (the demo uses this).
     pub fixed_ports: bool,
+    /// Load the llmroute filter. Default true; false renders plain Envoy (see [`RenderOptions::with_filter`]).
+    pub with_filter: bool,
+    /// Pin Envoy to these CPUs (`taskset -c LIST`), e.g. `"0"`. Default none.
+    pub cpu_list: Option<String>,
+    /// Extra environment variables for the Envoy process only, e.g. the tokens that backends' `credential_env`
+    /// names. Default none. They are passed to the process, never written to a file.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for EnvoyOptions {
@@ -51,6 +58,9 @@ impl Default for EnvoyOptions {
             concurrency: 2,
             log_level: "info".into(),
             fixed_ports: false,
+            with_filter: true,
+            cpu_list: None,
+            env: Vec::new(),
         }
     }
 }
@@ -61,6 +71,7 @@ pub struct Envoy {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     log_path: PathBuf,
+    bootstrap_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -106,19 +117,23 @@ impl Envoy {
             )));
         }
         let dir = tempfile::tempdir().map_err(|e| StartError::Failed(e.to_string()))?;
-        let yaml =
-            bootstrap_yaml(&cfg, &text, &RenderOptions::new(wasm.display().to_string())).map_err(StartError::Failed)?;
+        let mut render = RenderOptions::new(wasm.display().to_string());
+        render.with_filter = opts.with_filter;
+        let yaml = bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?;
         let bootstrap = dir.path().join("envoy.yaml");
         let log_path = dir.path().join("envoy.log");
         std::fs::write(&bootstrap, yaml).map_err(|e| StartError::Failed(e.to_string()))?;
-        let child = Command::new(&envoy)
+        let child = pinned_command(&envoy, opts.cpu_list.as_deref())
             .arg("-c")
             .arg(&bootstrap)
             .args(["--concurrency", &opts.concurrency.to_string()])
             .args(["--log-level", &opts.log_level])
             .arg("--log-path")
             .arg(&log_path)
+            // Envoy flushes its log file every 10 s by default; tests read it while Envoy runs.
+            .args(["--file-flush-interval-msec", "100"])
             .arg("--disable-hot-restart")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -129,6 +144,7 @@ impl Envoy {
             listen: cfg.listen,
             admin: cfg.admin,
             log_path,
+            bootstrap_path: bootstrap,
             _dir: dir,
         };
         envoy.wait_ready(Duration::from_secs(60)).await?;
@@ -166,6 +182,11 @@ impl Envoy {
         }
     }
 
+    /// Envoy's process id (for `/proc/<pid>/...`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `http://127.0.0.1:PORT` of the listener.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.listen)
@@ -174,6 +195,11 @@ impl Envoy {
     /// `http://127.0.0.1:PORT` of the admin interface.
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
+    }
+
+    /// The bootstrap Envoy runs, as written to disk.
+    pub fn bootstrap_yaml(&self) -> String {
+        std::fs::read_to_string(&self.bootstrap_path).unwrap_or_default()
     }
 
     /// Envoy's log so far.
@@ -188,6 +214,21 @@ impl Envoy {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The health flags of each host of `cluster`, keyed by `IP:PORT`, from the admin `/clusters`:
+    /// `healthy`, or flags such as `/failed_active_hc` and `/failed_outlier_check`.
+    pub async fn host_health(&self, cluster: &str) -> std::collections::BTreeMap<String, String> {
+        let text = match reqwest::get(self.admin_url("/clusters")).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let prefix = format!("{cluster}::");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| l.split_once("::health_flags::"))
+            .map(|(host, flags)| (host.to_string(), flags.trim().to_string()))
+            .collect()
     }
 
     /// Stops Envoy now.
@@ -210,13 +251,25 @@ impl Drop for Envoy {
     }
 }
 
+/// `program`, run under `taskset -c LIST` when a CPU list is given. taskset execs, so the pid is the program's.
+pub fn pinned_command(program: &Path, cpu_list: Option<&str>) -> Command {
+    match cpu_list {
+        Some(cpus) => {
+            let mut cmd = Command::new("taskset");
+            cmd.args(["-c", cpus]).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
 enum StartError {
     PortTaken(String),
     Failed(String),
 }
 
 /// Two distinct ports in 10000..30000, different per process and attempt.
-fn random_ports(attempt: u32) -> (u16, u16) {
+pub fn random_ports(attempt: u32) -> (u16, u16) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -52,6 +52,12 @@ impl Fleet {
         self.engines.iter().map(|e| e.chat_requests().len()).collect()
     }
 
+    /// How many inference requests (every dialect: chat, completions, responses, embeddings, messages) each
+    /// engine received, in engine order.
+    pub fn inference_counts(&self) -> Vec<usize> {
+        self.engines.iter().map(|e| e.inference_requests().len()).collect()
+    }
+
     pub fn reset(&self) {
         for e in &self.engines {
             e.reset();

@@ -1,7 +1,10 @@
 //! llmroute's native side: the config renderer behind the CLI, the real-Envoy launcher, the engine emulators,
-//! and the fleet set-up shared by tests, benches and the demo.
+//! the fleet set-up shared by tests and the demo, and the benches (`bench`, run by `llmroute-bench`).
 
+pub mod bench;
+pub mod certs;
 pub mod emulator;
 pub mod envoy;
 pub mod fleet;
+pub mod gguf;
 pub mod render;

@@ -11,7 +11,13 @@
 //! With [`RenderOptions::with_filter`] off, the same bootstrap is rendered minus the wasm filter, and the route
 //! names the first backend's cluster statically (the hash policy stays). The overhead bench compares the two.
 
-use llmroute_core::config::{Backend, Config, LbPolicy};
+mod admin;
+mod cluster;
+mod credentials;
+mod failover;
+mod tls;
+
+use llmroute_core::config::Config;
 use llmroute_core::headers;
 use serde_json::{json, Value};
 
@@ -59,13 +65,21 @@ pub fn config_json(text: &str) -> Result<String, String> {
 /// Renders the bootstrap as a JSON value. `config_text` must be the document `cfg` was loaded from.
 pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<Value, String> {
     let plugin_config = config_json(config_text)?;
-    Ok(json!({
+    let mut clusters = cluster::clusters(cfg);
+    if opts.with_filter {
+        clusters.extend(failover::clusters(cfg, &plugin_config, opts));
+    }
+    let mut v = json!({
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
         "static_resources": {
             "listeners": [listener(cfg, plugin_config, opts)],
-            "clusters": cfg.backends.iter().map(cluster).collect::<Vec<_>>(),
+            "clusters": clusters,
         },
-    }))
+    });
+    tls::apply(cfg, &mut v); // listener and cluster transport sockets (render/tls.rs)
+    credentials::apply(cfg, &mut v); // backend tokens: env SDS secrets + upstream injectors (render/credentials.rs)
+    admin::apply(cfg, &mut v); // the cluster the filter polls for /llmroute/status (render/admin.rs)
+    Ok(v)
 }
 
 /// Renders the bootstrap as YAML text, with a header comment.
@@ -78,11 +92,11 @@ pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> 
     ))
 }
 
-fn socket(address: &str, port: u16) -> Value {
+pub(crate) fn socket(address: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": address, "port_value": port } })
 }
 
-fn duration_ms(ms: u64) -> String {
+pub(crate) fn duration_ms(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 
@@ -126,27 +140,30 @@ fn route_config(cfg: &Config, with_filter: bool) -> Value {
         (false, Some(first)) => route["cluster"] = Value::from(first.name.as_str()),
         _ => route["cluster_header"] = Value::from(headers::CLUSTER),
     }
+    if let Some(retry) = cluster::retry_policy(cfg) {
+        route["retry_policy"] = retry;
+    }
+    let mut routes: Vec<Value> = failover::route(cfg, &route).into_iter().collect();
+    routes.push(json!({ "match": { "prefix": "/" }, "route": route }));
     json!({
         "name": "llmroute",
-        "virtual_hosts": [{
-            "name": "llmroute",
-            "domains": ["*"],
-            "routes": [{
-                "match": { "prefix": "/" },
-                "route": route,
-            }],
-        }],
+        "virtual_hosts": [{ "name": "llmroute", "domains": ["*"], "routes": routes }],
     })
 }
 
 fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
+    wasm_plugin("llmroute", "llmroute", &plugin_config, opts)
+}
+
+/// The wasm HTTP filter, as a downstream filter or (with the upstream root id) an upstream one.
+pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: &RenderOptions) -> Value {
     json!({
-        "name": "llmroute",
+        "name": name,
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": "llmroute",
-                "root_id": "llmroute",
+                "name": name,
+                "root_id": root_id,
                 "allow_on_headers_stop_iteration": true,
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
@@ -160,48 +177,6 @@ fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
             },
         },
     })
-}
-
-fn cluster(b: &Backend) -> Value {
-    let all_ips = b.endpoints.iter().all(|e| e.is_ip);
-    let endpoints: Vec<Value> = b
-        .endpoints
-        .iter()
-        .map(|e| json!({ "endpoint": { "address": socket(&e.host, e.port) } }))
-        .collect();
-    json!({
-        "name": b.name,
-        "type": if all_ips { "STATIC" } else { "STRICT_DNS" },
-        "connect_timeout": duration_ms(b.connect_timeout_ms),
-        "load_balancing_policy": { "policies": [{ "typed_extension_config": lb_policy(b) }] },
-        "load_assignment": { "cluster_name": b.name, "endpoints": [{ "lb_endpoints": endpoints }] },
-        "metadata": { "filter_metadata": { "llmroute": { "kind": b.kind.as_str() } } },
-    })
-}
-
-fn lb_policy(b: &Backend) -> Value {
-    match b.lb {
-        LbPolicy::Chwbl => json!({
-            "name": "envoy.load_balancing_policies.ring_hash",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash",
-                "hash_function": "XX_HASH",
-                "consistent_hashing_lb_config": { "hash_balance_factor": b.balance_factor },
-            },
-        }),
-        LbPolicy::LeastRequest => json!({
-            "name": "envoy.load_balancing_policies.least_request",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
-            },
-        }),
-        LbPolicy::RoundRobin => json!({
-            "name": "envoy.load_balancing_policies.round_robin",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
-            },
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! without buffering anything. The query string is ignored for matching.
 
 use crate::error::GatewayError;
+use crate::status::StatusPage;
 
 /// The inference APIs the filter routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,6 +104,8 @@ pub enum Endpoint {
     ListModels,
     /// `GET /v1/models/{id}`: answered from config.
     GetModel(String),
+    /// `GET /llmroute/status`, `/healthz`, `/readyz`: answered by the filter, GET only, no body read.
+    Status(StatusPage),
 }
 
 impl Endpoint {
@@ -110,6 +113,7 @@ impl Endpoint {
         match self {
             Endpoint::Inference(api) => api.name(),
             Endpoint::ListModels | Endpoint::GetModel(_) => "models",
+            Endpoint::Status(_) => "status",
         }
     }
 }
@@ -117,6 +121,16 @@ impl Endpoint {
 /// Classifies a request. Errors are the 404 and 405 refusals.
 pub fn classify(method: &str, path: &str) -> Result<Endpoint, GatewayError> {
     let bare = path.split(['?', '#']).next().unwrap_or_default();
+    if let Some(page) = StatusPage::from_path(bare) {
+        return match method {
+            "GET" => Ok(Endpoint::Status(page)),
+            _ => Err(GatewayError::MethodNotAllowed {
+                method: method.to_string(),
+                path: bare.to_string(),
+                allow: "GET",
+            }),
+        };
+    }
     let api = Api::ALL.into_iter().find(|a| a.path() == bare);
     let (endpoint, allow) = match (api, bare) {
         (Some(api), _) => (Endpoint::Inference(api), "POST"),
@@ -195,6 +209,24 @@ mod tests {
         assert_eq!(classify("HEAD", "/v1/models"), Ok(Endpoint::ListModels));
         assert_eq!(classify("GET", "/v1/models/a/b"), Ok(Endpoint::GetModel("a/b".into())));
         assert_eq!(classify("POST", "/v1/models").unwrap_err().status(), 405);
+    }
+
+    #[test]
+    fn status_pages_are_get_only() {
+        for page in StatusPage::ALL {
+            assert_eq!(classify("GET", page.path()), Ok(Endpoint::Status(page)));
+            let with_query = format!("{}?verbose=1", page.path());
+            assert_eq!(classify("GET", &with_query), Ok(Endpoint::Status(page)));
+            assert_eq!(Endpoint::Status(page).name(), "status");
+            for method in ["POST", "HEAD", "PUT", "DELETE"] {
+                let e = classify(method, page.path()).unwrap_err();
+                assert_eq!(e.status(), 405, "{method} {}", page.path());
+                assert_eq!(e.headers(), vec![("allow", "GET")]);
+            }
+        }
+        for p in ["/llmroute/status/", "/llmroute", "/healthz/", "/readyz/x"] {
+            assert_eq!(classify("GET", p).unwrap_err().status(), 404, "{p}");
+        }
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum GatewayError {
     EndpointNotServed { model: String, api: Api },
     /// A configured session header holds an unusable value.
     InvalidSessionHeader { header: String, reason: &'static str },
+    /// The request cannot fit the context window of any route.
+    ContextLengthExceeded { needed: u64, limit: u32 },
     /// A query parameter is out of range.
     InvalidQuery { param: &'static str, reason: &'static str },
     /// The path exists but not for this method.
@@ -54,7 +56,8 @@ impl GatewayError {
             | Self::InvalidField { .. }
             | Self::DuplicateField { .. }
             | Self::InvalidSessionHeader { .. }
-            | Self::InvalidQuery { .. } => 400,
+            | Self::InvalidQuery { .. }
+            | Self::ContextLengthExceeded { .. } => 400,
             Self::UnknownModel { .. } | Self::EndpointNotServed { .. } | Self::NotFound { .. } => 404,
             Self::MethodNotAllowed { .. } => 405,
             Self::BodyTooLarge { .. } => 413,
@@ -77,6 +80,7 @@ impl GatewayError {
             Self::EndpointNotServed { .. } => "endpoint_not_served",
             Self::InvalidSessionHeader { .. } => "invalid_session_header",
             Self::InvalidQuery { .. } => "invalid_query",
+            Self::ContextLengthExceeded { .. } => "context_length_exceeded",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::NotFound { .. } => "unknown_url",
         }
@@ -170,6 +174,11 @@ impl fmt::Display for GatewayError {
             }
             Self::InvalidSessionHeader { header, reason } => write!(f, "Invalid `{header}` header: {reason}."),
             Self::InvalidQuery { param, reason } => write!(f, "Invalid query parameter `{param}`: {reason}."),
+            Self::ContextLengthExceeded { needed, limit } => write!(
+                f,
+                "This request needs about {needed} tokens (input estimate plus requested output), more than the \
+                 largest context window of this model's backends ({limit} tokens)."
+            ),
             Self::MethodNotAllowed { method, path, allow } => {
                 write!(
                     f,
@@ -181,6 +190,26 @@ impl fmt::Display for GatewayError {
             Self::NotFound { method, path } => write!(f, "Invalid URL ({} {}).", quote(method), quote(path)),
         }
     }
+}
+
+/// The message of a request shed by a backend's circuit breaker.
+const OVERFLOW_MESSAGE: &str = "The backend is at capacity; retry after a second.";
+
+/// The body of a request Envoy shed at a backend's circuit breaker: OpenAI `server_error` (code `overloaded`) or
+/// Anthropic `overloaded_error`, with the request id. It goes out as a 503 with `Retry-After: 1`.
+pub fn overloaded_body(envelope: Envelope, request_id: Option<&str>) -> Vec<u8> {
+    let body = match envelope {
+        Envelope::OpenAi => json!({
+            "error": {"message": OVERFLOW_MESSAGE, "type": "server_error", "param": null, "code": "overloaded"},
+            "request_id": request_id,
+        }),
+        Envelope::Anthropic => json!({
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": OVERFLOW_MESSAGE},
+            "request_id": request_id,
+        }),
+    };
+    body.to_string().into_bytes()
 }
 
 /// Bounds a client-sent string for quoting in a message, cut on a character boundary.
@@ -260,6 +289,27 @@ mod tests {
         for (e, status, code) in cases {
             assert_eq!((e.status(), e.code()), (status, code), "{e:?}");
         }
+    }
+
+    #[test]
+    fn overloaded_bodies_in_both_dialects() {
+        let v: Value = serde_json::from_slice(&overloaded_body(Envelope::OpenAi, Some("r1"))).unwrap();
+        assert_eq!(
+            (v["error"]["code"].as_str(), v["request_id"].as_str()),
+            (Some("overloaded"), Some("r1"))
+        );
+        let v: Value = serde_json::from_slice(&overloaded_body(Envelope::Anthropic, None)).unwrap();
+        assert_eq!(v["error"]["type"], "overloaded_error");
+        assert_eq!(v["type"], "error");
+    }
+
+    #[test]
+    fn anthropic_envelope_shape() {
+        let e = GatewayError::UnknownModel { model: "x".into() };
+        let v: Value = serde_json::from_slice(&e.body(Envelope::Anthropic, Some("rid"))).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert_eq!(v["request_id"], "rid");
     }
 
     #[test]

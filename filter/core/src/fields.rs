@@ -8,13 +8,15 @@ use crate::error::GatewayError;
 use crate::json::{nav, Member};
 
 /// Every field any endpoint reads. Their duplicates are refused on all endpoints.
-pub const READ_FIELDS: [&str; 11] = [
+pub const READ_FIELDS: [&str; 13] = [
     "model",
     "stream",
     "messages",
     "input",
     "prompt",
     "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
     "system",
     "instructions",
     "prompt_cache_key",

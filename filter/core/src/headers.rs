@@ -14,6 +14,8 @@ pub const AFFINITY: &str = "x-llmroute-affinity";
 pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
 /// Debug response header: the upstream host that answered.
 pub const UPSTREAM: &str = "x-llmroute-upstream";
+/// Upstream request header naming the alias, for the failover cluster's upstream filter.
+pub const ALIAS: &str = "x-llmroute-alias";
 /// Local replies name their reason code here.
 pub const ERROR: &str = "x-llmroute-error";
 /// Upstream request headers with the gateway's input-token estimate (both carry the same value).

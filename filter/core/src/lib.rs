@@ -15,9 +15,12 @@ pub mod fields;
 pub mod headers;
 pub mod json;
 pub mod models;
+pub mod placement;
 pub mod request;
 pub mod route;
+pub mod status;
 pub mod text;
+pub mod upstream;
 
 pub use affinity::{Affinity, AffinitySource};
 pub use config::{load as load_config, Config, ConfigError, ConfigErrors};

@@ -18,7 +18,7 @@ fn openai_object(name: &str) -> Value {
 }
 
 fn anthropic_object(name: &str) -> Value {
-    json!({ "type": "model", "id": name, "display_name": name, "created_at": CREATED_AT })
+    json!({ "type": "model", "id": name, "display_name": name, "created_at": CREATED_AT, "lifecycle": "active" })
 }
 
 /// The list body, in the dialect asked for. `query` is the raw query string (without `?`).

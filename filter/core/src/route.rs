@@ -15,6 +15,7 @@ use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::{read_fields, Fields};
 use crate::json::{scan_object, Kind, Member, Span, MAX_DEPTH};
+use crate::placement;
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +61,8 @@ pub struct RouteDecision {
     pub affinity: Option<Affinity>,
     /// The explicit key the client chose, echoed in `x-multi-turn-session-id` so later turns can pin to it.
     pub echo_session: Option<String>,
+    /// True when `cluster` is the alias's failover cluster.
+    pub failover: bool,
     /// The gateway's estimate of input tokens.
     pub input_tokens: u64,
     /// `None` when the body goes upstream untouched.
@@ -128,21 +131,20 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         (true, Some((value, a))) => (Some(value), Some(a)),
         (true, None) => (None, inspection.content),
     };
-    let unavailable = || GatewayError::UnknownModel {
-        model: model.to_string(),
-    };
-    let route = alias.routes.first().ok_or_else(unavailable)?;
-    let backend = cfg.backend(route.backend).ok_or_else(unavailable)?;
-    let upstream_model = prefix_rest.unwrap_or(&route.upstream_model).to_string();
+    let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
+    let needed = input_tokens.saturating_add(requested_output(body, &fields));
+    let placement = placement::place(cfg, alias, needed)?;
+    let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
     Ok(RouteDecision {
         api,
         patch: model_patch(body, model_member, &upstream_model),
         alias: alias.name.clone(),
-        cluster: backend.name.clone(),
+        cluster: placement.cluster,
+        failover: placement.failover,
         upstream_model,
         affinity,
         echo_session,
-        input_tokens: estimate::input_tokens(body, cfg.image_tokens),
+        input_tokens,
     })
 }
 
@@ -173,4 +175,14 @@ fn model_patch(body: &[u8], model: Member, upstream: &str) -> Option<BodyPatch> 
         span: model.value,
         replacement,
     })
+}
+
+/// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, else 0.
+fn requested_output(body: &[u8], fields: &Fields) -> u64 {
+    ["max_completion_tokens", "max_output_tokens", "max_tokens"]
+        .into_iter()
+        .filter_map(|f| fields.get(f))
+        .filter(|m| m.kind == Kind::Number)
+        .find_map(|m| std::str::from_utf8(m.value.of(body)).ok()?.parse::<u64>().ok())
+        .unwrap_or(0)
 }

@@ -9,10 +9,12 @@ use std::net::SocketAddr;
 
 use common::{README_EXAMPLE, TWO_BACKENDS};
 use llmroute_core::config::{
-    parse_endpoint, parse_listen, EngineKind, LbPolicy, DEFAULT_BALANCE_FACTOR, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_USER_PREFIX_BYTES, MAX_MAX_BODY_BYTES, MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
+    parse_endpoint, parse_listen, EngineKind, LbPolicy, DEFAULT_BALANCE_FACTOR, DEFAULT_IMAGE_TOKENS,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_SESSION_HEADERS, DEFAULT_USER_PREFIX_BYTES, MAX_MAX_BODY_BYTES,
+    MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
 };
-use llmroute_core::{load_config, Config, ConfigError, ConfigErrors};
+use llmroute_core::endpoint::ApiSet;
+use llmroute_core::{load_config, Api, Config, ConfigError, ConfigErrors};
 use serde_json::{json, Value};
 
 /// The smallest valid config: every optional field left out.
@@ -141,13 +143,21 @@ fn defaults_fill_every_optional_field() {
     assert_eq!(b.lb, LbPolicy::Chwbl);
     assert_eq!(b.balance_factor, 150);
     assert_eq!(b.connect_timeout_ms, 2000);
-    assert_eq!(cfg.affinity.session_headers, ["x-session-id"]);
+    assert_eq!(
+        cfg.affinity.session_headers,
+        ["x-session-id", "x-multi-turn-session-id", "x-claude-code-session-id"]
+    );
     assert_eq!(cfg.affinity.user_prefix_bytes, 256);
+    assert!(!cfg.affinity.conversation_id);
+    assert!(!cfg.affinity.anthropic_user_id);
     assert_eq!(cfg.limits.max_body_bytes, 8 * 1024 * 1024);
     assert_eq!(cfg.limits.request_timeout_ms, 600_000);
     assert!(!cfg.debug_headers);
-    let route = &cfg.alias("m").unwrap().routes[0];
-    assert_eq!(route.priority, 0);
+    assert_eq!(cfg.image_tokens, 768);
+    let alias = cfg.alias("m").unwrap();
+    assert_eq!(alias.routes[0].priority, 0);
+    assert_eq!(alias.endpoints, ApiSet::ALL);
+    assert!(!alias.model_prefix_routing);
 }
 
 #[test]
@@ -158,6 +168,11 @@ fn default_constants() {
     assert_eq!(DEFAULT_BALANCE_FACTOR, 150);
     assert_eq!(DEFAULT_USER_PREFIX_BYTES, 256);
     assert_eq!(MAX_USER_PREFIX_BYTES, 65_536);
+    assert_eq!(DEFAULT_IMAGE_TOKENS, 768);
+    assert_eq!(
+        DEFAULT_SESSION_HEADERS,
+        ["x-session-id", "x-multi-turn-session-id", "x-claude-code-session-id"]
+    );
 }
 
 #[test]
@@ -165,8 +180,10 @@ fn empty_affinity_and_limits_sections_take_defaults() {
     let cfg = loads(&edit(minimal(), |v| {
         v["affinity"] = json!({});
         v["limits"] = json!({});
+        v["tokens"] = json!({});
     }));
-    assert_eq!(cfg.affinity.session_headers, ["x-session-id"]);
+    assert_eq!(cfg.affinity.session_headers, DEFAULT_SESSION_HEADERS);
+    assert_eq!(cfg.image_tokens, DEFAULT_IMAGE_TOKENS);
     assert_eq!(cfg.affinity.user_prefix_bytes, 256);
     assert_eq!(cfg.limits.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
 }
@@ -931,4 +948,143 @@ fn invalid_backend_does_not_make_its_routes_dangling() {
         "nope",
         "malformed address",
     );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-alias endpoints, prefix routing, dialect ids, token estimate
+
+#[test]
+fn alias_endpoints_are_read() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["models"][0]["endpoints"] = json!(["chat", "messages"])
+    }));
+    let set = cfg.alias("m").unwrap().endpoints;
+    for api in Api::ALL {
+        assert_eq!(
+            set.contains(api),
+            matches!(api, Api::Chat | Api::Messages),
+            "{}",
+            api.name()
+        );
+    }
+    let all = loads(&edit(minimal(), |v| {
+        v["models"][0]["endpoints"] = json!(["chat", "completions", "responses", "embeddings", "messages", "chat"])
+    }));
+    assert_eq!(all.alias("m").unwrap().endpoints, ApiSet::ALL);
+}
+
+#[test]
+fn unknown_endpoint_names_are_refused_with_the_valid_list() {
+    refused(
+        &edit(minimal(), |v| {
+            v["models"][0]["endpoints"] = json!(["chat", "chat_completions"])
+        }),
+        "models[0].endpoints[1]",
+        "chat_completions",
+        "unknown endpoint; expected one of chat, completions, responses, embeddings, messages",
+    );
+    refused(
+        &edit(minimal(), |v| v["models"][0]["endpoints"] = json!(["Chat"])),
+        "models[0].endpoints[0]",
+        "Chat",
+        "unknown endpoint",
+    );
+}
+
+#[test]
+fn an_empty_endpoint_list_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["models"][0]["endpoints"] = json!([])),
+        "models[0].endpoints",
+        "[]",
+        "an alias must serve at least one endpoint",
+    );
+}
+
+#[test]
+fn endpoints_of_the_wrong_type_name_the_field() {
+    let list = errors(&edit(minimal(), |v| v["models"][0]["endpoints"] = json!("chat")));
+    assert_eq!(list[0].field, "models[0].endpoints");
+    let list = errors(&edit(minimal(), |v| {
+        v["models"][0]["model_prefix_routing"] = json!("yes")
+    }));
+    assert_eq!(list[0].field, "models[0].model_prefix_routing");
+}
+
+#[test]
+fn model_prefix_routing_is_read() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["models"][0]["model_prefix_routing"] = json!(true)
+    }));
+    assert!(cfg.alias("m").unwrap().model_prefix_routing);
+}
+
+#[test]
+fn resolve_finds_exact_aliases_and_prefixed_names() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["models"][0]["model_prefix_routing"] = json!(true);
+        v["models"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "name": "plain", "routes": [ { "backend": "a" } ] }));
+    }));
+    let got = |model: &str| {
+        cfg.resolve(model)
+            .map(|(a, rest)| (a.name.clone(), rest.map(str::to_string)))
+    };
+    assert_eq!(got("m"), Some(("m".into(), None)));
+    assert_eq!(got("m/x"), Some(("m".into(), Some("x".into()))));
+    assert_eq!(got("m/a/b"), Some(("m".into(), Some("a/b".into()))));
+    assert_eq!(got("m/"), None);
+    assert_eq!(got("plain"), Some(("plain".into(), None)));
+    assert_eq!(got("plain/x"), None, "plain has no model_prefix_routing");
+    assert_eq!(got("other/x"), None);
+    assert_eq!(got("M/x"), None);
+    assert_eq!(got(""), None);
+    assert_eq!(got("/"), None);
+}
+
+#[test]
+fn dialect_ids_are_read() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["affinity"] = json!({ "conversation_id": true, "anthropic_user_id": true })
+    }));
+    assert!(cfg.affinity.conversation_id);
+    assert!(cfg.affinity.anthropic_user_id);
+    // The session header defaults still apply when only these are set.
+    assert_eq!(cfg.affinity.session_headers, DEFAULT_SESSION_HEADERS);
+    let list = errors(&edit(minimal(), |v| {
+        v["affinity"] = json!({ "conversation_id": "yes" })
+    }));
+    assert_eq!(list[0].field, "affinity.conversation_id");
+}
+
+#[test]
+fn image_tokens_are_read_and_bounded() {
+    for good in [0u32, 1, 768, 100_000] {
+        let cfg = loads(&edit(minimal(), |v| v["tokens"] = json!({ "image_tokens": good })));
+        assert_eq!(cfg.image_tokens, good);
+    }
+    refused(
+        &edit(minimal(), |v| v["tokens"] = json!({ "image_tokens": 100_001 })),
+        "tokens.image_tokens",
+        "100001",
+        "at most 100000",
+    );
+    let list = errors(&edit(minimal(), |v| v["tokens"] = json!({ "per_image": 1 })));
+    assert_eq!(list[0].field, "tokens.per_image");
+    assert!(
+        list[0].reason.contains("unknown field `per_image`"),
+        "{}",
+        list[0].reason
+    );
+}
+
+#[test]
+fn the_session_echo_header_may_be_a_session_header() {
+    // `x-multi-turn-session-id` is echoed back and read again: that is how a client pins later turns.
+    let cfg = loads(&edit(minimal(), |v| {
+        v["affinity"] = json!({ "session_headers": ["X-Multi-Turn-Session-Id"] })
+    }));
+    assert_eq!(cfg.affinity.session_headers, ["x-multi-turn-session-id"]);
 }

@@ -1,16 +1,29 @@
-//! Endpoint classification, the `/v1/models` answers, and header hygiene.
+//! Endpoint classification, the `/v1/models` answers in both shapes, and header hygiene.
 
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use common::{sdk_headers, sdk_meta, two_backends, SDK_NAMES};
-use llmroute_core::headers::{must_strip, to_strip, AFFINITY, AFFINITY_SOURCE, CLUSTER, ERROR, UPSTREAM};
+use common::{sdk_api, sdk_headers, sdk_meta, two_backends, SDK_NAMES};
+use llmroute_core::headers::{
+    must_strip, to_strip, AFFINITY, AFFINITY_SOURCE, CLUSTER, ERROR, INPUT_TOKENS, REQUEST_ID, SESSION_ECHO,
+    TOKEN_ESTIMATE, UPSTREAM,
+};
 use llmroute_core::json::JsonError;
-use llmroute_core::models::{get_body, list_body};
-use llmroute_core::{classify, Endpoint, GatewayError};
+use llmroute_core::models;
+use llmroute_core::{classify, Api, Config, Endpoint, Envelope, GatewayError};
 use serde_json::{json, Value};
+
+const CHAT: Endpoint = Endpoint::Inference(Api::Chat);
+
+fn list_body(cfg: &Config) -> Vec<u8> {
+    models::list_body(cfg, Envelope::OpenAi, "").unwrap()
+}
+
+fn get_body(cfg: &Config, id: &str) -> Result<Vec<u8>, GatewayError> {
+    models::get_body(cfg, Envelope::OpenAi, id)
+}
 
 fn envelope(e: &GatewayError) -> Value {
     serde_json::from_slice(&e.openai_body()).unwrap()
@@ -20,13 +33,41 @@ fn envelope(e: &GatewayError) -> Value {
 // classify
 
 #[test]
-fn chat_completions_is_post_only() {
-    assert_eq!(classify("POST", "/v1/chat/completions"), Ok(Endpoint::ChatCompletions));
-    for method in ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "post"] {
-        let e = classify(method, "/v1/chat/completions").unwrap_err();
-        assert_eq!(e.status(), 405, "{method}");
-        assert_eq!(e.code(), "method_not_allowed");
-        assert_eq!(e.headers(), vec![("allow", "POST")], "{method}");
+fn every_inference_api_is_post_only() {
+    for (api, path) in [
+        (Api::Chat, "/v1/chat/completions"),
+        (Api::Completions, "/v1/completions"),
+        (Api::Responses, "/v1/responses"),
+        (Api::Embeddings, "/v1/embeddings"),
+        (Api::Messages, "/v1/messages"),
+    ] {
+        assert_eq!(api.path(), path);
+        assert_eq!(classify("POST", path), Ok(Endpoint::Inference(api)));
+        for method in ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "post"] {
+            let e = classify(method, path).unwrap_err();
+            assert_eq!(e.status(), 405, "{method} {path}");
+            assert_eq!(e.code(), "method_not_allowed");
+            assert_eq!(e.headers(), vec![("allow", "POST")], "{method}");
+        }
+    }
+}
+
+#[test]
+fn api_names_and_envelopes() {
+    let names: Vec<&str> = Api::ALL.iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["chat", "completions", "responses", "embeddings", "messages"]);
+    assert_eq!(Api::NAMES, names.join(", "));
+    for api in Api::ALL {
+        assert_eq!(Api::parse(api.name()), Some(api));
+        let want = if api == Api::Messages {
+            Envelope::Anthropic
+        } else {
+            Envelope::OpenAi
+        };
+        assert_eq!(api.envelope(), want);
+    }
+    for bad in ["Chat", "chat_completions", "message", "", "models"] {
+        assert_eq!(Api::parse(bad), None, "{bad}");
     }
 }
 
@@ -57,13 +98,11 @@ fn model_ids_may_contain_slashes() {
 
 #[test]
 fn query_and_fragment_are_ignored() {
+    assert_eq!(classify("POST", "/v1/chat/completions?api-version=1"), Ok(CHAT));
+    assert_eq!(classify("POST", "/v1/chat/completions#x"), Ok(CHAT));
     assert_eq!(
-        classify("POST", "/v1/chat/completions?api-version=1"),
-        Ok(Endpoint::ChatCompletions)
-    );
-    assert_eq!(
-        classify("POST", "/v1/chat/completions#x"),
-        Ok(Endpoint::ChatCompletions)
+        classify("POST", "/v1/messages?beta=true"),
+        Ok(Endpoint::Inference(Api::Messages))
     );
     assert_eq!(classify("GET", "/v1/models?limit=1&after=a"), Ok(Endpoint::ListModels));
     assert_eq!(classify("GET", "/v1/models/m?x=1"), Ok(Endpoint::GetModel("m".into())));
@@ -85,10 +124,11 @@ fn unknown_paths_are_404_unknown_url() {
         "/v2/chat/completions",
         "/v1/models/",
         "/v1/models/?x",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/messages",
+        "/v1/completions/",
+        "/v1/embedding",
+        "/v1/responses/resp_1",
+        "/v1/messages/count_tokens",
+        "/v1/Messages",
         "/health",
         "v1/chat/completions",
     ] {
@@ -117,7 +157,7 @@ fn not_found_reports_the_path_without_its_query() {
             "type": "invalid_request_error",
             "param": null,
             "code": "unknown_url"
-        } })
+        }, "request_id": null })
     );
 }
 
@@ -150,13 +190,12 @@ fn long_paths_are_quoted_bounded() {
 }
 
 #[test]
-fn only_chat_reads_the_body() {
-    assert!(Endpoint::ChatCompletions.reads_body());
-    assert!(!Endpoint::ListModels.reads_body());
-    assert!(!Endpoint::GetModel("m".into()).reads_body());
-    assert_eq!(Endpoint::ChatCompletions.as_str(), "chat");
-    assert_eq!(Endpoint::ListModels.as_str(), "models");
-    assert_eq!(Endpoint::GetModel("m".into()).as_str(), "models");
+fn endpoint_names() {
+    for api in Api::ALL {
+        assert_eq!(Endpoint::Inference(api).name(), api.name());
+    }
+    assert_eq!(Endpoint::ListModels.name(), "models");
+    assert_eq!(Endpoint::GetModel("m".into()).name(), "models");
 }
 
 #[test]
@@ -164,11 +203,7 @@ fn captured_requests_classify_by_their_recorded_path() {
     for name in SDK_NAMES {
         let meta = sdk_meta(name);
         let got = classify(meta["method"].as_str().unwrap(), meta["path"].as_str().unwrap());
-        let chat = meta["path"] == "/v1/chat/completions";
-        assert_eq!(got.is_ok(), chat, "{name}: {got:?}");
-        if !chat {
-            assert_eq!(got.unwrap_err().status(), 404, "{name}");
-        }
+        assert_eq!(got, Ok(Endpoint::Inference(sdk_api(name))), "{name}");
     }
 }
 
@@ -229,7 +264,9 @@ fn get_body_of_an_unknown_model_is_404() {
             (e.status(), e.code(), e.param()),
             (404, "model_not_found", Some("model"))
         );
-        assert_eq!(envelope(&e)["error"]["type"], "not_found_error");
+        assert_eq!(envelope(&e)["error"]["type"], "invalid_request_error");
+        let v: Value = serde_json::from_slice(&e.body(Envelope::Anthropic, Some("r"))).unwrap();
+        assert_eq!(v["error"]["type"], "not_found_error");
     }
 }
 
@@ -244,6 +281,189 @@ fn classify_then_get_round_trip() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// /v1/models in Anthropic's shape
+
+/// A config with `n` aliases `m00`, `m01`, ...
+fn many(n: usize) -> Config {
+    let models: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"name":"m{i:02}","routes":[{{"backend":"b"}}]}}"#))
+        .collect();
+    common::config(&format!(
+        r#"{{"version":1,"backends":[{{"name":"b","kind":"vllm","endpoints":["10.0.0.1:80"]}}],"models":[{}]}}"#,
+        models.join(",")
+    ))
+}
+
+fn anthropic_list(cfg: &Config, query: &str) -> Value {
+    serde_json::from_slice(&models::list_body(cfg, Envelope::Anthropic, query).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn names(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("m{i:02}")).collect()
+}
+
+/// Asserts an Anthropic model object: `type`, `id`, `display_name` (the alias) and a fixed `created_at`. Other
+/// fields Anthropic's shape has may be present too.
+fn assert_anthropic_model(v: &Value, id: &str) {
+    assert_eq!(v["type"], "model", "{v}");
+    assert_eq!(v["id"], id, "{v}");
+    assert_eq!(v["display_name"], id, "{v}");
+    assert_eq!(v["created_at"], "1970-01-01T00:00:00Z", "{v}");
+}
+
+#[test]
+fn anthropic_list_shape() {
+    let v = anthropic_list(&two_backends(), "");
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["data", "first_id", "has_more", "last_id"]);
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 4);
+    for (m, id) in data.iter().zip(["local-chat", "big", "same", "embedder"]) {
+        assert_anthropic_model(m, id);
+    }
+    assert_eq!(
+        (v["has_more"].as_bool(), v["first_id"].as_str(), v["last_id"].as_str()),
+        (Some(false), Some("local-chat"), Some("embedder"))
+    );
+    // Never an upstream name or a backend.
+    let text = v.to_string();
+    for hidden in ["qwen3-0.6b", "Qwen/Qwen3-32B", "bge-m3", "llama-a", "vllm-b"] {
+        assert!(!text.contains(hidden), "{hidden} leaked: {text}");
+    }
+}
+
+#[test]
+fn anthropic_list_pages_by_20_by_default() {
+    let cfg = many(45);
+    let v = anthropic_list(&cfg, "");
+    assert_eq!(ids(&v), names(0..20));
+    assert_eq!(
+        (v["has_more"].as_bool(), v["first_id"].as_str(), v["last_id"].as_str()),
+        (Some(true), Some("m00"), Some("m19"))
+    );
+    let v = anthropic_list(&cfg, "after_id=m19");
+    assert_eq!(ids(&v), names(20..40));
+    let v = anthropic_list(&cfg, "after_id=m39");
+    assert_eq!(ids(&v), names(40..45));
+    assert_eq!(v["has_more"], false);
+}
+
+#[test]
+fn anthropic_list_walks_forward_and_back() {
+    let cfg = many(10);
+    let mut seen = Vec::new();
+    let mut query = "limit=3".to_string();
+    loop {
+        let v = anthropic_list(&cfg, &query);
+        seen.extend(ids(&v));
+        if v["has_more"] == false {
+            break;
+        }
+        query = format!("limit=3&after_id={}", v["last_id"].as_str().unwrap());
+    }
+    assert_eq!(seen, names(0..10));
+    let v = anthropic_list(&cfg, "limit=3&before_id=m05");
+    assert_eq!((ids(&v), v["has_more"].as_bool()), (names(2..5), Some(true)));
+    let v = anthropic_list(&cfg, "limit=3&before_id=m02");
+    assert_eq!((ids(&v), v["has_more"].as_bool()), (names(0..2), Some(false)));
+    let v = anthropic_list(&cfg, "limit=1000");
+    assert_eq!((ids(&v).len(), v["has_more"].as_bool()), (10, Some(false)));
+}
+
+#[test]
+fn anthropic_list_bad_paging_is_400_invalid_query() {
+    let cfg = many(3);
+    for (query, param) in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=", "limit"),
+        ("limit=2.5", "limit"),
+        ("after_id=nope", "after_id"),
+        ("before_id=nope", "before_id"),
+    ] {
+        let e = models::list_body(&cfg, Envelope::Anthropic, query).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code(), e.param()),
+            (400, "invalid_query", Some(param)),
+            "{query}"
+        );
+        let v: Value = serde_json::from_slice(&e.body(Envelope::Anthropic, Some("r"))).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+}
+
+#[test]
+fn anthropic_paging_values_are_percent_decoded() {
+    let cfg = common::config(
+        r#"{"version":1,"backends":[{"name":"b","kind":"vllm","endpoints":["10.0.0.1:80"]}],
+            "models":[{"name":"org/a","routes":[{"backend":"b"}]},{"name":"org/b","routes":[{"backend":"b"}]}]}"#,
+    );
+    let v = anthropic_list(&cfg, "after_id=org%2Fa");
+    assert_eq!(ids(&v), ["org/b"]);
+    let v = anthropic_list(&cfg, "limit=%31");
+    assert_eq!(ids(&v), ["org/a"]);
+}
+
+#[test]
+fn openai_list_ignores_the_query() {
+    let cfg = many(30);
+    for query in ["", "limit=0", "after_id=nope", "garbage"] {
+        let v: Value = serde_json::from_slice(&models::list_body(&cfg, Envelope::OpenAi, query).unwrap()).unwrap();
+        assert_eq!(v["data"].as_array().unwrap().len(), 30, "{query}");
+        assert_eq!(v["object"], "list");
+    }
+}
+
+#[test]
+fn anthropic_get_model_and_its_404() {
+    let cfg = two_backends();
+    let v: Value = serde_json::from_slice(&models::get_body(&cfg, Envelope::Anthropic, "big").unwrap()).unwrap();
+    assert_anthropic_model(&v, "big");
+    assert!(v.get("object").is_none(), "not the OpenAI shape: {v}");
+    let e = models::get_body(&cfg, Envelope::Anthropic, "claude-9").unwrap_err();
+    assert_eq!((e.status(), e.code()), (404, "model_not_found"));
+    let v: Value = serde_json::from_slice(&e.body(Envelope::Anthropic, Some("req_1"))).unwrap();
+    assert_eq!(
+        v,
+        json!({
+            "type": "error",
+            "error": { "type": "not_found_error", "message": "The model `claude-9` does not exist or is not served by this gateway." },
+            "request_id": "req_1"
+        })
+    );
+}
+
+#[test]
+fn get_model_ids_are_percent_decoded() {
+    let cfg = common::config(
+        r#"{"version":1,"backends":[{"name":"b","kind":"vllm","endpoints":["10.0.0.1:80"]}],
+            "models":[{"name":"org/model","routes":[{"backend":"b"}]}]}"#,
+    );
+    for id in ["org/model", "org%2Fmodel", "org%2fmodel"] {
+        let v: Value = serde_json::from_slice(&get_body(&cfg, id).unwrap()).unwrap();
+        assert_eq!(v["id"], "org/model", "{id}");
+    }
+    assert_eq!(
+        get_body(&cfg, "org%2Fother").unwrap_err(),
+        GatewayError::UnknownModel {
+            model: "org/other".into()
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Headers
 
 #[test]
@@ -253,6 +473,50 @@ fn gateway_header_names() {
     assert_eq!(AFFINITY_SOURCE, "x-llmroute-affinity-source");
     assert_eq!(UPSTREAM, "x-llmroute-upstream");
     assert_eq!(ERROR, "x-llmroute-error");
+    assert_eq!(INPUT_TOKENS, "x-input-tokens");
+    assert_eq!(TOKEN_ESTIMATE, "x-token-estimate");
+    assert_eq!(SESSION_ECHO, "x-multi-turn-session-id");
+    assert_eq!(REQUEST_ID, "x-request-id");
+}
+
+#[test]
+fn client_copies_of_the_token_headers_are_stripped() {
+    for name in [INPUT_TOKENS, TOKEN_ESTIMATE, "X-Input-Tokens", "X-TOKEN-ESTIMATE"] {
+        assert!(must_strip(name), "{name}");
+    }
+    for name in ["x-input-token", "x-token-estimates", "x-output-tokens"] {
+        assert!(!must_strip(name), "{name}");
+    }
+}
+
+#[test]
+fn cookies_are_stripped() {
+    for name in ["cookie", "Cookie", "COOKIE"] {
+        assert!(must_strip(name), "{name}");
+    }
+    assert!(!must_strip("set-cookie"));
+    assert!(!must_strip("cookie2x"));
+}
+
+#[test]
+fn the_session_echo_and_request_id_headers_are_not_stripped() {
+    // Clients send these; they are read (session) or kept (request id), never removed.
+    assert!(!must_strip(SESSION_ECHO));
+    assert!(!must_strip(REQUEST_ID));
+}
+
+#[test]
+fn anthropic_and_trace_headers_are_kept() {
+    for name in [
+        "anthropic-version",
+        "anthropic-beta",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "Traceparent",
+    ] {
+        assert!(!must_strip(name), "{name}");
+    }
 }
 
 #[test]
@@ -344,6 +608,7 @@ fn to_strip_keeps_request_order_and_duplicates() {
 
 #[test]
 fn captured_headers_lose_only_the_credentials() {
+    assert_eq!(SDK_NAMES.len(), 10);
     for name in SDK_NAMES {
         let headers = sdk_headers(name);
         let stripped = to_strip(headers.iter().map(|(n, _)| n.as_str()));
@@ -390,6 +655,33 @@ fn every_error_variant_has_its_status_code_and_param() {
             None,
         ),
         (GatewayError::BodyTooLarge { limit: 1024 }, 413, "body_too_large", None),
+        (
+            GatewayError::UnsupportedMediaType {
+                header: "content-type",
+                value: "text/plain".into(),
+            },
+            415,
+            "unsupported_media_type",
+            Some("content-type"),
+        ),
+        (
+            GatewayError::EndpointNotServed {
+                model: "m".into(),
+                api: Api::Embeddings,
+            },
+            404,
+            "endpoint_not_served",
+            Some("model"),
+        ),
+        (
+            GatewayError::InvalidQuery {
+                param: "limit",
+                reason: "must be an integer from 1 to 1000",
+            },
+            400,
+            "invalid_query",
+            Some("limit"),
+        ),
         (
             GatewayError::MissingField { field: "model" },
             400,

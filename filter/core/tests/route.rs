@@ -1,21 +1,26 @@
-//! The routing decision for chat requests: alias resolution, the one body edit, every refusal and its envelope.
+//! The routing decision, through the chat API: alias resolution, the one body edit, every refusal and its envelope,
+//! the read fields and their duplicates. The other APIs are in `apis.rs`.
 
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use common::{members, sdk_body, sdk_headers, two_backends, two_backends_with_affinity};
-use llmroute_core::affinity::session;
+use common::{members, sdk_api, sdk_body, two_backends};
+use llmroute_core::affinity::explicit;
 use llmroute_core::fields::{read_fields, READ_FIELDS};
 use llmroute_core::json::{JsonError, Kind, Span};
-use llmroute_core::{route_chat, session_from_headers, AffinitySource, BodyPatch, GatewayError, RouteDecision};
+use llmroute_core::{route, AffinitySource, Api, BodyPatch, Config, GatewayError, RouteDecision, SessionKey};
 use serde_json::{json, Value};
 
 const HELLO: &str = r#"[{"role":"user","content":"Hello"}]"#;
 
 fn chat(model_json: &str) -> String {
     format!(r#"{{"model":{model_json},"messages":{HELLO}}}"#)
+}
+
+fn route_chat(cfg: &Config, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+    route(cfg, Api::Chat, body, session)
 }
 
 fn decide(body: &str) -> RouteDecision {
@@ -36,7 +41,7 @@ fn envelope(e: &GatewayError) -> Value {
     serde_json::from_slice(&e.openai_body()).unwrap()
 }
 
-/// Asserts the status, code and `param` of a refusal, and that its envelope carries them.
+/// Asserts the status, code and `param` of a refusal, and that its OpenAI envelope carries them.
 fn assert_refusal(e: &GatewayError, status: u32, code: &str, param: Option<&str>) {
     assert_eq!((e.status(), e.code(), e.param()), (status, code, param), "{e:?}");
     let v = envelope(e);
@@ -44,16 +49,15 @@ fn assert_refusal(e: &GatewayError, status: u32, code: &str, param: Option<&str>
     let mut keys: Vec<&str> = err.keys().map(String::as_str).collect();
     keys.sort();
     assert_eq!(keys, ["code", "message", "param", "type"], "{v}");
-    assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    let mut top: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    top.sort();
+    assert_eq!(top, ["error", "request_id"], "{v}");
+    assert_eq!(v["request_id"], Value::Null);
     assert_eq!(v["error"]["code"], code);
     assert_eq!(v["error"]["param"], param.map_or(Value::Null, Value::from));
     assert_eq!(v["error"]["message"], e.to_string());
-    let kind = if status == 404 && code == "model_not_found" {
-        "not_found_error"
-    } else {
-        "invalid_request_error"
-    };
-    assert_eq!(v["error"]["type"], kind);
+    // OpenAI uses `invalid_request_error` for every 4xx it answers itself, `model_not_found` included.
+    assert_eq!(v["error"]["type"], "invalid_request_error");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -69,9 +73,20 @@ fn alias_resolves_to_its_cluster_and_upstream_model() {
 
 #[test]
 fn the_lowest_priority_route_is_chosen() {
+    // `big` lists vllm-b (priority 5, upstream `Qwen/Qwen3-32B`) before llama-a (priority 1, upstream `big`).
+    // The lowest priority decides the upstream name; the lower-priority backend is never chosen on its own.
+    // (Which cluster carries a multi-route alias, its backend or a failover aggregate, is placement's business.)
     let d = decide(&chat("\"big\""));
-    assert_eq!((d.cluster.as_str(), d.upstream_model.as_str()), ("llama-a", "big"));
+    assert_eq!(d.upstream_model, "big");
     assert_eq!(d.patch, None);
+    assert_ne!(d.cluster, "vllm-b");
+}
+
+#[test]
+fn a_single_route_alias_goes_to_its_backend() {
+    for (alias, cluster) in [("local-chat", "llama-a"), ("same", "vllm-b"), ("embedder", "vllm-b")] {
+        assert_eq!(decide(&chat(&format!("\"{alias}\""))).cluster, cluster, "{alias}");
+    }
 }
 
 #[test]
@@ -394,6 +409,8 @@ fn duplicates_of_other_read_fields_are_refused() {
         "prompt",
         "system",
         "instructions",
+        "conversation",
+        "metadata",
     ] {
         let body = format!(r#"{{"model":"local-chat","messages":{HELLO},"{field}":1,"{field}":2}}"#);
         assert_eq!(
@@ -463,16 +480,17 @@ fn empty_prompt_cache_key_is_ignored() {
 
 #[test]
 fn prompt_cache_key_is_validated_even_with_a_session_header() {
-    let s = session(b"s", AffinitySource::SessionHeader);
+    let s = session(b"s");
     let body = format!(r#"{{"model":"local-chat","messages":{HELLO},"prompt_cache_key":7}}"#);
-    assert!(route_chat(&two_backends(), body.as_bytes(), Some(s)).is_err());
+    assert!(route_chat(&two_backends(), body.as_bytes(), Some(&s)).is_err());
 }
 
 #[test]
 fn session_key_passes_through_the_decision() {
-    let s = session(b"abc", AffinitySource::SessionHeader);
-    let d = route_chat(&two_backends(), chat("\"local-chat\"").as_bytes(), Some(s)).unwrap();
-    assert_eq!(d.affinity, Some(s));
+    let s = session(b"abc");
+    let d = route_chat(&two_backends(), chat("\"local-chat\"").as_bytes(), Some(&s)).unwrap();
+    assert_eq!(d.affinity, Some(s.affinity));
+    assert_eq!(d.echo_session.as_deref(), Some("abc"));
 }
 
 #[test]
@@ -480,7 +498,15 @@ fn escaped_prompt_cache_key_hashes_as_its_decoded_value() {
     let d = decide(&format!(
         r#"{{"model":"local-chat","messages":{HELLO},"prompt_cache_key":"conv\u002d42"}}"#
     ));
-    assert_eq!(d.affinity, Some(session(b"conv-42", AffinitySource::PromptCacheKey)));
+    assert_eq!(d.affinity, Some(explicit(b"conv-42", AffinitySource::PromptCacheKey)));
+}
+
+/// A session key as `session_from_headers` builds it.
+fn session(value: &[u8]) -> SessionKey {
+    SessionKey {
+        value: String::from_utf8(value.to_vec()).unwrap(),
+        affinity: explicit(value, AffinitySource::SessionHeader),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -515,209 +541,64 @@ fn read_fields_refuses_the_second_copy_in_any_case() {
 
 #[test]
 fn read_fields_list() {
-    assert_eq!(
-        READ_FIELDS,
-        [
-            "model",
-            "stream",
-            "messages",
-            "input",
-            "prompt",
-            "max_tokens",
-            "system",
-            "instructions",
-            "prompt_cache_key"
-        ]
-    );
+    // Every field any API reads (the list may grow as the gateway reads more).
+    for field in [
+        "model",
+        "stream",
+        "messages",
+        "input",
+        "prompt",
+        "max_tokens",
+        "system",
+        "instructions",
+        "prompt_cache_key",
+        "conversation",
+        "metadata",
+    ] {
+        assert!(READ_FIELDS.contains(&field), "{field}");
+    }
+    let mut unique = READ_FIELDS.to_vec();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), READ_FIELDS.len());
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// The SDK captures
-
 #[test]
-fn every_captured_chat_body_routes() {
-    for name in [
-        "chat-basic",
-        "chat-stream-include-usage",
-        "chat-tools-image-prompt-cache-key",
-    ] {
-        let body = sdk_body(name);
-        let d = route_chat(&two_backends(), body, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+fn case_variant_duplicates_of_every_read_field_are_refused() {
+    for field in READ_FIELDS {
+        let upper = field.to_ascii_uppercase();
+        let body = format!(r#"{{"model":"local-chat","messages":{HELLO},"{upper}":1,"{field}":2}}"#);
+        let body = if field == "model" || field == "messages" {
+            format!(r#"{{"model":"local-chat","messages":{HELLO},"{upper}":1}}"#)
+        } else {
+            body
+        };
         assert_eq!(
-            (d.alias.as_str(), d.cluster.as_str()),
-            ("local-chat", "llama-a"),
-            "{name}"
-        );
-        let out = d.patch.as_ref().unwrap().apply(body);
-        assert_eq!(out.len(), d.body_len(body.len()));
-        let mut want: Value = serde_json::from_slice(body).unwrap();
-        want["model"] = json!("qwen3-0.6b");
-        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), want, "{name}");
-        // The capture's recorded path is the chat endpoint.
-        assert_eq!(common::sdk_meta(name)["path"], "/v1/chat/completions");
-    }
-}
-
-#[test]
-fn tools_capture_uses_its_prompt_cache_key() {
-    let d = route_chat(&two_backends(), sdk_body("chat-tools-image-prompt-cache-key"), None).unwrap();
-    let a = d.affinity.unwrap();
-    assert_eq!(a.source, AffinitySource::PromptCacheKey);
-    assert_eq!(a, session(b"conv-42", AffinitySource::PromptCacheKey));
-}
-
-#[test]
-fn non_chat_captures_lack_messages() {
-    for name in [
-        "responses-instructions-prompt-cache-key",
-        "completions-basic",
-        "embeddings-two-inputs",
-    ] {
-        let e = route_chat(&two_backends(), sdk_body(name), None).unwrap_err();
-        assert_eq!(e, GatewayError::MissingField { field: "messages" }, "{name}");
-    }
-}
-
-#[test]
-fn anthropic_captures_route_by_their_messages() {
-    for name in [
-        "messages-basic",
-        "messages-tools-image-thinking-cache-control-claude-code",
-    ] {
-        let d = route_chat(&two_backends(), sdk_body(name), None).unwrap();
-        assert_eq!(d.cluster, "llama-a", "{name}");
-        let out = d.patch.unwrap().apply(sdk_body(name));
-        let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["model"], "qwen3-0.6b");
-        assert_eq!(v["max_tokens"], 64);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Session headers
-
-fn lookup<'h>(headers: &'h [(&'h str, &'h str)]) -> impl Fn(&str) -> Option<&'h [u8]> + 'h {
-    move |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes())
-}
-
-#[test]
-fn no_session_header_gives_none() {
-    let cfg = two_backends();
-    assert_eq!(
-        session_from_headers(&cfg, lookup(&[("content-type", "application/json")])),
-        Ok(None)
-    );
-}
-
-#[test]
-fn default_session_header_is_read() {
-    let cfg = two_backends();
-    let got = session_from_headers(&cfg, lookup(&[("x-session-id", "conv-42")]))
-        .unwrap()
-        .unwrap();
-    assert_eq!(got.source, AffinitySource::SessionHeader);
-    assert_eq!(got.header_value(), "ad8ebf05ba1818ab");
-}
-
-#[test]
-fn configured_order_decides_not_request_order() {
-    let cfg = two_backends_with_affinity(r#"{ "session_headers": ["x-session-id", "x-claude-code-session-id"] }"#);
-    let both = [("x-claude-code-session-id", "second"), ("x-session-id", "first")];
-    let got = session_from_headers(&cfg, lookup(&both)).unwrap().unwrap();
-    assert_eq!(got, session(b"first", AffinitySource::SessionHeader));
-    let only_second = [("x-claude-code-session-id", "second")];
-    let got = session_from_headers(&cfg, lookup(&only_second)).unwrap().unwrap();
-    assert_eq!(got, session(b"second", AffinitySource::SessionHeader));
-}
-
-#[test]
-fn header_names_are_looked_up_in_lower_case() {
-    let cfg = two_backends_with_affinity(r#"{ "session_headers": ["X-Conversation-ID"] }"#);
-    let asked = std::cell::RefCell::new(Vec::new());
-    let _ = session_from_headers(&cfg, |name: &str| {
-        asked.borrow_mut().push(name.to_string());
-        None
-    });
-    assert_eq!(asked.into_inner(), ["x-conversation-id"]);
-}
-
-#[test]
-fn invalid_first_header_is_refused_even_if_a_later_one_is_valid() {
-    let cfg = two_backends_with_affinity(r#"{ "session_headers": ["x-session-id", "x-claude-code-session-id"] }"#);
-    let e = session_from_headers(
-        &cfg,
-        lookup(&[("x-session-id", ""), ("x-claude-code-session-id", "ok")]),
-    )
-    .unwrap_err();
-    assert_eq!(
-        e,
-        GatewayError::InvalidSessionHeader {
-            header: "x-session-id".into(),
-            reason: "the value is empty"
-        }
-    );
-    assert_refusal(&e, 400, "invalid_session_header", Some("x-session-id"));
-    assert_eq!(e.to_string(), "Invalid `x-session-id` header: the value is empty.");
-}
-
-#[test]
-fn session_header_value_errors() {
-    let cfg = two_backends();
-    let long = "a".repeat(257);
-    for (value, reason) in [
-        (long.as_str(), "the value is longer than 256 bytes"),
-        ("a\tb", "the value contains control characters"),
-        ("a\u{7f}", "the value contains control characters"),
-    ] {
-        let e = session_from_headers(&cfg, lookup(&[("x-session-id", value)])).unwrap_err();
-        assert_eq!(
-            e,
-            GatewayError::InvalidSessionHeader {
-                header: "x-session-id".into(),
-                reason
-            }
+            refuse(body.as_bytes()),
+            GatewayError::DuplicateField { field },
+            "{body}"
         );
     }
 }
 
 #[test]
-fn claude_code_capture_session_header() {
-    let cfg = two_backends_with_affinity(r#"{ "session_headers": ["x-session-id", "x-claude-code-session-id"] }"#);
-    let owned = sdk_headers("messages-tools-image-thinking-cache-control-claude-code");
-    let headers: Vec<(&str, &str)> = owned.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-    let got = session_from_headers(&cfg, lookup(&headers)).unwrap().unwrap();
-    assert_eq!(got.header_value(), "9e43ef241c784e8b");
-    // And it wins over the body's content key.
-    let d = route_chat(
-        &cfg,
-        sdk_body("messages-tools-image-thinking-cache-control-claude-code"),
-        Some(got),
-    )
-    .unwrap();
-    assert_eq!(d.affinity, Some(got));
-}
-
-#[test]
-fn openai_captures_carry_no_session_header() {
+fn duplicates_are_refused_on_every_api() {
     let cfg = two_backends();
-    for name in [
-        "chat-basic",
-        "chat-stream-include-usage",
-        "chat-tools-image-prompt-cache-key",
-    ] {
-        let owned = sdk_headers(name);
-        let headers: Vec<(&str, &str)> = owned.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        assert_eq!(session_from_headers(&cfg, lookup(&headers)), Ok(None), "{name}");
+    for api in Api::ALL {
+        let body = br#"{"model":"local-chat","Model":"local-chat"}"#;
+        let e = route(&cfg, api, body, None).unwrap_err();
+        assert_eq!(e, GatewayError::DuplicateField { field: "model" }, "{}", api.name());
+        // A field another API reads is still refused here: the backend might read it.
+        let body = br#"{"model":"local-chat","system":"a","SYSTEM":"b","input":"x","prompt":"x","messages":[{"role":"user","content":"x"}],"max_tokens":1}"#;
+        let e = route(&cfg, api, body, None).unwrap_err();
+        assert_eq!(e, GatewayError::DuplicateField { field: "system" }, "{}", api.name());
     }
 }
 
 #[test]
-#[ignore = "BUG: fields.rs read_fields(): duplicates are matched with eq_ignore_ascii_case only, but Go's \
-            encoding/json (Ollama) matches keys with Unicode case folding, where U+017F 'ſ' folds to 's' and U+212A \
-            (Kelvin sign) to 'k'; `meſſages` next to `messages` reaches the engine as a second `messages`"]
 fn unicode_case_folded_duplicate_is_refused() {
-    // Go picks the last of the case-insensitively equal keys; the gateway hashes the first. Expected 400
-    // duplicate_field; actual: routed, with the affinity taken from the array the engine ignores.
+    // Go's encoding/json (Ollama) matches keys with Unicode case folding: U+017F 'ſ' folds to 's' and U+212A
+    // (Kelvin sign) to 'k'. Go picks the last of the equal keys; the gateway would read the first.
     let body = format!(
         r#"{{"model":"local-chat","messages":{HELLO},"me\u017f\u017fages":[{{"role":"user","content":"other"}}]}}"#
     );
@@ -730,4 +611,106 @@ fn unicode_case_folded_duplicate_is_refused() {
         refuse(body.as_bytes()),
         GatewayError::DuplicateField { field: "max_tokens" }
     );
+    // Unescaped, in the other order, and for a field the gateway reads only on other APIs.
+    let body = format!(r#"{{"model":"local-chat","ſtream":true,"messages":{HELLO},"stream":false}}"#);
+    assert_eq!(
+        refuse(body.as_bytes()),
+        GatewayError::DuplicateField { field: "stream" }
+    );
+    let body =
+        format!(r#"{{"model":"local-chat","messages":{HELLO},"prompt_cache_key":"a","prompt_cache_\u212Aey":"b"}}"#);
+    assert_eq!(
+        refuse(body.as_bytes()),
+        GatewayError::DuplicateField {
+            field: "prompt_cache_key"
+        }
+    );
+}
+
+#[test]
+fn a_lone_case_folded_key_is_not_read_but_is_not_a_duplicate() {
+    // `meſſages` alone is not `messages`: the gateway does not read it, so `messages` is missing.
+    let body = format!(r#"{{"model":"local-chat","me\u017f\u017fages":{HELLO}}}"#);
+    assert_eq!(
+        refuse(body.as_bytes()),
+        GatewayError::MissingField { field: "messages" }
+    );
+}
+
+#[test]
+fn other_non_ascii_look_alikes_are_not_folded() {
+    // Only ſ and the Kelvin sign fold to ASCII under simple case folding; é, ı and fullwidth letters do not.
+    for key in [r"mod\u00e9l", r"\u0131nput", r"\uff4dodel", "modeł"] {
+        let body = format!(r#"{{"model":"local-chat","messages":{HELLO},"{key}":1}}"#);
+        decide(&body);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The SDK captures
+
+#[test]
+fn every_capture_routes_on_its_own_api() {
+    for name in common::SDK_NAMES {
+        let body = sdk_body(name);
+        let api = sdk_api(name);
+        let d = route(&two_backends(), api, body, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(d.api, api, "{name}");
+        let (alias, cluster, upstream) = if api == Api::Embeddings {
+            ("embedder", "vllm-b", "bge-m3")
+        } else {
+            ("local-chat", "llama-a", "qwen3-0.6b")
+        };
+        assert_eq!(
+            (d.alias.as_str(), d.cluster.as_str(), d.upstream_model.as_str()),
+            (alias, cluster, upstream)
+        );
+        let out = d.patch.as_ref().unwrap().apply(body);
+        assert_eq!(out.len(), d.body_len(body.len()));
+        let mut want: Value = serde_json::from_slice(body).unwrap();
+        want["model"] = json!(upstream);
+        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), want, "{name}");
+        assert!(d.input_tokens >= 1, "{name}");
+    }
+}
+
+#[test]
+fn every_capture_is_refused_on_an_api_whose_required_field_it_lacks() {
+    let cfg = two_backends();
+    for name in common::SDK_NAMES {
+        let own = sdk_api(name);
+        for api in Api::ALL.into_iter().filter(|a| *a != own) {
+            let Err(e) = route(&cfg, api, sdk_body(name), None) else {
+                // Bodies of sibling dialects may be valid on each other's path: messages bodies carry
+                // `messages`, responses and embeddings bodies both carry `input`.
+                let siblings = [
+                    (Api::Messages, Api::Chat),
+                    (Api::Responses, Api::Embeddings),
+                    (Api::Embeddings, Api::Responses),
+                ];
+                assert!(
+                    siblings.contains(&(own, api)),
+                    "{name} should not route as {}",
+                    api.name()
+                );
+                continue;
+            };
+            assert_eq!(e.status(), 400, "{name} as {}: {e:?}", api.name());
+        }
+    }
+}
+
+#[test]
+fn tools_capture_uses_its_prompt_cache_key() {
+    let d = route_chat(&two_backends(), sdk_body("chat-tools-image-prompt-cache-key"), None).unwrap();
+    assert_eq!(d.affinity, Some(explicit(b"conv-42", AffinitySource::PromptCacheKey)));
+    assert_eq!(d.echo_session.as_deref(), Some("conv-42"));
+}
+
+#[test]
+fn decision_records_the_api() {
+    for api in [Api::Chat, Api::Messages] {
+        let body = br#"{"model":"same","max_tokens":1,"messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(route(&two_backends(), api, body, None).unwrap().api, api);
+    }
 }

@@ -1,10 +1,11 @@
-//! Prompt text, token estimate and a bounded LRU prefix cache.
+//! Token estimate and a bounded LRU prefix cache.
 //!
 //! llama.cpp reports how much of a prompt it could reuse from its KV cache
 //! (`cache_n`, `cached_tokens`). Routing tests need that number to move the
 //! way a real engine's does: it grows when a backend sees the same prefix
 //! again and stays at zero for prompts it has never seen. This module keeps a
-//! cheap model of that.
+//! cheap model of that. Each dialect says what its prompt text is; this
+//! module only sees bytes.
 //!
 //! The prompt is cut into 64-byte blocks (16 "tokens" at four bytes per
 //! token). Each block's key hashes the previous block's key together with the
@@ -14,7 +15,6 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bytes per cache block.
@@ -23,36 +23,6 @@ pub const BLOCK_BYTES: usize = 64;
 pub const BYTES_PER_TOKEN: usize = 4;
 /// Tokens per cache block.
 pub const BLOCK_TOKENS: u64 = (BLOCK_BYTES / BYTES_PER_TOKEN) as u64;
-
-/// Builds the prompt text from a chat request's `messages`: one
-/// `role:content` line per message, joined by `\n`.
-pub fn prompt_text(request: &Value) -> String {
-    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
-        return String::new();
-    };
-    let lines: Vec<String> = messages.iter().map(message_line).collect();
-    lines.join("\n")
-}
-
-fn message_line(message: &Value) -> String {
-    let role = message.get("role").and_then(Value::as_str).unwrap_or("");
-    let content = message.get("content").map(content_text).unwrap_or_default();
-    format!("{role}:{content}")
-}
-
-/// A string content as is; an array content as the concatenated `text` of
-/// its parts of type `text`; anything else as empty.
-fn content_text(content: &Value) -> String {
-    match content {
-        Value::String(text) => text.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect(),
-        _ => String::new(),
-    }
-}
 
 /// Estimated token count: one token per four bytes, rounded up.
 pub fn token_count(prompt: &[u8]) -> u64 {
@@ -168,22 +138,6 @@ impl PrefixCache {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn prompt_joins_roles_and_text_parts() {
-        let request = json!({"messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [
-                {"type": "text", "text": "hello "},
-                {"type": "image_url", "image_url": {"url": "x"}},
-                {"type": "text", "text": "world"}
-            ]},
-            {"role": "assistant", "content": null}
-        ]});
-        assert_eq!(prompt_text(&request), "system:be brief\nuser:hello world\nassistant:");
-        assert_eq!(prompt_text(&json!({"model": "m"})), "");
-    }
 
     #[test]
     fn tokens_round_up() {

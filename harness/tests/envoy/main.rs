@@ -8,4 +8,8 @@
 mod apis;
 mod chat;
 mod corpus;
+mod credentials;
+mod resilience;
+mod status;
 mod support;
+mod tls;

@@ -71,3 +71,19 @@ pub fn tally(backends: impl IntoIterator<Item = String>) -> HashMap<String, usiz
     }
     m
 }
+
+/// Polls `check` every 20 ms until it holds or `limit` passes; returns how long it took, or `None`.
+pub async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

@@ -6,6 +6,7 @@
 
 mod address;
 mod raw;
+mod resilience;
 mod validate;
 
 use std::collections::HashMap;
@@ -14,6 +15,7 @@ use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute, RawTokens};
+pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
 use crate::endpoint::ApiSet;
 
@@ -29,6 +31,8 @@ pub const DEFAULT_BALANCE_FACTOR: u32 = 150;
 pub const DEFAULT_USER_PREFIX_BYTES: usize = 256;
 /// Default session headers, checked in order.
 pub const DEFAULT_SESSION_HEADERS: [&str; 3] = ["x-session-id", "x-multi-turn-session-id", "x-claude-code-session-id"];
+/// Default circuit-breaker limit (Envoy's own default).
+pub const DEFAULT_MAX_INFLIGHT: u32 = 1024;
 /// Default tokens counted per image.
 pub const DEFAULT_IMAGE_TOKENS: u32 = 768;
 /// Largest allowed `user_prefix_bytes`.
@@ -136,6 +140,14 @@ pub struct Backend {
     /// Percent of the mean load; only meaningful for [`LbPolicy::Chwbl`].
     pub balance_factor: u32,
     pub connect_timeout_ms: u64,
+    pub max_inflight: u32,
+    pub max_context: Option<u32>,
+    /// `None` when active health checks are off.
+    pub health: Option<Health>,
+    /// `None` when outlier ejection is off.
+    pub outlier: Option<Outlier>,
+    pub tls: Option<UpstreamTls>,
+    pub credential_env: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +193,10 @@ pub struct Config {
     pub limits: Limits,
     pub debug_headers: bool,
     pub image_tokens: u32,
+    pub listen_tls: Option<ListenTls>,
+    pub retries: Retries,
+    /// Settings that load but do nothing; `llmroute validate` prints them.
+    pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,
 }
 

@@ -6,6 +6,8 @@
 
 use serde::Deserialize;
 
+pub use super::resilience::{RawHealth, RawListenTls, RawOutlier, RawRetries, RawUpstreamTls};
+
 /// The whole `llmroute.yaml` document, schema version 1.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +36,12 @@ pub struct RawConfig {
     /// How the gateway estimates input tokens.
     #[serde(default)]
     pub tokens: Option<RawTokens>,
+    /// Terminate TLS for clients (HTTP/1.1 and HTTP/2 by ALPN). Without it the listener is plain HTTP.
+    #[serde(default)]
+    pub listen_tls: Option<RawListenTls>,
+    /// Retries before the first response byte.
+    #[serde(default)]
+    pub retries: Option<RawRetries>,
 }
 
 /// One fleet of engines of the same kind serving the same models.
@@ -55,6 +63,31 @@ pub struct RawBackend {
     /// Upstream connect timeout in milliseconds. Default 2000.
     #[serde(default)]
     pub connect_timeout_ms: Option<u64>,
+    /// Most concurrent requests to this backend (Envoy circuit breaker); beyond it, a quick 503 with
+    /// `Retry-After`. Default 1024.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
+    /// The engines' context window in tokens; requests that cannot fit are refused or sent elsewhere.
+    #[serde(default)]
+    pub max_context: Option<u32>,
+    /// Active health checks. On by default, with the path chosen by `kind`.
+    #[serde(default)]
+    pub health: Option<RawHealth>,
+    /// Ejection of hosts that return consecutive 5xx. On by default.
+    #[serde(default)]
+    pub outlier: Option<RawOutlier>,
+    /// TLS to the engines.
+    #[serde(default)]
+    pub tls: Option<RawUpstreamTls>,
+    /// An environment variable holding a bearer token that Envoy sends to this backend.
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    /// Reserved: routing on engine KV-cache events (refused for llamacpp).
+    #[serde(default)]
+    pub kv_events: Option<bool>,
+    /// Reserved: prefill/decode disaggregation (refused for llamacpp).
+    #[serde(default)]
+    pub disaggregation: Option<String>,
 }
 
 /// A model alias and its routes.

@@ -12,7 +12,7 @@ use crate::endpoint::Api;
 const NAME_MAX: usize = 64;
 const MODEL_NAME_MAX: usize = 256;
 
-struct Errors(Vec<ConfigError>);
+struct Errors(Vec<ConfigError>, Vec<ConfigError>);
 
 impl Errors {
     fn push(&mut self, field: impl Into<String>, value: impl ToString, reason: impl Into<String>) {
@@ -25,7 +25,7 @@ impl Errors {
 }
 
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
-    let mut errs = Errors(Vec::new());
+    let mut errs = Errors(Vec::new(), Vec::new());
     if raw.version != SCHEMA_VERSION {
         errs.push(
             "version",
@@ -74,6 +74,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
 
     let affinity = affinity(&mut errs, raw.affinity.as_ref());
     let limits = limits(&mut errs, raw.limits.as_ref());
+    let listen_tls = resilience::listen_tls(raw.listen_tls.as_ref(), &mut errs.0);
+    let retries = resilience::retries(raw.retries.as_ref(), &mut errs.0, &mut errs.1);
     let image_tokens = raw
         .tokens
         .as_ref()
@@ -95,6 +97,9 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 limits,
                 debug_headers: raw.debug_headers.unwrap_or(false),
                 image_tokens,
+                listen_tls,
+                retries,
+                warnings: errs.1,
                 alias_index,
             })
         }
@@ -152,6 +157,25 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
         );
     }
     let endpoints = endpoints(errs, i, &b.endpoints);
+    let max_inflight = b.max_inflight.unwrap_or(DEFAULT_MAX_INFLIGHT);
+    if max_inflight == 0 {
+        errs.push(at("max_inflight"), 0, "must be at least 1");
+    }
+    if b.max_context == Some(0) {
+        errs.push(at("max_context"), 0, "must be at least 1 token");
+    }
+    let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
+    let Errors(errors, warnings) = &mut *errs;
+    let mut check = resilience::Checker {
+        errors,
+        warnings,
+        at: format!("backends[{i}]"),
+    };
+    let health = check.health(b.health.as_ref(), kind_or_default);
+    let outlier = check.outlier(b.outlier.as_ref(), b.endpoints.len());
+    let tls = check.tls(b.tls.as_ref());
+    let credential_env = check.credential_env(b.credential_env.as_deref());
+    check.reserved(kind_or_default, b.kv_events, b.disaggregation.as_deref());
     match (kind, lb, errs.0.len() == before) {
         (Some(kind), Some(lb), true) => Some(Backend {
             name: b.name.clone(),
@@ -160,6 +184,12 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             lb,
             balance_factor,
             connect_timeout_ms,
+            max_inflight,
+            max_context: b.max_context,
+            health,
+            outlier,
+            tls,
+            credential_env,
         }),
         _ => None,
     }
@@ -315,6 +345,12 @@ fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
             field,
             format!("{name:?}"),
             format!("must be 1 to {NAME_MAX} characters of A-Z a-z 0-9 . _ -"),
+        );
+    } else if name == crate::status::ADMIN_CLUSTER {
+        errs.push(
+            field,
+            name,
+            "reserved: llmroute renders its admin-polling cluster under this name",
         );
     }
 }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use llmroute_core::json::{scan_object, Member, Span, MAX_DEPTH};
-use llmroute_core::{load_config, Config};
+use llmroute_core::{load_config, route, Api, Config, GatewayError, RouteDecision, SessionKey};
 
 /// Two backends, four aliases. `local-chat` is renamed upstream, `same` is not, `big` has two routes whose
 /// priorities reverse their listed order, `embedder` exists so the embeddings capture resolves.
@@ -94,12 +94,20 @@ pub fn sdk(name: &str) -> &'static [u8] {
         "embeddings-two-inputs.json" => include_bytes!("../../../../testdata/sdk/embeddings-two-inputs.json"),
         "messages-basic.body" => include_bytes!("../../../../testdata/sdk/messages-basic.body"),
         "messages-basic.json" => include_bytes!("../../../../testdata/sdk/messages-basic.json"),
+        "messages-stream.body" => include_bytes!("../../../../testdata/sdk/messages-stream.body"),
+        "messages-stream.json" => include_bytes!("../../../../testdata/sdk/messages-stream.json"),
+        "responses-string-input-conversation.body" => {
+            include_bytes!("../../../../testdata/sdk/responses-string-input-conversation.body")
+        }
+        "responses-string-input-conversation.json" => {
+            include_bytes!("../../../../testdata/sdk/responses-string-input-conversation.json")
+        }
         other => panic!("no fixture {other}"),
     }
 }
 
 /// Every captured body, by name without extension.
-pub const SDK_NAMES: [&str; 8] = [
+pub const SDK_NAMES: [&str; 10] = [
     "chat-basic",
     "chat-stream-include-usage",
     "chat-tools-image-prompt-cache-key",
@@ -108,6 +116,8 @@ pub const SDK_NAMES: [&str; 8] = [
     "completions-basic",
     "embeddings-two-inputs",
     "messages-basic",
+    "messages-stream",
+    "responses-string-input-conversation",
 ];
 
 pub fn sdk_body(name: &str) -> &'static [u8] {
@@ -132,6 +142,68 @@ pub fn sdk_headers(name: &str) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// The API a capture was sent to, from its recorded path.
+pub fn sdk_api(name: &str) -> Api {
+    let meta = sdk_meta(name);
+    let path = meta["path"].as_str().unwrap();
+    Api::ALL
+        .into_iter()
+        .find(|a| a.path() == path)
+        .unwrap_or_else(|| panic!("{name}: no API at {path}"))
+}
+
+/// A header lookup over `(name, value)` pairs, as `route::session_from_headers` and `request::start` take it.
+pub fn lookup<'h>(headers: &'h [(&'h str, &'h str)]) -> impl Fn(&str) -> Option<&'h [u8]> + 'h {
+    move |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes())
+}
+
+/// Borrows owned header pairs for [`lookup`].
+pub fn borrowed(owned: &[(String, String)]) -> Vec<(&str, &str)> {
+    owned.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect()
+}
+
+/// Routes `body` for `api`, panicking with the body on refusal.
+pub fn routes(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> RouteDecision {
+    match route(cfg, api, body, session) {
+        Ok(d) => d,
+        Err(e) => panic!("{} {} should route: {e:?}", api.name(), String::from_utf8_lossy(body)),
+    }
+}
+
+/// Routes `body` for `api`, panicking if it is accepted.
+pub fn refuses(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> GatewayError {
+    match route(cfg, api, body, session) {
+        Ok(d) => panic!(
+            "{} {} should be refused, got {d:?}",
+            api.name(),
+            String::from_utf8_lossy(body)
+        ),
+        Err(e) => e,
+    }
+}
+
+/// The affinity header value of a decision, or `""` when there is no key.
+pub fn hex_of(d: &RouteDecision) -> String {
+    d.affinity.map(|a| a.header_value()).unwrap_or_default()
+}
+
+/// One backend `b` and one alias `m` with the given extra alias fields (a JSON object body without braces, or
+/// empty), and an optional top-level `affinity` section.
+pub fn one_alias(alias_fields: &str, affinity_json: Option<&str>) -> Config {
+    let extra = if alias_fields.is_empty() {
+        String::new()
+    } else {
+        format!(", {alias_fields}")
+    };
+    let affinity = affinity_json
+        .map(|a| format!(r#", "affinity": {a}"#))
+        .unwrap_or_default();
+    config(&format!(
+        r#"{{"version":1,"backends":[{{"name":"b","kind":"vllm","endpoints":["10.0.0.1:8000"]}}],
+            "models":[{{"name":"m","routes":[{{"backend":"b","upstream_model":"up"}}]{extra}}}]{affinity}}}"#
+    ))
 }
 
 /// Scans `body` with the production depth limit and panics on error.

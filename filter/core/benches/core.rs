@@ -1,0 +1,91 @@
+//! Criterion benches of the pure core over chat bodies from 1 KiB to 1 MiB, as throughput (`Throughput::Bytes`;
+//! criterion prints MiB/s):
+//! - `scan_object`: parse and validate the whole body (`json::scan_object`);
+//! - `route_chat`: the whole decision for a chat body (`route` with `Api::Chat`): parse, validate, read fields,
+//!   resolve the alias, extract and hash the affinity key, plan the `model` rewrite;
+//! - `body_patch_apply`: apply that rewrite (`BodyPatch::apply`), one copy of the body.
+//!
+//! The bodies are the overhead bench's (`harness/src/bench/body.rs`, included below), so the figures compare.
+//! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench core`.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../../../harness/src/bench/body.rs"]
+mod body;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use llmroute_core::json::{scan_object, MAX_DEPTH};
+use llmroute_core::{route, Api, BodyPatch, Config};
+
+const SEED: u64 = 42;
+
+/// One alias to one backend, rewritten to another model name, as in the overhead bench.
+fn config() -> Config {
+    let doc = serde_json::json!({
+        "version": 1,
+        "backends": [{ "name": "bench", "kind": "llamacpp", "endpoints": ["127.0.0.1:8081"] }],
+        "models": [{ "name": body::ALIAS, "routes": [{ "backend": "bench", "upstream_model": body::UPSTREAM_MODEL }] }],
+    });
+    match llmroute_core::load_config(&doc.to_string()) {
+        Ok(cfg) => cfg,
+        Err(e) => unreachable!("the bench config is valid: {e}"),
+    }
+}
+
+/// `(id, body)` for every size.
+fn bodies() -> Vec<(String, Vec<u8>)> {
+    body::SIZES
+        .iter()
+        .map(|&size| (body::size_id(size), body::chat_body(size, 0, SEED)))
+        .collect()
+}
+
+fn bench_scan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scan_object");
+    for (id, body) in bodies() {
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
+            b.iter(|| scan_object(black_box(body), MAX_DEPTH))
+        });
+    }
+    group.finish();
+}
+
+fn bench_route(c: &mut Criterion) {
+    let cfg = config();
+    let mut group = c.benchmark_group("route_chat");
+    for (id, body) in bodies() {
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
+            b.iter(|| route(&cfg, Api::Chat, black_box(body), None))
+        });
+    }
+    group.finish();
+}
+
+fn bench_patch(c: &mut Criterion) {
+    let cfg = config();
+    let mut group = c.benchmark_group("body_patch_apply");
+    for (id, body) in bodies() {
+        let Some(patch) = route(&cfg, Api::Chat, &body, None).ok().and_then(|d| d.patch) else {
+            continue;
+        };
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
+            b.iter(|| BodyPatch::apply(black_box(&patch), black_box(body)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    targets = bench_scan, bench_route, bench_patch
+}
+criterion_main!(benches);

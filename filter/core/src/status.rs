@@ -1,0 +1,480 @@
+//! Status for operators: `GET /llmroute/status`, `GET /healthz` and `GET /readyz`, answered by the filter.
+//!
+//! A wasm filter cannot see cluster health, so the filter polls Envoy's own admin API: `GET
+//! /clusters?format=json` on the loopback cluster [`ADMIN_CLUSTER`] that `llmroute render` adds. Every
+//! [`POLL_INTERVAL_MS`] one root context of the Envoy process polls (a lease in shared data picks which), turns
+//! the answer into a [`FleetStatus`] with [`parse_clusters`], and stores it in shared data ([`FleetStatus::encode`]);
+//! every worker answers the three endpoints from that one snapshot. The functions here are the pure part: parsing
+//! the admin JSON, deciding readiness, and writing the bodies.
+//!
+//! A host counts as healthy when Envoy would route to it: no failed active health check, not ejected by outlier
+//! detection, not excluded, not waiting for its first check, and an EDS status of healthy (or none). A degraded
+//! host is counted apart. An alias is ready when a backend of one of its routes has a healthy host; the gateway is
+//! ready when every alias is, on a snapshot no older than [`STALE_AFTER_MS`].
+//!
+//! The bodies name backends, their kinds, host counts and aliases. They never carry endpoint addresses or host
+//! names, upstream model names, or credentials.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{json, Value};
+
+use crate::config::Config;
+
+/// The cluster the filter polls. `llmroute render` points it at the admin address; backends may not use the name.
+pub const ADMIN_CLUSTER: &str = "llmroute_admin";
+/// What the filter asks the admin API for.
+pub const ADMIN_PATH: &str = "/clusters?format=json";
+/// How often the process polls the admin API.
+pub const POLL_INTERVAL_MS: u64 = 1000;
+/// How long one poll may take before it is abandoned.
+pub const POLL_TIMEOUT_MS: u64 = 900;
+/// How often each root context checks whether a poll is due: bounds the jitter of the interval.
+pub const TICK_MS: u64 = 250;
+/// A snapshot older than this no longer counts: `/readyz` answers 503 until a poll succeeds again.
+pub const STALE_AFTER_MS: u64 = 5000;
+
+/// True when a poll is due at `now_ms`, given the time the last one was claimed (0 for never). A claim in the
+/// future (the clock stepped back) counts as expired, so polling never stalls.
+pub fn poll_due(last_claim_ms: u64, now_ms: u64) -> bool {
+    now_ms >= last_claim_ms.saturating_add(POLL_INTERVAL_MS) || last_claim_ms > now_ms.saturating_add(POLL_INTERVAL_MS)
+}
+
+/// The three status endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StatusPage {
+    /// `GET /llmroute/status`: per backend and per alias.
+    Status,
+    /// `GET /healthz`: the process is alive.
+    Healthz,
+    /// `GET /readyz`: every alias has a healthy route.
+    Readyz,
+}
+
+impl StatusPage {
+    pub const ALL: [StatusPage; 3] = [StatusPage::Status, StatusPage::Healthz, StatusPage::Readyz];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            StatusPage::Status => "/llmroute/status",
+            StatusPage::Healthz => "/healthz",
+            StatusPage::Readyz => "/readyz",
+        }
+    }
+
+    /// The page at exactly `path` (query string already removed).
+    pub fn from_path(path: &str) -> Option<StatusPage> {
+        StatusPage::ALL.into_iter().find(|p| p.path() == path)
+    }
+}
+
+/// One backend's figures, as Envoy saw them at the poll.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendHealth {
+    /// The backend (Envoy cluster) name.
+    pub name: String,
+    pub healthy: u32,
+    /// Hosts marked degraded (by EDS or a degraded active check) but not failed; not counted as healthy.
+    pub degraded: u32,
+    pub total: u32,
+    /// Upstream requests in progress on this backend's hosts (`rq_active`, summed over hosts and workers).
+    pub in_flight: u64,
+}
+
+/// One poll's result: the configured backends found in the admin answer, in admin order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetStatus {
+    /// When the admin answer was received, in milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    pub backends: Vec<BackendHealth>,
+}
+
+impl FleetStatus {
+    /// The figures of the backend named `name`, if the admin answer listed its cluster.
+    pub fn backend(&self, name: &str) -> Option<&BackendHealth> {
+        self.backends.iter().find(|b| b.name == name)
+    }
+
+    /// How old the snapshot is at `now_ms` (0 when the clock stepped back).
+    pub fn age_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.taken_at_ms)
+    }
+
+    /// The form kept in Envoy shared data, read back by every worker with [`FleetStatus::decode`].
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<FleetStatus> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// Why the admin answer could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unreadable admin /clusters answer: {}", self.0)
+    }
+}
+
+// The parts of `/clusters?format=json` (envoy.admin.v3.Clusters) that are read; everything else is skipped.
+#[derive(Deserialize)]
+struct AdminClusters {
+    #[serde(default)]
+    cluster_statuses: Vec<AdminCluster>,
+}
+
+#[derive(Deserialize)]
+struct AdminCluster {
+    name: String,
+    #[serde(default)]
+    host_statuses: Vec<AdminHost>,
+}
+
+#[derive(Deserialize)]
+struct AdminHost {
+    #[serde(default)]
+    stats: Vec<AdminStat>,
+    #[serde(default)]
+    health_status: HostHealth,
+}
+
+/// A host stat. Proto3 JSON writes the uint64 value as a string and leaves out zeros.
+#[derive(Deserialize)]
+struct AdminStat {
+    name: String,
+    #[serde(default, deserialize_with = "stat_value")]
+    value: u64,
+}
+
+fn stat_value<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_u64().unwrap_or(0),
+        _ => 0,
+    })
+}
+
+/// `envoy.admin.v3.HostHealthStatus`: proto3 JSON leaves out false flags.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+pub struct HostHealth {
+    #[serde(default)]
+    pub failed_active_health_check: bool,
+    #[serde(default)]
+    pub failed_outlier_check: bool,
+    #[serde(default)]
+    pub failed_active_degraded_check: bool,
+    #[serde(default)]
+    pub pending_dynamic_removal: bool,
+    #[serde(default)]
+    pub pending_active_hc: bool,
+    #[serde(default)]
+    pub excluded_via_immediate_hc_fail: bool,
+    #[serde(default)]
+    pub active_hc_timeout: bool,
+    /// `UNKNOWN`, `HEALTHY`, `UNHEALTHY`, `DRAINING`, `TIMEOUT` or `DEGRADED`; absent for static hosts in old
+    /// releases.
+    #[serde(default)]
+    pub eds_health_status: Option<String>,
+}
+
+/// What a host's flags mean for routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostState {
+    /// Envoy routes to it.
+    Healthy,
+    /// Envoy routes to it only when too few hosts are healthy.
+    Degraded,
+    /// Failed, ejected, excluded or not yet checked.
+    Unhealthy,
+}
+
+impl HostHealth {
+    /// Envoy's coarse health of the host, with excluded and not-yet-checked hosts counted as unhealthy.
+    pub fn state(&self) -> HostState {
+        let eds = self.eds_health_status.as_deref().unwrap_or("HEALTHY");
+        let failed = self.failed_active_health_check
+            || self.failed_outlier_check
+            || self.excluded_via_immediate_hc_fail
+            || self.active_hc_timeout
+            || self.pending_active_hc
+            || matches!(eds, "UNHEALTHY" | "DRAINING" | "TIMEOUT");
+        if failed {
+            HostState::Unhealthy
+        } else if self.failed_active_degraded_check || eds == "DEGRADED" {
+            HostState::Degraded
+        } else {
+            HostState::Healthy
+        }
+    }
+}
+
+/// Reads Envoy's `/clusters?format=json` answer, keeping the clusters of `cfg`'s backends. `now_ms` stamps it.
+pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<FleetStatus, ParseError> {
+    let doc: AdminClusters = serde_json::from_slice(admin_json).map_err(|e| ParseError(e.to_string()))?;
+    let backends = doc
+        .cluster_statuses
+        .into_iter()
+        .filter(|c| cfg.backends.iter().any(|b| b.name == c.name))
+        .map(|c| {
+            let mut b = BackendHealth {
+                name: c.name,
+                healthy: 0,
+                degraded: 0,
+                total: 0,
+                in_flight: 0,
+            };
+            for h in &c.host_statuses {
+                b.total += 1;
+                match h.health_status.state() {
+                    HostState::Healthy => b.healthy += 1,
+                    HostState::Degraded => b.degraded += 1,
+                    HostState::Unhealthy => {}
+                }
+                let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);
+                b.in_flight = b.in_flight.saturating_add(active.sum());
+            }
+            b
+        })
+        .collect();
+    Ok(FleetStatus {
+        taken_at_ms: now_ms,
+        backends,
+    })
+}
+
+/// True when a backend of one of `alias`'s routes has a healthy host in `fleet`.
+pub fn alias_ready(cfg: &Config, fleet: &FleetStatus, alias: &crate::config::ModelAlias) -> bool {
+    alias.routes.iter().any(|r| {
+        cfg.backend(r.backend)
+            .and_then(|b| fleet.backend(&b.name))
+            .is_some_and(|h| h.healthy > 0)
+    })
+}
+
+/// The gateway's readiness at `now_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// No poll has completed yet.
+    NoSnapshot,
+    /// The last good poll is older than [`STALE_AFTER_MS`].
+    Stale {
+        age_ms: u64,
+    },
+    /// These aliases have no route with a healthy host.
+    AliasesDown(Vec<String>),
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        *self == Readiness::Ready
+    }
+
+    fn reason(&self) -> Option<String> {
+        match self {
+            Readiness::Ready => None,
+            Readiness::NoSnapshot => {
+                Some("no health snapshot yet: the first poll of Envoy's admin API has not completed".into())
+            }
+            Readiness::Stale { age_ms } => Some(format!(
+                "the health snapshot is {age_ms} ms old (polls of Envoy's admin API are failing); figures are stale"
+            )),
+            Readiness::AliasesDown(names) => Some(format!("no healthy host on any route of: {}", names.join(", "))),
+        }
+    }
+}
+
+/// Decides readiness: a fresh snapshot in which every alias is ready.
+pub fn readiness(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Readiness {
+    let Some(fleet) = fleet else {
+        return Readiness::NoSnapshot;
+    };
+    let age_ms = fleet.age_ms(now_ms);
+    if age_ms > STALE_AFTER_MS {
+        return Readiness::Stale { age_ms };
+    }
+    let down: Vec<String> = cfg
+        .models
+        .iter()
+        .filter(|a| !alias_ready(cfg, fleet, a))
+        .map(|a| a.name.clone())
+        .collect();
+    if down.is_empty() {
+        Readiness::Ready
+    } else {
+        Readiness::AliasesDown(down)
+    }
+}
+
+/// True when `/readyz` answers 200.
+pub fn ready(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> bool {
+    readiness(cfg, fleet, now_ms).is_ready()
+}
+
+/// Where the figures come from, as the status body says it.
+const SOURCE: &str =
+    "Envoy admin /clusters, polled once a second; host health is Envoy's active health checks and outlier ejection";
+
+/// The `GET /llmroute/status` body. Always answered with 200: readiness is in the body.
+pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Vec<u8> {
+    let readiness = readiness(cfg, fleet, now_ms);
+    let backends: Vec<Value> = cfg
+        .backends
+        .iter()
+        .map(|b| {
+            let h = fleet.and_then(|f| f.backend(&b.name));
+            json!({
+                "name": b.name,
+                "kind": b.kind.as_str(),
+                "healthy_hosts": h.map(|h| h.healthy),
+                "degraded_hosts": h.map(|h| h.degraded),
+                "total_hosts": h.map(|h| h.total),
+                "in_flight": h.map(|h| h.in_flight),
+            })
+        })
+        .collect();
+    let models: Vec<Value> = cfg
+        .models
+        .iter()
+        .map(|a| {
+            let names: Vec<&str> = a
+                .routes
+                .iter()
+                .filter_map(|r| cfg.backend(r.backend).map(|b| b.name.as_str()))
+                .collect();
+            json!({
+                "name": a.name,
+                "ready": fleet.is_some_and(|f| alias_ready(cfg, f, a)),
+                "backends": names,
+            })
+        })
+        .collect();
+    let snapshot = fleet.map(|f| {
+        let age_ms = f.age_ms(now_ms);
+        json!({ "age_ms": age_ms, "stale": age_ms > STALE_AFTER_MS })
+    });
+    json!({
+        "object": "llmroute.status",
+        "version": crate::VERSION,
+        "ready": readiness.is_ready(),
+        "reason": readiness.reason(),
+        "source": SOURCE,
+        "poll_interval_ms": POLL_INTERVAL_MS,
+        "snapshot": snapshot,
+        "backends": backends,
+        "models": models,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The `GET /readyz` answer: 200 when ready, else 503, with a one-line reason.
+pub fn readyz(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> (u32, Vec<u8>) {
+    let r = readiness(cfg, fleet, now_ms);
+    let status = if r.is_ready() { 200 } else { 503 };
+    let body = json!({ "ready": r.is_ready(), "reason": r.reason() });
+    (status, body.to_string().into_bytes())
+}
+
+/// The `GET /healthz` body: the filter is running, so the process is alive.
+pub fn healthz_body() -> Vec<u8> {
+    br#"{"alive":true}"#.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_by_exact_path() {
+        for p in StatusPage::ALL {
+            assert_eq!(StatusPage::from_path(p.path()), Some(p));
+        }
+        for p in ["/llmroute/status/", "/llmroute", "/healthz/x", "/ready", "/READYZ", ""] {
+            assert_eq!(StatusPage::from_path(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn stat_values_as_string_or_number() {
+        let s: AdminStat = serde_json::from_str(r#"{"name":"rq_active","value":"42"}"#).unwrap();
+        assert_eq!(s.value, 42);
+        let s: AdminStat = serde_json::from_str(r#"{"name":"rq_active","value":7}"#).unwrap();
+        assert_eq!(s.value, 7);
+        let s: AdminStat = serde_json::from_str(r#"{"type":"GAUGE","name":"rq_active"}"#).unwrap();
+        assert_eq!(s.value, 0);
+        let s: AdminStat = serde_json::from_str(r#"{"name":"rq_active","value":"x"}"#).unwrap();
+        assert_eq!(s.value, 0);
+    }
+
+    #[test]
+    fn host_states() {
+        let h = |j: &str| serde_json::from_str::<HostHealth>(j).unwrap().state();
+        assert_eq!(h(r#"{"eds_health_status":"HEALTHY"}"#), HostState::Healthy);
+        assert_eq!(h(r#"{}"#), HostState::Healthy);
+        assert_eq!(h(r#"{"eds_health_status":"UNKNOWN"}"#), HostState::Healthy);
+        assert_eq!(h(r#"{"pending_dynamic_removal":true}"#), HostState::Healthy);
+        for bad in [
+            r#"{"failed_active_health_check":true,"eds_health_status":"HEALTHY"}"#,
+            r#"{"failed_outlier_check":true}"#,
+            r#"{"excluded_via_immediate_hc_fail":true}"#,
+            r#"{"active_hc_timeout":true}"#,
+            r#"{"pending_active_hc":true}"#,
+            r#"{"eds_health_status":"UNHEALTHY"}"#,
+            r#"{"eds_health_status":"DRAINING"}"#,
+            r#"{"eds_health_status":"TIMEOUT"}"#,
+            r#"{"failed_active_degraded_check":true,"failed_outlier_check":true}"#,
+        ] {
+            assert_eq!(h(bad), HostState::Unhealthy, "{bad}");
+        }
+        assert_eq!(h(r#"{"eds_health_status":"DEGRADED"}"#), HostState::Degraded);
+        assert_eq!(h(r#"{"failed_active_degraded_check":true}"#), HostState::Degraded);
+    }
+
+    #[test]
+    fn encode_round_trips() {
+        let f = FleetStatus {
+            taken_at_ms: 1_700_000_000_123,
+            backends: vec![BackendHealth {
+                name: "a".into(),
+                healthy: 2,
+                degraded: 1,
+                total: 4,
+                in_flight: 9,
+            }],
+        };
+        assert_eq!(FleetStatus::decode(&f.encode()), Some(f));
+        assert_eq!(FleetStatus::decode(b"not json"), None);
+        assert_eq!(FleetStatus::decode(b""), None);
+    }
+
+    #[test]
+    fn polls_are_due_once_an_interval() {
+        assert!(poll_due(0, 1_000_000));
+        assert!(!poll_due(10_000, 10_000));
+        assert!(!poll_due(10_000, 10_000 + POLL_INTERVAL_MS - 1));
+        assert!(poll_due(10_000, 10_000 + POLL_INTERVAL_MS));
+        assert!(
+            !poll_due(10_000, 10_000 - POLL_INTERVAL_MS),
+            "a claim just ahead of a skewed clock holds"
+        );
+        assert!(
+            poll_due(10_000, 10_000 - POLL_INTERVAL_MS - 1),
+            "a claim far in the future expires"
+        );
+        assert!(poll_due(u64::MAX, 0));
+    }
+
+    #[test]
+    fn ages_never_underflow() {
+        let f = FleetStatus {
+            taken_at_ms: 5000,
+            backends: vec![],
+        };
+        assert_eq!(f.age_ms(4000), 0);
+        assert_eq!(f.age_ms(5250), 250);
+    }
+}

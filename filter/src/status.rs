@@ -1,0 +1,127 @@
+//! Status for operators, host side: polling Envoy's admin API from the root context, and answering
+//! `GET /llmroute/status`, `/healthz` and `/readyz` from the snapshot.
+//!
+//! Every root context (the main thread's and one per worker) ticks every [`status::TICK_MS`]. On a tick, a
+//! root context that finds a poll due claims it with a compare-and-swap on a lease in VM-wide shared data, so
+//! one process polls `GET /clusters?format=json` about once per [`status::POLL_INTERVAL_MS`] whatever its
+//! worker count. The answer is parsed by the core into a `FleetStatus`, stored in shared data, and every
+//! worker's request contexts read that one snapshot. A failed poll keeps the previous snapshot, which ages
+//! until `/readyz` calls it stale.
+
+use std::rc::Rc;
+
+use llmroute_core::status::{self, FleetStatus, StatusPage};
+use llmroute_core::{headers, Config};
+use proxy_wasm::types::Action;
+
+use crate::host;
+
+/// When the last poll was claimed: 8 bytes, little-endian milliseconds since the Unix epoch.
+const LEASE_KEY: &str = "llmroute.status.lease";
+/// The latest `FleetStatus`, encoded by the core.
+const SNAPSHOT_KEY: &str = "llmroute.status.snapshot";
+
+/// One root context's side of the polling.
+#[derive(Default)]
+pub struct Poller {
+    cfg: Option<Rc<Config>>,
+    /// This root context's poll in progress: its call token and when it started.
+    pending: Option<(u32, u64)>,
+    /// The last poll failed; logged once per failure streak.
+    failing: bool,
+}
+
+impl Poller {
+    /// Starts ticking with `cfg`, from `on_configure`.
+    pub fn start(&mut self, cfg: Rc<Config>) {
+        self.cfg = Some(cfg);
+        host::set_tick_period(status::TICK_MS);
+    }
+
+    pub fn on_tick(&mut self) {
+        let now = host::now_ms();
+        if let Some((_, since)) = self.pending {
+            if now.saturating_sub(since) <= status::POLL_TIMEOUT_MS + status::TICK_MS {
+                return;
+            }
+            // The host never answered in time; forget the call (a late answer is ignored).
+            self.pending = None;
+        }
+        if self.cfg.is_none() || !claim_poll(now) {
+            return;
+        }
+        match host::dispatch_get(status::ADMIN_CLUSTER, status::ADMIN_PATH, status::POLL_TIMEOUT_MS) {
+            Some(token) => self.pending = Some((token, now)),
+            None => {
+                // Let another root context take the next tick's poll.
+                host::set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
+                self.failed("the admin cluster could not be called");
+            }
+        }
+    }
+
+    pub fn on_response(&mut self, token: u32, body_size: usize) {
+        if self.pending.map(|(t, _)| t) != Some(token) {
+            return;
+        }
+        self.pending = None;
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        match host::http_call_status() {
+            Some(200) => {}
+            Some(code) => return self.failed(&format!("the admin API answered {code}")),
+            None => return self.failed("the admin API did not answer in time"),
+        }
+        let Some(body) = host::http_call_body(body_size) else {
+            return self.failed("its body could not be read");
+        };
+        match status::parse_clusters(&body, &cfg, host::now_ms()) {
+            Ok(fleet) => {
+                host::set_shared_data(SNAPSHOT_KEY, &fleet.encode(), None);
+                if self.failing {
+                    log::info!("llmroute: polling Envoy's admin /clusters works again");
+                }
+                self.failing = false;
+            }
+            Err(e) => self.failed(&e.to_string()),
+        }
+    }
+
+    fn failed(&mut self, why: &str) {
+        if !self.failing {
+            log::warn!("llmroute: status poll of Envoy's admin /clusters failed: {why}; keeping the last snapshot");
+        }
+        self.failing = true;
+    }
+}
+
+/// Claims the poll due at `now`, if one is due and no other root context claimed it first.
+fn claim_poll(now: u64) -> bool {
+    let (value, cas) = host::shared_data(LEASE_KEY);
+    let last = value
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes);
+    status::poll_due(last, now) && host::set_shared_data(LEASE_KEY, &now.to_le_bytes(), cas)
+}
+
+/// The latest snapshot any root context stored, if one was.
+fn latest() -> Option<FleetStatus> {
+    host::shared_data(SNAPSHOT_KEY).0.and_then(|b| FleetStatus::decode(&b))
+}
+
+/// Answers a status page with a local reply. No request body is read; no authentication is asked.
+pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Action {
+    let now = host::now_ms();
+    let (code, body) = match page {
+        StatusPage::Healthz => (200, status::healthz_body()),
+        StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), now),
+        StatusPage::Status => (200, status::status_body(cfg, latest().as_ref(), now)),
+    };
+    let mut hdrs = vec![("content-type", "application/json"), ("cache-control", "no-store")];
+    if let Some(id) = request_id {
+        hdrs.push((headers::REQUEST_ID, id));
+    }
+    host::send_reply(code, &hdrs, &body);
+    Action::Pause
+}

@@ -1,0 +1,86 @@
+//! The upstream role: the same module, running as an Envoy upstream HTTP filter on an alias's failover cluster.
+//!
+//! After Envoy has picked the host for an attempt, this context reads the alias (request header set by the
+//! downstream filter) and the host's backend (endpoint metadata), and rewrites `model` to that backend's
+//! upstream model, setting `content-length` on every attempt. Requests without the alias header pass untouched.
+
+use std::rc::Rc;
+
+use llmroute_core::{headers, upstream, Config};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+
+use crate::host;
+
+pub struct Upstream {
+    cfg: Option<Rc<Config>>,
+    /// The upstream model for this attempt, once known and the body must be rewritten.
+    target: Option<String>,
+    body_size: usize,
+}
+
+impl Upstream {
+    pub fn new(cfg: Option<Rc<Config>>) -> Self {
+        Upstream {
+            cfg,
+            target: None,
+            body_size: 0,
+        }
+    }
+
+    fn rewrite(&mut self) -> Action {
+        let Some(target) = self.target.take() else {
+            return Action::Continue;
+        };
+        let Some(body) = host::request_body(self.body_size) else {
+            return Action::Continue;
+        };
+        match upstream::model_patch(&body, &target) {
+            Ok(Some(patch)) => {
+                host::replace_request_body(body.len(), &patch.apply(&body));
+                host::set_request_header("content-length", Some(&patch.new_len(body.len()).to_string()));
+            }
+            Ok(None) => host::set_request_header("content-length", Some(&body.len().to_string())),
+            Err(e) => log::warn!("llmroute upstream: body not rewritten: {}", e.code()),
+        }
+        Action::Continue
+    }
+}
+
+impl Context for Upstream {}
+
+impl HttpContext for Upstream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let (Some(cfg), Some(alias)) = (&self.cfg, host::request_header(headers::ALIAS)) else {
+            return Action::Continue;
+        };
+        let backend = host::property_string(&[
+            "xds",
+            "upstream_host_metadata",
+            "filter_metadata",
+            "llmroute",
+            "backend",
+        ]);
+        let target = backend.and_then(|b| upstream::upstream_model(cfg, &alias, &b).map(str::to_string));
+        if target.is_none() || end_of_stream {
+            return Action::Continue;
+        }
+        self.target = target;
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.target.is_none() {
+            return Action::Continue;
+        }
+        self.body_size = body_size;
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.rewrite()
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.rewrite()
+    }
+}

@@ -1,0 +1,116 @@
+//! Chat request bodies of an exact byte size, reproducible from a seed.
+//!
+//! A body is `{"model":ALIAS,"messages":[system, user],"max_tokens":16}`. The system prompt (about 300 bytes) is
+//! different for each prompt family, so affinity keys spread over the engines; the user message is padded with
+//! pseudo-random lower-case words until the serialized body is exactly the requested size. Only ASCII letters and
+//! spaces are used, so nothing is escaped and the size is exact.
+//!
+//! This file uses only `std` and `serde_json`: the core's criterion bench includes it with `#[path]`, so both
+//! benches measure the same bodies.
+
+use serde_json::json;
+
+/// The alias every bench body asks for.
+pub const ALIAS: &str = "local-chat";
+/// What the filter rewrites the alias to.
+pub const UPSTREAM_MODEL: &str = "qwen3-0.6b";
+/// The body sizes of the issue: 1 KiB, 4 KiB, 64 KiB, 256 KiB, 1 MiB.
+pub const SIZES: [usize; 5] = [1 << 10, 4 << 10, 64 << 10, 256 << 10, 1 << 20];
+
+/// Target length of the system prompt, kept under a quarter of the body so small bodies fit.
+const SYSTEM_BYTES: usize = 300;
+
+/// A chat body of exactly `size` bytes (or the smallest possible body, if `size` is smaller than that).
+pub fn chat_body(size: usize, family: u64, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix64(seed ^ family.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut system = format!("You are assistant {family} of bench seed {seed}. ");
+    system.push_str(&words(
+        &mut rng,
+        SYSTEM_BYTES.min(size / 4).saturating_sub(system.len()),
+    ));
+    let base = render(&system, "").len();
+    let user = words(&mut rng, size.saturating_sub(base));
+    render(&system, &user)
+}
+
+/// A human-readable size: `1 KiB`, `256 KiB`, `1 MiB`.
+pub fn size_label(size: usize) -> String {
+    if size >= 1 << 20 && size & ((1 << 20) - 1) == 0 {
+        format!("{} MiB", size >> 20)
+    } else {
+        format!("{} KiB", size >> 10)
+    }
+}
+
+/// The id of a size in bench names and criterion's folders: `1KiB`, `4KiB`, ..., `1MiB`.
+pub fn size_id(size: usize) -> String {
+    size_label(size).replace(' ', "")
+}
+
+fn render(system: &str, user: &str) -> Vec<u8> {
+    let body = json!({
+        "model": ALIAS,
+        "messages": [
+            { "role": "system", "content": system },
+            { "role": "user", "content": user },
+        ],
+        "max_tokens": 16,
+    });
+    body.to_string().into_bytes()
+}
+
+/// Exactly `len` bytes of space-separated lower-case words.
+fn words(rng: &mut SplitMix64, len: usize) -> String {
+    let mut out = String::with_capacity(len + 12);
+    while out.len() < len {
+        let word_len = 2 + (rng.next() % 9) as usize;
+        out.extend((0..word_len).map(|_| char::from(b'a' + (rng.next() % 26) as u8)));
+        out.push(' ');
+    }
+    out.truncate(len);
+    out
+}
+
+/// A tiny seeded generator (SplitMix64): reproducible across platforms, no dependency.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_have_the_exact_size_and_are_valid_chat_json() {
+        for size in SIZES {
+            let body = chat_body(size, 3, 42);
+            assert_eq!(body.len(), size);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["model"], ALIAS);
+            assert_eq!(v["messages"][0]["role"], "system");
+        }
+    }
+
+    #[test]
+    fn same_seed_same_body_other_family_other_system_prompt() {
+        assert_eq!(chat_body(4096, 1, 7), chat_body(4096, 1, 7));
+        let system = |b: Vec<u8>| serde_json::from_slice::<serde_json::Value>(&b).unwrap()["messages"][0].clone();
+        assert_ne!(system(chat_body(4096, 1, 7)), system(chat_body(4096, 2, 7)));
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(size_label(1024), "1 KiB");
+        assert_eq!(size_label(256 << 10), "256 KiB");
+        assert_eq!(size_label(1 << 20), "1 MiB");
+        assert_eq!(size_id(1 << 10), "1KiB");
+    }
+}

@@ -1,0 +1,81 @@
+//! Reads what `make bench-micro` left behind, for the results file:
+//! - criterion's estimates, `target/criterion/<group>/<size>/new/estimates.json` (median time per iteration);
+//! - the allocation counter's table, `bench/out/alloc.md`.
+//!
+//! Both are optional: when `bench-micro` has not run, the results file says so.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::body::{size_id, size_label, SIZES};
+
+/// The criterion groups of `filter/core/benches/core.rs`, with what each measures.
+pub const GROUPS: [(&str, &str); 3] = [
+    ("scan_object", "parse + validate (`json::scan_object`)"),
+    (
+        "route_chat",
+        "full `route` of a chat body: parse, validate, extract, hash",
+    ),
+    ("body_patch_apply", "`BodyPatch::apply` (the `model` rewrite)"),
+];
+
+/// A markdown table of MiB/s per group and size, or `None` when criterion has not run.
+pub fn criterion_table(criterion_dir: &Path) -> Option<String> {
+    let mut rows = Vec::new();
+    for (group, what) in GROUPS {
+        let cells: Vec<String> = SIZES
+            .iter()
+            .map(|&size| {
+                median_ns(&criterion_dir.join(group).join(size_id(size)).join("new/estimates.json"))
+                    .map_or("–".into(), |ns| {
+                        format!("{:.0}", size as f64 / ns * 1e9 / (1 << 20) as f64)
+                    })
+            })
+            .collect();
+        if cells.iter().any(|c| c != "–") {
+            rows.push(format!("| {what} | {} |", cells.join(" | ")));
+        }
+    }
+    if rows.is_empty() {
+        return None;
+    }
+    let head: Vec<String> = SIZES.iter().map(|&s| size_label(s)).collect();
+    let rule = vec!["---:"; SIZES.len()].join(" | ");
+    Some(format!(
+        "| MiB/s (median) | {} |\n|---| {rule} |\n{}\n",
+        head.join(" | "),
+        rows.join("\n")
+    ))
+}
+
+/// The median of a criterion `estimates.json`, in ns.
+fn median_ns(path: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v["median"]["point_estimate"].as_f64().filter(|ns| *ns > 0.0)
+}
+
+/// The allocation counter's markdown table, if it ran.
+pub fn alloc_table(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().filter(|t| !t.trim().is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_criterion_medians_into_mib_per_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let est = dir.path().join("route_chat/4KiB/new");
+        std::fs::create_dir_all(&est).unwrap();
+        // 4096 bytes in 4096 ns: 1 byte/ns = 953.67 MiB/s.
+        std::fs::write(est.join("estimates.json"), r#"{"median":{"point_estimate":4096.0}}"#).unwrap();
+        let table = criterion_table(dir.path()).unwrap();
+        assert!(table.contains("| full `route` of a chat body"), "{table}");
+        assert!(table.contains("| 954 |"), "{table}");
+        assert!(!table.contains("scan_object"));
+        assert!(criterion_table(&dir.path().join("none")).is_none());
+    }
+}

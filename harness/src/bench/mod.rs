@@ -1,0 +1,22 @@
+//! The benches behind `llmroute-bench`: the overhead of the filter inside Envoy against plain Envoy and the peer
+//! routers (`make bench-overhead`), and the report that gathers them with the core's microbenchmarks.
+//!
+//! - [`body`]: chat bodies of an exact size, from a seed (shared with the core's criterion bench);
+//! - [`upstream`]: a minimal upstream fast enough not to be the bottleneck;
+//! - [`systems`]: starting llmroute, plain Envoy, sglang-router and vllm-router;
+//! - [`load`]: the closed-loop load generator; [`stats`]: percentiles and medians; [`procstat`]: `/proc`;
+//! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
+//! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`.
+
+pub mod body;
+pub mod goals;
+pub mod load;
+pub mod machine;
+pub mod micro;
+pub mod overhead;
+pub mod plot;
+pub mod procstat;
+pub mod report;
+pub mod stats;
+pub mod systems;
+pub mod upstream;

@@ -1,0 +1,479 @@
+//! The overhead bench: llmroute against plain Envoy and the peer routers, side by side in one run.
+//!
+//! Method. One set of fast upstreams ([`super::upstream`]) serves every system. For each case (body size ×
+//! concurrency) every system is warmed up, then measured in interleaved rounds (A B C D, B C D A, ...), so slow
+//! drift of the machine hits all systems alike. Per round and system we record requests/s, p50 and p99 latency,
+//! and the proxy's CPU-seconds per request from `/proc`. Ratios and added latency are taken per round against the
+//! plain-Envoy round next to it, and medians over rounds are quoted. One round straight to an upstream ("direct")
+//! shows what the load generator and upstream manage without any proxy.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use llmroute_core::Api;
+use reqwest::header::HeaderValue;
+
+use super::body::{chat_body, size_label, SIZES};
+use super::load::{self, Prepared, Round};
+use super::procstat;
+use super::stats::{median, median_of};
+use super::systems::{Kind, System, CHAT_PATH};
+use super::upstream::Upstreams;
+
+/// Upstream engines behind every system.
+pub const UPSTREAMS: usize = 3;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub sizes: Vec<usize>,
+    pub concurrencies: Vec<usize>,
+    pub rounds: usize,
+    pub round: Duration,
+    pub warmup: Duration,
+    /// Distinct prompt families (system prompts) per size.
+    pub families: u64,
+    pub seed: u64,
+    /// CPUs the proxies are pinned to (`taskset -c`), if any.
+    pub proxy_cpus: Option<String>,
+    /// CPUs the bench itself (load generator and upstreams) runs on, if pinned.
+    pub bench_cpus: Option<String>,
+    pub quick: bool,
+}
+
+impl Settings {
+    /// The full run: 5 sizes × 2 concurrencies × 5 rounds of 1.5 s for 4 systems, about 7 minutes.
+    pub fn full(seed: u64) -> Self {
+        Settings {
+            sizes: SIZES.to_vec(),
+            concurrencies: vec![16, 64],
+            rounds: 5,
+            round: Duration::from_millis(1500),
+            warmup: Duration::from_millis(1000),
+            families: 8,
+            seed,
+            proxy_cpus: None,
+            bench_cpus: None,
+            quick: false,
+        }
+    }
+
+    /// A sanity run of about 40 s: 4 KiB and 256 KiB at concurrency 16, 2 rounds of 1 s.
+    pub fn quick(seed: u64) -> Self {
+        Settings {
+            sizes: vec![4 << 10, 256 << 10],
+            concurrencies: vec![16],
+            rounds: 2,
+            round: Duration::from_millis(1000),
+            warmup: Duration::from_millis(500),
+            quick: true,
+            ..Settings::full(seed)
+        }
+    }
+
+    fn cases(&self) -> Vec<Case> {
+        let sizes = &self.sizes;
+        self.concurrencies
+            .iter()
+            .flat_map(|&concurrency| sizes.iter().map(move |&size| Case { size, concurrency }))
+            .collect()
+    }
+}
+
+/// One body size at one concurrency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    pub size: usize,
+    pub concurrency: usize,
+}
+
+impl Case {
+    pub fn label(&self) -> String {
+        format!("{} c={}", size_label(self.size), self.concurrency)
+    }
+}
+
+/// One round of one system.
+#[derive(Debug, Clone)]
+pub struct Measure {
+    pub rps: f64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    /// Proxy CPU-seconds per successful request.
+    pub cpu_per_req: Option<f64>,
+    pub ok: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// Share of the round's wall time that the proxy's CPU spent on anything but the proxy.
+    pub foreign_load: Option<f64>,
+}
+
+impl Measure {
+    fn from_round(round: &Round, cpu: Option<f64>) -> Self {
+        Measure {
+            foreign_load: None,
+            rps: round.rps(),
+            p50_us: round.p50_us(),
+            p99_us: round.p99_us(),
+            cpu_per_req: cpu.filter(|_| round.ok > 0).map(|c| c / round.ok as f64),
+            ok: round.ok,
+            errors: round.errors,
+            first_error: round.first_error.clone(),
+        }
+    }
+}
+
+/// Every round of one system in one case, plus its resident memory at the end of the case.
+#[derive(Debug, Clone)]
+pub struct SystemRuns {
+    pub kind: Kind,
+    pub rounds: Vec<Measure>,
+    pub rss_bytes: Option<u64>,
+}
+
+/// The figures of one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub case: Case,
+    pub systems: Vec<SystemRuns>,
+    /// The load generator straight to one upstream.
+    pub direct: Measure,
+}
+
+impl CaseResult {
+    pub fn runs(&self, kind: Kind) -> Option<&SystemRuns> {
+        self.systems.iter().find(|s| s.kind == kind)
+    }
+
+    fn paired(&self, kind: Kind, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
+        let (sys, plain) = (self.runs(kind)?, self.runs(Kind::PlainEnvoy)?);
+        median_of(sys.rounds.iter().zip(&plain.rounds).map(|(s, p)| f(s, p)))
+    }
+
+    fn own(&self, kind: Kind, f: impl Fn(&Measure) -> Option<f64>) -> Option<f64> {
+        median_of(self.runs(kind)?.rounds.iter().map(f))
+    }
+
+    /// Median over rounds of requests/s ÷ plain Envoy's in the same round.
+    pub fn ratio(&self, kind: Kind) -> Option<f64> {
+        self.paired(kind, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))
+    }
+
+    /// Median over rounds of p50 minus plain Envoy's p50, in µs.
+    pub fn added_p50_us(&self, kind: Kind) -> Option<f64> {
+        self.paired(kind, |s, p| Some(s.p50_us? - p.p50_us?))
+    }
+
+    /// Median over rounds of p99 minus plain Envoy's p99, in µs.
+    pub fn added_p99_us(&self, kind: Kind) -> Option<f64> {
+        self.paired(kind, |s, p| Some(s.p99_us? - p.p99_us?))
+    }
+
+    pub fn rps(&self, kind: Kind) -> Option<f64> {
+        self.own(kind, |m| Some(m.rps))
+    }
+
+    pub fn p50_us(&self, kind: Kind) -> Option<f64> {
+        self.own(kind, |m| m.p50_us)
+    }
+
+    pub fn p99_us(&self, kind: Kind) -> Option<f64> {
+        self.own(kind, |m| m.p99_us)
+    }
+
+    /// Median proxy CPU per request, in µs.
+    pub fn cpu_us(&self, kind: Kind) -> Option<f64> {
+        self.own(kind, |m| m.cpu_per_req.map(|c| c * 1e6))
+    }
+
+    /// Errors over all rounds, and the first message.
+    pub fn errors(&self, kind: Kind) -> (u64, Option<&str>) {
+        let Some(runs) = self.runs(kind) else {
+            return (0, None);
+        };
+        let total = runs.rounds.iter().map(|m| m.errors).sum();
+        (total, runs.rounds.iter().find_map(|m| m.first_error.as_deref()))
+    }
+}
+
+/// A system that could not be measured, and why.
+#[derive(Debug, Clone)]
+pub struct Missing {
+    pub kind: Kind,
+    pub reason: String,
+}
+
+/// Memory of the two Envoys, idle after start and after the last case.
+#[derive(Debug, Clone, Default)]
+pub struct Memory {
+    pub idle_rss: Vec<(Kind, Option<u64>)>,
+    pub end_rss: Vec<(Kind, Option<u64>)>,
+    /// Envoy's own heap (`/memory` `allocated`), which excludes V8's pages.
+    pub end_heap: Vec<(Kind, Option<u64>)>,
+    /// Wasm-related gauges from the filter Envoy's admin `/stats`.
+    pub wasm_stats: Vec<(String, String)>,
+}
+
+/// The core's decision, timed natively in this process, for one body size.
+#[derive(Debug, Clone)]
+pub struct NativeCost {
+    pub size: usize,
+    /// `route` of a chat body (parse, validate, extract, hash), µs per request.
+    pub route_us: f64,
+    /// `BodyPatch::apply`, µs per request.
+    pub patch_us: f64,
+}
+
+/// Everything the run found.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub settings: Settings,
+    pub cases: Vec<CaseResult>,
+    pub missing: Vec<Missing>,
+    pub memory: Memory,
+    pub native: Vec<NativeCost>,
+    pub elapsed: Duration,
+    /// `/proc/loadavg` before and after the run.
+    pub load_before: Option<String>,
+    pub load_after: Option<String>,
+}
+
+impl Outcome {
+    /// Median and largest share of the proxy CPU's time taken by other work during measured rounds.
+    pub fn foreign_load(&self) -> Option<(f64, f64)> {
+        let all: Vec<f64> = self
+            .cases
+            .iter()
+            .flat_map(|c| {
+                c.systems
+                    .iter()
+                    .flat_map(|s| s.rounds.iter().filter_map(|m| m.foreign_load))
+            })
+            .collect();
+        Some((median(&all)?, all.iter().copied().fold(0.0, f64::max)))
+    }
+}
+
+/// Runs the whole bench, printing progress lines.
+pub async fn run(settings: Settings) -> Result<Outcome, String> {
+    let started = Instant::now();
+    let load_before = procstat::load_average();
+    let upstreams = Upstreams::start(UPSTREAMS)
+        .await
+        .map_err(|e| format!("starting upstreams: {e}"))?;
+    let (systems, missing) = start_systems(&upstreams, settings.proxy_cpus.as_deref()).await;
+    if !systems.iter().any(|s| s.kind == Kind::PlainEnvoy) || !systems.iter().any(|s| s.kind == Kind::Llmroute) {
+        let why: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{}: {}", m.kind.name(), m.reason))
+            .collect();
+        return Err(format!("Envoy did not start, nothing to compare:\n{}", why.join("\n")));
+    }
+    let mut memory = Memory {
+        idle_rss: rss_of(&systems),
+        ..Memory::default()
+    };
+    let direct_url = format!("{}{CHAT_PATH}", upstreams.urls()[0]);
+    let mut cases = Vec::new();
+    for case in settings.cases() {
+        cases.push(run_case(&settings, case, &systems, &direct_url, started).await?);
+    }
+    memory.end_rss = rss_of(&systems);
+    read_envoy_memory(&systems, &mut memory).await;
+    let native = settings.sizes.iter().map(|&s| native_cost(s, settings.seed)).collect();
+    Ok(Outcome {
+        settings,
+        cases,
+        missing,
+        memory,
+        native,
+        elapsed: started.elapsed(),
+        load_before,
+        load_after: procstat::load_average(),
+    })
+}
+
+async fn start_systems(upstreams: &Upstreams, cpus: Option<&str>) -> (Vec<System>, Vec<Missing>) {
+    let mut systems = Vec::new();
+    let mut missing = Vec::new();
+    for kind in Kind::ALL {
+        progress(None, &format!("starting {}", kind.name()));
+        match System::start(kind, upstreams, cpus).await {
+            Ok(s) => systems.push(s),
+            Err(reason) => {
+                progress(None, &format!("{} is MISSING from this run: {reason}", kind.name()));
+                missing.push(Missing { kind, reason });
+            }
+        }
+    }
+    (systems, missing)
+}
+
+/// The chat bodies of one size, one per prompt family, with their affinity header values.
+pub fn prepare(size: usize, families: u64, seed: u64) -> Arc<[Prepared]> {
+    (0..families)
+        .map(|family| Prepared {
+            body: Bytes::from(chat_body(size, family, seed)),
+            affinity: HeaderValue::from_str(&format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&family.to_le_bytes())))
+                .unwrap_or(HeaderValue::from_static("0")),
+        })
+        .collect()
+}
+
+async fn run_case(
+    settings: &Settings,
+    case: Case,
+    systems: &[System],
+    direct_url: &str,
+    started: Instant,
+) -> Result<CaseResult, String> {
+    let requests = prepare(case.size, settings.families, settings.seed);
+    let client = load::client(case.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
+    for system in systems {
+        load::run(&client, &system.url, &requests, case.concurrency, settings.warmup).await;
+    }
+    let direct = load::run(&client, direct_url, &requests, case.concurrency, settings.round).await;
+    let direct = Measure::from_round(&direct, None);
+    report_round(started, case, "direct", 0, &direct);
+    let mut runs: Vec<SystemRuns> = systems
+        .iter()
+        .map(|s| SystemRuns {
+            kind: s.kind,
+            rounds: Vec::new(),
+            rss_bytes: None,
+        })
+        .collect();
+    let proxy_cpu = settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
+    for round in 0..settings.rounds {
+        for i in (0..systems.len()).map(|i| (i + round) % systems.len()) {
+            let m = measure(&client, &systems[i], &requests, case, settings.round, proxy_cpu).await;
+            report_round(started, case, systems[i].kind.short(), round + 1, &m);
+            runs[i].rounds.push(m);
+        }
+    }
+    for (run, system) in runs.iter_mut().zip(systems) {
+        run.rss_bytes = procstat::rss_bytes(system.pid);
+    }
+    Ok(CaseResult {
+        case,
+        systems: runs,
+        direct,
+    })
+}
+
+async fn measure(
+    client: &reqwest::Client,
+    system: &System,
+    requests: &Arc<[Prepared]>,
+    case: Case,
+    duration: Duration,
+    proxy_cpu: Option<usize>,
+) -> Measure {
+    let busy = || proxy_cpu.and_then(procstat::cpu_busy_seconds);
+    let (busy_before, before) = (busy(), procstat::cpu_seconds(system.pid));
+    let round = load::run(client, &system.url, requests, case.concurrency, duration).await;
+    let (busy_after, after) = (busy(), procstat::cpu_seconds(system.pid));
+    let cpu = before.zip(after).map(|(b, a)| a - b);
+    let mut m = Measure::from_round(&round, cpu);
+    let busy = busy_before.zip(busy_after).map(|(b, a)| a - b);
+    m.foreign_load = busy
+        .zip(cpu)
+        .map(|(busy, cpu)| ((busy - cpu) / round.elapsed.as_secs_f64()).max(0.0));
+    m
+}
+
+fn report_round(started: Instant, case: Case, who: &str, round: usize, m: &Measure) {
+    let errors = match (&m.first_error, m.errors) {
+        (Some(e), n) => format!("  {n} errors, first: {e}"),
+        (None, _) => String::new(),
+    };
+    let cpu = m
+        .cpu_per_req
+        .map_or(String::new(), |c| format!("  cpu {:.0} µs/req", c * 1e6));
+    progress(
+        Some(started),
+        &format!(
+            "{:<14} round {round} {:<8} {:>8.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs{cpu}{errors}",
+            case.label(),
+            who,
+            m.rps,
+            m.p50_us.unwrap_or(f64::NAN),
+            m.p99_us.unwrap_or(f64::NAN),
+        ),
+    );
+}
+
+/// A progress line on stderr, with the time since the start.
+pub fn progress(started: Option<Instant>, line: &str) {
+    match started {
+        Some(t) => eprintln!("[{:>5.1}s] {line}", t.elapsed().as_secs_f64()),
+        None => eprintln!("[bench] {line}"),
+    }
+}
+
+fn rss_of(systems: &[System]) -> Vec<(Kind, Option<u64>)> {
+    systems.iter().map(|s| (s.kind, procstat::rss_bytes(s.pid))).collect()
+}
+
+async fn read_envoy_memory(systems: &[System], memory: &mut Memory) {
+    for system in systems {
+        let Some(envoy) = system.envoy() else { continue };
+        memory
+            .end_heap
+            .push((system.kind, envoy.stat("server.memory_allocated").await));
+        if system.kind == Kind::Llmroute {
+            memory.wasm_stats = wasm_stats(envoy).await;
+        }
+    }
+}
+
+/// Every `/stats` line whose name mentions wasm.
+async fn wasm_stats(envoy: &crate::envoy::Envoy) -> Vec<(String, String)> {
+    let Ok(resp) = reqwest::get(envoy.admin_url("/stats?filter=wasm")).await else {
+        return Vec::new();
+    };
+    let text = resp.text().await.unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Times the core's work for one body size natively: `route` (chat) and `BodyPatch::apply`, median of 7 batches.
+pub fn native_cost(size: usize, seed: u64) -> NativeCost {
+    let config = super::systems::bench_config(&["127.0.0.1:1".to_string()]);
+    let cfg = llmroute_core::load_config(&config.to_string()).ok();
+    let body = chat_body(size, 0, seed);
+    let route = || {
+        cfg.as_ref()
+            .and_then(|c| llmroute_core::route(c, Api::Chat, &body, None).ok())
+    };
+    let decision = route();
+    let patch = || {
+        decision
+            .as_ref()
+            .and_then(|d| d.patch.as_ref())
+            .map(|p| p.apply(&body).len())
+    };
+    NativeCost {
+        size,
+        route_us: time_per_call(size, || route().is_some()),
+        patch_us: time_per_call(size, || patch().is_some()),
+    }
+}
+
+/// Median µs per call over 7 batches of about 30 ms each.
+fn time_per_call<T>(size: usize, mut f: impl FnMut() -> T) -> f64 {
+    let per_batch = (30_000_000 / size.max(1)).clamp(3, 100_000);
+    let batches: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..per_batch {
+                std::hint::black_box(f());
+            }
+            t.elapsed().as_secs_f64() * 1e6 / per_batch as f64
+        })
+        .collect();
+    median(&batches).unwrap_or(f64::NAN)
+}

@@ -1,0 +1,144 @@
+//! `bench/overhead.png`: requests/s as a ratio to plain Envoy against body size, one panel per concurrency.
+//!
+//! Drawn with `plotters`' bitmap backend. Text needs a TrueType font: DejaVu Sans (or `$LLMROUTE_FONT`) is
+//! loaded at run time through `ab_glyph`, so nothing links against fontconfig. Without a font the chart is
+//! drawn without any text, and the results file describes it.
+
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::overhead::Outcome;
+use super::systems::Kind;
+
+const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+const FONT: &str = "sans-serif";
+const SERIES: [(Kind, RGBColor); 3] = [
+    (Kind::Llmroute, RGBColor(0x1f, 0x77, 0xb4)),
+    (Kind::Sglang, RGBColor(0xd6, 0x27, 0x28)),
+    (Kind::Vllm, RGBColor(0x2c, 0xa0, 0x2c)),
+];
+/// One system's line: its points, (body KiB, ratio).
+type Series = (Kind, RGBColor, Vec<(f64, f64)>);
+
+/// The throughput goals, (KiB, minimum ratio), drawn as crosses.
+const GOALS: [(f64, f64); 2] = [(4.0, 0.85), (256.0, 0.6)];
+
+/// Draws the chart to `path`. Returns whether text could be drawn.
+pub fn draw(outcome: &Outcome, path: &Path) -> Result<bool, String> {
+    let text = load_font();
+    let width = 560 * outcome.settings.concurrencies.len().max(1) as u32;
+    let root = BitMapBackend::new(path, (width, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((1, outcome.settings.concurrencies.len().max(1)));
+    for (panel, &c) in panels.iter().zip(&outcome.settings.concurrencies) {
+        panel_chart(panel, outcome, c, text)?;
+    }
+    root.present().map_err(err)?;
+    Ok(text)
+}
+
+fn panel_chart(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    o: &Outcome,
+    concurrency: usize,
+    text: bool,
+) -> Result<(), String> {
+    let series: Vec<Series> = SERIES
+        .iter()
+        .map(|&(kind, color)| (kind, color, points(o, kind, concurrency)))
+        .filter(|(_, _, p)| !p.is_empty())
+        .collect();
+    let top = series
+        .iter()
+        .flat_map(|(_, _, p)| p.iter().map(|&(_, y)| y))
+        .fold(1.2_f64, f64::max)
+        * 1.05;
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .margin(14)
+        .x_label_area_size(if text { 44 } else { 8 })
+        .y_label_area_size(if text { 56 } else { 8 });
+    if text {
+        builder.caption(format!("req/s ÷ plain Envoy, concurrency {concurrency}"), (FONT, 20));
+    }
+    let mut chart = builder
+        .build_cartesian_2d((0.8_f64..1300.0).log_scale(), 0.0..top)
+        .map_err(err)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("body size, KiB (log)")
+            .y_desc("× plain Envoy")
+            .label_style((FONT, 14));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw().map_err(err)?;
+    let baseline = LineSeries::new([(0.8, 1.0), (1300.0, 1.0)], BLACK.mix(0.5));
+    let drawn = chart.draw_series(baseline).map_err(err)?;
+    if text {
+        drawn
+            .label("plain Envoy")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    }
+    for (kind, color, pts) in &series {
+        let color = *color;
+        let line = chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(err)?;
+        if text {
+            line.label(kind.short())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+        }
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(err)?;
+    }
+    let goals = chart
+        .draw_series(GOALS.iter().map(|&p| Cross::new(p, 7, BLACK.stroke_width(2))))
+        .map_err(err)?;
+    if text {
+        goals
+            .label("goal (minimum)")
+            .legend(|(x, y)| Cross::new((x + 9, y), 5, BLACK.stroke_width(2)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .label_font((FONT, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// (body KiB, median ratio) for one system at one concurrency.
+fn points(o: &Outcome, kind: Kind, concurrency: usize) -> Vec<(f64, f64)> {
+    o.cases
+        .iter()
+        .filter(|c| c.case.concurrency == concurrency)
+        .filter_map(|c| Some((c.case.size as f64 / 1024.0, c.ratio(kind)?)))
+        .collect()
+}
+
+/// Registers DejaVu Sans (or `$LLMROUTE_FONT`) for text; false when none can be read.
+fn load_font() -> bool {
+    let custom = std::env::var("LLMROUTE_FONT").ok();
+    let candidates = custom.iter().map(String::as_str).chain(FONT_PATHS);
+    let Some(bytes) = candidates.into_iter().find_map(|p| std::fs::read(p).ok()) else {
+        return false;
+    };
+    // plotters keeps the font for the life of the process, so it needs 'static bytes; this leaks one font file.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok()
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("drawing the plot: {e}")
+}

@@ -1,0 +1,307 @@
+//! Writes `bench/RESULTS.md`: the machine, the versions, the settings, one table per concurrency, the goals,
+//! memory, the core's cost natively against its cost inside Envoy, and the microbenchmarks when they ran.
+
+use std::fmt::Write;
+
+use super::body::size_label;
+use super::goals;
+use super::machine::Machine;
+use super::overhead::{CaseResult, Outcome, UPSTREAMS};
+use super::systems::Kind;
+
+/// What `make bench-micro` left, already rendered as markdown tables.
+#[derive(Debug, Clone, Default)]
+pub struct Micro {
+    pub criterion: Option<String>,
+    pub alloc: Option<String>,
+}
+
+/// The whole results file.
+pub fn markdown(outcome: &Outcome, machine: &Machine, micro: &Micro) -> String {
+    let mut md = String::new();
+    header(&mut md, outcome, machine);
+    settings(&mut md, outcome, machine);
+    for &c in &outcome.settings.concurrencies {
+        table(&mut md, outcome, c);
+    }
+    goals_section(&mut md, outcome);
+    memory(&mut md, outcome);
+    native(&mut md, outcome);
+    micro_section(&mut md, micro);
+    md
+}
+
+fn header(md: &mut String, o: &Outcome, m: &Machine) {
+    let kind = if o.settings.quick {
+        " (--quick: a sanity run, not for quoting)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        md,
+        "# Benchmark results\n\nWritten by `make bench-overhead` (`llmroute-bench overhead --seed {}`) on {}{kind}, \
+         in {:.0} s. Regenerate it rather than editing it.\n",
+        o.settings.seed,
+        m.date,
+        o.elapsed.as_secs_f64()
+    );
+    let _ = writeln!(md, "## Machine and versions\n\n| | |\n|---|---|");
+    let _ = writeln!(md, "| CPUs (`nproc`) | {} |\n| CPU model | {} |", m.nproc, m.cpu_model);
+    let _ = writeln!(md, "| Linux kernel | {} |\n| Envoy | {} |", m.kernel, m.envoy);
+    for (kind, version) in &m.peers {
+        let _ = writeln!(md, "| {} | {version} |", kind.name());
+    }
+    let _ = writeln!(md, "| rustc | {} |\n", m.rustc);
+}
+
+fn settings(md: &mut String, o: &Outcome, m: &Machine) {
+    let s = &o.settings;
+    let pin = match (&s.proxy_cpus, &s.bench_cpus) {
+        (Some(p), Some(b)) => format!(
+            "Each proxy is pinned to CPU {p} (`taskset -c {p}`); the load generator and the upstreams share CPU {b} \
+             (one tokio thread, pinned by the bench itself)."
+        ),
+        _ => format!("Nothing is pinned ({} CPU(s) seen, or no `taskset`).", m.nproc),
+    };
+    let sizes: Vec<String> = s.sizes.iter().map(|&b| size_label(b)).collect();
+    let _ = writeln!(md, "## Settings\n");
+    let _ = writeln!(
+        md,
+        "- **Proxies.** Envoy runs with `--concurrency 1` (one worker thread), with the filter and without it \
+         (the same render minus the wasm filter; its route names the cluster and hashes the client's \
+         `x-llmroute-affinity`, which every request carries). The peers run their default `cache_aware` policy. {pin}"
+    );
+    let _ = writeln!(
+        md,
+        "- **Upstream.** {UPSTREAMS} minimal bench upstreams (`harness/src/bench/upstream.rs`), not the engine \
+         emulator: they read each body to the end without keeping it and answer a fixed ~300-byte non-streamed \
+         chat completion. The emulator records every body and parses it, which at these rates would cost more than \
+         the proxies under test. The \"direct\" row is the load generator straight to one upstream: the most this \
+         client and upstream manage on their CPU."
+    );
+    let _ = writeln!(
+        md,
+        "- **Load.** Closed loop, HTTP/1.1 keep-alive, concurrency {}; chat bodies of {} (a system prompt plus a \
+         padded user message, `model` = the alias), {} prompt families, seed {}.",
+        join(&s.concurrencies),
+        sizes.join(", "),
+        s.families,
+        s.seed
+    );
+    let _ = writeln!(
+        md,
+        "- **Rounds.** Per case, a {:.1} s warm-up of each system, one direct round, then {} interleaved rounds \
+         (A B C D, B C D A, ...) of {:.1} s each. Ratios and added latency are per round against the plain-Envoy \
+         round beside it; every figure is the median over rounds.",
+        s.warmup.as_secs_f64(),
+        s.rounds,
+        s.round.as_secs_f64()
+    );
+    let _ = writeln!(
+        md,
+        "- **Proxy CPU** is `utime + stime` of the proxy process (all threads) from `/proc/<pid>/stat` over a round, \
+         divided by the requests it served."
+    );
+    let load = |l: &Option<String>| l.clone().unwrap_or_else(|| "unknown".into());
+    let foreign = o.foreign_load().map_or(String::new(), |(median, max)| {
+        format!(
+            " During measured rounds, other work took a median {:.0}% (at most {:.0}%) of the proxies' CPU.",
+            median * 100.0,
+            max * 100.0
+        )
+    });
+    let _ = writeln!(
+        md,
+        "- **Noise.** Load average {} before the run and {} after.{foreign} The machine is shared; ratios are \
+         taken per round for that reason.",
+        load(&o.load_before),
+        load(&o.load_after)
+    );
+    for missing in &o.missing {
+        let _ = writeln!(
+            md,
+            "- **Missing: {}.** {}",
+            missing.kind.name(),
+            first_line(&missing.reason)
+        );
+    }
+    md.push('\n');
+}
+
+fn table(md: &mut String, o: &Outcome, concurrency: usize) {
+    let _ = writeln!(md, "## Overhead at concurrency {concurrency}\n");
+    let _ = writeln!(
+        md,
+        "| body | system | req/s | × plain | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | \
+         RSS MiB | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for c in o.cases.iter().filter(|c| c.case.concurrency == concurrency) {
+        let size = size_label(c.case.size);
+        for kind in Kind::ALL {
+            if c.runs(kind).is_some() {
+                let _ = writeln!(md, "| {size} | {} |", row(c, kind));
+            }
+        }
+        let d = &c.direct;
+        let _ = writeln!(
+            md,
+            "| {size} | *direct (no proxy)* | {:.0} | | {} | {} | | | | | {} |",
+            d.rps,
+            num(d.p50_us, 0),
+            num(d.p99_us, 0),
+            d.errors
+        );
+    }
+    md.push('\n');
+}
+
+fn row(c: &CaseResult, kind: Kind) -> String {
+    let (errors, _) = c.errors(kind);
+    let rss = c
+        .runs(kind)
+        .and_then(|r| r.rss_bytes)
+        .map(|b| b as f64 / (1 << 20) as f64);
+    let baseline = kind == Kind::PlainEnvoy;
+    let vs_plain = |v: Option<f64>, digits| if baseline { "–".to_string() } else { num(v, digits) };
+    format!(
+        "{} | {} | {} | {} | {} | {} | {} | {} | {} | {errors}",
+        kind.name(),
+        num(c.rps(kind), 0),
+        vs_plain(c.ratio(kind), 2),
+        num(c.p50_us(kind), 0),
+        num(c.p99_us(kind), 0),
+        vs_plain(c.added_p50_us(kind), 0),
+        vs_plain(c.added_p99_us(kind), 0),
+        num(c.cpu_us(kind), 1),
+        num(rss, 0),
+    )
+}
+
+fn goals_section(md: &mut String, o: &Outcome) {
+    let checks = goals::checks(o);
+    let met = checks.iter().filter(|c| c.met == Some(true)).count();
+    let _ = writeln!(md, "## Goals: {met} of {} met\n", checks.len());
+    let _ = writeln!(md, "| case | goal | measured | |\n|---|---|---|---|");
+    for c in &checks {
+        let _ = writeln!(md, "| {} | {} | {} | {} |", c.case, c.goal, c.measured, c.verdict());
+    }
+    md.push('\n');
+}
+
+fn memory(md: &mut String, o: &Outcome) {
+    let m = &o.memory;
+    let mib = |v: &[(Kind, Option<u64>)], k: Kind| {
+        let b = v.iter().find(|(kind, _)| *kind == k).and_then(|(_, b)| *b);
+        b.map(|b| b as f64 / (1 << 20) as f64)
+    };
+    let _ = writeln!(md, "## Memory\n");
+    let _ = writeln!(
+        md,
+        "The wasm VM's memory is measured as the difference in resident memory (`VmRSS`) between the Envoy with \
+         the filter and the plain Envoy, which differ only by the filter. Envoy's own heap \
+         (`server.memory_allocated`) does not include V8's pages.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| | llmroute Envoy | plain Envoy | difference |\n|---|---:|---:|---:|"
+    );
+    for (what, values) in [
+        ("RSS after start, MiB", &m.idle_rss),
+        ("RSS after the run, MiB", &m.end_rss),
+    ] {
+        let (a, b) = (mib(values, Kind::Llmroute), mib(values, Kind::PlainEnvoy));
+        let diff = a.zip(b).map(|(a, b)| a - b);
+        let _ = writeln!(md, "| {what} | {} | {} | {} |", num(a, 1), num(b, 1), num(diff, 1));
+    }
+    let (a, b) = (mib(&m.end_heap, Kind::Llmroute), mib(&m.end_heap, Kind::PlainEnvoy));
+    let diff = a.zip(b).map(|(a, b)| a - b);
+    let _ = writeln!(
+        md,
+        "| Envoy heap after the run, MiB | {} | {} | {} |\n",
+        num(a, 1),
+        num(b, 1),
+        num(diff, 1)
+    );
+    if !m.wasm_stats.is_empty() {
+        let stats: Vec<String> = m.wasm_stats.iter().map(|(k, v)| format!("`{k}: {v}`")).collect();
+        let _ = writeln!(
+            md,
+            "Wasm stats on the admin `/stats` after the run: {}.\n",
+            stats.join(", ")
+        );
+    }
+}
+
+fn native(md: &mut String, o: &Outcome) {
+    let Some(&c) = o.settings.concurrencies.first() else {
+        return;
+    };
+    let _ = writeln!(md, "## The filter's work: natively against inside Envoy\n");
+    let _ = writeln!(
+        md,
+        "The core's decision timed natively in the bench process (median of 7 batches), against the proxy CPU the \
+         filter adds per request inside Envoy (llmroute minus plain Envoy, concurrency {c}). The difference is the \
+         price of the wasm VM and its host calls: copying the body out of Envoy, the V8-compiled core, copying the \
+         rewritten body back, and the header calls.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| body | `route` (chat) µs (native) | `BodyPatch::apply` µs (native) | added proxy CPU µs/req in Envoy | \
+         Envoy ÷ native |\n|---|---:|---:|---:|---:|"
+    );
+    for n in &o.native {
+        let case = o
+            .cases
+            .iter()
+            .find(|r| r.case.size == n.size && r.case.concurrency == c);
+        let added = case.and_then(|r| {
+            r.cpu_us(Kind::Llmroute)
+                .zip(r.cpu_us(Kind::PlainEnvoy))
+                .map(|(a, b)| a - b)
+        });
+        let ratio = added.map(|a| a / (n.route_us + n.patch_us));
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.1} | {} | {} |",
+            size_label(n.size),
+            n.route_us,
+            n.patch_us,
+            num(added, 1),
+            num(ratio, 1)
+        );
+    }
+    md.push('\n');
+}
+
+fn micro_section(md: &mut String, micro: &Micro) {
+    let _ = writeln!(md, "## Microbenchmarks (`make bench-micro`)\n");
+    match &micro.criterion {
+        Some(t) => {
+            let _ = writeln!(
+                md,
+                "Criterion, `filter/core/benches/core.rs`, native, one thread:\n\n{t}"
+            );
+        }
+        None => md.push_str("Criterion has not run on this machine: run `make bench-micro`, then this bench.\n\n"),
+    }
+    match &micro.alloc {
+        Some(t) => {
+            let _ = writeln!(md, "Allocations per request, `filter/core/benches/alloc.rs`:\n\n{t}");
+        }
+        None => md.push_str("The allocation counter has not run: run `make bench-micro`, then this bench.\n"),
+    }
+}
+
+/// A number with `digits` decimals, or `n/a`.
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or("n/a".into(), |v| format!("{v:.digits$}"))
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter().map(usize::to_string).collect::<Vec<_>>().join(" and ")
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}

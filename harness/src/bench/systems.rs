@@ -1,0 +1,245 @@
+//! The proxies the overhead bench compares, each started once, in front of the same upstreams.
+//!
+//! - **llmroute**: Envoy with the filter, rendered from an llmroute config.
+//! - **plain Envoy**: the same render minus the filter; its route names the cluster statically and hashes the
+//!   client's `x-llmroute-affinity` header, so its load balancer does the same work.
+//! - **sglang-router** and **vllm-router**: the PyPI wheels, from the venv `.tools/venv` (`$LLMROUTE_VENV`),
+//!   with their default `cache_aware` policy, on loopback only.
+//!
+//! Every proxy can be pinned to a CPU list with `taskset`, and is stopped when its [`System`] is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::body::{ALIAS, UPSTREAM_MODEL};
+use super::upstream::Upstreams;
+use crate::envoy::{pinned_command, random_ports, repo_root, Envoy, EnvoyOptions};
+
+/// The chat path every system serves.
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// How long a peer router may take to answer its first chat request.
+const PEER_START_LIMIT: Duration = Duration::from_secs(90);
+
+/// Which system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Llmroute,
+    PlainEnvoy,
+    Sglang,
+    Vllm,
+}
+
+impl Kind {
+    /// Every system, in the order of each round.
+    pub const ALL: [Kind; 4] = [Kind::Llmroute, Kind::PlainEnvoy, Kind::Sglang, Kind::Vllm];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Llmroute => "llmroute (Envoy + filter)",
+            Kind::PlainEnvoy => "plain Envoy",
+            Kind::Sglang => "sglang-router",
+            Kind::Vllm => "vllm-router",
+        }
+    }
+
+    /// A short name for the plot legend and progress lines.
+    pub fn short(self) -> &'static str {
+        match self {
+            Kind::Llmroute => "llmroute",
+            Kind::PlainEnvoy => "plain",
+            Kind::Sglang => "sglang",
+            Kind::Vllm => "vllm",
+        }
+    }
+}
+
+/// A running proxy.
+pub struct System {
+    pub kind: Kind,
+    /// The chat URL.
+    pub url: String,
+    /// The proxy's process, for `/proc`.
+    pub pid: u32,
+    process: Process,
+}
+
+enum Process {
+    Envoy(Envoy),
+    /// Held only so that dropping the system kills the router.
+    #[allow(dead_code)]
+    Peer(Peer),
+}
+
+impl System {
+    /// Starts `kind` in front of `upstreams`, pinned to `cpus` when given.
+    pub async fn start(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+        match kind {
+            Kind::Llmroute | Kind::PlainEnvoy => start_envoy(kind, upstreams, cpus).await,
+            Kind::Sglang | Kind::Vllm => start_peer(kind, upstreams, cpus).await,
+        }
+    }
+
+    /// The Envoy behind this system, if it is one.
+    pub fn envoy(&self) -> Option<&Envoy> {
+        match &self.process {
+            Process::Envoy(e) => Some(e),
+            Process::Peer(_) => None,
+        }
+    }
+}
+
+/// The llmroute config for the bench: one chwbl backend over `endpoints` (`HOST:PORT`), the alias rewritten.
+pub fn bench_config(endpoints: &[String]) -> Value {
+    json!({
+        "version": 1,
+        "backends": [{ "name": "bench", "kind": "llamacpp", "endpoints": endpoints, "lb": "chwbl" }],
+        "models": [{ "name": ALIAS, "routes": [{ "backend": "bench", "upstream_model": UPSTREAM_MODEL }] }],
+    })
+}
+
+async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+    let opts = EnvoyOptions {
+        concurrency: 1,
+        log_level: "warning".into(),
+        with_filter: kind == Kind::Llmroute,
+        cpu_list: cpus.map(str::to_string),
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await?;
+    Ok(System {
+        kind,
+        url: envoy.url(CHAT_PATH),
+        pid: envoy.pid(),
+        process: Process::Envoy(envoy),
+    })
+}
+
+/// The venv holding the peer routers: `$LLMROUTE_VENV`, else `.tools/venv`.
+pub fn venv() -> PathBuf {
+    std::env::var_os("LLMROUTE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/venv"))
+}
+
+/// The installed version of a Python distribution in the venv, e.g. `sglang-router`.
+pub fn peer_version(distribution: &str) -> Option<String> {
+    let code = format!("import importlib.metadata as m; print(m.version('{distribution}'))");
+    let out = Command::new(venv().join("bin/python"))
+        .args(["-c", &code])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A peer router process; killed on drop.
+struct Peer {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let start = log.len().saturating_sub(2000);
+        log.get(start..).unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_peer(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+    let python = venv().join("bin/python");
+    if !python.exists() {
+        return Err(format!("{} is missing: run `make bench-peers`", python.display()));
+    }
+    let mut last = String::new();
+    for attempt in 0..3 {
+        let (port, metrics_port) = random_ports(attempt + 100);
+        let mut peer = spawn_peer(kind, &python, upstreams, cpus, port, metrics_port)?;
+        let url = format!("http://127.0.0.1:{port}{CHAT_PATH}");
+        match wait_peer_ready(&mut peer, &url).await {
+            Ok(()) => {
+                return Ok(System {
+                    kind,
+                    url,
+                    pid: peer.child.id(),
+                    process: Process::Peer(peer),
+                })
+            }
+            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail()),
+        }
+    }
+    Err(last)
+}
+
+fn spawn_peer(
+    kind: Kind,
+    python: &Path,
+    upstreams: &Upstreams,
+    cpus: Option<&str>,
+    port: u16,
+    metrics_port: u16,
+) -> Result<Peer, String> {
+    let (module, log_level) = match kind {
+        Kind::Sglang => ("sglang_router.launch_router", "warn"),
+        _ => ("vllm_router.launch_router", "warning"),
+    };
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let log = dir.path().join("router.log");
+    let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
+    let child = pinned_command(python, cpus)
+        .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--worker-urls")
+        .args(upstreams.urls())
+        .args(["--policy", "cache_aware", "--log-level", log_level])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &metrics_port.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", kind.name()))?;
+    Ok(Peer { child, log, _dir: dir })
+}
+
+/// Polls with a small chat request until the router answers 200, exits, or the limit passes.
+async fn wait_peer_ready(peer: &mut Peer, url: &str) -> Result<(), String> {
+    let client = reqwest::Client::new();
+    let body = json!({ "model": ALIAS, "messages": [{ "role": "user", "content": "ready?" }] }).to_string();
+    let deadline = Instant::now() + PEER_START_LIMIT;
+    loop {
+        if let Ok(Some(status)) = peer.child.try_wait() {
+            return Err(format!("the router exited with {status} before it answered"));
+        }
+        let answer = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), answer).await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the router did not answer 200 within {PEER_START_LIMIT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,136 @@
+//! `llmroute-bench`: the benches of issue 4.
+//!
+//! `llmroute-bench overhead` measures llmroute (Envoy + the filter) against plain Envoy, sglang-router and
+//! vllm-router in front of the same fast upstreams, and writes `bench/RESULTS.md` and `bench/overhead.png`.
+//! On a machine with two or more CPUs it pins the proxies to CPU 0 and itself (load generator and upstreams, one
+//! tokio thread) to CPU 1, so the two never compete for a core.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use clap::{Parser, Subcommand};
+use llmroute_harness::bench::machine::Machine;
+use llmroute_harness::bench::overhead::{self, progress, Settings};
+use llmroute_harness::bench::report::{self, Micro};
+use llmroute_harness::bench::{goals, micro, plot};
+use llmroute_harness::envoy::repo_root;
+
+#[derive(Parser)]
+#[command(name = "llmroute-bench", version, about = "llmroute's benches")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The filter's overhead against plain Envoy and the peer routers; writes RESULTS.md and overhead.png.
+    Overhead(OverheadArgs),
+}
+
+#[derive(clap::Args)]
+struct OverheadArgs {
+    /// A fast sanity run (4 KiB and 256 KiB, concurrency 16, 2 short rounds), about 40 s.
+    #[arg(long)]
+    quick: bool,
+    /// Seed of the request bodies.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Interleaved rounds per case (default 5; 2 with --quick).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Length of one round in ms (default 1500; 1000 with --quick).
+    #[arg(long)]
+    round_ms: Option<u64>,
+    /// Where RESULTS.md and overhead.png go.
+    #[arg(long, default_value_os_t = repo_root().join("bench"))]
+    out: PathBuf,
+    /// Do not pin the proxies and the bench to separate CPUs.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+fn main() -> ExitCode {
+    let Cmd::Overhead(args) = Cli::parse().command;
+    let machine = Machine::probe();
+    let mut settings = if args.quick {
+        Settings::quick(args.seed)
+    } else {
+        Settings::full(args.seed)
+    };
+    settings.rounds = args.rounds.unwrap_or(settings.rounds).max(1);
+    if let Some(ms) = args.round_ms {
+        settings.round = std::time::Duration::from_millis(ms.max(100));
+    }
+    if !args.no_pin && machine.cpus() >= 2 && pin_self("1") {
+        settings.proxy_cpus = Some("0".into());
+        settings.bench_cpus = Some("1".into());
+    }
+    match run(settings, &machine, &args.out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Pins this process (its only thread, so far) to `cpus`; threads started later inherit it.
+fn pin_self(cpus: &str) -> bool {
+    let pid = std::process::id().to_string();
+    Command::new("taskset")
+        .args(["-p", "-c", cpus, &pid])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(settings: Settings, machine: &Machine, out: &Path) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    progress(
+        None,
+        &format!("overhead bench, seed {}, results to {}", settings.seed, out.display()),
+    );
+    let outcome = runtime.block_on(overhead::run(settings))?;
+    let micro = Micro {
+        criterion: micro::criterion_table(&criterion_dir()),
+        alloc: micro::alloc_table(&out.join("out/alloc.md")),
+    };
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let results = out.join("RESULTS.md");
+    std::fs::write(&results, report::markdown(&outcome, machine, &micro))
+        .map_err(|e| format!("writing {}: {e}", results.display()))?;
+    let png = out.join("overhead.png");
+    let text = plot::draw(&outcome, &png)?;
+    for check in goals::checks(&outcome) {
+        println!(
+            "{:<7} {:<14} {:<42} {}",
+            check.verdict(),
+            check.case,
+            check.goal,
+            check.measured
+        );
+    }
+    let note = if text {
+        ""
+    } else {
+        " (no font found: drawn without text)"
+    };
+    println!(
+        "wrote {} and {}{note} in {:.0} s",
+        results.display(),
+        png.display(),
+        outcome.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Criterion's output folder: `$CARGO_TARGET_DIR/criterion`, else `target/criterion`.
+fn criterion_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+        .join("criterion")
+}

@@ -1,0 +1,128 @@
+//! Test-only certificates, generated at run time with `rcgen`: a CA, and a server certificate it signs for
+//! `localhost`, `127.0.0.1` and any extra names (an upstream SNI, say). Every file is PEM.
+//!
+//! The TLS tests use a fresh set per test, in a temporary directory. `testdata/tls/` holds one set written by
+//! [`TestPki::write`] for the config fixtures (`envoy --mode validate` checks that the files exist); those keys
+//! are public and for tests only.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
+
+/// A CA and one server certificate it signed, as PEM text.
+#[derive(Clone, Debug)]
+pub struct TestPki {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// Where [`TestPki::write`] put the files.
+#[derive(Clone, Debug)]
+pub struct PkiFiles {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+impl TestPki {
+    /// A new CA, and a server certificate for `localhost`, `127.0.0.1` and `extra_names` (DNS names or IPs).
+    pub fn generate(extra_names: &[&str]) -> Result<TestPki, String> {
+        let err = |e: rcgen::Error| e.to_string();
+        let ca_key = KeyPair::generate().map_err(err)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "llmroute test CA (test only)");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
+        let issuer = Issuer::new(ca, ca_key);
+
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        names.extend(extra_names.iter().map(|n| n.to_string()));
+        let server_key = KeyPair::generate().map_err(err)?;
+        let mut server = CertificateParams::new(names).map_err(err)?;
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "llmroute test server (test only)");
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        server.use_authority_key_identifier_extension = true;
+        let server_cert = server.signed_by(&server_key, &issuer).map_err(err)?;
+
+        Ok(TestPki {
+            ca_pem: ca_cert.pem(),
+            cert_pem: server_cert.pem(),
+            key_pem: server_key.serialize_pem(),
+        })
+    }
+
+    /// Writes `ca.pem`, `server.pem` and `server.key` (mode 600) into `dir`.
+    pub fn write(&self, dir: &Path) -> std::io::Result<PkiFiles> {
+        std::fs::create_dir_all(dir)?;
+        let files = PkiFiles {
+            ca_file: dir.join("ca.pem"),
+            cert_file: dir.join("server.pem"),
+            key_file: dir.join("server.key"),
+        };
+        std::fs::write(&files.ca_file, &self.ca_pem)?;
+        std::fs::write(&files.cert_file, &self.cert_pem)?;
+        write_private(&files.key_file, &self.key_pem)?;
+        Ok(files)
+    }
+}
+
+/// Writes a file only its owner can read.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)?.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_pem_files() {
+        let pki = TestPki::generate(&["backend.internal"]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let files = pki.write(dir.path()).unwrap();
+        let ca = std::fs::read_to_string(&files.ca_file).unwrap();
+        assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(std::fs::read_to_string(&files.cert_file)
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(std::fs::read_to_string(&files.key_file)
+            .unwrap()
+            .contains("PRIVATE KEY-----"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&files.key_file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        // Two sets never share a CA.
+        assert_ne!(TestPki::generate(&[]).unwrap().ca_pem, pki.ca_pem);
+    }
+
+    /// Rewrites `testdata/tls/` (the fixtures' test-only certificates):
+    /// `cargo test -p llmroute-harness --lib certs::tests::regenerate_testdata -- --ignored`.
+    #[test]
+    #[ignore]
+    fn regenerate_testdata() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/tls");
+        TestPki::generate(&["backend.internal"]).unwrap().write(&dir).unwrap();
+    }
+}

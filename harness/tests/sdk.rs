@@ -1,0 +1,135 @@
+//! The real `openai` and `anthropic` Python SDKs against emulated engines, directly and through Envoy.
+//!
+//! `harness/tests/sdk/check_sdks.py` runs one check per API (chat, completions, responses, embeddings,
+//! messages, plain and streamed, and both models lists) with the SDKs' own calls and strict response
+//! validation. These tests start the engines (and Envoy), run the script with the venv's Python, print its
+//! report and require it to pass. The SDKs live in `.tools/venv` (`make sdk-clients`); without them the tests
+//! fail and say so, they never skip.
+//!
+//! - `sdks_parse_every_dialect_of_one_engine`: the script straight at one emulator (`--direct`), which proves
+//!   the emulator's dialects are what the SDKs expect, independent of the gateway.
+//! - `sdks_work_through_the_gateway`: a 3-engine fleet behind Envoy and the filter. The engines' request logs
+//!   must show every inference call and no client credential.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use llmroute_harness::emulator::{Emulator, EmulatorOptions, RecordedRequest};
+use llmroute_harness::envoy::{repo_root, Envoy};
+use llmroute_harness::fleet::{single_backend_config, Fleet};
+
+const ALIAS: &str = "local-chat";
+const UPSTREAM: &str = "qwen3-0.6b";
+/// Inference requests the script makes: one per inference check, two for embeddings (base64 and float).
+const INFERENCE_CALLS: usize = 11;
+/// Headers the SDK clients send that must never reach an engine through the gateway.
+const CREDENTIALS: [&str; 4] = ["authorization", "x-api-key", "cookie", "proxy-authorization"];
+const SCRIPT_LIMIT: Duration = Duration::from_secs(180);
+
+fn python() -> PathBuf {
+    let python = repo_root().join(".tools/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make sdk-clients` to install the openai and anthropic SDKs",
+        python.display()
+    );
+    python
+}
+
+/// Runs the check script against `base_url`, prints its report, and returns its output.
+async fn run_checks(base_url: &str, extra: &[&str]) -> Output {
+    let script = repo_root().join("harness/tests/sdk/check_sdks.py");
+    let mut command = tokio::process::Command::new(python());
+    command
+        .arg(&script)
+        .args(["--base-url", base_url, "--model", ALIAS])
+        .args(extra)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true);
+    for proxy in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        command.env_remove(proxy);
+    }
+    let output = tokio::time::timeout(SCRIPT_LIMIT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} did not finish within {SCRIPT_LIMIT:?}", script.display()))
+        .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()));
+    println!("{}", String::from_utf8_lossy(&output.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn assert_passed(output: &Output) {
+    let report = String::from_utf8_lossy(&output.stdout);
+    let failures: Vec<&str> = report.lines().filter(|line| line.starts_with("FAIL")).collect();
+    assert!(
+        output.status.success(),
+        "the SDK checks failed ({}):\n{}\n{}",
+        output.status,
+        failures.join("\n"),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `(backend, path, header)` for every credential header that reached an engine.
+fn leaked_credentials(requests: &[RecordedRequest]) -> Vec<(String, String, String)> {
+    requests
+        .iter()
+        .flat_map(|request| {
+            CREDENTIALS
+                .iter()
+                .filter(|name| request.header(name).is_some())
+                .map(|name| (request.backend.clone(), request.path.clone(), name.to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdks_parse_every_dialect_of_one_engine() {
+    let mut opts = EmulatorOptions::new("direct-0");
+    opts.model = ALIAS.to_string();
+    let engine = Emulator::spawn_with(opts).await.unwrap();
+    let output = run_checks(&format!("http://{}", engine.addr()), &["--direct"]).await;
+    assert_passed(&output);
+    let requests = engine.inference_requests();
+    assert_eq!(requests.len(), INFERENCE_CALLS, "one engine request per inference call");
+    // Straight at an engine nothing strips them: this proves the script sends every credential header, so
+    // their absence through the gateway means something.
+    let arrived = leaked_credentials(&requests);
+    for name in CREDENTIALS {
+        assert!(
+            arrived.iter().any(|(_, _, header)| header == name),
+            "the SDKs never sent {name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdks_work_through_the_gateway() {
+    python(); // fail fast, before starting anything
+    let fleet = Fleet::start("llama-a", 3).await.unwrap();
+    let envoy = Envoy::start(single_backend_config(&fleet, ALIAS, UPSTREAM, 150))
+        .await
+        .unwrap();
+    let output = run_checks(&envoy.url(""), &[]).await;
+    let requests: Vec<RecordedRequest> = fleet.engines.iter().flat_map(|e| e.requests()).collect();
+    assert_eq!(
+        leaked_credentials(&requests),
+        Vec::<(String, String, String)>::new(),
+        "client credentials reached an engine"
+    );
+    assert_passed(&output);
+    let counts = fleet.inference_counts();
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        INFERENCE_CALLS,
+        "every inference call reaches exactly one engine: {counts:?}"
+    );
+}
