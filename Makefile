@@ -48,7 +48,7 @@ $(VENV)/.sdk-clients: | $(PYTHON)
 demo: build cli envoy ## Run an emulated 3-backend llama.cpp fleet behind Envoy + the filter on 127.0.0.1:10000 (Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy lint unit validate-configs e2e ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests
+test: build cli envoy sdk-clients lint unit validate-configs e2e sdk ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness

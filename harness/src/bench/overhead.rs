@@ -43,14 +43,15 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The full run: 5 sizes × 2 concurrencies × 5 rounds of 1.5 s for 4 systems, about 7 minutes.
+    /// The full run: 5 sizes × concurrency 1 (unloaded latency), 16 and 64 × 5 rounds of 1.2 s for 4 systems,
+    /// about 7 minutes.
     pub fn full(seed: u64) -> Self {
         Settings {
             sizes: SIZES.to_vec(),
-            concurrencies: vec![16, 64],
+            concurrencies: vec![1, 16, 64],
             rounds: 5,
-            round: Duration::from_millis(1500),
-            warmup: Duration::from_millis(1000),
+            round: Duration::from_millis(1200),
+            warmup: Duration::from_millis(500),
             families: 8,
             seed,
             proxy_cpus: None,
@@ -59,11 +60,11 @@ impl Settings {
         }
     }
 
-    /// A sanity run of about 40 s: 4 KiB and 256 KiB at concurrency 16, 2 rounds of 1 s.
+    /// A sanity run of about 40 s: 4 KiB and 256 KiB at concurrency 1 and 16, 2 rounds of 1 s.
     pub fn quick(seed: u64) -> Self {
         Settings {
             sizes: vec![4 << 10, 256 << 10],
-            concurrencies: vec![16],
+            concurrencies: vec![1, 16],
             rounds: 2,
             round: Duration::from_millis(1000),
             warmup: Duration::from_millis(500),
@@ -158,6 +159,12 @@ impl CaseResult {
     /// Median over rounds of requests/s ÷ plain Envoy's in the same round.
     pub fn ratio(&self, kind: Kind) -> Option<f64> {
         self.paired(kind, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))
+    }
+
+    /// Median over rounds of plain Envoy's proxy CPU per request ÷ this system's: the req/s ratio a CPU-bound
+    /// proxy reaches on a core of its own.
+    pub fn cpu_ratio(&self, kind: Kind) -> Option<f64> {
+        self.paired(kind, |s, p| Some(p.cpu_per_req? / s.cpu_per_req?))
     }
 
     /// Median over rounds of p50 minus plain Envoy's p50, in µs.

@@ -133,6 +133,9 @@ Try it (the x-emu-backend and x-llmroute-upstream response headers name the engi
 
   curl -si {url}/v1/chat/completions -H 'content-type: application/json' -d '{{"model":"nope","messages":[]}}'
 
+  curl -s {url}/llmroute/status     # per backend healthy/total and in flight, per alias ready
+  curl -si {url}/readyz             # 200 when every alias has a healthy route, else 503
+
 Envoy admin: http://{admin}/stats?filter=llama-a"#,
         admin = envoy.admin
     );

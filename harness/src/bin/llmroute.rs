@@ -80,7 +80,12 @@ fn run(command: Command) -> Result<(), String> {
 fn load(path: &PathBuf) -> Result<(llmroute_core::Config, String), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     match llmroute_core::load_config(&text) {
-        Ok(cfg) => Ok((cfg, text)),
+        Ok(cfg) => {
+            for w in &cfg.warnings {
+                eprintln!("{}: warning: {w}", path.display());
+            }
+            Ok((cfg, text))
+        }
         Err(errs) => {
             let n = errs.0.len();
             let lines: Vec<String> = errs.0.iter().map(|e| format!("  {e}")).collect();

@@ -35,7 +35,7 @@ async fn get(c: &reqwest::Client, envoy: &Envoy, path: &str) -> (u16, Value) {
 }
 
 /// Polls `path` until `done` holds for its answer; returns that answer.
-async fn wait_for(
+async fn poll_page(
     c: &reqwest::Client,
     envoy: &Envoy,
     path: &str,
@@ -57,7 +57,7 @@ async fn wait_for(
 }
 
 async fn wait_ready(c: &reqwest::Client, envoy: &Envoy) {
-    wait_for(c, envoy, "/readyz", "ready", |s, _| s == 200).await;
+    poll_page(c, envoy, "/readyz", "ready", |s, _| s == 200).await;
 }
 
 fn backend<'v>(status: &'v Value, name: &str) -> &'v Value {
@@ -84,7 +84,7 @@ async fn healthz_is_200_and_readyz_turns_200_once_hosts_are_healthy() {
     let c = client();
     let (status, body) = get(&c, &envoy, "/healthz").await;
     assert_eq!((status, body), (200, json!({"alive": true})));
-    let (_, body) = wait_for(&c, &envoy, "/readyz", "ready", |s, _| s == 200).await;
+    let (_, body) = poll_page(&c, &envoy, "/readyz", "ready", |s, _| s == 200).await;
     assert_eq!(body, json!({"ready": true, "reason": null}));
     // A query string is ignored, and no authentication is asked for.
     assert_eq!(get(&c, &envoy, "/healthz?probe=1").await.0, 200);
@@ -110,7 +110,7 @@ async fn status_lists_backends_and_aliases_without_addresses_or_upstream_models(
     let envoy = Envoy::start(config).await.unwrap();
     let c = client();
     wait_ready(&c, &envoy).await;
-    let (status, body) = wait_for(&c, &envoy, "/llmroute/status", "all hosts healthy", |_, v| {
+    let (status, body) = poll_page(&c, &envoy, "/llmroute/status", "all hosts healthy", |_, v| {
         v["backends"][0]["healthy_hosts"] == 3 && v["backends"][1]["healthy_hosts"] == 1
     })
     .await;
@@ -175,7 +175,7 @@ async fn status_lists_backends_and_aliases_without_addresses_or_upstream_models(
                 .map(|r| r.status().as_u16())
         }));
     }
-    let (_, busy) = wait_for(&c, &envoy, "/llmroute/status", "4 requests in flight", |_, v| {
+    let (_, busy) = poll_page(&c, &envoy, "/llmroute/status", "4 requests in flight", |_, v| {
         v["backends"][0]["in_flight"] == 4
     })
     .await;
@@ -193,7 +193,7 @@ async fn readyz_turns_503_when_every_host_fails_its_health_check_and_recovers() 
     for e in &fleet.engines {
         e.set_health_status(503);
     }
-    let (_, body) = wait_for(&c, &envoy, "/readyz", "503 once all hosts fail", |s, _| s == 503).await;
+    let (_, body) = poll_page(&c, &envoy, "/readyz", "503 once all hosts fail", |s, _| s == 503).await;
     assert_eq!(body["ready"], false);
     assert!(body["reason"].as_str().unwrap().contains(ALIAS), "{body}");
     let (status, st) = get(&c, &envoy, "/llmroute/status").await;

@@ -325,7 +325,6 @@ async fn upstream_tls_verifies_the_ca_file_and_sends_the_sni() {
         snis.iter().all(|s| s.as_deref() == Some("backend.internal")),
         "{snis:?}"
     );
-    assert_eq!(front.failed.load(Ordering::SeqCst), 0);
     assert!(envoy.stat("cluster.secure.ssl.handshake").await.unwrap_or(0) >= 1);
 }
 

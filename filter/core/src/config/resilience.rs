@@ -208,7 +208,8 @@ impl Checker<'_> {
         self.range("outlier.max_ejection_percent", o.max_ejection_percent.into(), 1, 100);
         // Envoy ejects only while the ejected share stays within the maximum, so one host of n is 100/n percent.
         let one_host = 100u32.div_ceil(endpoints.max(1) as u32);
-        if o.max_ejection_percent < one_host && o.max_ejection_percent <= 100 {
+        // Only when the operator configured ejection: the default on a one-host backend is not worth a warning.
+        if raw.is_some() && o.max_ejection_percent < one_host {
             self.warn(
                 "outlier.max_ejection_percent",
                 o.max_ejection_percent,
