@@ -484,3 +484,80 @@ fn time_per_call<T>(size: usize, mut f: impl FnMut() -> T) -> f64 {
         .collect();
     median(&batches).unwrap_or(f64::NAN)
 }
+
+/// A small made-up outcome for the report and plot tests.
+#[cfg(test)]
+pub(crate) mod sample {
+    use super::*;
+
+    fn measure(rps: f64, p50: f64, cpu_us: f64) -> Measure {
+        Measure {
+            rps,
+            p50_us: Some(p50),
+            p99_us: Some(p50 * 3.0),
+            cpu_per_req: Some(cpu_us / 1e6),
+            ok: 1000,
+            errors: 0,
+            first_error: None,
+            foreign_load: Some(0.05),
+        }
+    }
+
+    fn case(size: usize, concurrency: usize, ours: f64) -> CaseResult {
+        let runs = |kind, rps: f64, p50, cpu| SystemRuns {
+            kind,
+            rounds: vec![measure(rps, p50, cpu); 3],
+            rss_bytes: Some(100 << 20),
+        };
+        CaseResult {
+            case: Case { size, concurrency },
+            systems: vec![
+                runs(Kind::Llmroute, 1000.0 * ours, 330.0, 100.0 / ours),
+                runs(Kind::PlainEnvoy, 1000.0, 300.0, 100.0),
+                runs(Kind::Sglang, 700.0, 400.0, 150.0),
+            ],
+            direct: measure(9000.0, 30.0, 0.0),
+        }
+    }
+
+    /// 4 KiB and 256 KiB at concurrency 1 and 16; vllm-router missing.
+    pub fn outcome() -> Outcome {
+        let mut settings = Settings::quick(7);
+        settings.proxy_cpus = Some("0".into());
+        settings.bench_cpus = Some("1".into());
+        Outcome {
+            cases: vec![
+                case(4 << 10, 1, 0.9),
+                case(256 << 10, 1, 0.5),
+                case(4 << 10, 16, 0.9),
+                case(256 << 10, 16, 0.5),
+            ],
+            settings,
+            missing: vec![Missing {
+                kind: Kind::Vllm,
+                reason: "not installed".into(),
+            }],
+            memory: Memory::default(),
+            native: vec![NativeCost {
+                size: 4 << 10,
+                route_us: 10.0,
+                patch_us: 0.1,
+            }],
+            elapsed: Duration::from_secs(40),
+            load_before: Some("0.10 0.20 0.30".into()),
+            load_after: None,
+        }
+    }
+
+    #[test]
+    fn ratios_and_added_latency_are_paired_medians() {
+        let o = outcome();
+        let c = &o.cases[2];
+        assert!((c.ratio(Kind::Llmroute).unwrap() - 0.9).abs() < 1e-9);
+        assert!((c.cpu_ratio(Kind::Llmroute).unwrap() - 0.9).abs() < 1e-9);
+        assert_eq!(c.added_p50_us(Kind::Llmroute), Some(30.0));
+        assert_eq!(c.ratio(Kind::Vllm), None);
+        assert_eq!(c.errors(Kind::Llmroute), (0, None));
+        assert_eq!(o.foreign_load(), Some((0.05, 0.05)));
+    }
+}

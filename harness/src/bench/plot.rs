@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use plotters::coord::combinators::LogCoord;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -43,6 +45,9 @@ pub fn draw(outcome: &Outcome, path: &Path) -> Result<bool, String> {
     Ok(text)
 }
 
+/// One panel's chart: log-scale KiB across, ratio up.
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<LogCoord<f64>, RangedCoordf64>>;
+
 fn panel_chart(
     area: &DrawingArea<BitMapBackend, Shift>,
     o: &Outcome,
@@ -59,11 +64,55 @@ fn panel_chart(
         .flat_map(|(_, _, p)| p.iter().map(|&(_, y)| y))
         .fold(1.2_f64, f64::max)
         * 1.05;
+    let mut chart = frame(area, concurrency, top, text)?;
+    let baseline = chart
+        .draw_series(LineSeries::new([(0.8, 1.0), (1300.0, 1.0)], BLACK.mix(0.5)))
+        .map_err(err)?;
+    if text {
+        baseline
+            .label("plain Envoy")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    }
+    for (kind, color, pts) in &series {
+        draw_line(&mut chart, kind.short(), *color, pts, text)?;
+    }
+    // The throughput goals apply to loaded cases only.
+    if concurrency >= 16 {
+        let goals = chart
+            .draw_series(GOALS.iter().map(|&p| Cross::new(p, 7, BLACK.stroke_width(2))))
+            .map_err(err)?;
+        if text {
+            goals
+                .label("goal (minimum)")
+                .legend(|(x, y)| Cross::new((x + 9, y), 5, BLACK.stroke_width(2)));
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font((FONT, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The axes, grid and caption of one panel: body size in KiB on a log scale, 0..`top` up.
+fn frame<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    concurrency: usize,
+    top: f64,
+    text: bool,
+) -> Result<Chart<'a, 'b>, String> {
+    let labels = if text { (44, 56) } else { (8, 8) };
     let mut builder = ChartBuilder::on(area);
     builder
         .margin(14)
-        .x_label_area_size(if text { 44 } else { 8 })
-        .y_label_area_size(if text { 56 } else { 8 });
+        .x_label_area_size(labels.0)
+        .y_label_area_size(labels.1);
     if text {
         builder.caption(format!("req/s ÷ plain Envoy, concurrency {concurrency}"), (FONT, 20));
     }
@@ -74,47 +123,27 @@ fn panel_chart(
     if text {
         mesh.x_desc("body size, KiB (log)")
             .y_desc("× plain Envoy")
+            .x_label_formatter(&|x| format!("{x:.0}"))
             .label_style((FONT, 14));
     } else {
         mesh.x_labels(0).y_labels(0);
     }
     mesh.draw().map_err(err)?;
-    let baseline = LineSeries::new([(0.8, 1.0), (1300.0, 1.0)], BLACK.mix(0.5));
-    let drawn = chart.draw_series(baseline).map_err(err)?;
-    if text {
-        drawn
-            .label("plain Envoy")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.5)));
-    }
-    for (kind, color, pts) in &series {
-        let color = *color;
-        let line = chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(err)?;
-        if text {
-            line.label(kind.short())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        }
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(err)?;
-    }
-    let goals = chart
-        .draw_series(GOALS.iter().map(|&p| Cross::new(p, 7, BLACK.stroke_width(2))))
+    Ok(chart)
+}
+
+/// One system's ratios as a line with dots, and its legend entry.
+fn draw_line(chart: &mut Chart, name: &str, color: RGBColor, pts: &[(f64, f64)], text: bool) -> Result<(), String> {
+    let line = chart
+        .draw_series(LineSeries::new(pts.to_vec(), color.stroke_width(2)))
         .map_err(err)?;
     if text {
-        goals
-            .label("goal (minimum)")
-            .legend(|(x, y)| Cross::new((x + 9, y), 5, BLACK.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .label_font((FONT, 14))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()
-            .map_err(err)?;
+        line.label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
     }
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+        .map_err(err)?;
     Ok(())
 }
 
@@ -141,4 +170,20 @@ fn load_font() -> bool {
 
 fn err(e: impl std::fmt::Display) -> String {
     format!("drawing the plot: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::overhead::sample;
+    use super::*;
+
+    #[test]
+    fn draws_a_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("overhead.png");
+        draw(&sample::outcome(), &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(bytes.len() > 1000);
+    }
 }

@@ -268,7 +268,8 @@ fn memory(md: &mut String, o: &Outcome) {
 }
 
 fn native(md: &mut String, o: &Outcome) {
-    let Some(&c) = o.settings.concurrencies.first() else {
+    let loaded = o.settings.concurrencies.iter().find(|&&c| c >= 16);
+    let Some(&c) = loaded.or(o.settings.concurrencies.first()) else {
         return;
     };
     let _ = writeln!(md, "## The filter's work: natively against inside Envoy\n");
@@ -339,4 +340,47 @@ fn join(v: &[usize]) -> String {
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::overhead::sample;
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            nproc: "2".into(),
+            cpu_model: "Test CPU".into(),
+            kernel: "6.0".into(),
+            envoy: "1.40.0".into(),
+            rustc: "rustc 1.95.0".into(),
+            peers: vec![(Kind::Sglang, "0.3.2".into()), (Kind::Vllm, "not installed".into())],
+            date: "2026-01-01".into(),
+        }
+    }
+
+    #[test]
+    fn results_file_has_every_section() {
+        let md = markdown(&sample::outcome(), &machine(), &Micro::default());
+        for part in [
+            "## Machine and versions",
+            "| CPU model | Test CPU |",
+            "## Overhead at concurrency 1",
+            "## Overhead at concurrency 16",
+            "| 4 KiB | llmroute (Envoy + filter) | 900 | 0.90 | 0.90 |",
+            "**Missing: vllm-router.** not installed",
+            "## Goals: ",
+            "| 4 KiB c=1 | added p50 ≤ 50 µs at 4 KiB | 30 µs | met |",
+            "| 256 KiB c=16 | req/s ≥ 0.6× plain Envoy at 256 KiB | 0.50× | MISSED | 0.50× | MISSED |",
+            "peer not measured",
+            "## Memory",
+            "run `make bench-micro`",
+        ] {
+            assert!(md.contains(part), "missing {part:?} in:\n{md}");
+        }
+        assert!(
+            !md.contains("| 4 KiB c=16 | added p50"),
+            "latency is judged unloaded when c=1 ran"
+        );
+    }
 }

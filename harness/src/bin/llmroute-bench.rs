@@ -99,6 +99,7 @@ fn run(settings: Settings, machine: &Machine, out: &Path) -> Result<(), String> 
         alloc: micro::alloc_table(&out.join("out/alloc.md")),
     };
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let out = &out.canonicalize().unwrap_or_else(|_| out.to_path_buf());
     let results = out.join("RESULTS.md");
     std::fs::write(&results, report::markdown(&outcome, machine, &micro))
         .map_err(|e| format!("writing {}: {e}", results.display()))?;

@@ -52,13 +52,14 @@ fn cluster(b: &Backend, retries: u32) -> Value {
     c
 }
 
-/// `max_inflight` bounds active and pending requests alike, so overflow is refused at once.
+/// `max_inflight` bounds active and pending requests, so overflow is refused at once. Connections are left
+/// at Envoy's default: a connection limit equal to the request limit would park an extra HTTP/1.1 request in
+/// the pending queue until a connection frees up, which is queueing, not shedding.
 fn circuit_breaker(max_inflight: u32, retries: u32) -> Value {
     json!({
         "priority": "DEFAULT",
         "max_requests": max_inflight,
         "max_pending_requests": max_inflight,
-        "max_connections": max_inflight,
         // Envoy's default of 3 concurrent retries overflows under modest load; allow one per request in flight.
         "max_retries": max_inflight.saturating_mul(retries.max(1)),
     })
