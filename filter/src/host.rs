@@ -172,7 +172,42 @@ pub fn define_counter(name: &str) -> Option<u32> {
 }
 
 pub fn increment(metric: Option<u32>) {
-    if let Some(id) = metric {
-        let _ = hostcalls::increment_metric(id, 1);
+    add(metric, 1);
+}
+
+pub fn add(metric: Option<u32>, n: u64) {
+    if let (Some(id), Ok(n)) = (metric, i64::try_from(n)) {
+        let _ = hostcalls::increment_metric(id, n);
     }
+}
+
+/// A gauge, defined once per VM.
+pub fn define_gauge(name: &str) -> Option<u32> {
+    hostcalls::define_metric(proxy_wasm::types::MetricType::Gauge, name)
+        .map_err(|s| log::warn!("llmroute: defining metric {name} failed: {s:?}"))
+        .ok()
+}
+
+pub fn metric_value(metric: Option<u32>) -> Option<u64> {
+    hostcalls::get_metric(metric?).ok()
+}
+
+pub fn set_gauge(metric: Option<u32>, v: u64) {
+    if let Some(id) = metric {
+        let _ = hostcalls::record_metric(id, v);
+    }
+}
+
+/// Appends bytes at the end of the response body buffer.
+pub fn append_response_body(size: usize, bytes: &[u8]) {
+    if let Err(s) = hostcalls::set_buffer(BufferType::HttpResponseBody, size, 0, bytes) {
+        log::warn!("llmroute: appending to the response body failed: {s:?}");
+    }
+}
+
+/// The first `size` bytes of the response body buffer (the chunk being delivered).
+pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+        .ok()
+        .map(Option::unwrap_or_default)
 }

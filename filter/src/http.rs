@@ -16,6 +16,7 @@ use proxy_wasm::types::Action;
 
 use crate::host;
 use crate::metrics::Metrics;
+use crate::response::ResponseWatch;
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
@@ -29,6 +30,8 @@ pub struct Http {
     body_size: usize,
     /// What was decided, for the response headers.
     routed: Option<RouteDecision>,
+    /// Watches the response of a routed request.
+    watch: Option<ResponseWatch>,
 }
 
 impl Http {
@@ -42,6 +45,7 @@ impl Http {
             reading: None,
             body_size: 0,
             routed: None,
+            watch: None,
         }
     }
 
@@ -231,12 +235,22 @@ impl HttpContext for Http {
             host::set_response_header("content-type", "application/json");
             host::remove_response_header("content-length");
             self.replacing_overflow = true;
+            return Action::Continue;
+        }
+        let content_type = host::response_header("content-type").unwrap_or_default();
+        self.watch = ResponseWatch::start(d.api, &content_type, d.strip_usage_chunk);
+        if matches!(self.watch, Some(ResponseWatch::Stream { .. })) {
+            // The gateway may append a closing event or cut the usage chunk, so the length must not be fixed.
+            host::remove_response_header("content-length");
         }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if !self.replacing_overflow {
+            if let Some(w) = &mut self.watch {
+                w.on_body(body_size, end_of_stream, self.request_id.as_deref());
+            }
             return Action::Continue;
         }
         if !end_of_stream {
@@ -247,5 +261,21 @@ impl HttpContext for Http {
         let body = llmroute_core::error::overloaded_body(envelope, self.request_id.as_deref());
         host::replace_response_body(body_size, &body);
         Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let (Some(w), Some(d)) = (&self.watch, &self.routed) else {
+            return;
+        };
+        let backend = host::property_string(&[
+            "xds",
+            "upstream_host_metadata",
+            "filter_metadata",
+            "llmroute",
+            "backend",
+        ])
+        .unwrap_or_else(|| d.cluster.clone());
+        let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
+        w.on_log(&self.metrics, Some(&backend), &details);
     }
 }

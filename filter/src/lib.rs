@@ -6,6 +6,8 @@
 mod host;
 mod http;
 mod metrics;
+mod props;
+mod response;
 mod root;
 mod status;
 mod upstream;

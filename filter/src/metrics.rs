@@ -1,9 +1,17 @@
-//! The filter's own counters, defined once per VM. Envoy shows them on `/stats` as `wasmcustom.<name>` and on
-//! `/stats/prometheus` as `<name>`, summed over workers. Names carry no request data, only fixed reasons.
+//! The filter's own metrics, defined once per VM. Envoy shows them on `/stats` as `wasmcustom.<name>` and on
+//! `/stats/prometheus` as `<name>`, summed over workers. Names carry no request data, only fixed reasons and
+//! configured backend names (`llmroute.backend.<name>.*`; `llmroute render` adds a stats tag that turns the name
+//! into a `llmroute_backend` label).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use llmroute_core::stream::{Outcome, Usage};
+use llmroute_core::Config;
 
 use crate::host;
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Metrics {
     /// Requests routed to a backend.
     pub routed: Option<u32>,
@@ -13,15 +21,62 @@ pub struct Metrics {
     pub overflow: Option<u32>,
     /// Requests refused because they cannot fit any route's context window.
     pub context_exceeded: Option<u32>,
+    /// Streamed responses by how they ended, indexed like [`Outcome::ALL`].
+    outcomes: [Option<u32>; 6],
+    backends: Rc<HashMap<String, BackendMetrics>>,
+}
+
+/// Usage per backend, and the realised prompt-cache hit rate (cached over prompt tokens, in permille).
+#[derive(Debug, Clone, Copy, Default)]
+struct BackendMetrics {
+    prompt: Option<u32>,
+    cached: Option<u32>,
+    completion: Option<u32>,
+    hit_permille: Option<u32>,
 }
 
 impl Metrics {
-    pub fn define() -> Self {
+    pub fn define(cfg: &Config) -> Self {
+        let backends = cfg
+            .backends
+            .iter()
+            .map(|b| {
+                let name = |m: &str| format!("llmroute.backend.{}.{m}", b.name);
+                let m = BackendMetrics {
+                    prompt: host::define_counter(&name("prompt_tokens_total")),
+                    cached: host::define_counter(&name("cached_tokens_total")),
+                    completion: host::define_counter(&name("completion_tokens_total")),
+                    hit_permille: host::define_gauge(&name("cache_hit_permille")),
+                };
+                (b.name.clone(), m)
+            })
+            .collect();
         Metrics {
             routed: host::define_counter("llmroute_requests_routed_total"),
             refused: host::define_counter("llmroute_requests_refused_total"),
             overflow: host::define_counter("llmroute_overflow_total"),
             context_exceeded: host::define_counter("llmroute_context_exceeded_total"),
+            outcomes: Outcome::ALL.map(|o| host::define_counter(&format!("llmroute_stream_{}_total", o.as_str()))),
+            backends: Rc::new(backends),
+        }
+    }
+
+    pub fn stream_outcome(&self, o: Outcome) {
+        let i = Outcome::ALL.iter().position(|x| *x == o);
+        host::increment(i.and_then(|i| self.outcomes.get(i).copied().flatten()));
+    }
+
+    /// Adds a response's usage to its backend and refreshes the backend's hit rate.
+    pub fn usage(&self, backend: &str, u: Usage) {
+        let Some(m) = self.backends.get(backend) else { return };
+        host::add(m.prompt, u.prompt_tokens.unwrap_or(0));
+        host::add(m.cached, u.cached_tokens.unwrap_or(0));
+        host::add(m.completion, u.completion_tokens.unwrap_or(0));
+        let (prompt, cached) = (host::metric_value(m.prompt), host::metric_value(m.cached));
+        if let (Some(p), Some(c)) = (prompt, cached) {
+            if p > 0 {
+                host::set_gauge(m.hit_permille, c.saturating_mul(1000) / p);
+            }
         }
     }
 }

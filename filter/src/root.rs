@@ -1,5 +1,6 @@
 //! The root context: loads and validates the plugin configuration, and hands it to each request. The main
-//! role's root context also polls Envoy's admin API for the status endpoints (see `status`).
+//! role's root context also polls Envoy's admin API for the status endpoints (see `status`), and checks that the
+//! llama.cpp servers of each backend agree in `/props` (see `props`).
 //!
 //! A bad configuration makes `on_configure` return false, which makes Envoy refuse the plugin; the errors are
 //! logged one per line. `llmroute validate` runs the same validator before deployment.
@@ -13,6 +14,7 @@ use proxy_wasm::types::ContextType;
 use crate::host;
 use crate::http::Http;
 use crate::metrics::Metrics;
+use crate::props::Prober;
 use crate::status::Poller;
 use crate::upstream::Upstream;
 
@@ -26,11 +28,14 @@ pub struct Root {
     /// True when this plugin instance is the failover clusters' upstream filter.
     upstream: bool,
     poller: Poller,
+    /// The `/props` fleet check of the llama.cpp backends (see `props`).
+    props: Prober,
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         self.poller.on_response(token_id, body_size);
+        self.props.on_response(token_id, body_size);
     }
 }
 
@@ -56,12 +61,14 @@ impl RootContext for Root {
                     cfg.backends.len(),
                     cfg.models.len()
                 );
-                self.config = Some(Rc::new(cfg));
+                let cfg = Rc::new(cfg);
+                self.config = Some(cfg.clone());
                 self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
                 if !self.upstream {
-                    self.metrics = Metrics::define();
+                    self.metrics = Metrics::define(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
+                        self.props.start(cfg);
                     }
                 }
                 true
@@ -77,6 +84,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.poller.on_tick();
+        self.props.on_tick();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -85,7 +93,11 @@ impl RootContext for Root {
         if self.upstream {
             return Some(Box::new(Upstream::new(self.config.clone())));
         }
-        Some(Box::new(Http::new(self.config.clone(), self.metrics, context_id)))
+        Some(Box::new(Http::new(
+            self.config.clone(),
+            self.metrics.clone(),
+            context_id,
+        )))
     }
 
     fn get_type(&self) -> Option<ContextType> {

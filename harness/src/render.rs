@@ -15,6 +15,7 @@ mod admin;
 mod cluster;
 mod credentials;
 mod failover;
+mod probe;
 mod tls;
 
 use llmroute_core::config::Config;
@@ -71,6 +72,11 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
     }
     let mut v = json!({
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
+        // The filter's per-backend metrics carry the backend in their name; make it a label.
+        "stats_config": { "stats_tags": [{
+            "tag_name": "llmroute_backend",
+            "regex": "^wasmcustom\\.llmroute\\.backend\\.((.+)\\.)[a-z_]+$",
+        }] },
         "static_resources": {
             "listeners": [listener(cfg, plugin_config, opts)],
             "clusters": clusters,
@@ -78,6 +84,7 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
     });
     tls::apply(cfg, &mut v); // listener and cluster transport sockets (render/tls.rs)
     credentials::apply(cfg, &mut v); // backend tokens: env SDS secrets + upstream injectors (render/credentials.rs)
+    probe::apply(cfg, &mut v); // one cluster per llama.cpp endpoint for the /props fleet check (render/probe.rs)
     admin::apply(cfg, &mut v); // the cluster the filter polls for /llmroute/status (render/admin.rs)
     Ok(v)
 }

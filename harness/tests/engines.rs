@@ -1,7 +1,7 @@
 //! Proves `make engines` works: the built `llama-server` serves the tiny model written by `llmroute-gguf`.
 //!
-//! Each test starts a real `llama-server` on loopback (a free port in 20000..30000, `--alias` set), polls
-//! `/health` until it answers 200 (503 while loading), and talks to it over HTTP:
+//! Each test starts a real `llama-server` with `llmroute_harness::llama` (a free loopback port in 20000..30000,
+//! `--alias` set, `/health` polled until it answers 200, 503 while loading), and talks to it over HTTP:
 //! - chat completions, plain and streamed, answer with `model` equal to the alias;
 //! - the same ~1k-token prompt sent twice shows the engine's own `timings.cache_n` > 0 the second time;
 //! - the prefill time of a ~1.5k-token prompt is measured and printed (never asserted: times depend on the machine).
@@ -9,124 +9,18 @@
 //! A missing binary or model fails the test with a hint to run `make engines`; it never skips. The server is killed
 //! on drop, and its log (kept in a file) is printed when a test fails. Run with `make engines-check`.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use llmroute_harness::envoy::repo_root;
+use llmroute_harness::llama::workload::prompt_text;
+use llmroute_harness::llama::{LlamaOptions, LlamaServer};
 use serde_json::{json, Value};
 
-fn llama_server_binary() -> PathBuf {
-    repo_root().join(".tools/bin/llama-server")
-}
-
-fn tiny_model() -> PathBuf {
-    repo_root().join(".tools/models/tiny-llama.gguf")
-}
-
-/// A running `llama-server`, killed on drop.
-struct LlamaServer {
-    child: Child,
-    port: u16,
-    alias: String,
-    log_path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl LlamaServer {
-    /// Starts a server for the tiny model and waits until `/health` says it is ready.
-    async fn start(alias: &str, threads: u32) -> LlamaServer {
-        for need in [llama_server_binary(), tiny_model()] {
-            assert!(need.exists(), "{} is missing: run `make engines`", need.display());
-        }
-        let mut last_log = String::new();
-        for attempt in 0..5 {
-            let mut server = Self::spawn(alias, threads, free_port(attempt));
-            match server.wait_healthy(Duration::from_secs(60)).await {
-                Ok(()) => return server,
-                Err(log) if log.contains("bind") => last_log = log,
-                Err(log) => panic!("llama-server did not start:\n{log}"),
-            }
-        }
-        panic!("llama-server could not bind a port in 5 attempts:\n{last_log}");
-    }
-
-    fn spawn(alias: &str, threads: u32, port: u16) -> LlamaServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log_path = dir.path().join("llama-server.log");
-        let log = std::fs::File::create(&log_path).expect("log file");
-        let child = Command::new(llama_server_binary())
-            .arg("-m")
-            .arg(tiny_model())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-c", "8192", "-np", "2", "-t", &threads.to_string()])
-            .args(["--metrics", "--alias", alias, "-cram", "0"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .spawn()
-            .expect("starting llama-server");
-        LlamaServer {
-            child,
-            port,
-            alias: alias.to_string(),
-            log_path,
-            _dir: dir,
-        }
-    }
-
-    /// Polls `/health` until 200; on exit or timeout returns the server's log.
-    async fn wait_healthy(&mut self, limit: Duration) -> Result<(), String> {
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("llama-server exited with {status}. Its log:\n{}", self.log()));
-            }
-            if let Ok(r) = client.get(self.url("/health")).send().await {
-                if r.status() == reqwest::StatusCode::OK {
-                    return Ok(());
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(format!(
-            "llama-server was not healthy within {limit:?}. Its log:\n{}",
-            self.log()
-        ))
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "----- llama-server log (port {}) -----\n{}\n----- end -----",
-                self.port,
-                self.log()
-            );
-        }
-    }
-}
-
-/// A port in 20000..30000 that was free a moment ago, different per process and attempt.
-fn free_port(attempt: u16) -> u16 {
-    let start = 20000 + (std::process::id() as u16 % 1000) * 10 + attempt * 7;
-    (0..10000)
-        .map(|i| 20000 + (start - 20000 + i) % 10000)
-        .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-        .expect("a free port in 20000..30000")
+/// Starts a server for the tiny model (`-c 8192 -np 2`, `threads` threads) and waits until it is ready.
+async fn start(alias: &str, threads: u32) -> LlamaServer {
+    let mut opts = LlamaOptions::new(alias);
+    opts.threads = threads;
+    opts.ready_limit = Duration::from_secs(60);
+    LlamaServer::start(opts).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn client() -> reqwest::Client {
@@ -134,24 +28,6 @@ fn client() -> reqwest::Client {
         .tcp_nodelay(true)
         .build()
         .expect("http client")
-}
-
-/// Deterministic English-like text of `words` words; about one Llama SPM token per word.
-fn prompt_text(seed: u64, words: usize) -> String {
-    const WORDS: [&str; 32] = [
-        "the", "cache", "route", "engine", "prompt", "token", "model", "request", "fleet", "server", "warm", "cold",
-        "key", "hash", "ring", "load", "send", "keep", "same", "each", "every", "first", "system", "user", "reply",
-        "stream", "slot", "batch", "queue", "time", "fast", "small",
-    ];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(words);
-    for _ in 0..words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.push(WORDS[(x >> 40) as usize % WORDS.len()]);
-    }
-    out.join(" ")
 }
 
 /// A non-streamed chat completion; returns the response body.
@@ -179,9 +55,9 @@ fn timing(resp: &Value, field: &str) -> f64 {
 
 #[tokio::test]
 async fn chat_answers_with_the_alias_plain_and_streamed() {
-    let server = LlamaServer::start("tiny-a", 1).await;
+    let server = start("tiny-a", 1).await;
     let resp = chat(&server, "Say hello.", 8).await;
-    assert_eq!(resp["model"], server.alias);
+    assert_eq!(resp["model"], server.alias());
     assert_eq!(resp["object"], "chat.completion");
     assert!(resp["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{resp}");
 
@@ -211,17 +87,17 @@ async fn chat_answers_with_the_alias_plain_and_streamed() {
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
     assert!(chunks.len() >= 2, "{text}");
-    assert!(chunks.iter().all(|c| c["model"] == server.alias), "{text}");
+    assert!(chunks.iter().all(|c| c["model"] == server.alias()), "{text}");
     assert!(
         chunks.iter().any(|c| c["usage"]["prompt_tokens"].as_u64().is_some()),
         "{text}"
     );
-    println!("streamed {} chunks from {}", chunks.len(), server.alias);
+    println!("streamed {} chunks from {}", chunks.len(), server.alias());
 }
 
 #[tokio::test]
 async fn a_repeated_prompt_hits_the_engine_prompt_cache() {
-    let server = LlamaServer::start("tiny-cache", 1).await;
+    let server = start("tiny-cache", 1).await;
     let prompt = prompt_text(7, 1000);
     let first = chat(&server, &prompt, 4).await;
     let second = chat(&server, &prompt, 4).await;
@@ -257,7 +133,7 @@ async fn a_repeated_prompt_hits_the_engine_prompt_cache() {
 #[tokio::test]
 async fn prefill_of_a_1_5k_token_prompt_is_measured() {
     for threads in [1, 2] {
-        let server = LlamaServer::start("tiny-prefill", threads).await;
+        let server = start("tiny-prefill", threads).await;
         chat(&server, &prompt_text(100, 1500), 1).await; // warms the server up
         let mut runs = Vec::new();
         for seed in 1..=5 {

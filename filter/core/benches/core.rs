@@ -1,6 +1,7 @@
 //! Criterion benches of the pure core over chat bodies from 1 KiB to 1 MiB, as throughput (`Throughput::Bytes`;
 //! criterion prints MiB/s):
 //! - `scan_object`: parse and validate the whole body (`json::scan_object`);
+//! - `token_estimate`: the input-token estimate, a second pass over the body (`estimate::input_tokens`);
 //! - `route_chat`: the whole decision for a chat body (`route` with `Api::Chat`): parse, validate, read fields,
 //!   resolve the alias, extract and hash the affinity key, plan the `model` rewrite;
 //! - `body_patch_apply`: apply that rewrite (`BodyPatch::apply`), one copy of the body.
@@ -16,6 +17,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use llmroute_core::estimate::input_tokens;
 use llmroute_core::json::{scan_object, MAX_DEPTH};
 use llmroute_core::{route, Api, BodyPatch, Config};
 
@@ -48,6 +50,17 @@ fn bench_scan(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
             b.iter(|| scan_object(black_box(body), MAX_DEPTH))
+        });
+    }
+    group.finish();
+}
+
+fn bench_estimate(c: &mut Criterion) {
+    let mut group = c.benchmark_group("token_estimate");
+    for (id, body) in bodies() {
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
+            b.iter(|| input_tokens(black_box(body), 0))
         });
     }
     group.finish();
@@ -86,6 +99,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    targets = bench_scan, bench_route, bench_patch
+    targets = bench_scan, bench_estimate, bench_route, bench_patch
 }
 criterion_main!(benches);

@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod error;
 pub mod estimate;
 pub mod fields;
+pub mod fleet_check;
 pub mod headers;
 pub mod json;
 pub mod models;
@@ -19,6 +20,7 @@ pub mod placement;
 pub mod request;
 pub mod route;
 pub mod status;
+pub mod stream;
 pub mod text;
 pub mod upstream;
 

@@ -67,6 +67,8 @@ pub struct RouteDecision {
     pub input_tokens: u64,
     /// `None` when the body goes upstream untouched.
     pub patch: Option<BodyPatch>,
+    /// The gateway added `stream_options.include_usage`, so the stream's usage chunk is not the client's.
+    pub strip_usage_chunk: bool,
 }
 
 impl RouteDecision {
@@ -100,6 +102,7 @@ pub fn session_from_headers<'h>(
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
+    let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
     let model_member = fields
         .get("model")
         .ok_or(GatewayError::MissingField { field: "model" })?;
@@ -137,7 +140,8 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
     Ok(RouteDecision {
         api,
-        patch: model_patch(body, model_member, &upstream_model),
+        patch: body_patch(body, model_member, &upstream_model, usage_insert),
+        strip_usage_chunk: usage_insert.is_some(),
         alias: alias.name.clone(),
         cluster: placement.cluster,
         failover: placement.failover,
@@ -168,13 +172,49 @@ fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<(String, Affi
     Ok(Some((key.into_owned(), a)))
 }
 
-/// The edit that puts `upstream` in place of the client's `model` value; `None` when the bytes already match.
-fn model_patch(body: &[u8], model: Member, upstream: &str) -> Option<BodyPatch> {
-    let replacement = serde_json::Value::from(upstream).to_string();
-    (model.value.of(body) != replacement.as_bytes()).then_some(BodyPatch {
-        span: model.value,
-        replacement,
-    })
+/// The text the gateway adds to ask a stream for its usage.
+const INCLUDE_USAGE: &str = ",\"stream_options\":{\"include_usage\":true}";
+
+/// Where to add `stream_options.include_usage`: the offset of the body's closing brace, when the config asks for
+/// it and the request is a streamed chat or completions request without `stream_options` of its own.
+fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, members: &[Member]) -> Option<usize> {
+    if !cfg.stream_include_usage || !matches!(api, Api::Chat | Api::Completions) {
+        return None;
+    }
+    let streaming = fields.get("stream").is_some_and(|m| m.value.of(body) == b"true");
+    let has_options = members.iter().any(|m| m.key.of(body) == b"\"stream_options\"");
+    if !streaming || has_options {
+        return None;
+    }
+    body.iter().rposition(|&b| b == b'}')
+}
+
+/// The one edit to the body: `model` set to `upstream` (when the bytes differ) and, at `insert_at`, the
+/// include-usage option. Both fall in one span, so the body is copied once.
+fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
+    let new_model = serde_json::Value::from(upstream).to_string();
+    let model_changes = model.value.of(body) != new_model.as_bytes();
+    match (model_changes, insert_at) {
+        (false, None) => None,
+        (true, None) => Some(BodyPatch {
+            span: model.value,
+            replacement: new_model,
+        }),
+        (false, Some(at)) => Some(BodyPatch {
+            span: Span { start: at, end: at },
+            replacement: INCLUDE_USAGE.to_string(),
+        }),
+        (true, Some(at)) => {
+            let middle = String::from_utf8_lossy(body.get(model.value.end..at).unwrap_or_default());
+            Some(BodyPatch {
+                span: Span {
+                    start: model.value.start,
+                    end: at,
+                },
+                replacement: format!("{new_model}{middle}{INCLUDE_USAGE}"),
+            })
+        }
+    }
 }
 
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, else 0.
@@ -185,4 +225,55 @@ fn requested_output(body: &[u8], fields: &Fields) -> u64 {
         .filter(|m| m.kind == Kind::Number)
         .find_map(|m| std::str::from_utf8(m.value.of(body)).ok()?.parse::<u64>().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(include_usage: bool) -> Config {
+        crate::config::load(&format!(
+            r#"{{"version":1,"backends":[{{"name":"a","kind":"llamacpp","endpoints":["127.0.0.1:1"]}}],
+                "models":[{{"name":"m","routes":[{{"backend":"a","upstream_model":"up"}}]}},
+                          {{"name":"same","routes":[{{"backend":"a"}}]}}],
+                "usage":{{"stream_include_usage":{include_usage}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn routed(c: &Config, body: &str) -> (RouteDecision, String) {
+        let d = route(c, Api::Chat, body.as_bytes(), None).unwrap();
+        let out = d
+            .patch
+            .as_ref()
+            .map_or(body.as_bytes().to_vec(), |p| p.apply(body.as_bytes()));
+        (d, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn include_usage_is_added_to_streams_that_lack_stream_options() {
+        let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#;
+        let (d, out) = routed(&cfg(true), body);
+        assert!(d.strip_usage_chunk);
+        assert_eq!(
+            out,
+            r#"{"model":"up","stream":true,"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#
+        );
+        assert_eq!(d.body_len(body.len()), out.len());
+        let (d, out) = routed(&cfg(true), &body.replace("\"m\"", "\"same\""));
+        assert!(d.strip_usage_chunk);
+        assert!(out.ends_with(r#""stream_options":{"include_usage":true}}"#), "{out}");
+    }
+
+    #[test]
+    fn include_usage_is_left_alone_when_off_unstreamed_or_already_chosen() {
+        let streamed = r#"{"model":"same","stream":true,"messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(routed(&cfg(false), streamed).1, streamed);
+        let plain = r#"{"model":"same","messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(routed(&cfg(true), plain).1, plain);
+        let chosen = r#"{"model":"same","stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"x"}]}"#;
+        let (d, out) = routed(&cfg(true), chosen);
+        assert!(!d.strip_usage_chunk);
+        assert_eq!(out, chosen);
+    }
 }

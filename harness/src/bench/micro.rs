@@ -11,8 +11,9 @@ use serde_json::Value;
 use super::body::{size_id, size_label, SIZES};
 
 /// The criterion groups of `filter/core/benches/core.rs`, with what each measures.
-pub const GROUPS: [(&str, &str); 3] = [
+pub const GROUPS: [(&str, &str); 4] = [
     ("scan_object", "parse + validate (`json::scan_object`)"),
+    ("token_estimate", "input-token estimate (`estimate::input_tokens`)"),
     (
         "route_chat",
         "full `route` of a chat body: parse, validate, extract, hash",

@@ -7,9 +7,31 @@
 //! `/v1/chat/completions`, `/v1/completions`, `/v1/responses` (OpenAI Responses), `/v1/embeddings` and
 //! `/v1/messages` (Anthropic Messages). A small prefix-cache model makes cached-token counts behave plausibly.
 //!
-//! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, a cut
-//! stream, and self-checks of the model and backend the request was routed to. Every response names its
+//! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, stream
+//! faults, and self-checks of the model and backend the request was routed to. Every response names its
 //! backend in `x-emu-backend`.
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-emu-delay-ms: M` | wait M ms before answering |
+//! | `x-emu-status: S` | answer status S with the dialect's error envelope |
+//! | `x-emu-chunks: N` | stream N content deltas (default 3) |
+//! | `x-emu-chunk-delay-ms: M` | pause M ms before each content delta |
+//! | `x-emu-cut-after: N` | N deltas, then abort the connection (a cut on an event boundary) |
+//! | `x-emu-cut-mid: N` | N deltas, the first half of the next event's bytes, then abort |
+//! | `x-emu-end-mid: N` | N deltas, the first half of the next event, then a clean end |
+//! | `x-emu-error-after: N` | N deltas, the dialect's error event, then a clean end without the terminal event |
+//! | `x-emu-no-terminal: 1` | the whole stream but its terminal event, then a clean end |
+//! | `x-emu-trickle-ms: M` | every byte its own body chunk, M ms after the one before |
+//! | `x-emu-stall: 1` | the response head, then nothing until the client goes or the emulator stops |
+//! | `x-emu-line-ending: crlf\|cr` | SSE lines end in `\r\n` or `\r` (default `lf`) |
+//! | `x-emu-close-delimited: 1` | no length, no chunking: the body ends when the connection closes |
+//! | `x-emu-expect-model: M`, `x-emu-expect-backend: B` | answer 500 unless the model or backend match |
+//!
+//! At most one of the four that stop a stream early may be sent. A stream carries a separate usage chunk
+//! (chat, completions) only when the request sets `stream_options.include_usage`. Every byte of an answer is a
+//! function of the request, the emulator's options, its prefix cache and its answer counter (both restarted by
+//! [`Emulator::reset`]).
 //!
 //! Dropping an [`Emulator`] stops it: the listener closes, idle connections close, and in-flight delays and
 //! streams end by aborting the connection.
@@ -17,6 +39,7 @@
 mod cache;
 mod dialect;
 mod serve;
+mod sse;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +78,8 @@ pub struct EmulatorOptions {
     pub chunk_delay_ms: u64,
     /// Port on 127.0.0.1; 0 (the default) lets the kernel pick a free one.
     pub port: u16,
+    /// Send every stream close-delimited, as if each request had `x-emu-close-delimited: 1`.
+    pub close_delimited: bool,
 }
 
 impl EmulatorOptions {
@@ -67,6 +92,7 @@ impl EmulatorOptions {
             cache_blocks: 4096,
             chunk_delay_ms: 0,
             port: 0,
+            close_delimited: false,
         }
     }
 }
@@ -161,6 +187,14 @@ impl Emulator {
         })
     }
 
+    /// Starts an emulator whose streams are all close-delimited: an `HTTP/1.0` head with `connection: close`,
+    /// neither `content-length` nor `transfer-encoding`, and a body that ends when the connection closes.
+    pub async fn spawn_close_delimited(name: &str) -> io::Result<Emulator> {
+        let mut opts = EmulatorOptions::new(name);
+        opts.close_delimited = true;
+        Self::spawn_with(opts).await
+    }
+
     pub fn name(&self) -> &str {
         &self.shared.opts.name
     }
@@ -210,11 +244,12 @@ impl Emulator {
         self.shared.health.store(status, Ordering::SeqCst);
     }
 
-    /// Forgets recorded requests, the inflight high-water mark and the
-    /// prefix cache.
+    /// Forgets recorded requests, the inflight high-water mark and the prefix cache, and numbers answers from 1
+    /// again, so the same request after a reset gets the same bytes.
     pub fn reset(&self) {
         self.shared.requests().clear();
         self.shared.cache().clear();
+        self.shared.next_id.store(1, Ordering::SeqCst);
         let now = self.shared.inflight.load(Ordering::SeqCst);
         self.shared.max_inflight.store(now, Ordering::SeqCst);
     }

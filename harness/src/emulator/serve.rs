@@ -2,7 +2,8 @@
 //!
 //! Inference requests (every [`Dialect`]) go through the same steps: count as in flight, apply the
 //! `x-emu-*` faults and self-checks, parse the JSON, look the prompt up in the prefix cache, then answer in the
-//! dialect, plain or as a stream. Errors are answered in the dialect's envelope.
+//! dialect, plain or as a stream (with the stream faults, played out by `sse`). Errors are answered in the
+//! dialect's envelope.
 
 use std::io;
 use std::str::FromStr;
@@ -12,19 +13,15 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::watch;
 
-use super::dialect::{self, Answer, Dialect, Envelope, EventStream, Frame};
-use super::{cache, pause, InflightGuard, RecordedRequest, Shared};
-
-/// Pause before aborting a stream, so what precedes the cut is flushed.
-const FLUSH_BEFORE_ABORT: Duration = Duration::from_millis(5);
+use super::dialect::{self, Answer, Dialect, Envelope, LineEnding, Stop, StreamFaults};
+use super::{cache, pause, sse, InflightGuard, RecordedRequest, Shared};
 
 /// Largest request body the emulator reads.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -113,25 +110,83 @@ fn aborted_response() -> Response {
 }
 
 /// Per-request behaviour chosen by `x-emu-*` headers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Faults {
     delay_ms: u64,
     status: Option<u16>,
     chunk_delay_ms: Option<u64>,
-    chunks: Option<u32>,
-    cut_after: Option<u32>,
+    stream: StreamFaults,
+    close_delimited: bool,
 }
+
+/// Makes a [`Stop`] from a header's delta count.
+type MakeStop = fn(u32) -> Stop;
+
+/// The headers that stop a stream early; a request may carry one of them.
+const STOPS: [(&str, MakeStop); 4] = [
+    ("x-emu-cut-after", Stop::CutAfter),
+    ("x-emu-cut-mid", Stop::CutMid),
+    ("x-emu-end-mid", Stop::EndMid),
+    ("x-emu-error-after", Stop::ErrorAfter),
+];
 
 impl Faults {
     fn from_headers(headers: &HeaderMap, envelope: Envelope) -> Result<Self, Refusal> {
+        let chunks = control(headers, "x-emu-chunks", envelope)?.unwrap_or(dialect::DEFAULT_CHUNKS);
+        let stream = StreamFaults {
+            stop: stop(headers, envelope)?,
+            no_terminal: flag(headers, "x-emu-no-terminal", envelope)?,
+            line_ending: line_ending(headers, envelope)?,
+            trickle: control(headers, "x-emu-trickle-ms", envelope)?.map(Duration::from_millis),
+            stall: flag(headers, "x-emu-stall", envelope)?,
+            ..StreamFaults::new(chunks)
+        };
         Ok(Faults {
             delay_ms: control(headers, "x-emu-delay-ms", envelope)?.unwrap_or(0),
             status: control(headers, "x-emu-status", envelope)?,
             chunk_delay_ms: control(headers, "x-emu-chunk-delay-ms", envelope)?,
-            chunks: control(headers, "x-emu-chunks", envelope)?,
-            cut_after: control(headers, "x-emu-cut-after", envelope)?,
+            stream,
+            close_delimited: flag(headers, "x-emu-close-delimited", envelope)?,
         })
     }
+}
+
+/// The one early stop among [`STOPS`], if any; two are a 400.
+fn stop(headers: &HeaderMap, envelope: Envelope) -> Result<Option<Stop>, Refusal> {
+    let mut found = None;
+    for (name, make) in STOPS {
+        let Some(deltas) = control(headers, name, envelope)? else {
+            continue;
+        };
+        if found.is_some() {
+            let names = STOPS.map(|(name, _)| name).join(", ");
+            return Err(Refusal::error(
+                envelope,
+                400,
+                &format!("emulator: at most one of {names}"),
+            ));
+        }
+        found = Some(make(deltas));
+    }
+    Ok(found)
+}
+
+/// A `0`/`1` control header; absent is off.
+fn flag(headers: &HeaderMap, name: &str, envelope: Envelope) -> Result<bool, Refusal> {
+    Ok(control::<u8>(headers, name, envelope)?.is_some_and(|value| value != 0))
+}
+
+/// `x-emu-line-ending`: `lf` (the default), `crlf` or `cr`.
+fn line_ending(headers: &HeaderMap, envelope: Envelope) -> Result<LineEnding, Refusal> {
+    let Some(value) = headers.get("x-emu-line-ending") else {
+        return Ok(LineEnding::Lf);
+    };
+    let ending = value.to_str().ok().and_then(LineEnding::parse);
+    ending.ok_or_else(|| bad_header(envelope, "x-emu-line-ending", value))
+}
+
+fn bad_header(envelope: Envelope, name: &str, value: &HeaderValue) -> Refusal {
+    Refusal::error(envelope, 400, &format!("emulator: bad {name} header {value:?}"))
 }
 
 /// Parses a numeric control header; a malformed one is a 400.
@@ -140,14 +195,7 @@ fn control<T: FromStr>(headers: &HeaderMap, name: &str, envelope: Envelope) -> R
         return Ok(None);
     };
     let parsed = value.to_str().ok().and_then(|text| text.trim().parse().ok());
-    match parsed {
-        Some(number) => Ok(Some(number)),
-        None => Err(Refusal::error(
-            envelope,
-            400,
-            &format!("emulator: bad {name} header {value:?}"),
-        )),
-    }
+    parsed.map(Some).ok_or_else(|| bad_header(envelope, name, value))
 }
 
 fn text_header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -218,7 +266,16 @@ async fn answer(
     let answer = build_answer(shared, dialect, &request, &faults);
     let wants_stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match dialect.events() {
-        Some(events) if wants_stream => Ok(stream_response(shared, events, &answer, &faults, guard)),
+        Some(events) if wants_stream => {
+            let plan = dialect::stream_plan(events, &answer, &faults.stream);
+            let close_delimited = faults.close_delimited || shared.opts.close_delimited;
+            Ok(sse::stream_response(
+                plan,
+                close_delimited,
+                shared.stopped.clone(),
+                guard,
+            ))
+        }
         _ => Ok(json_response(200, &dialect.body(&answer, &request))),
     }
 }
@@ -240,69 +297,6 @@ fn build_answer(shared: &Shared, dialect: Dialect, request: &Value, faults: &Fau
         prompt_tokens: cache::token_count(prompt.as_bytes()),
         cached_tokens,
         chunk_delay: Duration::from_millis(chunk_delay_ms),
-    }
-}
-
-fn stream_response(
-    shared: &Shared,
-    events: &dyn EventStream,
-    answer: &Answer,
-    faults: &Faults,
-    guard: InflightGuard,
-) -> Response {
-    let chunks = faults.chunks.unwrap_or(dialect::DEFAULT_CHUNKS);
-    let plan = dialect::stream_plan(events, answer, chunks, faults.cut_after);
-    let frames = SseFrames {
-        frames: plan.frames.into(),
-        abort: plan.abort,
-        stopped: shared.stopped.clone(),
-        guard: Some(guard),
-    };
-    let body = futures_util::stream::unfold(frames, |mut frames| async move {
-        let item = frames.next().await?;
-        Some((item, frames))
-    });
-    let headers = [(CONTENT_TYPE, "text/event-stream"), (CACHE_CONTROL, "no-cache")];
-    (StatusCode::OK, headers, Body::from_stream(body)).into_response()
-}
-
-/// Plays a planned stream (see [`dialect::stream_plan`]) out as body items, pausing before frames.
-///
-/// The inflight guard is released as the last item is handed out (or when the body is dropped early), so a
-/// client that has read the whole stream already sees the request as finished.
-struct SseFrames {
-    frames: std::collections::VecDeque<Frame>,
-    abort: bool,
-    stopped: watch::Receiver<bool>,
-    guard: Option<InflightGuard>,
-}
-
-impl SseFrames {
-    async fn next(&mut self) -> Option<Result<Bytes, io::Error>> {
-        let Some(frame) = self.frames.pop_front() else {
-            return self.take_abort().await;
-        };
-        if !pause(&self.stopped, frame.delay).await {
-            self.frames.clear();
-            self.abort = true;
-            return self.take_abort().await;
-        }
-        if self.frames.is_empty() && !self.abort {
-            self.guard = None;
-        }
-        Some(Ok(frame.bytes))
-    }
-
-    /// The error that aborts the connection, once, if the plan calls for it.
-    ///
-    /// It waits a moment first: hyper flushes what it has buffered while the body is pending, so the head and
-    /// the frames before the cut reach the client before the connection drops.
-    async fn take_abort(&mut self) -> Option<Result<Bytes, io::Error>> {
-        self.guard = None;
-        if !std::mem::take(&mut self.abort) {
-            return None;
-        }
-        tokio::time::sleep(FLUSH_BEFORE_ABORT).await;
-        Some(Err(io::Error::other("emulated stream cut")))
+        include_usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
     }
 }

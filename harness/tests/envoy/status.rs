@@ -243,7 +243,7 @@ async fn status_pages_answer_get_only() {
     assert!(fleet
         .engines
         .iter()
-        .all(|e| e.requests().iter().all(|r| r.path == "/health")));
+        .all(|e| e.requests().iter().all(|r| r.path == "/health" || r.path == "/props")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
-pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute, RawTokens};
+pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute, RawTokens, RawUsage};
 pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
 use crate::endpoint::ApiSet;
@@ -195,6 +195,8 @@ pub struct Config {
     pub image_tokens: u32,
     pub listen_tls: Option<ListenTls>,
     pub retries: Retries,
+    /// Ask streamed chat/completions for usage on the client's behalf.
+    pub stream_include_usage: bool,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

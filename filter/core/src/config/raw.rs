@@ -42,6 +42,20 @@ pub struct RawConfig {
     /// Retries before the first response byte.
     #[serde(default)]
     pub retries: Option<RawRetries>,
+    /// Usage accounting.
+    #[serde(default)]
+    pub usage: Option<RawUsage>,
+}
+
+/// Usage accounting.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUsage {
+    /// Add `stream_options.include_usage: true` to streamed chat and completions requests that lack
+    /// `stream_options`, so every stream reports its usage; the extra usage chunk is removed from the client's
+    /// stream. Default false.
+    #[serde(default)]
+    pub stream_include_usage: Option<bool>,
 }
 
 /// One fleet of engines of the same kind serving the same models.

@@ -99,6 +99,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 image_tokens,
                 listen_tls,
                 retries,
+                stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
                 warnings: errs.1,
                 alias_index,
             })

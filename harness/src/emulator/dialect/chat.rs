@@ -1,13 +1,14 @@
 //! `POST /v1/chat/completions` in llama.cpp's dialect.
 //!
 //! The prompt is one `role:content` line per message. A stream is a role chunk, a `: keepalive` comment, the
-//! content chunks, a final chunk with `finish_reason`, `usage` and `timings`, then `data: [DONE]`.
+//! content chunks, a final chunk with `finish_reason` and `timings`, the usage chunk (no choices, `usage`) if
+//! the request set `stream_options.include_usage`, then `data: [DONE]`.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{conversation_text, data_event, delta_text, openai_usage, timings, Answer, EventStream};
-use super::{DONE, NON_STREAM_TOKENS};
+use super::{conversation_text, data_event, delta_text, openai_usage, timings, usage_chunk, Answer, EventStream};
+use super::{DONE, NON_STREAM_TOKENS, OPENAI_ERROR_EVENT};
 
 /// SSE comment that llama.cpp-style servers send to keep a stream alive.
 pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
@@ -35,7 +36,7 @@ pub fn body(answer: &Answer) -> Value {
     })
 }
 
-/// One `chat.completion.chunk` object.
+/// One `chat.completion.chunk` object with one choice.
 fn chunk(answer: &Answer, delta: Value, finish_reason: Option<&str>) -> Value {
     json!({
         "id": answer.id,
@@ -60,21 +61,29 @@ impl EventStream for Events {
         data_event(&chunk(answer, json!({"content": delta_text(index)}), None))
     }
 
-    /// The last chunk (empty delta, `stop`, the totals), then `[DONE]`.
+    /// The last chunk (empty delta, `stop`, the timings), then the usage chunk if asked for.
     fn tail(&self, answer: &Answer, chunks: u32) -> Vec<Bytes> {
         let completion = u64::from(chunks);
         let mut last = chunk(answer, json!({}), Some("stop"));
         last["timings"] = timings(answer, completion);
-        last["usage"] = openai_usage(answer, completion);
-        vec![data_event(&last), Bytes::from_static(DONE)]
+        let usage = usage_chunk(answer, chunk(answer, json!({}), None), completion);
+        [data_event(&last)].into_iter().chain(usage).collect()
+    }
+
+    fn terminal(&self, _answer: &Answer, _chunks: u32) -> Bytes {
+        Bytes::from_static(DONE)
+    }
+
+    fn error(&self, _answer: &Answer, _deltas: u32) -> Bytes {
+        Bytes::from_static(OPENAI_ERROR_EVENT)
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::stream_plan;
     use super::super::testing::{answer, frame_json};
+    use super::super::{stream_plan, StreamFaults};
     use super::*;
 
     #[test]
@@ -92,8 +101,7 @@ mod tests {
 
     #[test]
     fn stream_has_the_llama_order() {
-        let plan = stream_plan(&Events, &answer(), 2, None);
-        assert!(!plan.abort);
+        let plan = stream_plan(&Events, &answer(), &StreamFaults::new(2));
         assert_eq!(plan.frames.len(), 6);
         assert_eq!(
             frame_json(&plan.frames[0].bytes)["choices"][0]["delta"]["role"],
@@ -106,8 +114,30 @@ mod tests {
         );
         let last = frame_json(&plan.frames[4].bytes);
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
-        assert_eq!(last["usage"]["completion_tokens"], 2);
+        assert_eq!(last["timings"]["predicted_n"], 2);
+        assert_eq!(last.get("usage"), None, "usage only when the request asks for it");
         assert_eq!(plan.frames[5].bytes.as_ref(), DONE);
+    }
+
+    #[test]
+    fn include_usage_adds_a_usage_chunk_before_done() {
+        let answer = Answer {
+            include_usage: true,
+            ..answer()
+        };
+        let plan = stream_plan(&Events, &answer, &StreamFaults::new(2));
+        assert_eq!(plan.frames.len(), 7);
+        assert_eq!(frame_json(&plan.frames[4].bytes).get("usage"), None);
+        let usage = frame_json(&plan.frames[5].bytes);
+        assert_eq!(usage["object"], "chat.completion.chunk");
+        assert_eq!(usage["id"], "id-1");
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(
+            usage["usage"],
+            json!({"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+                "prompt_tokens_details": {"cached_tokens": 32}})
+        );
+        assert_eq!(plan.frames[6].bytes.as_ref(), DONE);
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //!
 //! `prompt` is a string, a list of strings, a list of token ids, or a list of token-id lists; the engine's
 //! prompt is those parts joined by `\n` (token ids written as numbers). A stream is `text_completion` chunks,
-//! a final chunk with `finish_reason`, `usage` and `timings`, then `data: [DONE]`.
+//! a final chunk with `finish_reason` and `timings`, the usage chunk (no choices, `usage`) if the request set
+//! `stream_options.include_usage`, then `data: [DONE]`.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{data_event, delta_text, openai_usage, prompt_parts, timings, Answer, EventStream};
-use super::{DONE, NON_STREAM_TOKENS};
+use super::{data_event, delta_text, openai_usage, prompt_parts, timings, usage_chunk, Answer, EventStream};
+use super::{DONE, NON_STREAM_TOKENS, OPENAI_ERROR_EVENT};
 
 /// The prompt text of a completions request.
 pub fn prompt_text(request: &Value) -> String {
@@ -51,21 +52,29 @@ impl EventStream for Events {
         data_event(&completion(answer, &delta_text(index), None))
     }
 
-    /// The last chunk (empty text, `stop`, the totals), then `[DONE]`.
+    /// The last chunk (empty text, `stop`, the timings), then the usage chunk if asked for.
     fn tail(&self, answer: &Answer, chunks: u32) -> Vec<Bytes> {
         let completion_tokens = u64::from(chunks);
         let mut last = completion(answer, "", Some("stop"));
-        last["usage"] = openai_usage(answer, completion_tokens);
         last["timings"] = timings(answer, completion_tokens);
-        vec![data_event(&last), Bytes::from_static(DONE)]
+        let usage = usage_chunk(answer, completion(answer, "", None), completion_tokens);
+        [data_event(&last)].into_iter().chain(usage).collect()
+    }
+
+    fn terminal(&self, _answer: &Answer, _chunks: u32) -> Bytes {
+        Bytes::from_static(DONE)
+    }
+
+    fn error(&self, _answer: &Answer, _deltas: u32) -> Bytes {
+        Bytes::from_static(OPENAI_ERROR_EVENT)
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::stream_plan;
     use super::super::testing::{answer, frame_json};
+    use super::super::{stream_plan, StreamFaults};
     use super::*;
 
     #[test]
@@ -92,7 +101,7 @@ mod tests {
 
     #[test]
     fn stream_sends_text_then_totals_then_done() {
-        let plan = stream_plan(&Events, &answer(), 2, None);
+        let plan = stream_plan(&Events, &answer(), &StreamFaults::new(2));
         assert_eq!(plan.frames.len(), 4);
         let first = frame_json(&plan.frames[0].bytes);
         assert_eq!(first["object"], "text_completion");
@@ -100,8 +109,20 @@ mod tests {
         assert_eq!(first["choices"][0]["finish_reason"], Value::Null);
         let last = frame_json(&plan.frames[2].bytes);
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
-        assert_eq!(last["usage"]["completion_tokens"], 2);
+        assert_eq!(last.get("usage"), None);
         assert_eq!(last["timings"]["predicted_n"], 2);
         assert_eq!(plan.frames[3].bytes.as_ref(), DONE);
+
+        let asked = Answer {
+            include_usage: true,
+            ..answer()
+        };
+        let plan = stream_plan(&Events, &asked, &StreamFaults::new(2));
+        assert_eq!(plan.frames.len(), 5);
+        let usage = frame_json(&plan.frames[3].bytes);
+        assert_eq!(usage["object"], "text_completion");
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["completion_tokens"], 2);
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
     }
 }

@@ -7,12 +7,13 @@
 //! A stream is named events, each `event: <type>` with a JSON `data` that repeats the `type`:
 //! `message_start` (the message with empty content and the input usage), `content_block_start`, `ping`, one
 //! `content_block_delta` (`text_delta`) per delta, `content_block_stop`, `message_delta` (`stop_reason` and
-//! the output tokens), `message_stop`.
+//! the output tokens), `message_stop`. An engine failure mid-stream is an `error` event (`api_error`).
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{conversation_text, delta_text, named_event, with_fields, Answer, EventStream, NON_STREAM_TOKENS};
+use super::{conversation_text, delta_text, named_event, with_fields, Answer, EventStream};
+use super::{NON_STREAM_TOKENS, STREAM_ERROR_MESSAGE};
 
 /// The prompt text of a Messages request.
 pub fn prompt_text(request: &Value) -> String {
@@ -88,16 +89,25 @@ impl EventStream for Events {
                 "message_delta",
                 json!({"delta": delta, "usage": {"output_tokens": chunks}}),
             ),
-            event("message_stop", json!({})),
         ]
+    }
+
+    fn terminal(&self, _answer: &Answer, _chunks: u32) -> Bytes {
+        event("message_stop", json!({}))
+    }
+
+    /// `error` in Anthropic's key order.
+    fn error(&self, _answer: &Answer, _deltas: u32) -> Bytes {
+        let data = format!(r#"{{"type":"error","error":{{"type":"api_error","message":"{STREAM_ERROR_MESSAGE}"}}}}"#);
+        Bytes::from(format!("event: error\ndata: {data}\n\n"))
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::stream_plan;
     use super::super::testing::{answer, frame_event, frame_json};
+    use super::super::{stream_plan, StreamFaults};
     use super::*;
 
     #[test]
@@ -135,7 +145,7 @@ mod tests {
 
     #[test]
     fn stream_events_are_in_order() {
-        let plan = stream_plan(&Events, &answer(), 2, None);
+        let plan = stream_plan(&Events, &answer(), &StreamFaults::new(2));
         let kinds: Vec<String> = plan.frames.iter().map(|f| frame_event(&f.bytes).unwrap()).collect();
         assert_eq!(
             kinds,

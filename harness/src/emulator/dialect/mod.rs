@@ -2,8 +2,9 @@
 //!
 //! Each API is a [`Dialect`] with its own module: how to read the prompt out of a request, the non-streamed
 //! body, and the streamed events. Everything here is plain data: JSON values for non-streamed answers and a
-//! [`StreamPlan`] (the exact SSE frames, with the pause before each) for streamed ones. The server module turns
-//! them into HTTP responses, so the shapes can be checked without a socket.
+//! [`StreamPlan`] (the exact SSE frames, with the pause before each, after the request's [`StreamFaults`]) for
+//! streamed ones. The server module turns them into HTTP responses, so the shapes can be checked without a
+//! socket.
 //!
 //! All dialects answer the same way: a non-streamed answer says `Hello from <backend>.` and reports
 //! [`NON_STREAM_TOKENS`] output tokens; a stream sends `chunks` deltas `tok0 `, `tok1 `, ... and reports that
@@ -14,18 +15,22 @@ mod completions;
 mod embeddings;
 mod engine;
 mod messages;
+mod plan;
 mod prompt;
 mod responses;
 mod stream;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 
 pub use engine::{health_body, models_body, props_body};
+pub use plan::{stream_plan, End, Frame, LineEnding, Stop, StreamFaults, StreamPlan};
 use prompt::{conversation_text, prompt_parts};
 use stream::with_fields;
-pub use stream::{data_event, delta_text, named_event, stream_plan, streamed_text, EventStream, Frame};
+pub use stream::{data_event, delta_text, named_event, streamed_text, EventStream};
+pub use stream::{OPENAI_ERROR_EVENT, STREAM_ERROR_MESSAGE};
 
 /// Content deltas in a stream unless `x-emu-chunks` says otherwise.
 pub const DEFAULT_CHUNKS: u32 = 3;
@@ -190,6 +195,8 @@ pub struct Answer {
     pub cached_tokens: u64,
     /// Pause before each content delta; also feeds `predicted_ms`.
     pub chunk_delay: Duration,
+    /// The request asked for `stream_options.include_usage`: an OpenAI-style stream ends with a usage chunk.
+    pub include_usage: bool,
 }
 
 impl Answer {
@@ -211,6 +218,16 @@ fn openai_usage(answer: &Answer, completion: u64) -> Value {
         "completion_tokens": completion,
         "total_tokens": answer.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": answer.cached_tokens}
+    })
+}
+
+/// The usage chunk that ends an OpenAI-style stream (before `[DONE]`) when the request set
+/// `stream_options.include_usage`: `chunk`, a chunk of that stream, with no choices and the totals.
+fn usage_chunk(answer: &Answer, mut chunk: Value, completion: u64) -> Option<Bytes> {
+    answer.include_usage.then(|| {
+        chunk["choices"] = json!([]);
+        chunk["usage"] = openai_usage(answer, completion);
+        data_event(&chunk)
     })
 }
 
@@ -242,6 +259,7 @@ pub(crate) mod testing {
             prompt_tokens: 40,
             cached_tokens: 32,
             chunk_delay: Duration::from_millis(5),
+            include_usage: false,
         }
     }
 

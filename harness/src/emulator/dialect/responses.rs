@@ -7,13 +7,14 @@
 //! `sequence_number` counting from 0: `response.created`, `response.in_progress`,
 //! `response.output_item.added`, `response.content_part.added`, one `response.output_text.delta` per delta,
 //! `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
-//! `response.completed` (with `usage`).
+//! `response.completed` (with `usage`). An engine failure mid-stream is an `error` event with the next
+//! `sequence_number`.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::NON_STREAM_TOKENS;
 use super::{conversation_text, delta_text, named_event, streamed_text, with_fields, Answer, EventStream};
+use super::{NON_STREAM_TOKENS, STREAM_ERROR_MESSAGE};
 
 /// Events before the first delta; deltas are numbered from here.
 const HEAD_EVENTS: u32 = 4;
@@ -164,7 +165,6 @@ impl EventStream for Events {
         let text = streamed_text(chunks);
         let first = HEAD_EVENTS + chunks;
         let item = message_item(answer, Status::Completed, vec![text_part(&text)]);
-        let done = completed(answer, &text, u64::from(chunks));
         vec![
             event(
                 "response.output_text.done",
@@ -181,16 +181,34 @@ impl EventStream for Events {
                 first + 2,
                 json!({"output_index": 0, "item": item}),
             ),
-            event("response.completed", first + 3, json!({"response": done})),
         ]
+    }
+
+    fn terminal(&self, answer: &Answer, chunks: u32) -> Bytes {
+        let done = completed(answer, &streamed_text(chunks), u64::from(chunks));
+        event(
+            "response.completed",
+            HEAD_EVENTS + chunks + 3,
+            json!({"response": done}),
+        )
+    }
+
+    /// `error` in OpenAI's key order, numbered after the events before it.
+    fn error(&self, _answer: &Answer, deltas: u32) -> Bytes {
+        let sequence = HEAD_EVENTS + deltas;
+        let message = STREAM_ERROR_MESSAGE;
+        let data = format!(
+            r#"{{"type":"error","code":"server_error","message":"{message}","param":null,"sequence_number":{sequence}}}"#
+        );
+        Bytes::from(format!("event: error\ndata: {data}\n\n"))
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::stream_plan;
     use super::super::testing::{answer, frame_event, frame_json};
+    use super::super::{stream_plan, StreamFaults};
     use super::*;
 
     #[test]
@@ -228,7 +246,7 @@ mod tests {
 
     #[test]
     fn stream_events_are_in_order_and_numbered() {
-        let plan = stream_plan(&Events, &answer(), 2, None);
+        let plan = stream_plan(&Events, &answer(), &StreamFaults::new(2));
         let kinds: Vec<String> = plan.frames.iter().map(|f| frame_event(&f.bytes).unwrap()).collect();
         assert_eq!(
             kinds,

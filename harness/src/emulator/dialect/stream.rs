@@ -1,14 +1,20 @@
-//! What every streamed answer shares: SSE framing, the delta texts, and the plan of a stream.
+//! What every streamed answer shares: SSE framing, the delta texts, and the events a dialect streams.
 //!
-//! A dialect describes its stream as an [`EventStream`]: a head, one frame per content delta, a tail.
-//! [`stream_plan`] lays that out with the chunk delay before each delta, and cuts it short on request.
-
-use std::time::Duration;
+//! A dialect describes its stream as an [`EventStream`]: a head, one frame per content delta, a tail, the
+//! terminal event, and the error event it sends when the engine fails mid-stream. `plan` lays the events out
+//! and applies the per-request stream faults.
 
 use bytes::Bytes;
 use serde_json::Value;
 
 use super::Answer;
+
+/// Message of every emulated mid-stream engine error.
+pub const STREAM_ERROR_MESSAGE: &str = "engine failure";
+
+/// The mid-stream error event of the OpenAI-style streams (chat, completions), in OpenAI's key order.
+pub const OPENAI_ERROR_EVENT: &[u8] =
+    b"data: {\"error\":{\"message\":\"engine failure\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n";
 
 /// The text of content delta `index`.
 pub fn delta_text(index: u32) -> String {
@@ -38,60 +44,24 @@ pub fn named_event(name: &str, value: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
 }
 
-/// The events of one API's stream. A stream is the head, then one frame per content delta, then the tail.
+/// The events of one API's stream, each framed with `\n` line endings. A whole stream is the head, one frame
+/// per content delta, the tail, then the terminal event.
 pub trait EventStream: Sync {
     /// Frames before the first delta.
     fn head(&self, answer: &Answer) -> Vec<Bytes>;
     /// The frame carrying delta `index`.
     fn delta(&self, answer: &Answer, index: u32) -> Bytes;
-    /// Frames after the last delta of a stream of `chunks` deltas.
+    /// Frames after the last delta of a stream of `chunks` deltas, up to the terminal event.
     fn tail(&self, answer: &Answer, chunks: u32) -> Vec<Bytes>;
-}
-
-/// One frame of a stream and how long to wait before sending it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Frame {
-    pub delay: Duration,
-    pub bytes: Bytes,
-}
-
-impl Frame {
-    fn now(bytes: Bytes) -> Self {
-        Frame {
-            delay: Duration::ZERO,
-            bytes,
-        }
-    }
-}
-
-/// A whole stream: its frames in order and whether it ends by aborting the connection instead of finishing.
-#[derive(Clone, Debug)]
-pub struct StreamPlan {
-    pub frames: Vec<Frame>,
-    pub abort: bool,
-}
-
-/// Plans a stream of `chunks` deltas: the head, the deltas (each after the chunk delay), the tail. With
-/// `cut_after`, the plan stops after that many deltas and aborts.
-pub fn stream_plan(events: &dyn EventStream, answer: &Answer, chunks: u32, cut_after: Option<u32>) -> StreamPlan {
-    let mut frames: Vec<Frame> = events.head(answer).into_iter().map(Frame::now).collect();
-    let sent = cut_after.map_or(chunks, |cut| cut.min(chunks));
-    frames.extend((0..sent).map(|index| Frame {
-        delay: answer.chunk_delay,
-        bytes: events.delta(answer, index),
-    }));
-    if cut_after.is_some() {
-        return StreamPlan { frames, abort: true };
-    }
-    frames.extend(events.tail(answer, chunks).into_iter().map(Frame::now));
-    StreamPlan { frames, abort: false }
+    /// The event that tells the client a stream of `chunks` deltas is complete.
+    fn terminal(&self, answer: &Answer, chunks: u32) -> Bytes;
+    /// The error event an engine that fails after `deltas` deltas sends instead of the rest of the stream.
+    fn error(&self, answer: &Answer, deltas: u32) -> Bytes;
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::testing::answer;
-    use super::super::Dialect;
     use super::*;
 
     #[test]
@@ -101,20 +71,11 @@ mod tests {
     }
 
     #[test]
-    fn every_streaming_dialect_cuts_after_the_deltas_it_sent() {
-        for dialect in Dialect::ALL {
-            let Some(events) = dialect.events() else {
-                continue;
-            };
-            let head = events.head(&answer()).len();
-            let whole = stream_plan(events, &answer(), 3, None);
-            assert!(!whole.abort);
-            assert_eq!(whole.frames.len(), head + 3 + events.tail(&answer(), 3).len());
-            assert_eq!(whole.frames[head].delay, Duration::from_millis(5));
-            let cut = stream_plan(events, &answer(), 3, Some(1));
-            assert!(cut.abort, "{dialect:?}");
-            assert_eq!(cut.frames.len(), head + 1, "{dialect:?}");
-            assert_eq!(stream_plan(events, &answer(), 2, Some(9)).frames.len(), head + 2);
-        }
+    fn the_openai_error_event_is_one_json_event() {
+        let text = std::str::from_utf8(OPENAI_ERROR_EVENT).unwrap();
+        let data: Value = serde_json::from_str(text.strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(data["error"]["message"], STREAM_ERROR_MESSAGE);
+        assert_eq!(data["error"]["type"], "server_error");
+        assert!(text.ends_with("}}\n\n"));
     }
 }

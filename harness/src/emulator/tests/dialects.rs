@@ -11,7 +11,12 @@ fn url(emulator: &Emulator, path: &str) -> String {
     format!("http://{}{path}", emulator.addr())
 }
 
-async fn post(emulator: &Emulator, dialect: Dialect, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+pub(super) async fn post(
+    emulator: &Emulator,
+    dialect: Dialect,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
     let mut request = reqwest::Client::new()
         .post(url(emulator, dialect.path()))
         .header("content-type", "application/json")
@@ -30,7 +35,7 @@ async fn post_json(emulator: &Emulator, dialect: Dialect, body: &Value) -> Value
 }
 
 /// A small valid request of each dialect, streamed or not.
-fn request(dialect: Dialect, text: &str, stream: bool) -> Value {
+pub(super) fn request(dialect: Dialect, text: &str, stream: bool) -> Value {
     match dialect {
         Dialect::Chat => json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]}),
         Dialect::Completions => json!({"model": "m", "stream": stream, "prompt": text}),
@@ -91,7 +96,7 @@ async fn completions_answer_plain_and_streamed() {
     assert_eq!(events.len(), 4);
     assert_eq!(events[0].1["choices"][0]["text"], "tok0 ");
     assert_eq!(events[2].1["choices"][0]["finish_reason"], "stop");
-    assert_eq!(events[2].1["usage"]["completion_tokens"], 2);
+    assert_eq!(events[2].1["timings"]["predicted_n"], 2);
 }
 
 #[tokio::test]

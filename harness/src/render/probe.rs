@@ -1,0 +1,159 @@
+//! The probe clusters of the `/props` fleet check: one single-host cluster per endpoint of each `llamacpp`
+//! backend with two or more endpoints (see `llmroute_core::fleet_check`).
+//!
+//! The filter's root context reads `GET /props` from each llama.cpp server every few seconds to check that the
+//! servers of a backend agree on their context size and slot count. A wasm `dispatch_http_call` targets a
+//! cluster, and the backend's own cluster would let its load balancer pick the host, so each endpoint gets its
+//! own cluster, named by [`probe_cluster`](llmroute_core::fleet_check::probe_cluster): STATIC for an IP,
+//! STRICT_DNS for a name. It reaches the server the way the backend's cluster does: the same connect timeout,
+//! and a copy of the backend cluster's transport socket (TLS) and upstream filters (the credential injector).
+//! It has no health check, no outlier detection and no load balancer settings, and no route names it.
+
+use llmroute_core::config::Config;
+use llmroute_core::fleet_check::{self, ProbeTarget};
+use serde_json::{json, Value};
+
+use super::{duration_ms, socket};
+
+/// What a probe cluster copies from its backend's rendered cluster.
+const COPIED: [&str; 2] = ["transport_socket", "typed_extension_protocol_options"];
+
+/// Appends the probe clusters to the bootstrap's clusters. Runs after the TLS and credential passes, so the
+/// backend clusters it copies from are complete.
+pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+    let Some(clusters) = bootstrap["static_resources"]["clusters"].as_array_mut() else {
+        return;
+    };
+    let probes: Vec<Value> = fleet_check::targets(cfg)
+        .iter()
+        .filter_map(|t| {
+            let backend = cfg.backends.iter().find(|b| b.name == t.backend)?;
+            let endpoint = backend.endpoints.get(t.index)?;
+            let rendered = clusters.iter().find(|c| c["name"] == t.backend.as_str());
+            Some(cluster(
+                t,
+                &endpoint.host,
+                endpoint.port,
+                endpoint.is_ip,
+                backend.connect_timeout_ms,
+                rendered,
+            ))
+        })
+        .collect();
+    clusters.extend(probes);
+}
+
+fn cluster(
+    t: &ProbeTarget,
+    host: &str,
+    port: u16,
+    is_ip: bool,
+    connect_timeout_ms: u64,
+    from: Option<&Value>,
+) -> Value {
+    let mut c = json!({
+        "name": t.cluster,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": duration_ms(connect_timeout_ms),
+        "load_assignment": {
+            "cluster_name": t.cluster,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket(host, port) } }] }],
+        },
+    });
+    for key in COPIED {
+        if let Some(v) = from.and_then(|f| f.get(key)) {
+            c[key] = v.clone();
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::render::{bootstrap, RenderOptions};
+    use llmroute_core::status::ADMIN_CLUSTER;
+    use serde_json::Value;
+
+    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    connect_timeout_ms: 750\n  - name: solo\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8090']\n  - name: v\n    kind: vllm\n    endpoints: ['127.0.0.1:9001', '127.0.0.1:9002']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
+
+    fn render(doc: &str) -> Value {
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap()
+    }
+
+    fn clusters(v: &Value) -> Vec<Value> {
+        v["static_resources"]["clusters"].as_array().unwrap().clone()
+    }
+
+    fn named(v: &Value, name: &str) -> Value {
+        clusters(v)
+            .into_iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no cluster {name}"))
+    }
+
+    #[test]
+    fn one_single_host_cluster_per_endpoint_of_a_multi_server_llamacpp_backend() {
+        let v = render(DOC);
+        let names: Vec<String> = clusters(&v)
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "a",
+                "solo",
+                "v",
+                "llmroute-probe-a-0",
+                "llmroute-probe-a-1",
+                ADMIN_CLUSTER
+            ],
+            "no probe for a single-endpoint backend or another engine kind; the admin cluster stays last"
+        );
+        let p0 = named(&v, "llmroute-probe-a-0");
+        assert_eq!(p0["type"], "STATIC");
+        assert_eq!(p0["connect_timeout"], "0.750s");
+        let eps = p0["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_array()
+            .unwrap();
+        assert_eq!(eps.len(), 1);
+        let addr = &eps[0]["endpoint"]["address"]["socket_address"];
+        assert_eq!(
+            (addr["address"].as_str(), addr["port_value"].as_u64()),
+            (Some("127.0.0.1"), Some(8081))
+        );
+        let p1 = named(&v, "llmroute-probe-a-1");
+        assert_eq!(p1["type"], "STRICT_DNS");
+        assert_eq!(
+            p1["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+                ["address"],
+            "llama.internal"
+        );
+        for p in [&p0, &p1] {
+            assert!(p.get("health_checks").is_none() && p.get("outlier_detection").is_none());
+            assert!(p.get("transport_socket").is_none() && p.get("typed_extension_protocol_options").is_none());
+        }
+        let listeners = v["static_resources"]["listeners"].to_string();
+        assert!(!listeners.contains("llmroute-probe"), "no route names a probe cluster");
+    }
+
+    #[test]
+    fn probes_reach_the_server_as_the_backend_does_tls_and_credential_included() {
+        let doc = DOC.replace(
+            "    connect_timeout_ms: 750\n",
+            "    connect_timeout_ms: 750\n    tls: { sni: llama.internal, ca_file: /etc/ca.pem }\n    credential_env: LLAMA_TOKEN\n",
+        );
+        let v = render(&doc);
+        let backend = named(&v, "a");
+        assert!(backend.get("transport_socket").is_some() && backend.get("typed_extension_protocol_options").is_some());
+        for probe in ["llmroute-probe-a-0", "llmroute-probe-a-1"] {
+            let p = named(&v, probe);
+            assert_eq!(p["transport_socket"], backend["transport_socket"], "{probe}");
+            assert_eq!(
+                p["typed_extension_protocol_options"], backend["typed_extension_protocol_options"],
+                "{probe}"
+            );
+        }
+    }
+}

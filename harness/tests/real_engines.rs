@@ -1,0 +1,513 @@
+//! llmroute in front of real llama.cpp `llama-server` processes (`make engines`), in a real Envoy with the real
+//! filter. Part of `make test`: a missing or broken engine fails these tests, they never skip.
+//!
+//! Every server runs the tiny random-weight model with `-np 2 -cram 0` (two slots, no host-RAM prompt cache), so
+//! a prompt prefix is warm only in the slot that last served it, and every server answers with `model` equal to
+//! its `--alias` (`llama-a-0`, `llama-a-1`, ...): that is how each request's server is identified.
+//!
+//! - `sdks_stream_through_envoy_to_llama_server`: the openai and anthropic SDKs, chat and messages, streamed
+//!   and not (`tests/sdk/check_real_sdks.py`); the fleet check runs on the identical fleet and warns of nothing.
+//! - `shared_system_prompts_hit_the_owner_cache_more_than_least_request`: 4 tenants with ~600-word system
+//!   prompts, 24 streamed requests in a seeded order at concurrency 2, once through chwbl and once through
+//!   least_request, each on a fresh fleet. Repeats land on the tenant's owner and hit its cache; the
+//!   engine-reported cache-hit ratio of chwbl beats least_request's. Only the ordering is asserted.
+//! - `a_killed_server_is_routed_around_and_a_loading_one_waits_until_ready`: SIGKILL one server mid-run, then
+//!   restart it with a model that takes over a second to load.
+//! - `the_props_fleet_check_warns_about_servers_started_differently`: `-c` and `-np` differ across a backend.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llmroute_harness::envoy::{repo_root, Envoy};
+use llmroute_harness::gguf::tiny::TinyLlama;
+use llmroute_harness::gguf::Gguf;
+use llmroute_harness::llama::workload::{
+    cache_hit_ratio, chat_body, client, prompt_text, run_jobs, stream_chat, tenant_system_prompt, ChatOutcome, Job,
+};
+use llmroute_harness::llama::{vocab, LlamaFleet, LlamaServer};
+use serde_json::{json, Value};
+
+const ALIAS: &str = "local-chat";
+const BACKEND: &str = "llama-a";
+const WARNINGS: &str = "wasmcustom.llmroute_fleet_warnings_total";
+const CHECKS: &str = "wasmcustom.llmroute_fleet_checks_total";
+
+async fn fleet(n: usize) -> LlamaFleet {
+    LlamaFleet::start(BACKEND, n, |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn envoy(config: Value) -> Envoy {
+    Envoy::start(config).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Polls Envoy's stat `name` until it reaches `at_least`; returns its value.
+async fn wait_for_stat(envoy: &Envoy, name: &str, at_least: u64, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let value = envoy.stat(name).await.unwrap_or(0);
+        if value >= at_least {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed at {value} for {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn python() -> PathBuf {
+    let python = repo_root().join(".tools/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make sdk-clients` to install the openai and anthropic SDKs",
+        python.display()
+    );
+    python
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdks_stream_through_envoy_to_llama_server() {
+    let python = python();
+    let fleet = fleet(3).await;
+    let envoy = envoy(fleet.config(ALIAS, "chwbl")).await;
+    let servers: Vec<&str> = fleet.servers.iter().map(|s| s.alias()).collect();
+    let script = repo_root().join("harness/tests/sdk/check_real_sdks.py");
+    let mut command = tokio::process::Command::new(python);
+    command
+        .arg(&script)
+        .args([
+            "--base-url",
+            &envoy.url(""),
+            "--model",
+            ALIAS,
+            "--servers",
+            &servers.join(","),
+        ])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true);
+    for proxy in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        command.env_remove(proxy);
+    }
+    let output: Output = tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .expect("the SDK checks finish within 2 minutes")
+        .expect("running the SDK checks");
+    let report = String::from_utf8_lossy(&output.stdout);
+    println!("{report}");
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the SDK checks failed:\n{report}");
+    assert!(
+        report.contains("ok chat-stream-again") && report.contains("ok messages-stream"),
+        "{report}"
+    );
+
+    // The fleet check ran on this identical fleet and found nothing.
+    let checks = wait_for_stat(&envoy, CHECKS, 1, Duration::from_secs(15)).await;
+    assert_eq!(envoy.stat(WARNINGS).await, Some(0), "{}", envoy.log());
+    println!("fleet check: {checks} check(s) of an identical fleet, 0 warnings");
+}
+
+/// One tenant's request: its system prompt, a question of its own, 4 tokens out.
+fn tenant_job(tenant: usize, question: usize) -> Job {
+    let system = tenant_system_prompt(tenant, 600);
+    let user = format!("Question {question}: {}", prompt_text(question as u64, 12));
+    Job {
+        body: chat_body(ALIAS, &system, &user, 4),
+        headers: Vec::new(),
+    }
+}
+
+/// 4 tenants × 6 requests in a seeded random order in which no tenant comes twice in a row: at concurrency 2
+/// the two requests in flight are then always of different tenants, so neither evicts the prefix the other
+/// needs. `(tenant, job)`.
+fn tenant_workload() -> Vec<(usize, Job)> {
+    const TENANTS: usize = 4;
+    const EACH: usize = 6;
+    let mut x: u64 = 0x5eed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let order = loop {
+        let mut left = [EACH; TENANTS];
+        let mut order: Vec<usize> = Vec::new();
+        while order.len() < TENANTS * EACH {
+            let candidates: Vec<usize> = (0..TENANTS)
+                .filter(|&t| left[t] > 0 && order.last() != Some(&t))
+                .collect();
+            if candidates.is_empty() {
+                break; // a dead end: draw again
+            }
+            let t = candidates[(next() % candidates.len() as u64) as usize];
+            left[t] -= 1;
+            order.push(t);
+        }
+        if order.len() == TENANTS * EACH {
+            break order;
+        }
+    };
+    order.iter().enumerate().map(|(i, &t)| (t, tenant_job(t, i))).collect()
+}
+
+struct PolicyRun {
+    outcomes: Vec<(usize, ChatOutcome)>,
+    ratio: f64,
+}
+
+async fn run_policy(lb: &str) -> PolicyRun {
+    let fleet = fleet(3).await;
+    let mut config = fleet.config(ALIAS, lb);
+    if lb == "chwbl" {
+        // With 2 requests in flight over 3 servers, the default bound (150 % of the mean load, i.e. one
+        // request) sends the second of two tenants sharing an owner elsewhere; 200 % lets the owner take both.
+        config["backends"][0]["balance_factor"] = 200.into();
+    }
+    let envoy = envoy(config).await;
+    let workload = tenant_workload();
+    let tenants: Vec<usize> = workload.iter().map(|(t, _)| *t).collect();
+    let jobs = workload.into_iter().map(|(_, j)| j).collect();
+    let outcomes = run_jobs(&client(), &envoy.url("/v1/chat/completions"), jobs, 2).await;
+    for o in &outcomes {
+        assert!(o.ok, "{lb}: a request failed: {o:?}");
+        assert!(fleet.index_of(&o.model).is_some(), "{lb}: unknown server {}", o.model);
+        assert_eq!(
+            o.cache_n,
+            Some(o.cached_tokens),
+            "timings.cache_n and cached_tokens agree: {o:?}"
+        );
+    }
+    let ratio = cache_hit_ratio(&outcomes);
+    let per_server: BTreeMap<&str, usize> = outcomes.iter().fold(BTreeMap::new(), |mut m, o| {
+        *m.entry(o.model.as_str()).or_default() += 1;
+        m
+    });
+    println!("{lb}: cache-hit ratio {ratio:.3} (cached / prompt tokens), requests per server {per_server:?}");
+    for (i, (t, o)) in tenants.iter().zip(&outcomes).enumerate() {
+        println!(
+            "  {lb} #{i:02} tenant {t} -> {} prompt {} cached {}",
+            o.model, o.prompt_tokens, o.cached_tokens
+        );
+    }
+    PolicyRun {
+        outcomes: tenants.into_iter().zip(outcomes).collect(),
+        ratio,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompts_hit_the_owner_cache_more_than_least_request() {
+    let chwbl = run_policy("chwbl").await;
+    let least = run_policy("least_request").await;
+
+    // Under chwbl, each tenant's first request picks its owner; its repeats go there and find the prefix warm.
+    let mut owner: BTreeMap<usize, String> = BTreeMap::new();
+    let (mut repeats, mut on_owner, mut warm_on_owner) = (0, 0, 0);
+    for (tenant, o) in &chwbl.outcomes {
+        match owner.get(tenant) {
+            None => {
+                owner.insert(*tenant, o.model.clone());
+            }
+            Some(first) => {
+                repeats += 1;
+                if *first == o.model {
+                    on_owner += 1;
+                    if o.cached_tokens * 2 > o.prompt_tokens {
+                        warm_on_owner += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "chwbl owners {owner:?}: {on_owner}/{repeats} repeats on the owner, {warm_on_owner} of them with over \
+         half their prompt cached; cache-hit ratio chwbl {:.3} vs least_request {:.3}",
+        chwbl.ratio, least.ratio
+    );
+    assert!(
+        on_owner * 4 >= repeats * 3,
+        "at least 3/4 of the repeats on the owner: {on_owner}/{repeats}"
+    );
+    assert!(
+        warm_on_owner * 2 >= on_owner,
+        "most owner repeats hit its cache: {warm_on_owner}/{on_owner}"
+    );
+    assert!(
+        chwbl.ratio > least.ratio,
+        "chwbl's engine-reported cache-hit ratio {:.3} beats least_request's {:.3}",
+        chwbl.ratio,
+        least.ratio
+    );
+}
+
+/// `HOST:PORT`'s stat `name` in Envoy's admin `/clusters` (text), e.g. `rq_total`.
+async fn host_stat(envoy: &Envoy, cluster: &str, host: &str, name: &str) -> u64 {
+    let text = reqwest::get(envoy.admin_url("/clusters"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let key = format!("{cluster}::{host}::{name}::");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A llama model that takes over a second to load (400 thin blocks), so the restarted server's `/health`
+/// answers 503 long enough for Envoy's health checks to see it. The tiny model loads in about 0.35 s here.
+fn slow_loading_model(dir: &std::path::Path) -> PathBuf {
+    let model = TinyLlama {
+        embd: 64,
+        layers: 400,
+        ff: 128,
+        heads: 2,
+        ctx: 1024,
+        seed: 7,
+        f16: true,
+    };
+    let vocab = Gguf::read_file(&vocab()).unwrap_or_else(|e| panic!("{e}: run `make engines`"));
+    let path = dir.join("slow-load.gguf");
+    model.build(&vocab).unwrap().write_file(&path).unwrap();
+    path
+}
+
+/// Sends distinct short requests (no system prompt, so the key is the user prefix and they spread over the
+/// servers) at concurrency 2 until `stop`; returns `(seconds since t0 when sent, outcome)`.
+fn background_traffic(
+    url: String,
+    t0: Instant,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(f64, ChatOutcome)>> {
+    tokio::spawn(async move {
+        let c = client();
+        let mut all = Vec::new();
+        let mut n = 1000u64;
+        while !stop.load(Ordering::SeqCst) {
+            let a = spread_job(n);
+            let b = spread_job(n + 1);
+            n += 2;
+            let sent = t0.elapsed().as_secs_f64();
+            let (x, y) = tokio::join!(
+                stream_chat(&c, &url, &a.body, &a.headers),
+                stream_chat(&c, &url, &b.body, &b.headers)
+            );
+            all.push((sent, x));
+            all.push((sent, y));
+        }
+        all
+    })
+}
+
+fn spread_job(n: u64) -> Job {
+    let body = json!({
+        "model": ALIAS,
+        "messages": [{ "role": "user", "content": format!("{n} {}", prompt_text(n, 30)) }],
+        "max_tokens": 4,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+    });
+    Job {
+        body,
+        headers: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_routed_around_and_a_loading_one_waits_until_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow_model = slow_loading_model(dir.path());
+    let mut fleet = fleet(3).await;
+    let mut config = fleet.config(ALIAS, "chwbl");
+    config["backends"][0]["health"] = json!({ "interval_ms": 500, "unhealthy": 2, "healthy": 1 });
+    config["backends"][0]["outlier"] = json!({ "consecutive_5xx": 3, "base_ejection_ms": 1000 });
+    let envoy = envoy(config).await;
+    let url = envoy.url("/v1/chat/completions");
+    let victim = 1;
+    let victim_alias = fleet.servers[victim].alias().to_string();
+    let victim_host = fleet.servers[victim].endpoint();
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = background_traffic(url, t0, stop.clone());
+
+    // Until the victim has answered some requests.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while host_stat(&envoy, BACKEND, &victim_host, "rq_success").await < 3 {
+        assert!(Instant::now() < deadline, "{victim_alias} got no traffic");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let killed_at = t0.elapsed().as_secs_f64();
+    fleet.servers[victim].kill();
+    println!("killed {victim_alias} ({victim_host}) at {killed_at:.2} s");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Restart it on its port with a slow-loading model; watch its /health and Envoy's view of it meanwhile.
+    let mut opts = fleet.servers[victim].options().clone();
+    opts.model = slow_model;
+    opts.ctx = 1024;
+    let port = fleet.servers[victim].port();
+    let restarted_at = t0.elapsed().as_secs_f64();
+    let mut restarted = LlamaServer::spawn(&opts, port).unwrap();
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut loading: Vec<(f64, String, u64)> = Vec::new(); // (t, Envoy's flags, rq_total) at each 503 seen
+    let ready_at = loop {
+        let status = probe
+            .get(restarted.url("/health"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        let t = t0.elapsed().as_secs_f64();
+        match status {
+            Ok(200) => break t,
+            Ok(503) => {
+                let flags = envoy
+                    .host_health(BACKEND)
+                    .await
+                    .get(&victim_host)
+                    .cloned()
+                    .unwrap_or_default();
+                let rq_total = host_stat(&envoy, BACKEND, &victim_host, "rq_total").await;
+                loading.push((t, flags, rq_total));
+            }
+            _ => {}
+        }
+        assert!(
+            t - restarted_at < 60.0,
+            "the restarted server never became ready:\n{}",
+            restarted.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    restarted.wait_healthy(Duration::from_secs(5)).await.unwrap();
+    // Traffic until the restarted server has answered again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let back_from = host_stat(&envoy, BACKEND, &victim_host, "rq_success").await;
+    while host_stat(&envoy, BACKEND, &victim_host, "rq_success").await < back_from + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted server got no traffic after it was ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let outcomes = traffic.await.unwrap();
+
+    let after_kill: Vec<&(f64, ChatOutcome)> = outcomes.iter().filter(|(t, _)| *t > killed_at).collect();
+    let failed: Vec<&(f64, ChatOutcome)> = after_kill.iter().copied().filter(|(_, o)| !o.ok).collect();
+    let by_victim_before_ready = after_kill
+        .iter()
+        .filter(|(t, o)| o.model == victim_alias && *t < restarted_at)
+        .count();
+    let by_victim_after = outcomes
+        .iter()
+        .filter(|(t, o)| o.model == victim_alias && *t > restarted_at)
+        .count();
+    let rq_503 = envoy
+        .stat(&format!("cluster.{BACKEND}.upstream_rq_503"))
+        .await
+        .unwrap_or(0);
+    let retries = envoy
+        .stat(&format!("cluster.{BACKEND}.upstream_rq_retry"))
+        .await
+        .unwrap_or(0);
+    println!(
+        "{} requests in all, {} sent after the kill, {} of them failed; {retries} retries; restarted at \
+         {restarted_at:.2} s, /health 503 seen {} times over {:.2} s, ready at {ready_at:.2} s; Envoy's flags while \
+         loading: {:?}; upstream 503s: {rq_503}; answered by the restarted server: {by_victim_after}",
+        outcomes.len(),
+        after_kill.len(),
+        failed.len(),
+        loading.len(),
+        loading.last().map_or(0.0, |l| l.0) - loading.first().map_or(0.0, |l| l.0),
+        loading
+            .iter()
+            .map(|l| l.1.as_str())
+            .collect::<std::collections::BTreeSet<_>>(),
+    );
+    assert!(!after_kill.is_empty());
+    assert!(failed.is_empty(), "requests sent after the kill failed: {failed:?}");
+    assert_eq!(by_victim_before_ready, 0, "the killed server answered after its kill");
+    assert!(
+        !loading.is_empty(),
+        "the restarted server's /health never answered 503 while loading"
+    );
+    for (t, flags, _) in &loading {
+        assert_ne!(flags, "healthy", "Envoy counted the loading server healthy at {t:.2} s");
+    }
+    let (first, last) = (loading[0].2, loading[loading.len() - 1].2);
+    assert_eq!(
+        first, last,
+        "requests reached the server while its /health said 503 (rq_total {first} -> {last})"
+    );
+    assert_eq!(
+        rq_503, 0,
+        "no request was ever answered 503 (a loading llama-server answers 503)"
+    );
+    assert!(by_victim_after >= 1, "the restarted server serves again once ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_props_fleet_check_warns_about_servers_started_differently() {
+    // -c 8192 -np 2: 4096 per slot, 2 slots (the majority on both figures); -c 4096 -np 1: 4096 per slot, 1 slot;
+    // -c 4096 -np 2: 2048 per slot, 2 slots.
+    let fleet = LlamaFleet::start(BACKEND, 3, |i, o| match i {
+        1 => (o.ctx, o.parallel) = (4096, 1),
+        2 => (o.ctx, o.parallel) = (4096, 2),
+        _ => {}
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let envoy = envoy(fleet.config(ALIAS, "chwbl")).await;
+    let started = Instant::now();
+    let warnings = wait_for_stat(&envoy, WARNINGS, 2, Duration::from_secs(15)).await;
+    let after = started.elapsed();
+    let log = envoy.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("fleet check:")).collect();
+    for l in &lines {
+        println!("{l}");
+    }
+    let n_ctx = lines
+        .iter()
+        .find(|l| l.contains("disagree on n_ctx"))
+        .unwrap_or_else(|| panic!("no n_ctx warning:\n{log}"));
+    assert!(
+        n_ctx.contains(&format!("2048 at {}", fleet.servers[2].endpoint())),
+        "{n_ctx}"
+    );
+    let slots = lines
+        .iter()
+        .find(|l| l.contains("disagree on total_slots"))
+        .unwrap_or_else(|| panic!("no total_slots warning:\n{log}"));
+    assert!(
+        slots.contains(&format!("1 at {}", fleet.servers[1].endpoint())),
+        "{slots}"
+    );
+    assert!(lines.iter().all(|l| l.contains("[warning]")), "{lines:?}");
+    println!("llmroute_fleet_warnings_total = {warnings}, {after:?} after Envoy was ready");
+
+    // Requests are routed as usual while the fleet is mismatched.
+    let o = stream_chat(
+        &client(),
+        &envoy.url("/v1/chat/completions"),
+        &chat_body(ALIAS, "Hi.", "Hello", 2),
+        &[],
+    )
+    .await;
+    assert!(o.ok, "{o:?}");
+}
