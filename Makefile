@@ -45,10 +45,10 @@ $(VENV)/.sdk-clients: | $(PYTHON)
 	$(PYTHON) -m pip install --quiet openai anthropic
 	@touch $@
 
-demo: build cli envoy ## Run an emulated 3-backend llama.cpp fleet behind Envoy + the filter on 127.0.0.1:10000 (Ctrl-C stops it)
+demo: build cli envoy engines sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients lint unit validate-configs e2e sdk ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs
+test: build cli envoy sdk-clients engines lint unit validate-configs e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
@@ -74,13 +74,20 @@ render: cli ## Render envoy/envoy.yaml (for docker-compose) from envoy/llmroute.
 clean: ## Remove build outputs (keeps .tools)
 	$(CARGO) clean
 
-.PHONY: engines engines-check
+.PHONY: engines engines-check real-engines bench-engines
 
 engines: ## Build a real llama.cpp llama-server (cached in ~/.cache/llmroute, ~5 min once) and the tiny model .tools/models/tiny-llama.gguf
 	CARGO="$(CARGO)" ./scripts/build-engines.sh
 
 engines-check: engines ## Start the real llama-server on the tiny model: alias, streaming, prompt-cache hits, prefill time
 	$(CARGO) test -p llmroute-harness --test engines -- --test-threads=1 --nocapture
+
+real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind Envoy + the filter: SDKs, cache affinity, kill/restart, /props check (fails, never skips, without engines)
+	$(CARGO) test -p llmroute-harness --test real_engines -- --test-threads=2 --nocapture
+
+bench-engines: build envoy engines bench-peers ## llmroute chwbl / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers (<=10 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
+	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 
 .PHONY: bench bench-overhead bench-micro bench-peers
 

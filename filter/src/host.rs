@@ -211,3 +211,14 @@ pub fn response_body(size: usize) -> Option<Vec<u8>> {
         .ok()
         .map(Option::unwrap_or_default)
 }
+
+/// The backend of the upstream host Envoy picked, from its endpoint metadata (`llmroute.backend`).
+pub fn upstream_backend() -> Option<String> {
+    property_string(&[
+        "xds",
+        "upstream_host_metadata",
+        "filter_metadata",
+        "llmroute",
+        "backend",
+    ])
+}

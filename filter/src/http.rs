@@ -267,14 +267,7 @@ impl HttpContext for Http {
         let (Some(w), Some(d)) = (&self.watch, &self.routed) else {
             return;
         };
-        let backend = host::property_string(&[
-            "xds",
-            "upstream_host_metadata",
-            "filter_metadata",
-            "llmroute",
-            "backend",
-        ])
-        .unwrap_or_else(|| d.cluster.clone());
+        let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
         let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
         w.on_log(&self.metrics, Some(&backend), &details);
     }

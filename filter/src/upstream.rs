@@ -54,13 +54,7 @@ impl HttpContext for Upstream {
         let (Some(cfg), Some(alias)) = (&self.cfg, host::request_header(headers::ALIAS)) else {
             return Action::Continue;
         };
-        let backend = host::property_string(&[
-            "xds",
-            "upstream_host_metadata",
-            "filter_metadata",
-            "llmroute",
-            "backend",
-        ]);
+        let backend = host::upstream_backend();
         let target = backend.and_then(|b| upstream::upstream_model(cfg, &alias, &b).map(str::to_string));
         if target.is_none() || end_of_stream {
             return Action::Continue;

@@ -86,7 +86,7 @@ const TAG_USER: &[u8] = b"llmroute/user\0";
 /// Separates the alias from the text, and consecutive system messages from each other.
 const SEPARATOR: &[u8] = b"\x1e";
 
-/// Checks an explicit key: 1 to 256 bytes, no control characters.
+/// Checks an explicit key: 1 to 256 bytes of UTF-8, no control characters.
 pub fn check_explicit(v: &[u8]) -> Result<(), &'static str> {
     if v.is_empty() {
         return Err("the value is empty");
@@ -96,6 +96,10 @@ pub fn check_explicit(v: &[u8]) -> Result<(), &'static str> {
     }
     if v.iter().any(|&b| b < 0x20 || b == 0x7f) {
         return Err("the value contains control characters");
+    }
+    // The key is echoed back in a header; only text survives that round trip unchanged.
+    if std::str::from_utf8(v).is_err() {
+        return Err("the value is not valid UTF-8");
     }
     Ok(())
 }

@@ -4,8 +4,9 @@
 //! The estimate is deliberately simple and the same for every API, so it is cheap and predictable:
 //! - every string value in the body counts ceil(bytes / 4) tokens (keys do not count);
 //! - every image part (`"type"` of `image`, `image_url` or `input_image`) counts a flat `image_tokens`;
-//! - image payloads (a `data:` URL, or a string of 1 KiB or more made only of base64 characters) count nothing as
-//!   text, since their size says nothing about the tokens a vision encoder will use;
+//! - image payloads (a base64 `data:` URL, a base64 string under a `data` key as in Anthropic image sources, or
+//!   any string of 1 KiB or more made only of base64 characters) count nothing as text, since their size says
+//!   nothing about the tokens a vision encoder will use;
 //! - the result is at least 1.
 //!
 //! It is one linear pass over the validated body, with no allocation. It over-counts JSON scaffolding such as
@@ -23,43 +24,33 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
     let mut text_bytes = 0usize;
     let mut images = 0u64;
     let mut last_key_was_type = false;
+    let mut last_key_was_data = false;
     let mut i = 0;
     while let Some(&b) = buf.get(i) {
         if b != b'"' {
             i += 1;
             continue;
         }
-        let end = string_end(buf, i);
+        let end = nav::skip_string(buf, i);
         let span = Span { start: i, end };
         let is_key = next_non_ws(buf, end) == Some(b':');
         if is_key {
             last_key_was_type = nav::key_eq(buf, span, "type");
+            last_key_was_data = nav::key_eq(buf, span, "data");
         } else {
             let inner = buf.get(i + 1..end.saturating_sub(1)).unwrap_or_default();
             if last_key_was_type && matches!(inner, b"image" | b"image_url" | b"input_image") {
                 images += 1;
-            } else if !is_binary(inner) {
+            } else if !is_binary(inner, last_key_was_data) {
                 text_bytes += inner.len();
             }
             last_key_was_type = false;
+            last_key_was_data = false;
         }
         i = end;
     }
     let text = text_bytes.div_ceil(BYTES_PER_TOKEN) as u64;
     (text + images * u64::from(image_tokens)).max(1)
-}
-
-/// The index just past the string opening at `pos`.
-fn string_end(buf: &[u8], pos: usize) -> usize {
-    let mut i = pos + 1;
-    while let Some(&b) = buf.get(i) {
-        match b {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
-        }
-    }
-    buf.len()
 }
 
 fn next_non_ws(buf: &[u8], mut i: usize) -> Option<u8> {
@@ -72,12 +63,15 @@ fn next_non_ws(buf: &[u8], mut i: usize) -> Option<u8> {
     None
 }
 
-/// True for image payloads: data URLs, and long strings of base64 characters only.
-fn is_binary(s: &[u8]) -> bool {
-    s.starts_with(b"data:")
-        || (s.len() >= BASE64_MIN
-            && s.iter()
-                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')))
+/// True for image payloads: `data:` URLs with base64 content, base64 under a `data` key (Anthropic image
+/// sources), and long strings of base64 characters only.
+fn is_binary(s: &[u8], under_data_key: bool) -> bool {
+    let base64 = |s: &[u8]| {
+        s.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'='))
+    };
+    let data_url = s.starts_with(b"data:") && s.windows(8).any(|w| w == b";base64,");
+    data_url || (under_data_key && s.len() >= 16 && base64(s)) || (s.len() >= BASE64_MIN && base64(s))
 }
 
 #[cfg(test)]

@@ -130,11 +130,13 @@ impl fmt::Display for Finding {
     }
 }
 
+/// Reads one compared figure.
+type Getter = fn(&ServerProps) -> Option<u64>;
+
 /// Compares the servers of `backend` that answered: `(endpoint, props)`. One [`Finding`] per figure on which
 /// they disagree; a server without that figure is left out of its comparison.
 pub fn compare(backend: &str, servers: &[(String, ServerProps)]) -> Vec<Finding> {
-    let fields: [(&'static str, fn(&ServerProps) -> Option<u64>); 2] =
-        [("n_ctx", |p| p.n_ctx), ("total_slots", |p| p.total_slots)];
+    let fields: [(&'static str, Getter); 2] = [("n_ctx", |p| p.n_ctx), ("total_slots", |p| p.total_slots)];
     fields
         .into_iter()
         .filter_map(|(field, get)| {

@@ -1,9 +1,9 @@
 //! `POST /v1/chat/completions`: `messages` must be a non-empty array. The content key is the leading
 //! `system`/`developer` messages, else a prefix of the first `user` message.
 
-use super::{invalid, require, Context, Inspection};
+use super::{first_user_key, invalid, require, Context, Inspection};
 use crate::affinity::ContentKey;
-use crate::content::{feed_leading, feed_message, first_user, is_non_empty_array};
+use crate::content::{feed_leading, is_non_empty_array};
 use crate::error::GatewayError;
 use crate::fields::Fields;
 
@@ -14,15 +14,6 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
     }
     let mut system = ContentKey::system(ctx.alias);
     feed_leading(buf, messages, &["system", "developer"], &mut system);
-    let content = system.finish().or_else(|| {
-        let msg = first_user(buf, messages)?;
-        let mut key = ContentKey::user_prefix(ctx.alias, ctx.affinity.user_prefix_bytes);
-        feed_message(buf, msg, &mut key);
-        key.finish()
-    });
-    Ok(Inspection {
-        content,
-        explicit: None,
-        sticky: true,
-    })
+    let content = system.finish().or_else(|| first_user_key(buf, messages, ctx));
+    Ok(Inspection::sticky(content, None))
 }

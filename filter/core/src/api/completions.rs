@@ -1,6 +1,6 @@
 //! `POST /v1/completions`: `prompt` must be present (a string, or an array of strings or of token ids).
-//! There is no system prompt, so the content key is a bounded prefix of the prompt (of its first element when
-//! it is an array; token ids count by their JSON text).
+//! There is no system prompt, so the content key is a bounded prefix of the prompt: of the string, of the token
+//! array (by its JSON text), or of the first element of a batch.
 
 use super::{invalid, require, Context, Inspection};
 use crate::affinity::ContentKey;
@@ -23,14 +23,22 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
     };
     let mut key = ContentKey::user_prefix(ctx.alias, ctx.affinity.user_prefix_bytes);
     if let Some(span) = first {
-        match nav::str_value(buf, span) {
-            Some(text) => key.feed(&text),
-            None => key.feed(std::str::from_utf8(span.of(buf)).unwrap_or_default()),
-        };
+        match nav::kind(buf, span) {
+            Some(Kind::String) => {
+                if let Some(text) = nav::str_value(buf, span) {
+                    key.feed(&text);
+                }
+            }
+            // A prompt of token ids is one array of numbers: its prefix is the start of that array. A batch of
+            // token prompts is an array of arrays: the start of the first.
+            Some(Kind::Number) => feed_raw(buf, prompt.value, &mut key),
+            _ => feed_raw(buf, span, &mut key),
+        }
     }
-    Ok(Inspection {
-        content: key.finish(),
-        explicit: None,
-        sticky: true,
-    })
+    Ok(Inspection::sticky(key.finish(), None))
+}
+
+/// Feeds the JSON text of `span` (token ids and separators), bounded like any prefix.
+fn feed_raw(buf: &[u8], span: crate::json::Span, key: &mut ContentKey) {
+    key.feed(std::str::from_utf8(span.of(buf)).unwrap_or_default());
 }

@@ -2,9 +2,9 @@
 //! The content key is the top-level `system` (a string or text blocks), else a prefix of the first user
 //! message. With `affinity.anthropic_user_id`, `metadata.user_id` is an explicit key.
 
-use super::{explicit_id, invalid, require, Context, Inspection};
+use super::{explicit_id, first_user_key, invalid, require, Context, Inspection};
 use crate::affinity::{AffinitySource, ContentKey};
-use crate::content::{feed_content, feed_message, first_user, is_non_empty_array};
+use crate::content::{feed_content, is_non_empty_array};
 use crate::error::GatewayError;
 use crate::fields::Fields;
 use crate::json::{nav, Kind};
@@ -27,22 +27,13 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
         }
         feed_content(buf, s.value, &mut system);
     }
-    let content = system.finish().or_else(|| {
-        let msg = first_user(buf, messages)?;
-        let mut key = ContentKey::user_prefix(ctx.alias, ctx.affinity.user_prefix_bytes);
-        feed_message(buf, msg, &mut key);
-        key.finish()
-    });
+    let content = system.finish().or_else(|| first_user_key(buf, messages, ctx));
     let explicit = if ctx.affinity.anthropic_user_id {
         user_id(buf, fields)?
     } else {
         None
     };
-    Ok(Inspection {
-        content,
-        explicit,
-        sticky: true,
-    })
+    Ok(Inspection::sticky(content, explicit))
 }
 
 fn user_id(buf: &[u8], fields: &Fields) -> Result<Option<(String, AffinitySource)>, GatewayError> {

@@ -10,12 +10,12 @@ mod responses;
 
 use std::borrow::Cow;
 
-use crate::affinity::{Affinity, AffinitySource};
+use crate::affinity::{Affinity, AffinitySource, ContentKey};
 use crate::config::AffinityConfig;
 use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::fields::Fields;
-use crate::json::{nav, Kind, Member};
+use crate::json::{nav, Kind, Member, Span};
 
 /// What an API module found in a body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -43,6 +43,25 @@ pub fn inspect(api: Api, buf: &[u8], fields: &Fields, ctx: &Context) -> Result<I
         Api::Embeddings => embeddings::inspect(buf, fields),
         Api::Messages => messages::inspect(buf, fields, ctx),
     }
+}
+
+impl Inspection {
+    /// A sticky request's findings.
+    fn sticky(content: Option<Affinity>, explicit: Option<(String, AffinitySource)>) -> Self {
+        Inspection {
+            content,
+            explicit,
+            sticky: true,
+        }
+    }
+}
+
+/// The fallback key: a prefix of the first `user` message in `messages`.
+fn first_user_key(buf: &[u8], messages: Span, ctx: &Context) -> Option<Affinity> {
+    let msg = crate::content::first_user(buf, messages)?;
+    let mut key = ContentKey::user_prefix(ctx.alias, ctx.affinity.user_prefix_bytes);
+    crate::content::feed_message(buf, msg, &mut key);
+    key.finish()
 }
 
 /// A field that must be present.

@@ -37,11 +37,7 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
     } else {
         None
     };
-    Ok(Inspection {
-        content,
-        explicit,
-        sticky: true,
-    })
+    Ok(Inspection::sticky(content, explicit))
 }
 
 fn conversation(buf: &[u8], fields: &Fields) -> Result<Option<(String, AffinitySource)>, GatewayError> {

@@ -55,7 +55,7 @@ fn skip_ws(buf: &[u8], mut i: usize) -> usize {
 }
 
 /// Returns the index just past the string that opens at `pos`.
-fn skip_string(buf: &[u8], pos: usize) -> usize {
+pub fn skip_string(buf: &[u8], pos: usize) -> usize {
     let mut i = pos + 1;
     while let Some(&b) = buf.get(i) {
         match b {
