@@ -74,8 +74,8 @@ impl Metrics {
         host::add(m.completion, u.completion_tokens.unwrap_or(0));
         let (prompt, cached) = (host::metric_value(m.prompt), host::metric_value(m.cached));
         if let (Some(p), Some(c)) = (prompt, cached) {
-            if p > 0 {
-                host::set_gauge(m.hit_permille, c.saturating_mul(1000) / p);
+            if let Some(permille) = c.saturating_mul(1000).checked_div(p) {
+                host::set_gauge(m.hit_permille, permille);
             }
         }
     }
