@@ -85,22 +85,29 @@ engines-check: engines ## Start the real llama-server on the tiny model: alias, 
 real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind Envoy + the filter: SDKs, cache affinity, kill/restart, /props check (fails, never skips, without engines)
 	$(CARGO) test -p llmroute-harness --test real_engines -- --test-threads=2 --nocapture
 
+BENCH_ENGINES_ARGS ?=
+
 bench-engines: build envoy engines bench-peers ## llmroute chwbl / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers (<=10 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 
-.PHONY: bench bench-overhead bench-micro bench-peers
+.PHONY: bench bench-overhead bench-micro bench-peers bench-routing
 
 BENCH                 := target/release/llmroute-bench
 BENCH_ARGS            ?=
+BENCH_ROUTING_ARGS    ?= $(BENCH_ARGS)
 SGLANG_ROUTER_VERSION ?= 0.3.2
 VLLM_ROUTER_VERSION   ?= 0.1.17
 
-bench: bench-micro bench-overhead ## Both benches; bench/RESULTS.md then holds the overhead and the micro figures
+bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md holds the overhead and micro figures, bench/ROUTING.md the routing ones
 
 bench-overhead: build envoy bench-peers ## Filter overhead vs plain Envoy and the peer routers (<=10 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
+
+bench-routing: build envoy bench-peers ## Routing quality vs the peer routers and the oracle, on emulated engines with a cost model (<=10 min): bench/ROUTING.md, bench/routing.png; BENCH_ROUTING_ARGS=--quick for a sanity run
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) routing $(BENCH_ROUTING_ARGS)
 
 bench-micro: ## Criterion benches of the core (MiB/s, ~2 min), then allocations per request (bench/out/alloc.md)
 	$(CARGO) bench -p llmroute-core --bench core

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod certs;
+pub mod demo;
 pub mod emulator;
 pub mod envoy;
 pub mod fleet;

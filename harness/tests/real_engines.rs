@@ -11,8 +11,10 @@
 //!   prompts, 24 streamed requests in a seeded order at concurrency 2, once through chwbl and once through
 //!   least_request, each on a fresh fleet. Repeats land on the tenant's owner and hit its cache; the
 //!   engine-reported cache-hit ratio of chwbl beats least_request's. Only the ordering is asserted.
-//! - `a_killed_server_is_routed_around_and_a_loading_one_waits_until_ready`: SIGKILL one server mid-run, then
-//!   restart it with a model that takes over a second to load.
+//! - `a_killed_server_is_routed_around_and_a_loading_one_waits_until_ready`: SIGKILL one server mid-run (every
+//!   request sent after the kill succeeds), then restart it on its port with a model that takes about a second to
+//!   load: while its `/health` answers 503, Envoy flags it failed and sends it nothing (its `rq_total` does not
+//!   move, no upstream 503 ever), and once ready it serves again.
 //! - `the_props_fleet_check_warns_about_servers_started_differently`: `-c` and `-np` differ across a backend.
 
 use std::collections::BTreeMap;
@@ -267,8 +269,9 @@ async fn host_stat(envoy: &Envoy, cluster: &str, host: &str, name: &str) -> u64 
         .unwrap_or(0)
 }
 
-/// A llama model that takes over a second to load (400 thin blocks), so the restarted server's `/health`
-/// answers 503 long enough for Envoy's health checks to see it. The tiny model loads in about 0.35 s here.
+/// A llama model that takes about a second to load (400 thin blocks; 0.8-1.5 s here), so the restarted server's
+/// `/health` answers 503 long enough for Envoy's 500 ms health checks to see it. The tiny model loads in about
+/// 0.35 s, too fast for that.
 fn slow_loading_model(dir: &std::path::Path) -> PathBuf {
     let model = TinyLlama {
         embd: 64,
@@ -477,23 +480,30 @@ async fn the_props_fleet_check_warns_about_servers_started_differently() {
     let started = Instant::now();
     let warnings = wait_for_stat(&envoy, WARNINGS, 2, Duration::from_secs(15)).await;
     let after = started.elapsed();
-    let log = envoy.log();
+    // Envoy flushes its log to the file every 100 ms: wait for both lines.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let log = loop {
+        let log = envoy.log();
+        let found = |what: &str| log.lines().any(|l| l.contains("fleet check:") && l.contains(what));
+        if found("disagree on n_ctx") && found("disagree on total_slots") {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no fleet-check warnings in Envoy's log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("fleet check:")).collect();
     for l in &lines {
         println!("{l}");
     }
-    let n_ctx = lines
-        .iter()
-        .find(|l| l.contains("disagree on n_ctx"))
-        .unwrap_or_else(|| panic!("no n_ctx warning:\n{log}"));
+    let n_ctx = lines.iter().find(|l| l.contains("disagree on n_ctx")).unwrap();
     assert!(
         n_ctx.contains(&format!("2048 at {}", fleet.servers[2].endpoint())),
         "{n_ctx}"
     );
-    let slots = lines
-        .iter()
-        .find(|l| l.contains("disagree on total_slots"))
-        .unwrap_or_else(|| panic!("no total_slots warning:\n{log}"));
+    let slots = lines.iter().find(|l| l.contains("disagree on total_slots")).unwrap();
     assert!(
         slots.contains(&format!("1 at {}", fleet.servers[1].endpoint())),
         "{slots}"

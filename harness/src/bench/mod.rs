@@ -5,10 +5,13 @@
 //! - [`upstream`]: a minimal upstream fast enough not to be the bottleneck;
 //! - [`systems`]: starting llmroute, plain Envoy, sglang-router and vllm-router;
 //! - [`load`]: the closed-loop load generator; [`stats`]: percentiles and medians; [`procstat`]: `/proc`;
+//! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`);
 //! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
-//! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`.
+//! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
+//! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`.
 
 pub mod body;
+pub mod engines;
 pub mod goals;
 pub mod load;
 pub mod machine;
@@ -17,6 +20,7 @@ pub mod overhead;
 pub mod plot;
 pub mod procstat;
 pub mod report;
+pub mod routing;
 pub mod stats;
 pub mod systems;
 pub mod upstream;

@@ -4,6 +4,9 @@
 //! vllm-router in front of the same fast upstreams, and writes `bench/RESULTS.md` and `bench/overhead.png`.
 //! On a machine with two or more CPUs it pins the proxies to CPU 0 and itself (load generator and upstreams, one
 //! tokio thread) to CPU 1, so the two never compete for a core.
+//!
+//! `llmroute-bench routing` replays workloads through llmroute and the peer routers' policies in front of emulated
+//! engines with a cost model, against the oracle, and writes `bench/ROUTING.md` and `bench/routing.png`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -26,6 +29,9 @@ struct Cli {
 enum Cmd {
     /// The filter's overhead against plain Envoy and the peer routers; writes RESULTS.md and overhead.png.
     Overhead(OverheadArgs),
+    /// Routing quality against the peer routers and the oracle, in front of emulated engines with a cost model;
+    /// writes ROUTING.md and routing.png.
+    Routing(llmroute_harness::bench::routing::cli::RoutingArgs),
 }
 
 #[derive(clap::Args)]
@@ -51,7 +57,10 @@ struct OverheadArgs {
 }
 
 fn main() -> ExitCode {
-    let Cmd::Overhead(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Cmd::Overhead(args) => args,
+        Cmd::Routing(args) => return llmroute_harness::bench::routing::cli::main(args),
+    };
     let machine = Machine::probe();
     let mut settings = if args.quick {
         Settings::quick(args.seed)

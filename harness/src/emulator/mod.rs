@@ -6,6 +6,7 @@
 //! `/v1/models` and every inference API the gateway routes, each in its own dialect (plain and SSE):
 //! `/v1/chat/completions`, `/v1/completions`, `/v1/responses` (OpenAI Responses), `/v1/embeddings` and
 //! `/v1/messages` (Anthropic Messages). A small prefix-cache model makes cached-token counts behave plausibly.
+//! An opt-in [`cost::CostModel`] adds engine slots with a FIFO queue, and prefill and decode time.
 //!
 //! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, stream
 //! faults, and self-checks of the model and backend the request was routed to. Every response names its
@@ -37,6 +38,7 @@
 //! streams end by aborting the connection.
 
 mod cache;
+pub mod cost;
 mod dialect;
 mod serve;
 mod sse;
@@ -80,6 +82,9 @@ pub struct EmulatorOptions {
     pub port: u16,
     /// Send every stream close-delimited, as if each request had `x-emu-close-delimited: 1`.
     pub close_delimited: bool,
+    /// Opt-in engine cost model: slots, queueing, prefill and decode time (see [`cost`]). Default `None`: answer
+    /// at once.
+    pub cost: Option<cost::CostModel>,
 }
 
 impl EmulatorOptions {
@@ -93,6 +98,7 @@ impl EmulatorOptions {
             chunk_delay_ms: 0,
             port: 0,
             close_delimited: false,
+            cost: None,
         }
     }
 }
@@ -249,6 +255,9 @@ impl Emulator {
     pub fn reset(&self) {
         self.shared.requests().clear();
         self.shared.cache().clear();
+        if let Some(cost) = &self.shared.cost {
+            cost.reset();
+        }
         self.shared.next_id.store(1, Ordering::SeqCst);
         let now = self.shared.inflight.load(Ordering::SeqCst);
         self.shared.max_inflight.store(now, Ordering::SeqCst);
@@ -297,6 +306,7 @@ struct Shared {
     stopped: watch::Receiver<bool>,
     requests: Mutex<Vec<RecordedRequest>>,
     cache: Mutex<PrefixCache>,
+    cost: Option<cost::CostState>,
     health: AtomicU16,
     /// Status every inference request answers with (0: none), set by `set_fault_status`.
     fault: AtomicU16,
@@ -313,12 +323,14 @@ impl Shared {
 
     fn new(opts: EmulatorOptions, backend_header: HeaderValue, stopped: watch::Receiver<bool>) -> Self {
         let cache = PrefixCache::new(opts.cache_blocks);
+        let cost = opts.cost.clone().map(cost::CostState::new);
         Shared {
             opts,
             backend_header,
             stopped,
             requests: Mutex::new(Vec::new()),
             cache: Mutex::new(cache),
+            cost,
             health: AtomicU16::new(200),
             fault: AtomicU16::new(0),
             inflight: AtomicUsize::new(0),
@@ -343,14 +355,19 @@ impl Shared {
     }
 }
 
-/// Counts an inference request as in flight for as long as it lives.
-struct InflightGuard(Arc<Shared>);
+/// Counts an inference request as in flight for as long as it lives, and holds its cost-model slot, if any.
+struct InflightGuard(Arc<Shared>, Option<cost::Slot>);
 
 impl InflightGuard {
     fn enter(shared: &Arc<Shared>) -> Self {
         let now = shared.inflight.fetch_add(1, Ordering::SeqCst) + 1;
         shared.max_inflight.fetch_max(now, Ordering::SeqCst);
-        InflightGuard(shared.clone())
+        InflightGuard(shared.clone(), None)
+    }
+
+    /// Keeps `slot` taken until the answer (or stream) ends.
+    fn hold(&mut self, slot: Option<cost::Slot>) {
+        self.1 = slot;
     }
 }
 

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::dialect::{self, Answer, Dialect, Envelope, LineEnding, Stop, StreamFaults};
-use super::{cache, pause, sse, InflightGuard, RecordedRequest, Shared};
+use super::{cache, cost, pause, sse, InflightGuard, RecordedRequest, Shared};
 
 /// Largest request body the emulator reads.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -246,7 +246,7 @@ async fn answer(
     dialect: Dialect,
     headers: &HeaderMap,
     body: &[u8],
-    guard: InflightGuard,
+    mut guard: InflightGuard,
 ) -> Result<Response, Refusal> {
     let envelope = dialect.envelope();
     let faults = Faults::from_headers(headers, envelope)?;
@@ -263,11 +263,29 @@ async fn answer(
     dialect
         .check(&request)
         .map_err(|message| Refusal::error(envelope, 400, &message))?;
-    let answer = build_answer(shared, dialect, &request, &faults);
+    // The cost model, if on: wait for a slot, then look the prompt up and spend its prefill.
+    let Ok(slot) = cost::admit(shared, dialect).await else {
+        return Ok(aborted_response());
+    };
+    let mut answer = build_answer(shared, dialect, &request, &faults);
+    let mut stream = faults.stream;
+    if let Some(slot) = &slot {
+        let explicit_chunks = headers.contains_key("x-emu-chunks");
+        if !slot
+            .prefill(shared, &request, explicit_chunks, &mut answer, &mut stream)
+            .await
+        {
+            return Ok(aborted_response());
+        }
+    }
     let wants_stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match dialect.events() {
         Some(events) if wants_stream => {
-            let plan = dialect::stream_plan(events, &answer, &faults.stream);
+            let mut plan = dialect::stream_plan(events, &answer, &stream);
+            if slot.is_some() {
+                cost::first_token_at_once(&mut plan);
+            }
+            guard.hold(slot);
             let close_delimited = faults.close_delimited || shared.opts.close_delimited;
             Ok(sse::stream_response(
                 plan,
@@ -276,7 +294,14 @@ async fn answer(
                 guard,
             ))
         }
-        _ => Ok(json_response(200, &dialect.body(&answer, &request))),
+        _ => {
+            if let Some(slot) = slot {
+                if !slot.decode_plain(shared).await {
+                    return Ok(aborted_response());
+                }
+            }
+            Ok(json_response(200, &dialect.body(&answer, &request)))
+        }
     }
 }
 

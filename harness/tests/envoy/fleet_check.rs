@@ -30,6 +30,22 @@ async fn wait_for_stat(envoy: &Envoy, name: &str, at_least: u64) -> u64 {
     }
 }
 
+/// The first line of Envoy's log with "fleet check" and `needle`, once Envoy has flushed it to its file.
+async fn wait_for_log_line(envoy: &Envoy, needle: &str) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let log = envoy.log();
+        if let Some(line) = log.lines().find(|l| l.contains("fleet check") && l.contains(needle)) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no fleet-check warning with {needle:?} in Envoy's log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn props_requests(fleet: &Fleet) -> Vec<usize> {
     fleet
         .engines
@@ -49,11 +65,7 @@ async fn a_server_with_another_context_size_is_warned_about_and_counted() {
     let envoy = Envoy::start(config).await.unwrap();
 
     let warnings = wait_for_stat(&envoy, WARNINGS, 1).await;
-    let log = envoy.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("fleet check") && l.contains("disagree on n_ctx"))
-        .unwrap_or_else(|| panic!("no fleet-check warning in Envoy's log:\n{log}"));
+    let line = wait_for_log_line(&envoy, "disagree on n_ctx").await;
     assert!(line.contains("warning"), "logged as a warning: {line}");
     assert!(line.contains(&format!("2048 at {}", endpoints[1])), "{line}");
     assert!(line.contains("backend llama-a"), "{line}");

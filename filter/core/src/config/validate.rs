@@ -347,11 +347,13 @@ fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
             format!("{name:?}"),
             format!("must be 1 to {NAME_MAX} characters of A-Z a-z 0-9 . _ -"),
         );
-    } else if name == crate::status::ADMIN_CLUSTER {
+    } else if name.to_ascii_lowercase().starts_with("llmroute") {
+        // The gateway's own clusters: `llmroute_admin` (status polling), `llmroute-probe-*` (`/props` checks),
+        // `llmroute-failover-*` (priority failover).
         errs.push(
             field,
             name,
-            "reserved: llmroute renders its admin-polling cluster under this name",
+            "reserved: names starting with `llmroute` are the gateway's own clusters (admin polling, probes, failover)",
         );
     }
 }

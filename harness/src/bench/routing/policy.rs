@@ -1,0 +1,337 @@
+//! The routing policies compared, and how each system is started in front of a fleet.
+//!
+//! - **llmroute**: Envoy (one worker) with the filter, rendered from an llmroute config whose one backend lists
+//!   the fleet, with `lb: chwbl` and a balance factor, or `lb: least_request`. It is ready once Envoy's active
+//!   health checks pass for every host.
+//! - **sglang-router** and **vllm-router**: the PyPI wheels from the bench venv ([`systems::venv`]), on loopback,
+//!   with `--policy` set and every other option at its default. Ready once a chat request answers 200.
+//!
+//! Each system is stopped when dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::bench::body::{ALIAS, UPSTREAM_MODEL};
+use crate::bench::systems::{self, Kind, CHAT_PATH};
+use crate::envoy::{pinned_command, random_ports, Envoy, EnvoyOptions};
+
+/// The llmroute backend (Envoy cluster) name.
+pub const BACKEND: &str = "bench";
+/// How long a system may take to become ready.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// One routing policy of one system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// llmroute, Envoy ring hash with `hash_balance_factor` (percent).
+    Chwbl(u32),
+    /// llmroute, Envoy least request.
+    LeastRequest,
+    SglangCacheAware,
+    SglangRoundRobin,
+    /// vllm-router's consistent hash on `x-session-id`.
+    VllmConsistentHash,
+    VllmCacheAware,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 8] = [
+        Policy::Chwbl(125),
+        Policy::Chwbl(175),
+        Policy::Chwbl(200),
+        Policy::LeastRequest,
+        Policy::SglangCacheAware,
+        Policy::SglangRoundRobin,
+        Policy::VllmConsistentHash,
+        Policy::VllmCacheAware,
+    ];
+
+    /// The label in tables and the legend, e.g. `llmroute chwbl 175`, `sglang cache_aware`.
+    pub fn label(self) -> String {
+        match self {
+            Policy::Chwbl(f) => format!("llmroute chwbl {f}"),
+            Policy::LeastRequest => "llmroute least_request".into(),
+            Policy::SglangCacheAware => "sglang cache_aware".into(),
+            Policy::SglangRoundRobin => "sglang round_robin".into(),
+            Policy::VllmConsistentHash => "vllm consistent_hash".into(),
+            Policy::VllmCacheAware => "vllm cache_aware".into(),
+        }
+    }
+
+    /// The id on the command line: `chwbl-175`, `least-request`, `sglang-cache-aware`, ...
+    pub fn id(self) -> String {
+        self.label().replace("llmroute ", "").replace([' ', '_'], "-")
+    }
+
+    pub fn parse(id: &str) -> Option<Policy> {
+        Self::ALL.into_iter().find(|p| p.id() == id)
+    }
+
+    /// The peer router this policy belongs to; `None` for llmroute.
+    pub fn peer(self) -> Option<Kind> {
+        match self {
+            Policy::Chwbl(_) | Policy::LeastRequest => None,
+            Policy::SglangCacheAware | Policy::SglangRoundRobin => Some(Kind::Sglang),
+            Policy::VllmConsistentHash | Policy::VllmCacheAware => Some(Kind::Vllm),
+        }
+    }
+
+    /// The peer's `--policy` value.
+    fn peer_policy(self) -> &'static str {
+        match self {
+            Policy::SglangCacheAware | Policy::VllmCacheAware => "cache_aware",
+            Policy::SglangRoundRobin => "round_robin",
+            _ => "consistent_hash",
+        }
+    }
+
+    /// Whether the replay sends each request's session id as `x-session-id`: only vllm's `consistent_hash`, which
+    /// hashes that header. llmroute keys the same requests on their content.
+    pub fn sends_session(self) -> bool {
+        self == Policy::VllmConsistentHash
+    }
+
+    /// The configured load bound, busiest ÷ mean, for CHWBL.
+    pub fn bound(self) -> Option<f64> {
+        match self {
+            Policy::Chwbl(f) => Some(f64::from(f) / 100.0),
+            _ => None,
+        }
+    }
+
+    /// How it is configured, for the report.
+    pub fn describe(self) -> String {
+        match self {
+            Policy::Chwbl(f) => {
+                format!("`lb: chwbl`, `balance_factor: {f}` (Envoy `RING_HASH`, `hash_balance_factor: {f}`)")
+            }
+            Policy::LeastRequest => "`lb: least_request` (Envoy `LEAST_REQUEST`, two random choices)".into(),
+            p => {
+                let header = if p.sends_session() {
+                    "; requests carry `x-session-id`"
+                } else {
+                    ""
+                };
+                format!(
+                    "`--policy {}`, other options at their defaults{header}",
+                    p.peer_policy()
+                )
+            }
+        }
+    }
+}
+
+/// The llmroute config for a policy over `endpoints` (`HOST:PORT`).
+pub fn llmroute_config(policy: Policy, endpoints: &[String]) -> Value {
+    let mut backend = json!({ "name": BACKEND, "kind": "llamacpp", "endpoints": endpoints });
+    match policy {
+        Policy::Chwbl(f) => {
+            backend["lb"] = json!("chwbl");
+            backend["balance_factor"] = json!(f);
+        }
+        _ => backend["lb"] = json!("least_request"),
+    }
+    json!({
+        "version": 1,
+        "backends": [backend],
+        "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND, "upstream_model": UPSTREAM_MODEL }] }],
+    })
+}
+
+/// A running system.
+pub struct Running {
+    /// The chat URL.
+    pub url: String,
+    _process: Process,
+}
+
+enum Process {
+    Envoy(Box<Envoy>),
+    /// Held only so that dropping the system kills the router.
+    #[allow(dead_code)]
+    Peer(Peer),
+}
+
+impl Running {
+    /// Starts `policy`'s system in front of `endpoints` (`HOST:PORT`) and waits until it routes.
+    pub async fn start(policy: Policy, endpoints: &[String]) -> Result<Running, String> {
+        match policy.peer() {
+            None => start_llmroute(policy, endpoints).await,
+            Some(kind) => start_peer(policy, kind, endpoints).await,
+        }
+    }
+
+    /// The Envoy, for llmroute.
+    pub fn envoy(&self) -> Option<&Envoy> {
+        match &self._process {
+            Process::Envoy(e) => Some(e),
+            Process::Peer(_) => None,
+        }
+    }
+}
+
+async fn start_llmroute(policy: Policy, endpoints: &[String]) -> Result<Running, String> {
+    let opts = EnvoyOptions {
+        concurrency: 1,
+        log_level: "warning".into(),
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(llmroute_config(policy, endpoints), opts).await?;
+    let deadline = Instant::now() + START_LIMIT;
+    loop {
+        let health = envoy.host_health(BACKEND).await;
+        if health.len() == endpoints.len() && health.values().all(|f| f == "healthy") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("Envoy's hosts did not all turn healthy: {health:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = envoy.url(CHAT_PATH);
+    wait_routes(&url, None).await?;
+    Ok(Running {
+        url,
+        _process: Process::Envoy(Box::new(envoy)),
+    })
+}
+
+/// A peer router process; killed on drop.
+struct Peer {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let start = log.len().saturating_sub(1500);
+        log.get(start..).unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<Running, String> {
+    let python = systems::venv().join("bin/python");
+    if !python.exists() {
+        return Err(format!("{} is missing: run `make bench-peers`", python.display()));
+    }
+    let mut last = String::new();
+    for attempt in 0..2 {
+        let (port, metrics_port) = random_ports(attempt + 200);
+        let mut peer = spawn_peer(policy, kind, &python, endpoints, port, metrics_port)?;
+        let url = format!("http://127.0.0.1:{port}{CHAT_PATH}");
+        match wait_routes(&url, Some(&mut peer.child)).await {
+            Ok(()) => {
+                return Ok(Running {
+                    url,
+                    _process: Process::Peer(peer),
+                })
+            }
+            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail()),
+        }
+    }
+    Err(last)
+}
+
+fn spawn_peer(
+    policy: Policy,
+    kind: Kind,
+    python: &std::path::Path,
+    endpoints: &[String],
+    port: u16,
+    metrics_port: u16,
+) -> Result<Peer, String> {
+    let (module, log_level) = match kind {
+        Kind::Sglang => ("sglang_router.launch_router", "warn"),
+        _ => ("vllm_router.launch_router", "warning"),
+    };
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let log = dir.path().join("router.log");
+    let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
+    let child = pinned_command(python, None)
+        .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--worker-urls")
+        .args(endpoints.iter().map(|e| format!("http://{e}")))
+        .args(["--policy", policy.peer_policy(), "--log-level", log_level])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &metrics_port.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", kind.name()))?;
+    Ok(Peer { child, log, _dir: dir })
+}
+
+/// Polls with a small non-streamed chat request until the system answers 200, its process exits, or the limit
+/// passes. The fleet is reset afterwards, so the probes leave nothing behind in the engines.
+async fn wait_routes(url: &str, mut child: Option<&mut Child>) -> Result<(), String> {
+    let client = reqwest::Client::new();
+    let body = json!({ "model": ALIAS, "messages": [{ "role": "user", "content": "ready?" }], "max_tokens": 1 });
+    let deadline = Instant::now() + START_LIMIT;
+    loop {
+        if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
+            return Err(format!("the router exited with {status} before it answered"));
+        }
+        let answer = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send();
+        let last = match tokio::time::timeout(Duration::from_secs(2), answer).await {
+            Ok(Ok(r)) if r.status().is_success() => return Ok(()),
+            Ok(Ok(r)) => format!("status {}", r.status()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 2 s".into(),
+        };
+        if Instant::now() > deadline {
+            return Err(format!("no 200 within {START_LIMIT:?} (last: {last})"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_labels_read_well() {
+        for p in Policy::ALL {
+            assert_eq!(Policy::parse(&p.id()), Some(p), "{}", p.id());
+        }
+        assert_eq!(Policy::Chwbl(175).id(), "chwbl-175");
+        assert_eq!(Policy::VllmConsistentHash.id(), "vllm-consistent-hash");
+        assert_eq!(Policy::SglangCacheAware.label(), "sglang cache_aware");
+        assert_eq!(Policy::Chwbl(125).bound(), Some(1.25));
+        assert!(Policy::VllmConsistentHash.sends_session());
+        assert!(!Policy::Chwbl(125).sends_session());
+    }
+
+    #[test]
+    fn llmroute_configs_validate() {
+        let endpoints = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        for p in [Policy::Chwbl(125), Policy::LeastRequest] {
+            let config = llmroute_config(p, &endpoints);
+            llmroute_core::load_config(&config.to_string()).unwrap();
+        }
+        let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints);
+        assert_eq!(chwbl["backends"][0]["balance_factor"], 200);
+    }
+}

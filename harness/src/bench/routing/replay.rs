@@ -1,0 +1,212 @@
+//! Replays a [`Trace`] against one system and times each request at the client.
+//!
+//! Every session runs as its own task: it waits for its start offset, then sends its requests one after another,
+//! each `think` after the previous answer ended. Sessions do not wait for one another, so the offered load is
+//! the trace's, whatever the system does with it (an open loop across sessions). Requests are streamed chat
+//! completions; TTFT is from sending the request to the first non-empty content delta, and the usage chunk gives
+//! the engine-reported prompt and cached tokens. All requests share one keep-alive HTTP/1.1 client with
+//! `TCP_NODELAY`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use reqwest::header::CONTENT_TYPE;
+use serde_json::Value;
+
+use super::workload::{Request, Trace};
+
+/// Longest one request may take before it counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What one request saw.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Send to the first content delta.
+    pub ttft: Option<Duration>,
+    /// Send to the end of the stream.
+    pub total: Option<Duration>,
+    /// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, as the engine reported them.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// `x-emu-backend`, when the system passes it on.
+    pub backend: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A client for the replay.
+pub fn client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .http1_only()
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+}
+
+/// Replays `trace` against `url`; `with_session` adds each request's session id as `x-session-id`. Returns one
+/// sample per request, session by session.
+pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_session: bool) -> Vec<Sample> {
+    let start = Instant::now();
+    let url: Arc<str> = Arc::from(url);
+    let tasks: Vec<_> = trace
+        .sessions
+        .iter()
+        .map(|session| {
+            let (client, url, session) = (client.clone(), url.clone(), session.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until((start + session.start).into()).await;
+                let mut samples = Vec::with_capacity(session.requests.len());
+                for (i, request) in session.requests.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(session.think).await;
+                    }
+                    samples.push(send(&client, &url, request, with_session).await);
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(trace.requests);
+    for task in tasks {
+        match task.await {
+            Ok(s) => samples.extend(s),
+            Err(e) => samples.push(Sample {
+                error: Some(format!("replay task failed: {e}")),
+                ..Sample::default()
+            }),
+        }
+    }
+    samples
+}
+
+/// Sends one streamed request and reads the stream to its end.
+pub async fn send(client: &reqwest::Client, url: &str, request: &Request, with_session: bool) -> Sample {
+    let sent = Instant::now();
+    let mut builder = client
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .body(request.body.clone());
+    if with_session {
+        builder = builder.header("x-session-id", request.session.as_str());
+    }
+    let mut sample = Sample::default();
+    let response = match builder.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            sample.error = Some(format!("request failed: {e}"));
+            return sample;
+        }
+    };
+    sample.backend = response
+        .headers()
+        .get("x-emu-backend")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let status = response.status();
+    if status != reqwest::StatusCode::OK {
+        let text = response.text().await.unwrap_or_default();
+        sample.error = Some(format!(
+            "status {status}: {}",
+            text.chars().take(200).collect::<String>()
+        ));
+        return sample;
+    }
+    let mut events = SseReader::default();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                sample.error = Some(format!("stream failed: {e}"));
+                return sample;
+            }
+        };
+        for data in events.push(&chunk) {
+            read_event(&data, sent, &mut sample);
+        }
+    }
+    sample.total = Some(sent.elapsed());
+    if sample.ttft.is_none() {
+        sample.error = Some("the stream carried no content".into());
+    }
+    sample
+}
+
+/// Notes the first content delta's time and the usage, from one `data:` payload.
+fn read_event(data: &str, sent: Instant, sample: &mut Sample) {
+    if data == "[DONE]" {
+        return;
+    }
+    let Ok(event) = serde_json::from_str::<Value>(data) else {
+        return;
+    };
+    let content = event.pointer("/choices/0/delta/content").and_then(Value::as_str);
+    if sample.ttft.is_none() && content.is_some_and(|c| !c.is_empty()) {
+        sample.ttft = Some(sent.elapsed());
+    }
+    if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
+        sample.prompt_tokens = usage.get("prompt_tokens").and_then(Value::as_u64);
+        sample.cached_tokens = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64);
+    }
+}
+
+/// Splits an SSE byte stream into the payloads of its `data:` lines.
+#[derive(Default)]
+struct SseReader {
+    buffer: Vec<u8>,
+}
+
+impl SseReader {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim_end_matches(['\n', '\r']);
+            if let Some(data) = line.strip_prefix("data:") {
+                out.push(data.trim_start().to_string());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_lines_split_across_chunks() {
+        let mut r = SseReader::default();
+        assert!(r.push(b"data: {\"a\"").is_empty());
+        assert_eq!(
+            r.push(b":1}\n\n: keepalive\n\ndata: [DONE]\r\n"),
+            ["{\"a\":1}", "[DONE]"]
+        );
+    }
+
+    #[test]
+    fn first_content_and_usage_are_read() {
+        let sent = Instant::now();
+        let mut s = Sample::default();
+        read_event(
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            sent,
+            &mut s,
+        );
+        assert!(s.ttft.is_none());
+        read_event(r#"{"choices":[{"delta":{"content":"tok0 "}}]}"#, sent, &mut s);
+        assert!(s.ttft.is_some());
+        read_event(
+            r#"{"choices":[],"usage":{"prompt_tokens":50,"prompt_tokens_details":{"cached_tokens":32}}}"#,
+            sent,
+            &mut s,
+        );
+        assert_eq!((s.prompt_tokens, s.cached_tokens), (Some(50), Some(32)));
+        read_event("[DONE]", sent, &mut s);
+    }
+}

@@ -1,0 +1,75 @@
+//! `llmroute-bench-engines` (`make bench-engines`): llmroute and the peer routers side by side in front of three
+//! real llama.cpp servers, on a shared-system-prompt workload; writes `bench/ENGINES.md`. See
+//! `llmroute_harness::bench::engines`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use llmroute_harness::bench::engines::{self, Settings};
+use llmroute_harness::bench::machine::Machine;
+use llmroute_harness::envoy::repo_root;
+
+#[derive(Parser)]
+#[command(
+    name = "llmroute-bench-engines",
+    about = "Routers in front of real llama.cpp servers"
+)]
+struct Args {
+    /// One run per system instead of seven: a sanity check, not a result.
+    #[arg(long)]
+    quick: bool,
+    /// Runs per system (the report gives medians).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Workload seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Only these systems: chwbl, least_request, round_robin, sglang_cache_aware, sglang_manual,
+    /// vllm_consistent_hash, vllm_cache_aware (comma-separated).
+    #[arg(long)]
+    systems: Option<String>,
+    /// Where to write the report (default bench/ENGINES.md).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut settings = if args.quick {
+        Settings::quick(args.seed)
+    } else {
+        Settings::full(args.seed)
+    };
+    if let Some(runs) = args.runs {
+        settings.runs = runs.max(1);
+    }
+    if let Some(list) = &args.systems {
+        match engines::parse_systems(list) {
+            Ok(s) => settings.systems = s,
+            Err(e) => {
+                eprintln!("llmroute-bench-engines: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let machine = Machine::probe();
+    let outcome = match engines::run(settings).await {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("llmroute-bench-engines: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (name, v) in engines::summary(&outcome) {
+        println!("{name:<44} {v}");
+    }
+    let out = args.out.unwrap_or_else(|| repo_root().join("bench/ENGINES.md"));
+    if let Err(e) = std::fs::write(&out, engines::markdown(&outcome, &machine)) {
+        eprintln!("llmroute-bench-engines: writing {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}", out.display());
+    ExitCode::SUCCESS
+}
