@@ -162,17 +162,44 @@ fn sglang_check(o: &Outcome, cell: &Cell) -> Check {
         format!("hit rate ≥ sglang cache_aware − {SGLANG_SLACK}"),
         format!("{} vs {}", f3(hit), f3(sglang)),
         met,
-        || {
-            format!(
-                "sglang's cache_aware routes on an approximate radix tree of the prompts it has seen, so it finds \
-                 the engine holding the longest match for any prompt, whatever the key. llmroute routes on one key \
-                 per request (here {}), stateless.{} Closing it: a looser balance factor where the bound spills, or \
-                 a key that follows the shared prefix more closely.",
-                key_of(cell.workload),
-                spill_note(o, cell.workload)
-            )
-        },
+        || sglang_note(o, cell),
     )
+}
+
+/// Why llmroute's hit rate trails sglang's `cache_aware` on one workload, and what the trade bought.
+fn sglang_note(o: &Outcome, cell: &Cell) -> String {
+    let w = cell.workload;
+    let keys = o.trace(w).map_or(0, |t| t.keys);
+    let sglang = o.cell(w, Policy::SglangCacheAware);
+    let ms = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.0} ms"));
+    let tail = match sglang {
+        Some(s) => format!(
+            " What it bought: engine TTFT p99 {} against sglang's {}, busiest ÷ mean {} against {}.",
+            ms(cell.engine_ttft_p99_ms()),
+            ms(s.engine_ttft_p99_ms()),
+            f2(cell.busiest_over_mean()),
+            f2(s.busiest_over_mean())
+        ),
+        None => String::new(),
+    };
+    format!(
+        "sglang's cache_aware keeps a radix tree of the prompts it routed: a prompt goes to the worker holding its \
+         longest match, and a new prefix to the worker whose tree is smallest, so prefixes spread evenly over the \
+         caches and it balances load only past large thresholds (by default 64 requests and 1.5×). llmroute hashes \
+         one key per request ({}) onto Envoy's ring, statelessly: with {keys} keys over {} engines some engines \
+         get more prefixes than others (the placement changes with the engines' addresses, hence the range over \
+         repeats), so their LRU caches evict more, and the load bound moves a busy key's requests to engines \
+         without its prefix.{}{tail} Closing it: larger caches make the uneven split harmless; a looser factor \
+         keeps more hits at the price of the tail; matching sglang exactly needs cache state in the router, which \
+         llmroute leaves out on purpose.",
+        key_of(w),
+        o.settings.engines,
+        spill_note(o, w)
+    )
+}
+
+fn f2(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
 }
 
 /// The affinity key llmroute computes on a workload.
@@ -189,7 +216,7 @@ fn bound_check(o: &Outcome, cell: &Cell, bound: f64) -> Check {
     check(
         cell,
         format!("busiest ÷ mean ≤ {bound:.2}"),
-        busiest.map_or("-".into(), |b| format!("{b:.2}")),
+        busiest.map_or("-".into(), |b| format!("{b:.3}")),
         met,
         || {
             let hot = if cell.workload == Workload::Zipf {
