@@ -144,8 +144,7 @@ fn spill_note(o: &Outcome, w: crate::bench::routing::workload::Workload) -> Stri
     };
     if high.0 > low.0 && high.1 > low.1 + 0.01 {
         format!(
-            " A looser bound keeps more hits (factor {}: {:.3}, factor {}: {:.3}): the bound spills a busy key's \
-             requests to engines without its prefix.",
+            " Here a looser bound keeps more hits (factor {}: {:.3}, factor {}: {:.3}).",
             low.0, low.1, high.0, high.1
         )
     } else {
@@ -174,7 +173,7 @@ fn sglang_note(o: &Outcome, cell: &Cell) -> String {
     let ms = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.0} ms"));
     let tail = match sglang {
         Some(s) => format!(
-            " What it bought: engine TTFT p99 {} against sglang's {}, busiest ÷ mean {} against {}.",
+            " Alongside: engine TTFT p99 {} against sglang's {}, busiest ÷ mean {} against {}.",
             ms(cell.engine_ttft_p99_ms()),
             ms(s.engine_ttft_p99_ms()),
             f2(cell.busiest_over_mean()),
@@ -188,7 +187,7 @@ fn sglang_note(o: &Outcome, cell: &Cell) -> String {
          caches and it balances load only past large thresholds (by default 64 requests and 1.5×). llmroute hashes \
          one key per request ({}) onto Envoy's ring, statelessly: with {keys} keys over {} engines some engines \
          get more prefixes than others (the placement changes with the engines' addresses, hence the range over \
-         repeats), so their LRU caches evict more, and the load bound moves a busy key's requests to engines \
+         repeats), so their LRU caches evict more; and the load bound sends a busy key's overflow to engines \
          without its prefix.{}{tail} Closing it: larger caches make the uneven split harmless; a looser factor \
          keeps more hits at the price of the tail; matching sglang exactly needs cache state in the router, which \
          llmroute leaves out on purpose.",
@@ -247,8 +246,10 @@ fn control_checks(o: &Outcome, cell: &Cell) -> Vec<Check> {
         "With unique prompts there is nothing to keep warm, so every request costs the same and only the spread \
          matters. Hashing unique keys spreads them at random, up to the load bound; least_request looks at the \
          requests in flight on two random hosts and picks the lighter, which queues less. Closing it: a tighter \
-         balance factor, or no sticky key for requests without a shared prefix (the user-prefix fallback can be \
-         turned off with `user_prefix_bytes: 0`, which leaves Envoy's ring to pick a host at random)."
+         balance factor (it spills sooner); or, since a key only pays when prefixes repeat, turning the \
+         user-prefix fallback off (`user_prefix_bytes: 0`) and sending keyless requests to a least_request twin \
+         of the cluster over the same endpoints. The filter already picks the cluster by header; the renderer \
+         does not render such a twin yet."
             .to_string()
     };
     vec![

@@ -52,16 +52,18 @@ pub fn draw(o: &Outcome, path: &Path) -> Result<bool, String> {
         bar: Cell::hit_rate,
         tick: None,
         oracle: true,
+        log: false,
     };
     panel(&top, o, &hit, text)?;
     let p99 = o.cells.iter().filter_map(Cell::ttft_p99_ms).fold(10.0_f64, f64::max);
     let ttft = Panel {
-        caption: "TTFT at the client, ms: bar p50, black tick p99",
+        caption: "TTFT at the client, ms (log scale): bar p50, black tick p99",
         y_desc: "ms",
-        top: p99 * 1.08,
+        top: (p99 * 1.3).log10(),
         bar: Cell::ttft_p50_ms,
         tick: Some(Cell::ttft_p99_ms),
         oracle: false,
+        log: true,
     };
     panel(&bottom, o, &ttft, text)?;
     if text {
@@ -79,6 +81,18 @@ struct Panel {
     bar: Figure,
     tick: Option<Figure>,
     oracle: bool,
+    /// Plot log10 of the values (from 1 up), with the labels in the values' units.
+    log: bool,
+}
+
+impl Panel {
+    fn y(&self, v: f64) -> f64 {
+        if self.log {
+            v.max(1.0).log10()
+        } else {
+            v
+        }
+    }
 }
 
 /// Grouped bars, one group per workload and one bar per policy, with optional ticks and oracle lines.
@@ -98,8 +112,15 @@ fn panel(area: &Area, o: &Outcome, spec: &Panel, text: bool) -> Result<(), Strin
         .map_err(err)?;
     let mut mesh = chart.configure_mesh();
     mesh.disable_x_mesh().x_labels(0).light_line_style(WHITE);
+    let log_label = |y: &f64| format!("{:.0}", 10f64.powf(*y));
+    let linear_label = |y: &f64| format!("{y:.1}");
     if text {
         mesh.y_desc(spec.y_desc).label_style((FONT, 14));
+        if spec.log {
+            mesh.y_label_formatter(&log_label);
+        } else {
+            mesh.y_label_formatter(&linear_label);
+        }
     } else {
         mesh.y_labels(0);
     }
@@ -114,7 +135,7 @@ fn panel(area: &Area, o: &Outcome, spec: &Panel, text: bool) -> Result<(), Strin
                 .filter_map(move |(g, t)| Some((g, o.cell(t.workload, p)?)))
         };
         let bars = cells().filter_map(|(g, c)| {
-            let v = (spec.bar)(c)?;
+            let v = spec.y((spec.bar)(c)?);
             Some(Rectangle::new(
                 [(x(g), 0.0), (x(g) + width * 0.9, v)],
                 color(p).filled(),
@@ -123,7 +144,7 @@ fn panel(area: &Area, o: &Outcome, spec: &Panel, text: bool) -> Result<(), Strin
         chart.draw_series(bars).map_err(err)?;
         if let Some(tick) = spec.tick {
             let ticks = cells().filter_map(|(g, c)| {
-                let v = tick(c)?;
+                let v = spec.y(tick(c)?);
                 Some(PathElement::new(
                     [(x(g), v), (x(g) + width * 0.9, v)],
                     BLACK.stroke_width(2),
@@ -142,8 +163,11 @@ fn panel(area: &Area, o: &Outcome, spec: &Panel, text: bool) -> Result<(), Strin
         chart.draw_series(oracle).map_err(err)?;
     }
     if text {
+        // The chart maps to the whole bitmap's pixels; the area draws relative to its own corner.
+        let (left, top) = area.get_base_pixel();
         for (g, t) in o.traces.iter().enumerate() {
             let (x, y) = chart.backend_coord(&(g as f64 + 0.5, 0.0));
+            let (x, y) = (x - left, y - top);
             let style = TextStyle::from((FONT, 16).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
             area.draw(&Text::new(t.workload.id().to_string(), (x, y + 8), style))
                 .map_err(err)?;

@@ -384,23 +384,28 @@ fn caveats(md: &mut String, o: &Outcome) {
         if s.quick { ", --quick shapes" } else { "" },
     );
     let engine_spread = f64::from(s.shape.output_tokens.saturating_sub(1)) * s.cost.decode_ms_per_token;
-    for p in o.measured_policies() {
-        let spread =
-            crate::bench::stats::median_of(s.workloads.iter().map(|&w| o.cell(w, p).and_then(Cell::spread_p50_ms)));
-        let (Some(added), Some(spread)) = (added_ttft_ms(o, p), spread) else {
-            continue;
-        };
-        if added > 10.0 && spread < engine_spread / 2.0 {
-            let _ = writeln!(
-                md,
-                "- {} adds {added:.0} ms to TTFT p50 and delivers each stream's tokens together ({spread:.1} ms from \
-                 first token to end, where the engines take at least {engine_spread:.0} ms). That is consistent with Nagle's \
-                 algorithm on the router's connection to the client holding back small SSE writes until the \
-                 client's delayed ACK (40 ms on Linux). It is the router's transport, not its placement: the engine \
-                 TTFT columns show the placement alone.",
-                p.label()
-            );
-        }
+    let held: Vec<String> = o
+        .measured_policies()
+        .into_iter()
+        .filter_map(|p| {
+            let spread = crate::bench::stats::median_of(
+                s.workloads.iter().map(|&w| o.cell(w, p).and_then(Cell::spread_p50_ms)),
+            )?;
+            let added = added_ttft_ms(o, p)?;
+            (added > 10.0 && spread < engine_spread / 2.0)
+                .then(|| format!("{} (+{added:.0} ms, {spread:.1} ms from first token to end)", p.label()))
+        })
+        .collect();
+    if !held.is_empty() {
+        let _ = writeln!(
+            md,
+            "- {} add tens of milliseconds to TTFT p50 and deliver each stream's tokens together, where the \
+             engines spread them over at least {engine_spread:.0} ms. That is consistent with Nagle's algorithm on \
+             the router's connection to the client holding back small SSE writes until the client's delayed ACK \
+             (40 ms on Linux). It is the router's transport, not its placement: the engine TTFT columns show the \
+             placement alone.",
+            held.join(" and ")
+        );
     }
 }
 
