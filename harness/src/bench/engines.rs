@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::machine::Machine;
 use super::stats::median;
-use super::systems::{peer_version, venv};
+use super::systems::{peer_python, peer_version, Peer};
 use crate::envoy::{random_ports, Envoy, EnvoyOptions};
 use crate::llama::workload::{chat_body, client, prompt_text, run_jobs, tenant_system_prompt, ChatOutcome, Job};
 use crate::llama::{llama_server_binary, LlamaFleet};
@@ -379,14 +379,12 @@ impl Router {
             });
         }
         let (module, policy) = kind.peer().ok_or("not a peer router")?;
-        let python = venv().join("bin/python");
-        if !python.exists() {
-            return Err(format!("{} is missing: run `make bench-peers`", python.display()));
-        }
+        let python = peer_python()?;
+        let urls: Vec<String> = fleet.servers.iter().map(|s| s.url("")).collect();
         let mut last = String::new();
         for attempt in 0..3 {
             let (port, metrics_port) = random_ports(attempt + 200);
-            let mut peer = Peer::spawn(&python, module, policy, fleet, port, metrics_port)?;
+            let mut peer = Peer::spawn(&python, module, None, &urls, policy, (port, metrics_port), module)?;
             let base = format!("http://127.0.0.1:{port}");
             match wait_ok(&format!("{base}/v1/models"), Some(&mut peer)).await {
                 Ok(()) => {
@@ -396,7 +394,7 @@ impl Router {
                         _peer: Some(peer),
                     })
                 }
-                Err(e) => last = format!("{e}\n--- router log (tail) ---\n{}", peer.log_tail()),
+                Err(e) => last = format!("{e}\n--- router log (tail) ---\n{}", peer.log_tail(2000)),
             }
         }
         Err(last)
@@ -425,64 +423,6 @@ async fn wait_ok(url: &str, mut peer: Option<&mut Peer>) -> Result<(), String> {
             return Err(format!("{url} did not answer 2xx within {PEER_START_LIMIT:?}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-struct Peer {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Peer {
-    fn spawn(
-        python: &std::path::Path,
-        module: &str,
-        policy: &str,
-        fleet: &LlamaFleet,
-        port: u16,
-        metrics_port: u16,
-    ) -> Result<Peer, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let log = dir.path().join("router.log");
-        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let level = if module.starts_with("sglang") {
-            "warn"
-        } else {
-            "warning"
-        };
-        let urls: Vec<String> = fleet.servers.iter().map(|s| s.url("")).collect();
-        let child = std::process::Command::new(python)
-            .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--worker-urls")
-            .args(&urls)
-            .args(["--policy", policy, "--log-level", level])
-            .args([
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                &metrics_port.to_string(),
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("starting {module}: {e}"))?;
-        Ok(Peer { child, log, _dir: dir })
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let start = log.len().saturating_sub(2000);
-        log.get(start..).unwrap_or_default().to_string()
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

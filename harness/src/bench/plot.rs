@@ -19,7 +19,8 @@ const FONT_PATHS: [&str; 3] = [
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
-const FONT: &str = "sans-serif";
+/// The family name the loaded font is registered under.
+pub(crate) const FONT: &str = "sans-serif";
 const SERIES: [(Kind, RGBColor); 3] = [
     (Kind::Llmroute, RGBColor(0x1f, 0x77, 0xb4)),
     (Kind::Sglang, RGBColor(0xd6, 0x27, 0x28)),
@@ -157,7 +158,7 @@ fn points(o: &Outcome, kind: Kind, concurrency: usize) -> Vec<(f64, f64)> {
 }
 
 /// Registers DejaVu Sans (or `$LLMROUTE_FONT`) for text; false when none can be read.
-fn load_font() -> bool {
+pub(crate) fn load_font() -> bool {
     let custom = std::env::var("LLMROUTE_FONT").ok();
     let candidates = custom.iter().map(String::as_str).chain(FONT_PATHS);
     let Some(bytes) = candidates.into_iter().find_map(|p| std::fs::read(p).ok()) else {
@@ -168,7 +169,8 @@ fn load_font() -> bool {
     plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok()
 }
 
-fn err(e: impl std::fmt::Display) -> String {
+/// A drawing error, as the plots report it.
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
     format!("drawing the plot: {e}")
 }
 

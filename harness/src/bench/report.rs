@@ -32,18 +32,48 @@ pub fn markdown(outcome: &Outcome, machine: &Machine, micro: &Micro) -> String {
 }
 
 fn header(md: &mut String, o: &Outcome, m: &Machine) {
-    let kind = if o.settings.quick {
+    let s = &o.settings;
+    title_and_machine(md, "Benchmark results", "overhead", s.seed, s.quick, o.elapsed, m);
+}
+
+/// Prints the closing line of a bench run: the results file and the plot written (`text`: whether the plot has
+/// text), and how long the run took.
+pub fn print_written(results: &std::path::Path, png: &std::path::Path, text: bool, elapsed: std::time::Duration) {
+    let note = if text {
+        ""
+    } else {
+        " (no font found: drawn without text)"
+    };
+    println!(
+        "wrote {} and {}{note} in {:.0} s",
+        results.display(),
+        png.display(),
+        elapsed.as_secs_f64()
+    );
+}
+
+/// The title, a line on how the file was written (`make bench-<command>`), and the machine and versions table;
+/// shared by every bench's results file.
+pub(crate) fn title_and_machine(
+    md: &mut String,
+    title: &str,
+    command: &str,
+    seed: u64,
+    quick: bool,
+    elapsed: std::time::Duration,
+    m: &Machine,
+) {
+    let quick = if quick {
         " (--quick: a sanity run, not for quoting)"
     } else {
         ""
     };
     let _ = writeln!(
         md,
-        "# Benchmark results\n\nWritten by `make bench-overhead` (`llmroute-bench overhead --seed {}`) on {}{kind}, \
+        "# {title}\n\nWritten by `make bench-{command}` (`llmroute-bench {command} --seed {seed}`) on {}{quick}, \
          in {:.0} s. Regenerate it rather than editing it.\n",
-        o.settings.seed,
         m.date,
-        o.elapsed.as_secs_f64()
+        elapsed.as_secs_f64()
     );
     let _ = writeln!(md, "## Machine and versions\n\n| | |\n|---|---|");
     let _ = writeln!(md, "| CPUs (`nproc`) | {} |\n| CPU model | {} |", m.nproc, m.cpu_model);

@@ -136,17 +136,58 @@ pub fn peer_version(distribution: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// A peer router process; killed on drop.
-struct Peer {
-    child: Child,
+/// A peer router process (sglang-router or vllm-router); killed on drop.
+pub(crate) struct Peer {
+    pub(crate) child: Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Peer {
-    fn log_tail(&self) -> String {
+    /// Launches `python -m module` (pinned to `cpus` when given) on loopback `ports` (service, Prometheus) in
+    /// front of `worker_urls` with `--policy policy`, its output going to a log in a temporary folder. `name`
+    /// names the router in the error if it cannot be started.
+    pub(crate) fn spawn(
+        python: &Path,
+        module: &str,
+        cpus: Option<&str>,
+        worker_urls: &[String],
+        policy: &str,
+        (port, metrics_port): (u16, u16),
+        name: &str,
+    ) -> Result<Peer, String> {
+        let log_level = if module.starts_with("sglang") {
+            "warn"
+        } else {
+            "warning"
+        };
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let log = dir.path().join("router.log");
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
+        let child = pinned_command(python, cpus)
+            .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--worker-urls")
+            .args(worker_urls)
+            .args(["--policy", policy, "--log-level", log_level])
+            .args([
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &metrics_port.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|e| format!("starting {name}: {e}"))?;
+        Ok(Peer { child, log, _dir: dir })
+    }
+
+    /// The last `max` bytes of the router's log.
+    pub(crate) fn log_tail(&self, max: usize) -> String {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let start = log.len().saturating_sub(2000);
+        let start = log.len().saturating_sub(max);
         log.get(start..).unwrap_or_default().to_string()
     }
 }
@@ -158,15 +199,37 @@ impl Drop for Peer {
     }
 }
 
-async fn start_peer(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+/// The venv's Python, or an error saying how to install the peer routers.
+pub(crate) fn peer_python() -> Result<PathBuf, String> {
     let python = venv().join("bin/python");
     if !python.exists() {
         return Err(format!("{} is missing: run `make bench-peers`", python.display()));
     }
+    Ok(python)
+}
+
+/// The Python module that launches the peer router `kind`.
+pub(crate) fn peer_module(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Sglang => "sglang_router.launch_router",
+        _ => "vllm_router.launch_router",
+    }
+}
+
+async fn start_peer(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+    let python = peer_python()?;
     let mut last = String::new();
     for attempt in 0..3 {
         let (port, metrics_port) = random_ports(attempt + 100);
-        let mut peer = spawn_peer(kind, &python, upstreams, cpus, port, metrics_port)?;
+        let mut peer = Peer::spawn(
+            &python,
+            peer_module(kind),
+            cpus,
+            &upstreams.urls(),
+            "cache_aware",
+            (port, metrics_port),
+            kind.name(),
+        )?;
         let url = format!("http://127.0.0.1:{port}{CHAT_PATH}");
         match wait_peer_ready(&mut peer, &url).await {
             Ok(()) => {
@@ -177,45 +240,10 @@ async fn start_peer(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Re
                     process: Process::Peer(peer),
                 })
             }
-            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail()),
+            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail(2000)),
         }
     }
     Err(last)
-}
-
-fn spawn_peer(
-    kind: Kind,
-    python: &Path,
-    upstreams: &Upstreams,
-    cpus: Option<&str>,
-    port: u16,
-    metrics_port: u16,
-) -> Result<Peer, String> {
-    let (module, log_level) = match kind {
-        Kind::Sglang => ("sglang_router.launch_router", "warn"),
-        _ => ("vllm_router.launch_router", "warning"),
-    };
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let log = dir.path().join("router.log");
-    let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
-    let child = pinned_command(python, cpus)
-        .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--worker-urls")
-        .args(upstreams.urls())
-        .args(["--policy", "cache_aware", "--log-level", log_level])
-        .args([
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            &metrics_port.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", kind.name()))?;
-    Ok(Peer { child, log, _dir: dir })
 }
 
 /// Polls with a small chat request until the router answers 200, exits, or the limit passes.

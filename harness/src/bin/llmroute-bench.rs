@@ -115,17 +115,7 @@ fn run(settings: Settings, machine: &Machine, out: &Path) -> Result<(), String> 
     let png = out.join("overhead.png");
     let text = plot::draw(&outcome, &png)?;
     print_goals(&outcome);
-    let note = if text {
-        ""
-    } else {
-        " (no font found: drawn without text)"
-    };
-    println!(
-        "wrote {} and {}{note} in {:.0} s",
-        results.display(),
-        png.display(),
-        outcome.elapsed.as_secs_f64()
-    );
+    report::print_written(&results, &png, text, outcome.elapsed);
     Ok(())
 }
 

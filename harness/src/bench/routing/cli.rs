@@ -106,17 +106,7 @@ fn run(settings: Settings, out: &std::path::Path) -> Result<(), String> {
     for line in report::headline(&outcome, 175) {
         println!("chwbl 175 {line}");
     }
-    let note = if text {
-        ""
-    } else {
-        " (no font found: drawn without text)"
-    };
-    println!(
-        "wrote {} and {}{note} in {:.0} s",
-        results.display(),
-        png.display(),
-        outcome.elapsed.as_secs_f64()
-    );
+    crate::bench::report::print_written(&results, &png, text, outcome.elapsed);
     Ok(())
 }
 

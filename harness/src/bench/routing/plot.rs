@@ -11,13 +11,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::policy::Policy;
 use super::{Cell, Outcome};
-
-const FONT_PATHS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-];
-const FONT: &str = "sans-serif";
+use crate::bench::plot::{err, load_font, FONT};
 
 fn color(p: Policy) -> RGBColor {
     match p {
@@ -190,22 +184,6 @@ fn legend(area: &Area, policies: &[Policy]) -> Result<(), String> {
         .map_err(err)?;
     area.draw(&Text::new("oracle", (28, y), style)).map_err(err)?;
     Ok(())
-}
-
-/// Registers DejaVu Sans (or `$LLMROUTE_FONT`) for text; false when none can be read.
-fn load_font() -> bool {
-    let custom = std::env::var("LLMROUTE_FONT").ok();
-    let candidates = custom.iter().map(String::as_str).chain(FONT_PATHS);
-    let Some(bytes) = candidates.into_iter().find_map(|p| std::fs::read(p).ok()) else {
-        return false;
-    };
-    // plotters keeps the font for the life of the process, so it needs 'static bytes; this leaks one font file.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok()
-}
-
-fn err(e: impl std::fmt::Display) -> String {
-    format!("drawing the plot: {e}")
 }
 
 #[cfg(test)]

@@ -8,15 +8,14 @@
 //!
 //! Each system is stopped when dropped.
 
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::bench::body::{ALIAS, UPSTREAM_MODEL};
-use crate::bench::systems::{self, Kind, CHAT_PATH};
-use crate::envoy::{pinned_command, random_ports, Envoy, EnvoyOptions};
+use crate::bench::systems::{self, Kind, Peer, CHAT_PATH};
+use crate::envoy::{random_ports, Envoy, EnvoyOptions};
 
 /// The llmroute backend (Envoy cluster) name.
 pub const BACKEND: &str = "bench";
@@ -199,37 +198,21 @@ async fn start_llmroute(policy: Policy, endpoints: &[String]) -> Result<Running,
     })
 }
 
-/// A peer router process; killed on drop.
-struct Peer {
-    child: Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Peer {
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let start = log.len().saturating_sub(1500);
-        log.get(start..).unwrap_or_default().to_string()
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<Running, String> {
-    let python = systems::venv().join("bin/python");
-    if !python.exists() {
-        return Err(format!("{} is missing: run `make bench-peers`", python.display()));
-    }
+    let python = systems::peer_python()?;
+    let worker_urls: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
     let mut last = String::new();
     for attempt in 0..2 {
         let (port, metrics_port) = random_ports(attempt + 200);
-        let mut peer = spawn_peer(policy, kind, &python, endpoints, port, metrics_port)?;
+        let mut peer = Peer::spawn(
+            &python,
+            systems::peer_module(kind),
+            None,
+            &worker_urls,
+            policy.peer_policy(),
+            (port, metrics_port),
+            kind.name(),
+        )?;
         let url = format!("http://127.0.0.1:{port}{CHAT_PATH}");
         match wait_routes(&url, Some(&mut peer.child)).await {
             Ok(()) => {
@@ -238,45 +221,10 @@ async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<
                     _process: Process::Peer(peer),
                 })
             }
-            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail()),
+            Err(e) => last = format!("{e}\n--- {} log (tail) ---\n{}", kind.short(), peer.log_tail(1500)),
         }
     }
     Err(last)
-}
-
-fn spawn_peer(
-    policy: Policy,
-    kind: Kind,
-    python: &std::path::Path,
-    endpoints: &[String],
-    port: u16,
-    metrics_port: u16,
-) -> Result<Peer, String> {
-    let (module, log_level) = match kind {
-        Kind::Sglang => ("sglang_router.launch_router", "warn"),
-        _ => ("vllm_router.launch_router", "warning"),
-    };
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let log = dir.path().join("router.log");
-    let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
-    let child = pinned_command(python, None)
-        .args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--worker-urls")
-        .args(endpoints.iter().map(|e| format!("http://{e}")))
-        .args(["--policy", policy.peer_policy(), "--log-level", log_level])
-        .args([
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            &metrics_port.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", kind.name()))?;
-    Ok(Peer { child, log, _dir: dir })
 }
 
 /// Polls with a small non-streamed chat request until the system answers 200, its process exits, or the limit

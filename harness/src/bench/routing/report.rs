@@ -8,6 +8,7 @@ use super::policy::Policy;
 use super::workload::Workload;
 use super::{Cell, Outcome};
 use crate::bench::machine::Machine;
+use crate::bench::report;
 use crate::emulator::cost::BLOCK_TOKENS;
 
 /// The whole file; `plot` is the PNG's file name, when one was drawn.
@@ -31,26 +32,8 @@ fn f(v: Option<f64>, digits: usize) -> String {
 }
 
 fn header(md: &mut String, o: &Outcome, m: &Machine) {
-    let quick = if o.settings.quick {
-        " (--quick: a sanity run, not for quoting)"
-    } else {
-        ""
-    };
-    let _ = writeln!(
-        md,
-        "# Routing benchmark\n\nWritten by `make bench-routing` (`llmroute-bench routing --seed {}`) on {}{quick}, \
-         in {:.0} s. Regenerate it rather than editing it.\n",
-        o.settings.seed,
-        m.date,
-        o.elapsed.as_secs_f64()
-    );
-    let _ = writeln!(md, "## Machine and versions\n\n| | |\n|---|---|");
-    let _ = writeln!(md, "| CPUs (`nproc`) | {} |\n| CPU model | {} |", m.nproc, m.cpu_model);
-    let _ = writeln!(md, "| Linux kernel | {} |\n| Envoy | {} |", m.kernel, m.envoy);
-    for (kind, version) in &m.peers {
-        let _ = writeln!(md, "| {} | {version} |", kind.name());
-    }
-    let _ = writeln!(md, "| rustc | {} |\n", m.rustc);
+    let s = &o.settings;
+    report::title_and_machine(md, "Routing benchmark", "routing", s.seed, s.quick, o.elapsed, m);
 }
 
 fn settings(md: &mut String, o: &Outcome, m: &Machine) {
