@@ -11,3 +11,4 @@ pub mod fleet;
 pub mod gguf;
 pub mod llama;
 pub mod render;
+pub mod sdk_clients;

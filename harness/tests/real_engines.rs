@@ -31,6 +31,7 @@ use llmroute_harness::llama::workload::{
     cache_hit_ratio, chat_body, client, prompt_text, run_jobs, stream_chat, tenant_system_prompt, ChatOutcome, Job,
 };
 use llmroute_harness::llama::{vocab, LlamaFleet, LlamaServer};
+use llmroute_harness::sdk_clients;
 use serde_json::{json, Value};
 
 const ALIAS: &str = "local-chat";
@@ -62,45 +63,25 @@ async fn wait_for_stat(envoy: &Envoy, name: &str, at_least: u64, limit: Duration
 }
 
 fn python() -> PathBuf {
-    let python = repo_root().join(".tools/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make sdk-clients` to install the openai and anthropic SDKs",
-        python.display()
-    );
-    python
+    sdk_clients::python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdks_stream_through_envoy_to_llama_server() {
-    let python = python();
+    python(); // fail fast, before starting anything
     let fleet = fleet(3).await;
     let envoy = envoy(fleet.config(ALIAS, "chwbl")).await;
     let servers: Vec<&str> = fleet.servers.iter().map(|s| s.alias()).collect();
     let script = repo_root().join("harness/tests/sdk/check_real_sdks.py");
-    let mut command = tokio::process::Command::new(python);
-    command
-        .arg(&script)
-        .args([
-            "--base-url",
-            &envoy.url(""),
-            "--model",
-            ALIAS,
-            "--servers",
-            &servers.join(","),
-        ])
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .kill_on_drop(true);
-    for proxy in [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        command.env_remove(proxy);
-    }
+    let mut command = sdk_clients::script_command(&script).unwrap_or_else(|e| panic!("{e}"));
+    command.args([
+        "--base-url",
+        &envoy.url(""),
+        "--model",
+        ALIAS,
+        "--servers",
+        &servers.join(","),
+    ]);
     let output: Output = tokio::time::timeout(Duration::from_secs(120), command.output())
         .await
         .expect("the SDK checks finish within 2 minutes")

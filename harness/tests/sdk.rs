@@ -18,6 +18,7 @@ use std::time::Duration;
 use llmroute_harness::emulator::{Emulator, EmulatorOptions, RecordedRequest};
 use llmroute_harness::envoy::{repo_root, Envoy};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
+use llmroute_harness::sdk_clients;
 
 const ALIAS: &str = "local-chat";
 const UPSTREAM: &str = "qwen3-0.6b";
@@ -28,35 +29,14 @@ const CREDENTIALS: [&str; 4] = ["authorization", "x-api-key", "cookie", "proxy-a
 const SCRIPT_LIMIT: Duration = Duration::from_secs(180);
 
 fn python() -> PathBuf {
-    let python = repo_root().join(".tools/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make sdk-clients` to install the openai and anthropic SDKs",
-        python.display()
-    );
-    python
+    sdk_clients::python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs the check script against `base_url`, prints its report, and returns its output.
 async fn run_checks(base_url: &str, extra: &[&str]) -> Output {
     let script = repo_root().join("harness/tests/sdk/check_sdks.py");
-    let mut command = tokio::process::Command::new(python());
-    command
-        .arg(&script)
-        .args(["--base-url", base_url, "--model", ALIAS])
-        .args(extra)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .kill_on_drop(true);
-    for proxy in [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        command.env_remove(proxy);
-    }
+    let mut command = sdk_clients::script_command(&script).unwrap_or_else(|e| panic!("{e}"));
+    command.args(["--base-url", base_url, "--model", ALIAS]).args(extra);
     let output = tokio::time::timeout(SCRIPT_LIMIT, command.output())
         .await
         .unwrap_or_else(|_| panic!("{} did not finish within {SCRIPT_LIMIT:?}", script.display()))
