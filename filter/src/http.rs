@@ -15,6 +15,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use crate::host;
+use crate::key_placement::{self, Pin};
 use crate::metrics::Metrics;
 use crate::response::ResponseWatch;
 
@@ -32,6 +33,8 @@ pub struct Http {
     routed: Option<RouteDecision>,
     /// Watches the response of a routed request.
     watch: Option<ResponseWatch>,
+    /// The host bounded-keys placement pinned the request to.
+    pin: Option<Pin>,
 }
 
 impl Http {
@@ -46,6 +49,7 @@ impl Http {
             body_size: 0,
             routed: None,
             watch: None,
+            pin: None,
         }
     }
 
@@ -120,6 +124,12 @@ impl Http {
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
+            if !decision.failover {
+                self.pin = key_placement::pin(cfg, &decision.cluster, a.hash);
+                if let Some(p) = &self.pin {
+                    self.metrics.placement(p.choice.reason);
+                }
+            }
         }
         if decision.failover {
             host::set_request_header(headers::ALIAS, Some(&decision.alias));
@@ -222,7 +232,15 @@ impl HttpContext for Http {
         if let Some(session) = &d.echo_session {
             host::set_response_header(headers::SESSION_ECHO, session);
         }
-        if self.cfg.as_ref().is_some_and(|c| c.debug_headers) {
+        let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
+        if self.pin.is_some() && !debug {
+            // Envoy's stateful-session filter names the upstream host here; clients need not know it.
+            host::remove_response_header(key_placement::SESSION_HEADER);
+        }
+        if debug {
+            if let Some(p) = &self.pin {
+                host::set_response_header(headers::PLACEMENT, p.choice.reason.as_str());
+            }
             host::set_response_header(headers::CLUSTER, &d.cluster);
             if let Some(addr) = host::property_string(&["upstream", "address"]) {
                 host::set_response_header(headers::UPSTREAM, &addr);
@@ -264,6 +282,9 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
+        if let Some(p) = self.pin.take() {
+            p.release();
+        }
         let (Some(w), Some(d)) = (&self.watch, &self.routed) else {
             return;
         };

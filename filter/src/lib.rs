@@ -5,6 +5,7 @@
 
 mod host;
 mod http;
+mod key_placement;
 mod metrics;
 mod props;
 mod response;

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
 use llmroute_core::Config;
 
@@ -23,6 +24,8 @@ pub struct Metrics {
     pub context_exceeded: Option<u32>,
     /// Streamed responses by how they ended, indexed like [`Outcome::ALL`].
     outcomes: [Option<u32>; 6],
+    /// Bounded-keys placements by reason, indexed like [`PlacementReason::ALL`].
+    placements: [Option<u32>; 4],
     backends: Rc<HashMap<String, BackendMetrics>>,
 }
 
@@ -57,6 +60,8 @@ impl Metrics {
             overflow: host::define_counter("llmroute_overflow_total"),
             context_exceeded: host::define_counter("llmroute_context_exceeded_total"),
             outcomes: Outcome::ALL.map(|o| host::define_counter(&format!("llmroute_stream_{}_total", o.as_str()))),
+            placements: PlacementReason::ALL
+                .map(|r| host::define_counter(&format!("llmroute_placement_{}_total", r.as_str()))),
             backends: Rc::new(backends),
         }
     }
@@ -64,6 +69,11 @@ impl Metrics {
     pub fn stream_outcome(&self, o: Outcome) {
         let i = Outcome::ALL.iter().position(|x| *x == o);
         host::increment(i.and_then(|i| self.outcomes.get(i).copied().flatten()));
+    }
+
+    pub fn placement(&self, r: PlacementReason) {
+        let i = PlacementReason::ALL.iter().position(|x| *x == r);
+        host::increment(i.and_then(|i| self.placements.get(i).copied().flatten()));
     }
 
     /// Adds a response's usage to its backend and refreshes the backend's hit rate.

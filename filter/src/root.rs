@@ -66,6 +66,7 @@ impl RootContext for Root {
                 self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
                 if !self.upstream {
                     self.metrics = Metrics::define(&cfg);
+                    crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
                         self.props.start(cfg);

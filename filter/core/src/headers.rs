@@ -12,6 +12,8 @@ pub const CLUSTER: &str = "x-llmroute-cluster";
 pub const AFFINITY: &str = "x-llmroute-affinity";
 /// Debug response header: where the affinity key came from.
 pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
+/// Debug response header: why bounded-keys placement chose the host (`pinned`, `placed`, `moved`, `spilled`).
+pub const PLACEMENT: &str = "x-llmroute-placement";
 /// Debug response header: the upstream host that answered.
 pub const UPSTREAM: &str = "x-llmroute-upstream";
 /// Upstream request header naming the alias, for the failover cluster's upstream filter.

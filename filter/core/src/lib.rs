@@ -15,6 +15,7 @@ pub mod fields;
 pub mod fleet_check;
 pub mod headers;
 pub mod json;
+pub mod key_placement;
 pub mod models;
 pub mod placement;
 pub mod request;

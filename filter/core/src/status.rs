@@ -78,6 +78,9 @@ pub struct BackendHealth {
     pub total: u32,
     /// Upstream requests in progress on this backend's hosts (`rq_active`, summed over hosts and workers).
     pub in_flight: u64,
+    /// `IP:PORT` of the hosts Envoy would not route to (the status pages never show it; key placement reads it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub down: Vec<String>,
 }
 
 /// One poll's result: the configured backends found in the admin answer, in admin order.
@@ -136,9 +139,37 @@ struct AdminCluster {
 #[derive(Deserialize)]
 struct AdminHost {
     #[serde(default)]
+    address: AdminAddress,
+    #[serde(default)]
     stats: Vec<AdminStat>,
     #[serde(default)]
     health_status: HostHealth,
+}
+
+#[derive(Default, Deserialize)]
+struct AdminAddress {
+    #[serde(default)]
+    socket_address: Option<AdminSocketAddress>,
+}
+
+#[derive(Deserialize)]
+struct AdminSocketAddress {
+    #[serde(default)]
+    address: String,
+    #[serde(default)]
+    port_value: u32,
+}
+
+impl AdminAddress {
+    /// `IP:PORT`, with brackets for IPv6, as Envoy names the host; `None` for a pipe or internal address.
+    fn text(&self) -> Option<String> {
+        let s = self.socket_address.as_ref()?;
+        Some(if s.address.contains(':') {
+            format!("[{}]:{}", s.address, s.port_value)
+        } else {
+            format!("{}:{}", s.address, s.port_value)
+        })
+    }
 }
 
 /// A host stat. Proto3 JSON writes the uint64 value as a string and leaves out zeros.
@@ -225,13 +256,14 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 degraded: 0,
                 total: 0,
                 in_flight: 0,
+                down: Vec::new(),
             };
             for h in &c.host_statuses {
                 b.total += 1;
                 match h.health_status.state() {
                     HostState::Healthy => b.healthy += 1,
                     HostState::Degraded => b.degraded += 1,
-                    HostState::Unhealthy => {}
+                    HostState::Unhealthy => b.down.extend(h.address.text()),
                 }
                 let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);
                 b.in_flight = b.in_flight.saturating_add(active.sum());
@@ -444,6 +476,7 @@ mod tests {
                 degraded: 1,
                 total: 4,
                 in_flight: 9,
+                down: Vec::new(),
             }],
         };
         assert_eq!(FleetStatus::decode(&f.encode()), Some(f));

@@ -121,6 +121,14 @@ pub enum LbPolicy {
 impl LbPolicy {
     pub const NAMES: &'static str = "chwbl, least_request, round_robin";
 
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chwbl => "chwbl",
+            Self::LeastRequest => "least_request",
+            Self::RoundRobin => "round_robin",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "chwbl" => Self::Chwbl,
@@ -148,6 +156,8 @@ pub struct Backend {
     pub outlier: Option<Outlier>,
     pub tls: Option<UpstreamTls>,
     pub credential_env: Option<String>,
+    /// Cache slots per endpoint, in `endpoints` order; `None` when every endpoint counts the same.
+    pub slots: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +184,48 @@ pub struct AffinityConfig {
     pub user_prefix_bytes: usize,
     pub conversation_id: bool,
     pub anthropic_user_id: bool,
+    pub placement: KeyPlacement,
+}
+
+/// How an affinity key finds its host inside a `chwbl` backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPlacement {
+    /// Envoy's ring hash on the key, with its in-flight bound.
+    Hash,
+    /// The filter places keys under a live-key bound and pins them (see `key_placement`).
+    BoundedKeys(BoundedKeys),
+}
+
+impl KeyPlacement {
+    pub const NAMES: &'static str = "hash, bounded_keys";
+
+    pub fn bounded(&self) -> Option<&BoundedKeys> {
+        match self {
+            KeyPlacement::BoundedKeys(b) => Some(b),
+            KeyPlacement::Hash => None,
+        }
+    }
+}
+
+/// The parameters of [`KeyPlacement::BoundedKeys`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedKeys {
+    /// Percent of a host's share of live keys that it may hold when it takes a new key.
+    pub key_balance_factor: u32,
+    /// A key idle this long is forgotten.
+    pub idle_ttl_ms: u64,
+    /// Most keys remembered per backend.
+    pub max_keys: usize,
+}
+
+impl Default for BoundedKeys {
+    fn default() -> Self {
+        BoundedKeys {
+            key_balance_factor: 100,
+            idle_ttl_ms: 300_000,
+            max_keys: 4096,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -96,6 +96,10 @@ pub struct RawBackend {
     /// An environment variable holding a bearer token that Envoy sends to this backend.
     #[serde(default)]
     pub credential_env: Option<String>,
+    /// Cache slots per endpoint (llama.cpp `-np`). With `affinity.placement: bounded_keys` an endpoint's share
+    /// of keys is proportional to its slots. `1` to `4096`; default: every endpoint counts the same.
+    #[serde(default)]
+    pub slots: Option<Vec<u32>>,
     /// Reserved: routing on engine KV-cache events (refused for llamacpp).
     #[serde(default)]
     pub kv_events: Option<bool>,
@@ -151,6 +155,23 @@ pub struct RawAffinity {
     /// How many bytes of the first user message form the fallback key. `0` turns the fallback off. Default 256.
     #[serde(default)]
     pub user_prefix_bytes: Option<usize>,
+    /// How keys find hosts in a `chwbl` backend: `hash` (Envoy's ring alone, the default) or `bounded_keys`
+    /// (the filter places each new key on a host that holds no more than its share of live keys, and keeps it
+    /// there; Envoy's ring is the fallback).
+    #[serde(default)]
+    pub placement: Option<String>,
+    /// `bounded_keys`: most live keys a host may hold when a new key is placed, in percent of its share of
+    /// all live keys (weighted by `slots`). `100` to `1000`; default 100.
+    #[serde(default)]
+    pub key_balance_factor: Option<u32>,
+    /// `bounded_keys`: a key not seen for this many seconds is forgotten, and its host's share frees up.
+    /// `1` to `86400`; default 300.
+    #[serde(default)]
+    pub key_idle_ttl_s: Option<u64>,
+    /// `bounded_keys`: most keys remembered per backend; past it the least recently seen is forgotten.
+    /// `16` to `65536`; default 4096.
+    #[serde(default)]
+    pub max_keys: Option<usize>,
 }
 
 /// Input bounds.

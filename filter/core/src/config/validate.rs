@@ -73,6 +73,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     check_unique(&mut errs, "models", raw.models.iter().map(|m| m.name.as_str()));
 
     let affinity = affinity(&mut errs, raw.affinity.as_ref());
+    placement_warnings(&mut errs, &affinity, &backends);
     let limits = limits(&mut errs, raw.limits.as_ref());
     let listen_tls = resilience::listen_tls(raw.listen_tls.as_ref(), &mut errs.0);
     let retries = resilience::retries(raw.retries.as_ref(), &mut errs.0, &mut errs.1);
@@ -165,6 +166,21 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
     if b.max_context == Some(0) {
         errs.push(at("max_context"), 0, "must be at least 1 token");
     }
+    let slots = b.slots.clone();
+    if let Some(list) = &slots {
+        if list.len() != b.endpoints.len() {
+            errs.push(
+                at("slots"),
+                format!("{list:?}"),
+                format!("needs one entry per endpoint ({} endpoints)", b.endpoints.len()),
+            );
+        }
+        for (j, n) in list.iter().enumerate() {
+            if !(1..=4096).contains(n) {
+                errs.push(at(&format!("slots[{j}]")), n, "must be between 1 and 4096");
+            }
+        }
+    }
     let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
     let Errors(errors, warnings) = &mut *errs;
     let mut check = resilience::Checker {
@@ -191,6 +207,7 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             outlier,
             tls,
             credential_env,
+            slots,
         }),
         _ => None,
     }
@@ -310,7 +327,81 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
         user_prefix_bytes,
         conversation_id: raw.and_then(|a| a.conversation_id).unwrap_or(false),
         anthropic_user_id: raw.and_then(|a| a.anthropic_user_id).unwrap_or(false),
+        placement: placement(errs, raw),
     }
+}
+
+/// Settings that load but would do nothing: `slots` without bounded-keys placement, and bounded-keys placement
+/// on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
+/// addresses).
+fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, backends: &[Backend]) {
+    let bounded = affinity.placement.bounded().is_some();
+    for (i, b) in backends.iter().enumerate() {
+        let warn = |field: String, value: String, reason: &str| ConfigError {
+            field,
+            value,
+            reason: reason.to_string(),
+        };
+        if let (Some(slots), false) = (&b.slots, bounded) {
+            let reason = "only used by affinity.placement: bounded_keys; ignored";
+            errs.1
+                .push(warn(format!("backends[{i}].slots"), format!("{slots:?}"), reason));
+        }
+        if bounded && b.lb != LbPolicy::Chwbl {
+            let reason = "affinity.placement: bounded_keys applies only to lb: chwbl; this backend is not pinned";
+            errs.1
+                .push(warn(format!("backends[{i}].lb"), b.lb.as_str().to_string(), reason));
+        } else if bounded && b.endpoints.iter().any(|e| !e.is_ip) {
+            let reason = "affinity.placement: bounded_keys needs IP endpoints; this backend keeps Envoy's ring hash";
+            let names: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
+            errs.1
+                .push(warn(format!("backends[{i}].endpoints"), names.join(", "), reason));
+        }
+    }
+}
+
+fn placement(errs: &mut Errors, raw: Option<&RawAffinity>) -> KeyPlacement {
+    let name = raw.and_then(|a| a.placement.as_deref()).unwrap_or("hash");
+    let bounded = name == "bounded_keys";
+    if !bounded && name != "hash" {
+        errs.push(
+            "affinity.placement",
+            name,
+            format!("unknown placement; expected one of {}", KeyPlacement::NAMES),
+        );
+    }
+    let d = BoundedKeys::default();
+    let factor = raw.and_then(|a| a.key_balance_factor);
+    let ttl_s = raw.and_then(|a| a.key_idle_ttl_s);
+    let max_keys = raw.and_then(|a| a.max_keys);
+    let checks: [(&str, Option<u64>, u64, u64, &str); 3] = [
+        (
+            "key_balance_factor",
+            factor.map(u64::from),
+            100,
+            1000,
+            "percent of a host's share of live keys",
+        ),
+        ("key_idle_ttl_s", ttl_s, 1, 86_400, "seconds"),
+        ("max_keys", max_keys.map(|n| n as u64), 16, 65_536, "keys per backend"),
+    ];
+    for (field, value, lo, hi, unit) in checks {
+        let Some(v) = value else { continue };
+        let field = format!("affinity.{field}");
+        if !bounded {
+            errs.push(field, v, format!("only applies to placement: bounded_keys, not {name}"));
+        } else if !(lo..=hi).contains(&v) {
+            errs.push(field, v, format!("must be between {lo} and {hi} ({unit})"));
+        }
+    }
+    if !bounded {
+        return KeyPlacement::Hash;
+    }
+    KeyPlacement::BoundedKeys(BoundedKeys {
+        key_balance_factor: factor.unwrap_or(d.key_balance_factor),
+        idle_ttl_ms: ttl_s.map_or(d.idle_ttl_ms, |s| s.saturating_mul(1000)),
+        max_keys: max_keys.unwrap_or(d.max_keys),
+    })
 }
 
 fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {

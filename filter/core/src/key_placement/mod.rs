@@ -1,0 +1,206 @@
+//! Bounded-keys placement: which host of a `chwbl` backend serves an affinity key, when the config asks for
+//! `affinity.placement: bounded_keys`.
+//!
+//! Envoy's ring hash bounds the *requests in flight* on a host, not the number of *keys* a host must keep warm.
+//! With a few prompt families and a few cache slots, random ring positions put three families on a host with two
+//! slots and one on another, and the crowded host keeps evicting. This module places keys instead:
+//!
+//! - **A known key stays put** ([`PlacementReason::Pinned`]) while its host is up and within the in-flight bound.
+//! - **A new key** ([`PlacementReason::Placed`]) goes to the first host, in the key's own rendezvous order, that
+//!   holds fewer live keys than `key_balance_factor` × its share of all live keys (shares are weighted by
+//!   `slots`). With the default factor of 100 the keys spread as evenly as the slots allow.
+//! - **A key whose host is down** is placed again ([`PlacementReason::Moved`]).
+//! - **A request whose host is over the in-flight bound** (the backend's `balance_factor`, the same bound Envoy's
+//!   ring applies) goes to the next host in the key's rendezvous order that is within it
+//!   ([`PlacementReason::Spilled`]); the key itself does not move.
+//! - Keys idle for `key_idle_ttl_s` are forgotten, and at most `max_keys` are remembered (the least recently
+//!   seen goes first).
+//!
+//! Everything here is a pure function of the table, the hosts' view and the clock, so two replicas that saw the
+//! same traffic in the same order place keys the same way; the rendezvous order depends only on the key and
+//! the endpoint addresses. The filter keeps the table and the in-flight counts in Envoy shared data
+//! ([`table`] encodes them) and pins the chosen host with Envoy's stateful-session header, so Envoy's health
+//! checks, outlier ejection and retries still pick another host when the pinned one fails.
+
+pub mod table;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::config::BoundedKeys;
+pub use table::{Entry, KeyTable};
+
+/// A touch that moves `last_ms` by less than this is not written back, to spare shared-data writes.
+pub const TOUCH_GRANULARITY_MS: u64 = 1000;
+
+/// What the placement knows about one endpoint of the backend, in config order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostView {
+    /// `IP:PORT` as Envoy names the host.
+    pub address: String,
+    /// False when Envoy's last known health says it would not route there.
+    pub up: bool,
+    /// Relative capacity (cache slots); at least 1.
+    pub weight: u32,
+    /// Requests this gateway has in flight to it.
+    pub in_flight: u32,
+}
+
+/// Why a request goes where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementReason {
+    /// The key was known and its host is up and within its in-flight bound.
+    Pinned,
+    /// A new (or forgotten) key was placed.
+    Placed,
+    /// The key's host is down, so the key was placed again.
+    Moved,
+    /// The key's host is over its in-flight bound; this request goes to the next host, the key stays.
+    Spilled,
+}
+
+impl PlacementReason {
+    pub const ALL: [PlacementReason; 4] = [
+        PlacementReason::Pinned,
+        PlacementReason::Placed,
+        PlacementReason::Moved,
+        PlacementReason::Spilled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementReason::Pinned => "pinned",
+            PlacementReason::Placed => "placed",
+            PlacementReason::Moved => "moved",
+            PlacementReason::Spilled => "spilled",
+        }
+    }
+}
+
+/// The placement's answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostChoice {
+    /// Index into the hosts (and the backend's endpoints).
+    pub host: usize,
+    pub reason: PlacementReason,
+    /// The table changed and must be written back.
+    pub table_changed: bool,
+}
+
+/// The bounds in force, from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Percent of a host's share of live keys it may hold when it takes a new key.
+    pub key_factor: u32,
+    /// Percent of a host's share of requests in flight it may carry (the backend's `balance_factor`).
+    pub in_flight_factor: u32,
+    pub idle_ttl_ms: u64,
+    pub max_keys: usize,
+}
+
+impl Bounds {
+    pub fn new(keys: &BoundedKeys, balance_factor: u32) -> Bounds {
+        Bounds {
+            key_factor: keys.key_balance_factor,
+            in_flight_factor: balance_factor,
+            idle_ttl_ms: keys.idle_ttl_ms,
+            max_keys: keys.max_keys,
+        }
+    }
+}
+
+/// The key's preference order over the hosts: highest rendezvous score first, ties by index. It depends only on
+/// the key and the addresses, so every replica and every worker computes the same order.
+pub fn rendezvous_order(key: u64, hosts: &[HostView]) -> Vec<usize> {
+    let mut scored: Vec<(u64, usize)> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (xxh3_64_with_seed(h.address.as_bytes(), key), i))
+        .collect();
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// `ceil(factor% × (total + 1) × weight / total_weight)`, at least 1: the most a host may hold after taking one
+/// more, when `total` are held over hosts of `total_weight`.
+pub fn bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
+    let num = u128::from(factor) * u128::from(total + 1) * u128::from(weight);
+    let den = 100 * u128::from(total_weight.max(1));
+    u64::try_from(num.div_ceil(den)).unwrap_or(u64::MAX).max(1)
+}
+
+/// Decides the host for `key` at `now_ms`, updating `table`. `None` when no host is up: the filter then leaves
+/// the choice to Envoy's ring.
+pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<HostChoice> {
+    let mut changed = table.expire(now_ms, b.idle_ttl_ms);
+    if !hosts.iter().any(|h| h.up) {
+        return None;
+    }
+    let order = rendezvous_order(key, hosts);
+    let (home, reason) = match table.get(key) {
+        Some(e) if hosts.get(usize::from(e.host)).is_some_and(|h| h.up) => {
+            if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
+                table.touch(key, now_ms);
+                changed = true;
+            }
+            (usize::from(e.host), PlacementReason::Pinned)
+        }
+        known => {
+            let home = place_new(table, hosts, &order, b.key_factor);
+            table.insert(key, home as u16, now_ms, b.max_keys);
+            let reason = if known.is_some() {
+                PlacementReason::Moved
+            } else {
+                PlacementReason::Placed
+            };
+            changed = true;
+            (home, reason)
+        }
+    };
+    let (host, reason) = match within_in_flight(hosts, home, b.in_flight_factor) {
+        true => (home, reason),
+        false => order
+            .iter()
+            .copied()
+            .find(|&i| i != home && hosts[i].up && within_in_flight(hosts, i, b.in_flight_factor))
+            .map_or((home, reason), |i| (i, PlacementReason::Spilled)),
+    };
+    Some(HostChoice {
+        host,
+        reason,
+        table_changed: changed,
+    })
+}
+
+/// The first up host in `order` under its live-key bound; failing that (only possible when weights or the
+/// table are odd), the up host with the fewest keys per weight.
+fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> usize {
+    let counts = table.counts(hosts.len());
+    let up = |i: &usize| hosts[*i].up;
+    let total: u64 = (0..hosts.len()).filter(up).map(|i| counts[i]).sum();
+    let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
+    let under = |i: &usize| counts[*i] < bound(factor, total, hosts[*i].weight.max(1), total_weight);
+    order.iter().copied().filter(up).find(under).unwrap_or_else(|| {
+        let per_weight = |i: usize| (counts[i] * 1_000_000) / u64::from(hosts[i].weight.max(1));
+        order
+            .iter()
+            .copied()
+            .filter(up)
+            .min_by_key(|&i| per_weight(i))
+            .unwrap_or(0)
+    })
+}
+
+/// True when host `i` may take one more request in flight under `factor` percent of its share.
+fn within_in_flight(hosts: &[HostView], i: usize, factor: u32) -> bool {
+    let total: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.in_flight)).sum();
+    let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
+    let h = &hosts[i];
+    u64::from(h.in_flight) < bound(factor, total, h.weight.max(1), total_weight)
+}
+
+/// The value of the stateful-session header that pins a request to `address`: Envoy's header-based session
+/// state carries the host's `IP:PORT` in base64.
+pub fn session_header_value(address: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(address.as_bytes())
+}

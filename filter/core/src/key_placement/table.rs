@@ -1,0 +1,161 @@
+//! The remembered keys of one backend, and the in-flight counts, as kept in Envoy shared data.
+//!
+//! Every worker VM reads and writes the same bytes (with compare-and-swap), so the encoding is fixed and
+//! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u16,
+//! last_ms: u64` (18 bytes). The in-flight counts are one `u32` per endpoint. Anything malformed decodes to an
+//! empty table (or zero counts): placement then starts afresh instead of trusting odd bytes.
+
+/// The encoding's version byte.
+const VERSION: u8 = 1;
+const ENTRY_BYTES: usize = 18;
+
+/// One remembered key: where it lives and when it was last seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The affinity key's hash.
+    pub key: u64,
+    /// Index of the host in the backend's endpoints.
+    pub host: u16,
+    pub last_ms: u64,
+}
+
+/// The remembered keys, sorted by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyTable {
+    entries: Vec<Entry>,
+}
+
+impl KeyTable {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    pub fn get(&self, key: u64) -> Option<Entry> {
+        self.find(key).ok().and_then(|i| self.entries.get(i).copied())
+    }
+
+    fn find(&self, key: u64) -> Result<usize, usize> {
+        self.entries.binary_search_by_key(&key, |e| e.key)
+    }
+
+    /// Marks `key` as seen at `now_ms`.
+    pub fn touch(&mut self, key: u64, now_ms: u64) {
+        if let Ok(i) = self.find(key) {
+            if let Some(e) = self.entries.get_mut(i) {
+                e.last_ms = now_ms;
+            }
+        }
+    }
+
+    /// Puts `key` on `host`, replacing any entry it had. When that makes more than `max_keys`, the least recently
+    /// seen other key is forgotten (ties: the smallest key).
+    pub fn insert(&mut self, key: u64, host: u16, now_ms: u64, max_keys: usize) {
+        let entry = Entry {
+            key,
+            host,
+            last_ms: now_ms,
+        };
+        match self.find(key) {
+            Ok(i) => {
+                if let Some(e) = self.entries.get_mut(i) {
+                    *e = entry;
+                }
+            }
+            Err(i) => self.entries.insert(i, entry),
+        }
+        while self.entries.len() > max_keys.max(1) {
+            let oldest = self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.key != key)
+                .min_by_key(|(_, e)| (e.last_ms, e.key))
+                .map(|(i, _)| i);
+            match oldest {
+                Some(i) => {
+                    self.entries.remove(i);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Forgets keys not seen for `ttl_ms` or more. True if any was forgotten.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(|e| now_ms.saturating_sub(e.last_ms) < ttl_ms);
+        self.entries.len() != before
+    }
+
+    /// Live keys per host, for `hosts` hosts (entries pointing past them are not counted).
+    pub fn counts(&self, hosts: usize) -> Vec<u64> {
+        let mut counts = vec![0u64; hosts];
+        for e in &self.entries {
+            if let Some(c) = counts.get_mut(usize::from(e.host)) {
+                *c += 1;
+            }
+        }
+        counts
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + self.entries.len() * ENTRY_BYTES);
+        out.push(VERSION);
+        for e in &self.entries {
+            out.extend_from_slice(&e.key.to_le_bytes());
+            out.extend_from_slice(&e.host.to_le_bytes());
+            out.extend_from_slice(&e.last_ms.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads [`KeyTable::encode`]'s bytes; anything malformed (wrong version, ragged length, unsorted or
+    /// repeated keys) gives an empty table.
+    pub fn decode(bytes: &[u8]) -> KeyTable {
+        let Some((&VERSION, body)) = bytes.split_first() else {
+            return KeyTable::default();
+        };
+        if body.len() % ENTRY_BYTES != 0 {
+            return KeyTable::default();
+        }
+        let mut entries = Vec::with_capacity(body.len() / ENTRY_BYTES);
+        for chunk in body.chunks_exact(ENTRY_BYTES) {
+            let (key, rest) = chunk.split_at(8);
+            let (host, last) = rest.split_at(2);
+            let entry = Entry {
+                key: u64::from_le_bytes(key.try_into().unwrap_or_default()),
+                host: u16::from_le_bytes(host.try_into().unwrap_or_default()),
+                last_ms: u64::from_le_bytes(last.try_into().unwrap_or_default()),
+            };
+            if entries.last().is_some_and(|p: &Entry| p.key >= entry.key) {
+                return KeyTable::default();
+            }
+            entries.push(entry);
+        }
+        KeyTable { entries }
+    }
+}
+
+/// Requests in flight per endpoint, as kept in shared data: one little-endian `u32` each. Missing or ragged
+/// bytes read as zeros, resized to `hosts`.
+pub fn decode_in_flight(bytes: &[u8], hosts: usize) -> Vec<u32> {
+    let mut counts = vec![0u32; hosts];
+    if bytes.len() == hosts * 4 {
+        for (c, chunk) in counts.iter_mut().zip(bytes.chunks_exact(4)) {
+            *c = u32::from_le_bytes(chunk.try_into().unwrap_or_default());
+        }
+    }
+    counts
+}
+
+pub fn encode_in_flight(counts: &[u32]) -> Vec<u8> {
+    counts.iter().flat_map(|c| c.to_le_bytes()).collect()
+}

@@ -1,0 +1,137 @@
+//! Bounded-keys placement, host side: reads the backend's key table, in-flight counts and host health from
+//! Envoy shared data, asks the core (`llmroute_core::key_placement::choose`) for a host, writes the table back
+//! with compare-and-swap, and names the host in the stateful-session header that Envoy's
+//! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
+//!
+//! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
+//! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
+//! and lowered in the log phase.
+
+use llmroute_core::config::{Backend, LbPolicy};
+use llmroute_core::key_placement::{self, table, Bounds, HostChoice, HostView, KeyTable};
+use llmroute_core::status::STALE_AFTER_MS;
+use llmroute_core::Config;
+
+use crate::host;
+
+/// The stateful-session header (see `llmroute render`).
+pub const SESSION_HEADER: &str = "x-llmroute-endpoint";
+/// Compare-and-swap attempts before a decision is made without writing the table.
+const CAS_ATTEMPTS: usize = 8;
+
+/// A request pinned to a host, remembered until the log phase lowers the host's in-flight count.
+#[derive(Debug, Clone)]
+pub struct Pin {
+    backend: String,
+    host: usize,
+    hosts: usize,
+    pub choice: HostChoice,
+}
+
+fn keys_key(backend: &str) -> String {
+    format!("llmroute.keys.{backend}")
+}
+
+fn in_flight_key(backend: &str) -> String {
+    format!("llmroute.inflight.{backend}")
+}
+
+/// The backend's endpoints as the placement sees them, or `None` when placement does not apply to it: not
+/// `chwbl`, or an endpoint named by DNS (Envoy names such hosts by their resolved address, which the filter
+/// cannot know).
+fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
+    if backend.lb != LbPolicy::Chwbl || backend.endpoints.iter().any(|e| !e.is_ip) {
+        return None;
+    }
+    let fleet = crate::status::latest().filter(|f| f.age_ms(now_ms) <= STALE_AFTER_MS);
+    let down = fleet
+        .as_ref()
+        .and_then(|f| f.backend(&backend.name))
+        .map(|b| b.down.clone());
+    let (counts, _) = host::shared_data(&in_flight_key(&backend.name));
+    let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), backend.endpoints.len());
+    Some(
+        backend
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let address = e.to_string();
+                HostView {
+                    up: !down.as_ref().is_some_and(|d| d.contains(&address)),
+                    weight: backend.slots.as_ref().and_then(|s| s.get(i).copied()).unwrap_or(1),
+                    in_flight: in_flight.get(i).copied().unwrap_or(0),
+                    address,
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
+/// placement is off, does not apply, or no host is up (Envoy's ring decides).
+pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
+    let keys = cfg.affinity.placement.bounded()?;
+    let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
+    let now = host::now_ms();
+    let hosts = views(backend, now)?;
+    let bounds = Bounds::new(keys, backend.balance_factor);
+    let table_key = keys_key(cluster);
+    let mut choice = None;
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(&table_key);
+        let mut t = KeyTable::decode(&bytes.unwrap_or_default());
+        let c = key_placement::choose(&mut t, &hosts, key, now, &bounds)?;
+        choice = Some(c);
+        if !c.table_changed || host::set_shared_data(&table_key, &t.encode(), cas) {
+            break;
+        }
+    }
+    let choice = choice?;
+    let address = &hosts.get(choice.host)?.address;
+    host::set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(address)));
+    adjust_in_flight(cluster, hosts.len(), choice.host, true);
+    Some(Pin {
+        backend: cluster.to_string(),
+        host: choice.host,
+        hosts: hosts.len(),
+        choice,
+    })
+}
+
+impl Pin {
+    /// The request is over: its host carries one request less.
+    pub fn release(&self) {
+        adjust_in_flight(&self.backend, self.hosts, self.host, false);
+    }
+}
+
+fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
+    let key = in_flight_key(backend);
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(&key);
+        let mut counts = table::decode_in_flight(&bytes.unwrap_or_default(), hosts);
+        let Some(c) = counts.get_mut(i) else { return };
+        *c = if up { c.saturating_add(1) } else { c.saturating_sub(1) };
+        if host::set_shared_data(&key, &table::encode_in_flight(&counts), cas) {
+            return;
+        }
+    }
+}
+
+/// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.
+pub fn seed(cfg: &Config) {
+    if cfg.affinity.placement.bounded().is_none() {
+        return;
+    }
+    for b in &cfg.backends {
+        let keys = keys_key(&b.name);
+        if host::shared_data(&keys).0.is_none() {
+            host::set_shared_data(&keys, &KeyTable::default().encode(), None);
+        }
+        let flights = in_flight_key(&b.name);
+        if host::shared_data(&flights).0.is_none() {
+            host::set_shared_data(&flights, &table::encode_in_flight(&vec![0; b.endpoints.len()]), None);
+        }
+    }
+}
