@@ -99,6 +99,25 @@ pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> 
     ))
 }
 
+/// `affinity.placement: bounded_keys`: the filter names the chosen host (base64 `IP:PORT`) in this header and
+/// Envoy's stateful-session filter makes it the upstream host, if it is healthy; retries and unhealthy hosts
+/// fall back to the cluster's load balancer. Not strict, so a stale or odd value never fails a request.
+fn stateful_session() -> Value {
+    json!({
+        "name": "envoy.filters.http.stateful_session",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession",
+            "session_state": {
+                "name": "envoy.http.stateful_session.header",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState",
+                    "name": "x-llmroute-endpoint",
+                },
+            },
+        },
+    })
+}
+
 pub(crate) fn socket(address: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": address, "port_value": port } })
 }
@@ -112,11 +131,13 @@ fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value 
         "name": "envoy.filters.http.router",
         "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
     });
-    let http_filters = if opts.with_filter {
-        vec![wasm_filter(plugin_config, opts), router]
-    } else {
-        vec![router]
-    };
+    let mut http_filters = vec![router];
+    if opts.with_filter {
+        if cfg.affinity.placement.bounded().is_some() {
+            http_filters.insert(0, stateful_session());
+        }
+        http_filters.insert(0, wasm_filter(plugin_config, opts));
+    }
     json!({
         "name": "llmroute",
         "address": socket(&cfg.listen.ip().to_string(), cfg.listen.port()),

@@ -1,0 +1,242 @@
+//! `affinity.placement: bounded_keys` through the real filter in Envoy: keys spread by count and stay put,
+//! the wasm build places keys exactly as the native core predicts, a down host's keys move, a busy host spills
+//! without moving its keys, retries still leave a failing pinned host, and clients cannot pick the host.
+
+use std::time::Duration;
+
+use llmroute_core::endpoint::Api;
+use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
+use llmroute_harness::envoy::Envoy;
+use llmroute_harness::fleet::Fleet;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn config(fleet: &Fleet, debug: bool, extra_backend: Value) -> Value {
+    let mut backend = fleet.backend_entry(150);
+    backend["health"] = json!({"interval_ms": 300, "timeout_ms": 250, "unhealthy": 2, "healthy": 1});
+    for (k, v) in extra_backend.as_object().cloned().unwrap_or_default() {
+        backend[k] = v;
+    }
+    json!({
+        "version": 1,
+        "backends": [backend],
+        "models": [{"name": ALIAS, "routes": [{"backend": fleet.backend, "upstream_model": UPSTREAM}]}],
+        "affinity": {"placement": "bounded_keys"},
+        "retries": {"attempts": 2},
+        "debug_headers": debug,
+    })
+}
+
+async fn start(debug: bool, extra_backend: Value) -> (Fleet, Envoy) {
+    let fleet = Fleet::start("llama-a", 3).await.unwrap();
+    let envoy = Envoy::start(config(&fleet, debug, extra_backend)).await.unwrap();
+    // Ready once the filter's own snapshot of Envoy's health (polled every second) has every host up: until
+    // then placement leaves keys to Envoy's ring.
+    let ok = wait_for(Duration::from_secs(10), || async {
+        healthy_in_snapshot(&envoy).await == Some(3)
+    })
+    .await;
+    assert!(ok.is_some(), "hosts never became healthy in the filter's snapshot");
+    (fleet, envoy)
+}
+
+/// Healthy hosts of the backend, as the filter's status snapshot has them.
+async fn healthy_in_snapshot(envoy: &Envoy) -> Option<u64> {
+    let status: Value = client()
+        .get(envoy.url("/llmroute/status"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    status["backends"][0]["healthy_hosts"].as_u64()
+}
+
+/// One request with tenant `t`'s system prompt: (status, engine index, placement reason header, response headers).
+async fn send(c: &reqwest::Client, envoy: &Envoy, fleet: &Fleet, t: usize, extra: &[(&str, &str)]) -> Answer {
+    let mut req = c
+        .post(envoy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(tenant_body(t).to_string());
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let h = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let backend = h("x-emu-backend").unwrap_or_default();
+    Answer {
+        status: resp.status().as_u16(),
+        engine: fleet.engines.iter().position(|e| e.name() == backend),
+        reason: h("x-llmroute-placement"),
+        session: h("x-llmroute-endpoint"),
+    }
+}
+
+struct Answer {
+    status: u16,
+    engine: Option<usize>,
+    reason: Option<String>,
+    session: Option<String>,
+}
+
+fn tenant_body(t: usize) -> Value {
+    chat(
+        Some(&format!("You are the assistant of tenant {t}. Answer briefly.")),
+        "hello",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_tenants_get_two_hosts_each_and_stay() {
+    let (fleet, envoy) = start(true, json!({})).await;
+    let c = client();
+    let mut home = Vec::new();
+    for t in 0..6 {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!((a.status, a.reason.as_deref()), (200, Some("placed")), "tenant {t}");
+        home.push(a.engine.unwrap());
+    }
+    let mut per_engine = [0; 3];
+    for h in &home {
+        per_engine[*h] += 1;
+    }
+    assert_eq!(per_engine, [2, 2, 2], "homes {home:?}");
+    for round in 0..3 {
+        for t in 0..6 {
+            let a = send(&c, &envoy, &fleet, t, &[]).await;
+            assert_eq!(a.engine, Some(home[t]), "round {round}, tenant {t} moved");
+            assert_eq!(a.reason.as_deref(), Some("pinned"));
+        }
+    }
+    assert!(envoy.stat("wasmcustom.llmroute_placement_placed_total").await >= Some(6));
+    assert!(envoy.stat("wasmcustom.llmroute_placement_pinned_total").await >= Some(18));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_places_keys_as_the_core_predicts() {
+    // The wasm build's placement against the native core's, request by request, over an interleaved sequence
+    // of 12 tenants with repeats: the same table, the same rendezvous order, the same hosts.
+    let (fleet, envoy) = start(false, json!({})).await;
+    let cfg = llmroute_core::load_config(&config(&fleet, false, json!({})).to_string()).unwrap();
+    let hosts: Vec<HostView> = fleet
+        .endpoints()
+        .into_iter()
+        .map(|address| HostView {
+            address,
+            up: true,
+            weight: 1,
+            in_flight: 0,
+        })
+        .collect();
+    let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
+    let mut table = KeyTable::default();
+    let c = client();
+    let order = [0, 1, 2, 0, 3, 4, 1, 5, 6, 7, 2, 8, 9, 10, 11, 0, 5, 11, 3, 9];
+    for (n, t) in order.into_iter().enumerate() {
+        let body = tenant_body(t).to_string();
+        let key = llmroute_core::route(&cfg, Api::Chat, body.as_bytes(), None)
+            .unwrap()
+            .affinity
+            .unwrap()
+            .hash;
+        let want = key_placement::choose(&mut table, &hosts, key, 0, &bounds).unwrap();
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(
+            a.engine,
+            Some(want.host),
+            "request {n} (tenant {t}): the core predicts {:?}",
+            want
+        );
+        assert!(
+            a.session.is_none(),
+            "the host address must not reach clients without debug headers"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_hosts_keys_move_and_new_keys_avoid_it() {
+    let (fleet, envoy) = start(true, json!({})).await;
+    let c = client();
+    let mut home = Vec::new();
+    for t in 0..6 {
+        home.push(send(&c, &envoy, &fleet, t, &[]).await.engine.unwrap());
+    }
+    let down = home[0];
+    fleet.engines[down].set_health_status(503);
+    // Envoy's checks take it out; the filter's snapshot of /clusters (polled every second) follows.
+    let moved = wait_for(Duration::from_secs(8), || async {
+        let a = send(&c, &envoy, &fleet, 0, &[]).await;
+        a.reason.as_deref() == Some("moved")
+    })
+    .await;
+    assert!(moved.is_some(), "tenant 0's key never moved off the down host");
+    for t in 0..6 {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.status, 200);
+        assert_ne!(a.engine, Some(down), "tenant {t} still went to the down host");
+    }
+    for t in 6..12 {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.reason.as_deref(), Some("placed"));
+        assert_ne!(a.engine, Some(down), "a new key was placed on the down host");
+    }
+    assert!(envoy.stat("wasmcustom.llmroute_placement_moved_total").await >= Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_host_spills_requests_but_keeps_the_key() {
+    let (fleet, envoy) = start(true, json!({})).await;
+    let c = client();
+    let home = send(&c, &envoy, &fleet, 0, &[]).await.engine.unwrap();
+    // 9 slow requests at once for one key: the in-flight bound (factor 150 over 3 hosts) sends some elsewhere.
+    let slow = [("x-emu-delay-ms", "600")];
+    let answers = futures_util::future::join_all((0..9).map(|_| send(&c, &envoy, &fleet, 0, &slow))).await;
+    let engines: Vec<Option<usize>> = answers.iter().map(|a| a.engine).collect();
+    assert!(answers.iter().all(|a| a.status == 200));
+    assert!(engines.iter().any(|e| *e != Some(home)), "nothing spilled: {engines:?}");
+    let spilled = answers
+        .iter()
+        .filter(|a| a.reason.as_deref() == Some("spilled"))
+        .count();
+    let at_home = engines.iter().filter(|e| **e == Some(home)).count();
+    assert!(
+        spilled >= 3 && at_home >= 3,
+        "home {home}: {engines:?}, {spilled} spilled"
+    );
+    let after = send(&c, &envoy, &fleet, 0, &[]).await;
+    assert_eq!((after.engine, after.reason.as_deref()), (Some(home), Some("pinned")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pinned_host_is_retried_elsewhere() {
+    let (fleet, envoy) = start(true, json!({"outlier": {"consecutive_5xx": 0}})).await;
+    let c = client();
+    let home = send(&c, &envoy, &fleet, 0, &[]).await.engine.unwrap();
+    fleet.reset();
+    fleet.engines[home].set_fault_status(Some(503));
+    let a = send(&c, &envoy, &fleet, 0, &[]).await;
+    assert_eq!(a.status, 200, "the 503 must be retried");
+    assert_ne!(a.engine, Some(home));
+    assert_eq!(fleet.inference_counts()[home], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_pick_the_host() {
+    let (fleet, envoy) = start(false, json!({})).await;
+    let c = client();
+    let home = send(&c, &envoy, &fleet, 0, &[]).await.engine.unwrap();
+    for other in (0..3).filter(|i| *i != home) {
+        let forged = key_placement::session_header_value(&fleet.endpoints()[other]);
+        let a = send(&c, &envoy, &fleet, 0, &[("x-llmroute-endpoint", &forged)]).await;
+        assert_eq!(
+            a.engine,
+            Some(home),
+            "a client header moved the request to engine {other}"
+        );
+    }
+    assert_eq!(PlacementReason::ALL.len(), 4);
+}
