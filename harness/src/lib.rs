@@ -11,4 +11,5 @@ pub mod fleet;
 pub mod gguf;
 pub mod llama;
 pub mod render;
+pub mod rng;
 pub mod sdk_clients;

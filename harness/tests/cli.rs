@@ -186,11 +186,29 @@ fn check_bootstrap(path: &Path, yaml: &str) {
     let embedded = wasm["configuration"]["value"].as_str().expect("embedded config");
     let embedded: Value = serde_json::from_str(embedded).expect("the embedded config is JSON");
     assert_eq!(embedded, doc, "{name}: embedded config is the document as written");
-    assert_eq!(
-        hcm(&v)["http_filters"][1]["name"],
-        "envoy.filters.http.router",
-        "{name}"
-    );
+    // With bounded-keys placement, Envoy's stateful-session filter reads the filter's host choice; it must sit
+    // between the wasm filter and the router.
+    let names: Vec<&str> = hcm(&v)["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    let bounded = doc["affinity"]["placement"] == "bounded_keys";
+    let want: &[&str] = if bounded {
+        &[
+            "llmroute",
+            "envoy.filters.http.stateful_session",
+            "envoy.filters.http.router",
+        ]
+    } else {
+        &["llmroute", "envoy.filters.http.router"]
+    };
+    assert_eq!(names, want, "{name}");
+    if bounded {
+        let state = &hcm(&v)["http_filters"][1]["typed_config"]["session_state"]["typed_config"];
+        assert_eq!(state["name"], "x-llmroute-endpoint", "{name}");
+    }
 }
 
 #[test]

@@ -10,6 +10,9 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../../../harness/src/bench/body.rs"]
 mod body;
+#[allow(dead_code, unused_imports)]
+#[path = "../../../harness/src/rng.rs"]
+mod rng;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write;

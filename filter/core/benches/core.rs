@@ -12,6 +12,9 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../../../harness/src/bench/body.rs"]
 mod body;
+#[allow(dead_code, unused_imports)]
+#[path = "../../../harness/src/rng.rs"]
+mod rng;
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 use llmroute_core::config::BoundedKeys;
 use llmroute_core::key_placement::table::{decode_in_flight, encode_in_flight};
 use llmroute_core::key_placement::{
-    bound, choose, rendezvous_order, session_header_value, Bounds, HostView, KeyTable, PlacementReason,
+    bound, choose, key_bound, rendezvous_order, session_header_value, Bounds, HostView, KeyTable, PlacementReason,
 };
 use proptest::prelude::*;
 
@@ -189,6 +189,18 @@ fn bound_is_a_rounded_up_share() {
 }
 
 #[test]
+fn key_bound_keeps_few_keys_even_and_gives_many_keys_room() {
+    assert_eq!(key_bound(100, 5, 1, 3), 2);
+    assert_eq!(key_bound(125, 5, 1, 3), 2);
+    assert_eq!(key_bound(149, 5, 1, 3), 2);
+    assert_eq!(key_bound(150, 5, 1, 3), 3);
+    assert_eq!(key_bound(100, 0, 1, 3), 1);
+    assert_eq!(key_bound(125, 1999, 1, 3), 667 + 166);
+    assert_eq!(key_bound(100, 7, 2, 4), 4);
+    assert_eq!(key_bound(1000, u64::MAX - 1, u32::MAX, 1), u64::MAX);
+}
+
+#[test]
 fn rendezvous_order_is_pinned() {
     // Golden values: the order must not change between builds, targets or releases, or every replica
     // would reshuffle its keys on upgrade. The wasm build is checked against these same functions in the
@@ -223,7 +235,7 @@ fn bounds_come_from_the_config() {
     let b = Bounds::new(&BoundedKeys::default(), 175);
     assert_eq!(
         (b.key_factor, b.in_flight_factor, b.idle_ttl_ms, b.max_keys),
-        (100, 175, 300_000, 4096)
+        (125, 175, 300_000, 4096)
     );
 }
 
@@ -274,7 +286,7 @@ proptest! {
             let total: u64 = before.iter().sum();
             let c = choose(&mut t, &h, key, now, &b).unwrap();
             if c.reason == PlacementReason::Placed {
-                prop_assert!(before[c.host] < bound(factor, total, h[c.host].weight, total_weight));
+                prop_assert!(before[c.host] < key_bound(factor, total, h[c.host].weight, total_weight));
             }
         }
     }

@@ -8,6 +8,7 @@
 //! This file uses only `std` and `serde_json`: the core's criterion bench includes it with `#[path]`, so both
 //! benches measure the same bodies.
 
+use crate::rng::SplitMix64;
 use serde_json::json;
 
 /// The alias every bench body asks for.
@@ -22,14 +23,11 @@ const SYSTEM_BYTES: usize = 300;
 
 /// A chat body of exactly `size` bytes (or the smallest possible body, if `size` is smaller than that).
 pub fn chat_body(size: usize, family: u64, seed: u64) -> Vec<u8> {
-    let mut rng = SplitMix64(seed ^ family.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = SplitMix64::new(seed ^ family.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut system = format!("You are assistant {family} of bench seed {seed}. ");
-    system.push_str(&words(
-        &mut rng,
-        SYSTEM_BYTES.min(size / 4).saturating_sub(system.len()),
-    ));
+    system.push_str(&rng.text("", SYSTEM_BYTES.min(size / 4).saturating_sub(system.len())));
     let base = render(&system, "").len();
-    let user = words(&mut rng, size.saturating_sub(base));
+    let user = rng.text("", size.saturating_sub(base));
     render(&system, &user)
 }
 
@@ -57,31 +55,6 @@ fn render(system: &str, user: &str) -> Vec<u8> {
         "max_tokens": 16,
     });
     body.to_string().into_bytes()
-}
-
-/// Exactly `len` bytes of space-separated lower-case words.
-fn words(rng: &mut SplitMix64, len: usize) -> String {
-    let mut out = String::with_capacity(len + 12);
-    while out.len() < len {
-        let word_len = 2 + (rng.next() % 9) as usize;
-        out.extend((0..word_len).map(|_| char::from(b'a' + (rng.next() % 26) as u8)));
-        out.push(' ');
-    }
-    out.truncate(len);
-    out
-}
-
-/// A tiny seeded generator (SplitMix64): reproducible across platforms, no dependency.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 #[cfg(test)]

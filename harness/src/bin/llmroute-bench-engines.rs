@@ -16,7 +16,7 @@ use llmroute_harness::envoy::repo_root;
     about = "Routers in front of real llama.cpp servers"
 )]
 struct Args {
-    /// One run per system instead of seven: a sanity check, not a result.
+    /// One run per system and tenant count instead of seven: a sanity check, not a result.
     #[arg(long)]
     quick: bool,
     /// Runs per system (the report gives medians).
@@ -25,10 +25,13 @@ struct Args {
     /// Workload seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Only these systems: chwbl, least_request, round_robin, sglang_cache_aware, sglang_manual,
+    /// Only these systems: chwbl, bounded_keys, least_request, round_robin, sglang_cache_aware, sglang_manual,
     /// vllm_consistent_hash, vllm_cache_aware (comma-separated).
     #[arg(long)]
     systems: Option<String>,
+    /// Tenant counts, comma-separated: every system runs with each, one results table per count (default 6,12).
+    #[arg(long)]
+    tenants: Option<String>,
     /// Where to write the report (default bench/ENGINES.md).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -54,6 +57,15 @@ async fn main() -> ExitCode {
             }
         }
     }
+    if let Some(list) = &args.tenants {
+        match engines::parse_tenants(list) {
+            Ok(t) => settings.tenants = t,
+            Err(e) => {
+                eprintln!("llmroute-bench-engines: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let machine = Machine::probe();
     let outcome = match engines::run(settings).await {
         Ok(o) => o,
@@ -63,7 +75,7 @@ async fn main() -> ExitCode {
         }
     };
     for (name, v) in engines::summary(&outcome) {
-        println!("{name:<44} {v}");
+        println!("{name:<56} {v}");
     }
     let out = args.out.unwrap_or_else(|| repo_root().join("bench/ENGINES.md"));
     if let Err(e) = std::fs::write(&out, engines::markdown(&outcome, &machine)) {

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
-use llmroute_harness::bench::{goals, micro, plot};
+use llmroute_harness::bench::{goals, micro, plot, replicas, sections};
 use llmroute_harness::envoy::repo_root;
 
 #[derive(Parser)]
@@ -32,6 +32,18 @@ enum Cmd {
     /// Routing quality against the peer routers and the oracle, in front of emulated engines with a cost model;
     /// writes ROUTING.md and routing.png.
     Routing(llmroute_harness::bench::routing::cli::RoutingArgs),
+    /// How often two replicas with `placement: bounded_keys` disagree when their traffic differs (a simulation
+    /// with the filter's own placement function); writes its section of RESULTS.md.
+    Replicas(ReplicasArgs),
+}
+
+#[derive(clap::Args)]
+struct ReplicasArgs {
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// The file whose `replicas` section is written.
+    #[arg(long, default_value_os_t = repo_root().join("bench/RESULTS.md"))]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -60,6 +72,7 @@ fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Cmd::Overhead(args) => args,
         Cmd::Routing(args) => return llmroute_harness::bench::routing::cli::main(args),
+        Cmd::Replicas(args) => return replicas(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -77,6 +90,26 @@ fn main() -> ExitCode {
     }
     match run(settings, &machine, &args.out) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn replicas(args: &ReplicasArgs) -> ExitCode {
+    let figures = replicas::run_all(args.seed);
+    let table = replicas::markdown(&figures, args.seed);
+    println!("{table}");
+    let body = format!(
+        "## Placement: how often two replicas disagree (`llmroute-bench replicas`)\n\n{}\n{table}",
+        replicas::EXPLAINER
+    );
+    match sections::write(&args.out, "replicas", &body) {
+        Ok(()) => {
+            println!("wrote the replicas section of {}", args.out.display());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("llmroute-bench: {e}");
             ExitCode::FAILURE
@@ -110,7 +143,10 @@ fn run(settings: Settings, machine: &Machine, out: &Path) -> Result<(), String> 
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let out = &out.canonicalize().unwrap_or_else(|_| out.to_path_buf());
     let results = out.join("RESULTS.md");
-    std::fs::write(&results, report::markdown(&outcome, machine, &micro))
+    // The sections other benches own (placement rows, replica disagreement) are carried over.
+    let kept = sections::all(&std::fs::read_to_string(&results).unwrap_or_default());
+    let text = format!("{}\n{kept}", report::markdown(&outcome, machine, &micro).trim_end());
+    std::fs::write(&results, text.trim_end().to_string() + "\n")
         .map_err(|e| format!("writing {}: {e}", results.display()))?;
     let png = out.join("overhead.png");
     let text = plot::draw(&outcome, &png)?;

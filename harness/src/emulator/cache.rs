@@ -43,6 +43,16 @@ pub fn block_keys(prompt: &[u8]) -> Vec<u64> {
     keys
 }
 
+/// How many leading keys two chained key lists share: the blocks of the longer common prefix of their prompts.
+pub fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The prompt tokens `blocks` cached leading blocks cover, at most the prompt's token count.
+pub fn cached_tokens(blocks: usize, prompt: &[u8]) -> u64 {
+    (blocks as u64 * BLOCK_TOKENS).min(token_count(prompt))
+}
+
 /// An LRU set of block keys with a fixed capacity.
 ///
 /// Recency is a generation number per key. Every touch appends
@@ -170,6 +180,17 @@ mod tests {
         assert!(a.iter().zip(&head).all(|(x, y)| x != y));
         assert_eq!(a[..2], tail[..2]);
         assert_ne!(a[2], tail[2]);
+    }
+
+    #[test]
+    fn common_prefix_counts_leading_equal_keys() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[9, 2], &[1, 2]), 0);
+        // 3 blocks of a 40-byte prompt would be 48 tokens: capped at its 10.
+        assert_eq!(cached_tokens(3, &[b'a'; 40]), 10);
+        assert_eq!(cached_tokens(2, &[b'a'; 200]), 32);
     }
 
     #[test]

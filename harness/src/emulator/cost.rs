@@ -6,7 +6,9 @@
 //!
 //! 1. **Queue.** It waits, first come first served, for one of `slots` (a fair semaphore).
 //! 2. **Prefill.** Holding the slot, it looks its prompt up in the prefix cache (so the cache sees requests in the
-//!    order the engine schedules them) and spends `prefill_ms_per_token` per **uncached** prompt token.
+//!    order the engine schedules them) and spends `prefill_ms_per_token` per **uncached** prompt token. The cache
+//!    is the engine's one LRU cache of blocks, or, with [`CostModel::slot_cache`], the memory of the slot the
+//!    request takes: each slot remembers only the last prompt it served (see [`choose_slot`]).
 //! 3. **Decode.** The first token is out at the end of prefill, so
 //!    `TTFT = queue wait + uncached tokens × prefill_ms_per_token`. Each further token follows
 //!    `decode_ms_per_token` later. A stream has as many content deltas as the request's `max_completion_tokens`
@@ -17,6 +19,7 @@
 //! reported as without the model. Per engine, [`EngineStats`] counts the requests, prompt and cached tokens and
 //! the queue waits, for benches (`Emulator::cost_stats`); `Emulator::reset` clears them.
 
+use std::cmp::Reverse;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -36,6 +39,11 @@ pub struct CostModel {
     pub decode_ms_per_token: f64,
     /// Requests served at once; more wait in a FIFO queue. At least 1.
     pub slots: usize,
+    /// Per-slot prompt cache, like `llama-server -np N -cram 0`: each slot remembers only the block keys of the
+    /// last prompt it served, and the engine's shared LRU cache is not used. A request takes the free slot that
+    /// shares the longest prefix with its prompt, else the least recently used free slot ([`choose_slot`]), so a
+    /// prefix is warm only in the slot that last served it. False: one LRU cache per engine.
+    pub slot_cache: bool,
 }
 
 impl CostModel {
@@ -85,6 +93,8 @@ pub struct EngineStats {
 pub(super) struct CostState {
     model: CostModel,
     slots: Arc<Semaphore>,
+    /// With `slot_cache`: what each slot remembers, and which are taken.
+    memory: Option<Arc<Mutex<SlotTable>>>,
     queued: AtomicUsize,
     stats: Mutex<EngineStats>,
 }
@@ -94,6 +104,9 @@ impl CostState {
         model.slots = model.slots.max(1);
         CostState {
             slots: Arc::new(Semaphore::new(model.slots)),
+            memory: model
+                .slot_cache
+                .then(|| Arc::new(Mutex::new(SlotTable::new(model.slots)))),
             model,
             queued: AtomicUsize::new(0),
             stats: Mutex::new(EngineStats::default()),
@@ -104,8 +117,84 @@ impl CostState {
         self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Clears the stats and, with `slot_cache`, what the slots remember (the slots in use stay taken).
     pub(super) fn reset(&self) {
         *self.stats() = EngineStats::default();
+        if let Some(memory) = &self.memory {
+            lock(memory).forget();
+        }
+    }
+}
+
+fn lock(memory: &Mutex<SlotTable>) -> MutexGuard<'_, SlotTable> {
+    memory.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What one slot of an engine with [`CostModel::slot_cache`] remembers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SlotMemory {
+    /// Chained block keys of the last prompt the slot served (empty: none yet).
+    pub keys: Vec<u64>,
+    /// Serving a request now.
+    pub busy: bool,
+    /// When it last took a request, on a counter that grows by one per request (0: never).
+    pub last_used: u64,
+}
+
+/// The slot a prompt with block keys `keys` takes among `slots`: the free slot whose remembered keys share the
+/// longest common prefix with `keys` (the least recently used of equals), else, when none shares a block, the
+/// least recently used free slot (the lowest index of equals). Returns its index and the blocks it shares;
+/// `None` when every slot is busy.
+pub fn choose_slot(slots: &[SlotMemory], keys: &[u64]) -> Option<(usize, usize)> {
+    slots
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| !slot.busy)
+        .map(|(i, slot)| (i, cache::common_prefix(&slot.keys, keys), slot.last_used))
+        .max_by_key(|&(i, matched, last_used)| (matched, Reverse(last_used), Reverse(i)))
+        .map(|(i, matched, _)| (i, matched))
+}
+
+/// The slots of an engine with `slot_cache`.
+#[derive(Debug)]
+struct SlotTable {
+    slots: Vec<SlotMemory>,
+    clock: u64,
+}
+
+impl SlotTable {
+    fn new(slots: usize) -> Self {
+        SlotTable {
+            slots: vec![SlotMemory::default(); slots],
+            clock: 0,
+        }
+    }
+
+    /// Takes the slot [`choose_slot`] picks for `keys`, which it remembers from now on; returns its index and the
+    /// blocks it had cached. `None` when every slot is busy.
+    fn take(&mut self, keys: Vec<u64>) -> Option<(usize, usize)> {
+        let (index, matched) = choose_slot(&self.slots, &keys)?;
+        self.clock += 1;
+        self.slots[index] = SlotMemory {
+            keys,
+            busy: true,
+            last_used: self.clock,
+        };
+        Some((index, matched))
+    }
+
+    fn release(&mut self, index: usize) {
+        if let Some(slot) = self.slots.get_mut(index) {
+            slot.busy = false;
+        }
+    }
+
+    /// Forgets every prompt and when each slot was used.
+    fn forget(&mut self) {
+        for slot in &mut self.slots {
+            slot.keys.clear();
+            slot.last_used = 0;
+        }
     }
 }
 
@@ -115,9 +204,21 @@ pub(super) struct Stopped;
 
 /// A request holding one of the engine's slots; the slot is free again when this is dropped.
 pub(super) struct Slot {
+    /// Dropped after [`Slot::drop`] has released the slot's memory, so a request admitted next finds it free.
     _permit: OwnedSemaphorePermit,
     waited: Duration,
     model: CostModel,
+    /// With `slot_cache`: the engine's slots, and the one this request took once it looked its prompt up.
+    memory: Option<Arc<Mutex<SlotTable>>>,
+    taken: Option<usize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let (Some(memory), Some(index)) = (&self.memory, self.taken.take()) {
+            lock(memory).release(index);
+        }
+    }
 }
 
 /// Waits, first come first served, for a slot: `Ok(None)` at once when the emulator has no cost model or the
@@ -150,10 +251,29 @@ pub(super) async fn admit(shared: &Shared, dialect: Dialect) -> Result<Option<Sl
         _permit: permit,
         waited,
         model: state.model.clone(),
+        memory: state.memory.clone(),
+        taken: None,
     }))
 }
 
 impl Slot {
+    /// With `slot_cache`: takes a free slot for `prompt` ([`choose_slot`]) and returns the prompt tokens it had
+    /// cached; the slot remembers `prompt` from now on. `None` without `slot_cache`: the engine's shared cache
+    /// answers.
+    pub(super) fn cached_tokens(&mut self, prompt: &[u8]) -> Option<u64> {
+        let memory = self.memory.as_ref()?;
+        let mut table = lock(memory);
+        if let Some(index) = self.taken.take() {
+            table.release(index);
+        }
+        // The permit guarantees a free slot; were none free, the request would run uncached.
+        let Some((index, matched)) = table.take(cache::block_keys(prompt)) else {
+            return Some(0);
+        };
+        self.taken = Some(index);
+        Some(cache::cached_tokens(matched, prompt))
+    }
+
     /// Counts the request, sets its output length and token pace, and spends its prefill time. `answer` carries
     /// the cache lookup done after admission. False if the emulator stopped meanwhile.
     pub(super) async fn prefill(
@@ -238,6 +358,7 @@ mod tests {
             prefill_ms_per_token: 0.5,
             decode_ms_per_token: 4.0,
             slots,
+            slot_cache: false,
         }
     }
 
@@ -286,6 +407,90 @@ mod tests {
         // "user:" + 200 bytes = 205 bytes: 52 tokens, 3 complete 64-byte blocks.
         assert_eq!(tokens, 52);
         assert_eq!(keys.len(), 3);
+    }
+
+    fn memory(keys: &[u64], busy: bool, last_used: u64) -> SlotMemory {
+        SlotMemory {
+            keys: keys.to_vec(),
+            busy,
+            last_used,
+        }
+    }
+
+    #[test]
+    fn choose_slot_takes_the_longest_shared_prefix_else_the_least_recently_used() {
+        let slots = [
+            memory(&[1, 2, 3], false, 5),
+            memory(&[1, 2, 9], false, 2),
+            memory(&[7], false, 1),
+        ];
+        assert_eq!(choose_slot(&slots, &[1, 2, 3, 4]), Some((0, 3)));
+        // Equal prefixes: the least recently used of them.
+        assert_eq!(choose_slot(&slots, &[1, 2, 5]), Some((1, 2)));
+        // Nothing shared: the least recently used free slot.
+        assert_eq!(choose_slot(&slots, &[8]), Some((2, 0)));
+        assert_eq!(choose_slot(&slots, &[]), Some((2, 0)));
+        // Busy slots are never taken, however much they share.
+        let busy = [
+            memory(&[1, 2, 3], true, 5),
+            memory(&[1, 2, 9], false, 2),
+            memory(&[7], true, 1),
+        ];
+        assert_eq!(choose_slot(&busy, &[1, 2, 3]), Some((1, 2)));
+        assert_eq!(choose_slot(&busy, &[7]), Some((1, 0)));
+        let full = [memory(&[1], true, 1), memory(&[2], true, 2)];
+        assert_eq!(choose_slot(&full, &[1]), None);
+        // Slots never used: the lowest index.
+        let fresh: [SlotMemory; 3] = Default::default();
+        assert_eq!(choose_slot(&fresh, &[1]), Some((0, 0)));
+    }
+
+    /// One request served alone: takes its slot and releases it; the blocks it found cached.
+    fn serve(table: &mut SlotTable, keys: &[u64]) -> usize {
+        let (index, matched) = table.take(keys.to_vec()).unwrap();
+        table.release(index);
+        matched
+    }
+
+    const A: [u64; 3] = [1, 2, 3];
+    const B: [u64; 3] = [4, 5, 6];
+    const C: [u64; 3] = [7, 8, 9];
+
+    #[test]
+    fn two_tenants_alternating_on_two_slots_both_stay_warm() {
+        let mut table = SlotTable::new(2);
+        let hits: Vec<usize> = [A, B, A, B, A, B].iter().map(|k| serve(&mut table, k)).collect();
+        assert_eq!(hits, [0, 0, 3, 3, 3, 3]);
+        assert_eq!(
+            (table.slots[0].keys.as_slice(), table.slots[1].keys.as_slice()),
+            (&A[..], &B[..])
+        );
+    }
+
+    #[test]
+    fn a_third_tenant_evicts_the_least_recently_used() {
+        let mut table = SlotTable::new(2);
+        // After A B A, B is the least recently used: C takes its slot, so A stays warm and B turns cold.
+        let hits: Vec<usize> = [A, B, A, C, A, B].iter().map(|k| serve(&mut table, k)).collect();
+        assert_eq!(hits, [0, 0, 3, 0, 3, 0]);
+    }
+
+    #[test]
+    fn concurrent_same_prompt_requests_take_the_second_slot_and_evict_it() {
+        let mut table = SlotTable::new(2);
+        assert_eq!([A, B].map(|k| serve(&mut table, &k)), [0, 0]);
+        // Two requests of A at once: the first takes A's slot, warm; the second the only free one, B's, cold.
+        let first = table.take(A.to_vec()).unwrap();
+        let second = table.take(A.to_vec()).unwrap();
+        assert_eq!((first, second), ((0, 3), (1, 0)));
+        assert_eq!(table.take(C.to_vec()), None, "both slots are busy");
+        table.release(0);
+        table.release(1);
+        // Both slots now hold A: B was evicted.
+        assert_eq!(serve(&mut table, &B), 0);
+        assert_eq!(serve(&mut table, &A), 3);
+        table.forget();
+        assert_eq!(serve(&mut table, &A), 0, "a reset forgets every prompt");
     }
 
     fn body(prompt: &str, tokens: u32) -> String {
@@ -407,6 +612,40 @@ mod tests {
             assert!(ttft < Duration::from_millis(95), "{ttft:?}");
         }
         assert_eq!(emulator.cost_stats().unwrap().max_queued, 0);
+    }
+
+    #[tokio::test]
+    async fn slot_cache_keeps_a_prefix_warm_only_in_the_slot_that_last_served_it() {
+        let mut opts = EmulatorOptions::new("slots");
+        opts.cost = Some(CostModel {
+            prefill_ms_per_token: 0.01,
+            slot_cache: true,
+            ..model(2)
+        });
+        let emulator = Emulator::spawn_with(opts).await.unwrap();
+        let url = format!("http://{}/v1/chat/completions", emulator.addr());
+        let mut cached = Vec::new();
+        // A B A: both warm in their slots; C takes B's slot (the least recently used); A stays warm, B is cold.
+        for c in ['a', 'b', 'a', 'c', 'a', 'b'] {
+            cached.push(timed(url.clone(), body(&prompt(c), 1)).await.3);
+        }
+        assert_eq!(cached, [0, 0, 96, 0, 96, 0]);
+        let stats = emulator.cost_stats().unwrap();
+        assert_eq!((stats.requests, stats.cached_tokens), (6, 192));
+        // Two of the same prompt at once: one finds it warm, the other takes the other slot, cold.
+        let runs = ['b', 'b'].map(|c| tokio::spawn(timed(url.clone(), body(&prompt(c), 10))));
+        let mut both = Vec::new();
+        for run in runs {
+            both.push(run.await.unwrap().3);
+        }
+        both.sort_unstable();
+        assert_eq!(both, [0, 96]);
+        emulator.reset();
+        assert_eq!(
+            timed(url.clone(), body(&prompt('b'), 1)).await.3,
+            0,
+            "a reset forgets the slots"
+        );
     }
 
     #[tokio::test]

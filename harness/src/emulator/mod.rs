@@ -6,7 +6,8 @@
 //! `/v1/models` and every inference API the gateway routes, each in its own dialect (plain and SSE):
 //! `/v1/chat/completions`, `/v1/completions`, `/v1/responses` (OpenAI Responses), `/v1/embeddings` and
 //! `/v1/messages` (Anthropic Messages). A small prefix-cache model makes cached-token counts behave plausibly.
-//! An opt-in [`cost::CostModel`] adds engine slots with a FIFO queue, and prefill and decode time.
+//! An opt-in [`cost::CostModel`] adds engine slots with a FIFO queue, and prefill and decode time; with its
+//! `slot_cache`, each slot remembers only the last prompt it served, in place of the shared cache.
 //!
 //! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, stream
 //! faults, and self-checks of the model and backend the request was routed to. Every response names its
@@ -250,8 +251,8 @@ impl Emulator {
         self.shared.health.store(status, Ordering::SeqCst);
     }
 
-    /// Forgets recorded requests, the inflight high-water mark and the prefix cache, and numbers answers from 1
-    /// again, so the same request after a reset gets the same bytes.
+    /// Forgets recorded requests, the inflight high-water mark and the prefix cache (or what the cost model's
+    /// slots remember), and numbers answers from 1 again, so the same request after a reset gets the same bytes.
     pub fn reset(&self) {
         self.shared.requests().clear();
         self.shared.cache().clear();
@@ -347,11 +348,11 @@ impl Shared {
         self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Cached prefix tokens for a prompt; then caches the prompt's blocks.
+    /// Cached prefix tokens for a prompt in the engine's shared cache; then caches the prompt's blocks.
     fn cached_tokens(&self, prompt: &[u8]) -> u64 {
         let keys = cache::block_keys(prompt);
-        let blocks = self.cache().match_and_insert(&keys) as u64;
-        (blocks * cache::BLOCK_TOKENS).min(cache::token_count(prompt))
+        let blocks = self.cache().match_and_insert(&keys);
+        cache::cached_tokens(blocks, prompt)
     }
 }
 

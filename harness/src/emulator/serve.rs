@@ -264,10 +264,10 @@ async fn answer(
         .check(&request)
         .map_err(|message| Refusal::error(envelope, 400, &message))?;
     // The cost model, if on: wait for a slot, then look the prompt up and spend its prefill.
-    let Ok(slot) = cost::admit(shared, dialect).await else {
+    let Ok(mut slot) = cost::admit(shared, dialect).await else {
         return Ok(aborted_response());
     };
-    let mut answer = build_answer(shared, dialect, &request, &faults);
+    let mut answer = build_answer(shared, dialect, &request, &faults, slot.as_mut());
     let mut stream = faults.stream;
     if let Some(slot) = &slot {
         let explicit_chunks = headers.contains_key("x-emu-chunks");
@@ -305,13 +305,23 @@ async fn answer(
     }
 }
 
-fn build_answer(shared: &Shared, dialect: Dialect, request: &Value, faults: &Faults) -> Answer {
+/// The answer's fields; looks the prompt up in the prefix cache: the memory of the slot it takes when the cost
+/// model has `slot_cache`, else the engine's shared cache.
+fn build_answer(
+    shared: &Shared,
+    dialect: Dialect,
+    request: &Value,
+    faults: &Faults,
+    slot: Option<&mut cost::Slot>,
+) -> Answer {
     let prompt = dialect.prompt_text(request);
     let model = request.get("model").and_then(Value::as_str);
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let chunk_delay_ms = faults.chunk_delay_ms.unwrap_or(shared.opts.chunk_delay_ms);
     let cached_tokens = if dialect.uses_cache() {
-        shared.cached_tokens(prompt.as_bytes())
+        let prompt = prompt.as_bytes();
+        slot.and_then(|slot| slot.cached_tokens(prompt))
+            .unwrap_or_else(|| shared.cached_tokens(prompt))
     } else {
         0
     };

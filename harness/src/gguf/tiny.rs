@@ -10,6 +10,7 @@
 //! every machine. Norm weights are 1.0; the output projection is tied to `token_embd` (no `output.weight`).
 
 use super::{Gguf, Value, ValueType, Writer};
+use crate::rng::SplitMix64;
 
 /// A ChatML chat template, so `/v1/chat/completions` and `/v1/messages` format prompts.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
@@ -117,7 +118,7 @@ impl TinyLlama {
     /// `token_embd`, `output_norm`, then each block's tensors, all from one random stream in this order.
     fn put_tensors(&self, w: &mut Writer, n_vocab: u64) -> Result<(), String> {
         let (e, f) = (u64::from(self.embd), u64::from(self.ff));
-        let mut rng = SplitMix64(self.seed);
+        let mut rng = SplitMix64::new(self.seed);
         self.put_matrix(w, &mut rng, "token_embd.weight", [e, n_vocab])?;
         put_norm(w, "output_norm.weight", e)?;
         for i in 0..self.layers {
@@ -135,7 +136,7 @@ impl TinyLlama {
     }
 
     fn put_matrix(&self, w: &mut Writer, rng: &mut SplitMix64, name: &str, dims: [u64; 2]) -> Result<(), String> {
-        let data: Vec<f32> = (0..dims[0] * dims[1]).map(|_| rng.weight()).collect();
+        let data: Vec<f32> = (0..dims[0] * dims[1]).map(|_| weight(rng)).collect();
         if self.f16 {
             w.tensor_f16(name, &dims, &data)?;
         } else {
@@ -166,27 +167,14 @@ fn put_norm(w: &mut Writer, name: &str, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// SplitMix64: a tiny, well-mixed, seedable generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform on [-STD·√3, STD·√3): mean 0, standard deviation `STD`. Exact on every platform.
-    fn weight(&mut self) -> f32 {
-        let unit = (self.next_u64() >> 40) as f32 / (1u32 << 24) as f32;
-        (2.0 * unit - 1.0) * (STD * 1.732_050_8)
-    }
+/// Uniform on [-STD·√3, STD·√3): mean 0, standard deviation `STD`. Exact on every platform.
+fn weight(rng: &mut SplitMix64) -> f32 {
+    let unit = (rng.next_u64() >> 40) as f32 / (1u32 << 24) as f32;
+    (2.0 * unit - 1.0) * (STD * 1.732_050_8)
 }
 
 #[cfg(test)]
 pub(super) fn test_rng_weights(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = SplitMix64(seed);
-    (0..n).map(|_| rng.weight()).collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| weight(&mut rng)).collect()
 }

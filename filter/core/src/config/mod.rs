@@ -221,7 +221,7 @@ pub struct BoundedKeys {
 impl Default for BoundedKeys {
     fn default() -> Self {
         BoundedKeys {
-            key_balance_factor: 100,
+            key_balance_factor: 125,
             idle_ttl_ms: 300_000,
             max_keys: 4096,
         }

@@ -161,7 +161,7 @@ pub struct RawAffinity {
     #[serde(default)]
     pub placement: Option<String>,
     /// `bounded_keys`: most live keys a host may hold when a new key is placed, in percent of its share of
-    /// all live keys (weighted by `slots`). `100` to `1000`; default 100.
+    /// all live keys (weighted by `slots`). `100` to `1000`; default 125.
     #[serde(default)]
     pub key_balance_factor: Option<u32>,
     /// `bounded_keys`: a key not seen for this many seconds is forgotten, and its host's share frees up.

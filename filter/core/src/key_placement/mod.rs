@@ -7,8 +7,9 @@
 //!
 //! - **A known key stays put** ([`PlacementReason::Pinned`]) while its host is up and within the in-flight bound.
 //! - **A new key** ([`PlacementReason::Placed`]) goes to the first host, in the key's own rendezvous order, that
-//!   holds fewer live keys than `key_balance_factor` × its share of all live keys (shares are weighted by
-//!   `slots`). With the default factor of 100 the keys spread as evenly as the slots allow.
+//!   holds fewer live keys than its bound ([`key_bound`]: its share of all live keys, weighted by `slots`,
+//!   rounded up, plus `key_balance_factor − 100` percent of that share, rounded down). A few keys spread as
+//!   evenly as the slots allow; many keys get room to stay on their first-choice host.
 //! - **A key whose host is down** is placed again ([`PlacementReason::Moved`]).
 //! - **A request whose host is over the in-flight bound** (the backend's `balance_factor`, the same bound Envoy's
 //!   ring applies) goes to the next host in the key's rendezvous order that is within it
@@ -120,12 +121,26 @@ pub fn rendezvous_order(key: u64, hosts: &[HostView]) -> Vec<usize> {
     scored.into_iter().map(|(_, i)| i).collect()
 }
 
-/// `ceil(factor% × (total + 1) × weight / total_weight)`, at least 1: the most a host may hold after taking one
-/// more, when `total` are held over hosts of `total_weight`.
+/// `ceil(factor% × (total + 1) × weight / total_weight)`, at least 1: the most requests in flight a host may
+/// carry after taking one more, when `total` are in flight over hosts of `total_weight`. This is Envoy's own
+/// bounded-load rule for its ring.
 pub fn bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
     let num = u128::from(factor) * u128::from(total + 1) * u128::from(weight);
     let den = 100 * u128::from(total_weight.max(1));
     u64::try_from(num.div_ceil(den)).unwrap_or(u64::MAX).max(1)
+}
+
+/// The most live keys a host may hold after taking a new one, when `total` are live over hosts of
+/// `total_weight`: its share `s = (total + 1) × weight / total_weight`, rounded up, plus `(factor − 100)% × s`
+/// rounded down. Unlike [`bound`], the slack is never rounded up, so a few keys still spread exactly evenly (6
+/// keys on 3 hosts are 2, 2, 2 at any factor below 150), while many keys get room to stay on their own
+/// rendezvous host, which is what keeps replicas agreeing.
+pub fn key_bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
+    let share_num = u128::from(total + 1) * u128::from(weight);
+    let den = u128::from(total_weight.max(1));
+    let ceil_share = share_num.div_ceil(den);
+    let slack = share_num * u128::from(factor.saturating_sub(100)) / (den * 100);
+    u64::try_from(ceil_share + slack).unwrap_or(u64::MAX).max(1)
 }
 
 /// Decides the host for `key` at `now_ms`, updating `table`. `None` when no host is up: the filter then leaves
@@ -178,7 +193,7 @@ fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32)
     let up = |i: &usize| hosts[*i].up;
     let total: u64 = (0..hosts.len()).filter(up).map(|i| counts[i]).sum();
     let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
-    let under = |i: &usize| counts[*i] < bound(factor, total, hosts[*i].weight.max(1), total_weight);
+    let under = |i: &usize| counts[*i] < key_bound(factor, total, hosts[*i].weight.max(1), total_weight);
     order.iter().copied().filter(up).find(under).unwrap_or_else(|| {
         let per_weight = |i: usize| (counts[i] * 1_000_000) / u64::from(hosts[i].weight.max(1));
         order

@@ -21,11 +21,12 @@ pub struct RoutingArgs {
     /// Repeats of every workload × policy (default 2; 1 with --quick). Figures are medians over them.
     #[arg(long)]
     pub repeats: Option<usize>,
-    /// Only these workloads, comma-separated: shared-prefix, multi-turn, zipf-hot, low-sharing.
+    /// Only these workloads, comma-separated: shared-prefix, multi-turn, zipf-hot, low-sharing, tenants-6,
+    /// tenants-12.
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
-    /// Only these policies, comma-separated: chwbl-125, chwbl-175, chwbl-200, least-request, sglang-cache-aware,
-    /// sglang-round-robin, vllm-consistent-hash, vllm-cache-aware.
+    /// Only these policies, comma-separated: chwbl-125, chwbl-175, chwbl-200, bounded-keys, least-request,
+    /// sglang-cache-aware, sglang-round-robin, vllm-consistent-hash, vllm-cache-aware.
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Skip the key-movement measurement.
@@ -137,5 +138,22 @@ mod tests {
         assert_eq!(s.policies, [Policy::Chwbl(125)]);
         let bad = Wrap::parse_from(["x", "--policies", "nope"]);
         assert!(settings(&bad.args).is_err());
+        let tenants = Wrap::parse_from([
+            "x",
+            "--workloads",
+            "tenants-6,tenants-12",
+            "--policies",
+            "chwbl-175,bounded-keys,sglang-cache-aware",
+            "--repeats",
+            "1",
+            "--no-movement",
+        ]);
+        let s = settings(&tenants.args).unwrap();
+        assert_eq!(s.workloads, [Workload::Tenants6, Workload::Tenants12]);
+        assert_eq!(
+            s.policies,
+            [Policy::Chwbl(175), Policy::BoundedKeys(150), Policy::SglangCacheAware]
+        );
+        assert_eq!((s.repeats, s.movement_keys), (1, 0));
     }
 }

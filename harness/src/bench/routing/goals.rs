@@ -1,4 +1,5 @@
-//! The routing goals of issue 4, checked for every llmroute CHWBL balance factor that ran:
+//! The routing goals of issue 4, checked on its four workloads (not the tenants ones, which only compare the
+//! policies) for every llmroute CHWBL balance factor that ran:
 //!
 //! 1. On the workloads that share prefixes, the hit rate is at least 0.9 × the oracle's, and at least what
 //!    sglang-router's `cache_aware` reaches on the same trace (within 0.01).
@@ -49,7 +50,7 @@ pub fn verdict(met: Option<bool>) -> &'static str {
 /// Every goal that applies to what ran.
 pub fn checks(o: &Outcome) -> Vec<Check> {
     let mut out = Vec::new();
-    for &w in &o.settings.workloads {
+    for &w in o.settings.workloads.iter().filter(|w| w.in_issue()) {
         for &p in &o.settings.policies {
             let (Some(bound), Some(cell)) = (p.bound(), o.cell(w, p)) else {
                 continue;
@@ -204,7 +205,7 @@ fn f2(v: Option<f64>) -> String {
 /// The affinity key llmroute computes on a workload.
 fn key_of(w: Workload) -> &'static str {
     match w {
-        Workload::SharedPrefix | Workload::Zipf => "the system prompt",
+        Workload::SharedPrefix | Workload::Zipf | Workload::Tenants6 | Workload::Tenants12 => "the system prompt",
         Workload::MultiTurn | Workload::Control => "the first 256 bytes of the first user message",
     }
 }

@@ -5,7 +5,8 @@
 //! [`crate::emulator::cost`] on) and a fresh system in front of it, replays the workload's trace through it, and
 //! reads back:
 //! - the prefix-cache hit rate the engines report (cached ÷ prompt tokens, summed over the engines), next to the
-//!   trace's oracle hit rate (infinite cache, perfect routing);
+//!   trace's oracle hit rate (infinite cache, perfect routing; on the tenants workloads, whose engines' slots each
+//!   remember only their last prompt, the best the fleet's slots allow: [`Settings::oracle_hit_rate`]);
 //! - TTFT p50 and p99, measured at the client;
 //! - the busiest engine's request count ÷ the mean.
 //!
@@ -45,6 +46,7 @@ pub struct Settings {
     pub repeats: usize,
     /// Engines in each fleet.
     pub engines: usize,
+    /// The engines' cost model; the tenants workloads change it ([`Settings::cost_for`]).
     pub cost: CostModel,
     /// Prefix-cache capacity of each engine, in blocks of 16 tokens.
     pub cache_blocks: usize,
@@ -69,6 +71,7 @@ impl Settings {
                 prefill_ms_per_token: 0.05,
                 decode_ms_per_token: 2.0,
                 slots: 2,
+                slot_cache: false,
             },
             workloads: Workload::ALL.to_vec(),
             policies: Policy::ALL.to_vec(),
@@ -87,6 +90,32 @@ impl Settings {
             movement_keys: 60,
             quick: true,
             ..Settings::full(seed)
+        }
+    }
+
+    /// The engines' cost model for workload `w`: on the tenants workloads, `shape.tenant_slots` slots that each
+    /// remember only the last prompt they served (`slot_cache`); elsewhere `cost`, with its shared LRU cache.
+    pub fn cost_for(&self, w: Workload) -> CostModel {
+        if w.slot_cache() {
+            CostModel {
+                slots: self.shape.tenant_slots,
+                slot_cache: true,
+                ..self.cost.clone()
+            }
+        } else {
+            self.cost.clone()
+        }
+    }
+
+    /// The oracle hit rate of `trace` on this bench's fleet: on engines with per-slot caches, the best that the
+    /// fleet's slots allow ([`Trace::slot_oracle_hit_rate`] over engines × slots); otherwise the infinite cache's
+    /// ([`Trace::oracle_hit_rate`]).
+    pub fn oracle_hit_rate(&self, trace: &Trace) -> f64 {
+        let cost = self.cost_for(trace.workload);
+        if cost.slot_cache {
+            trace.slot_oracle_hit_rate(self.engines * cost.slots)
+        } else {
+            trace.oracle_hit_rate()
         }
     }
 }
@@ -203,7 +232,10 @@ pub struct TraceInfo {
     pub requests: usize,
     pub keys: usize,
     pub prompt_tokens: u64,
+    /// The ceiling on this fleet ([`Settings::oracle_hit_rate`]).
     pub oracle: f64,
+    /// An infinite cache behind perfect routing: the same as `oracle` unless the engines have per-slot caches.
+    pub unbounded_oracle: f64,
     /// Distinct prefix-cache blocks in the trace.
     pub distinct_blocks: usize,
     pub summary: String,
@@ -254,15 +286,21 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
         .map(|&w| Trace::generate(w, &settings.shape, settings.seed))
         .collect();
     for t in &traces {
+        let oracle = settings.oracle_hit_rate(t);
+        let unbounded = t.oracle_hit_rate();
+        let unbounded = if (unbounded - oracle).abs() > 5e-4 {
+            format!(" (infinite cache: {unbounded:.3})")
+        } else {
+            String::new()
+        };
         progress(
             Some(started),
             &format!(
-                "{:<13} {} requests, {} keys, {} prompt tokens, oracle hit rate {:.3}",
+                "{:<13} {} requests, {} keys, {} prompt tokens, oracle hit rate {oracle:.3}{unbounded}",
                 t.workload.id(),
                 t.requests,
                 t.keys,
                 t.prompt_tokens,
-                t.oracle_hit_rate()
             ),
         );
     }
@@ -286,7 +324,8 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                 );
                 match run_one(&settings, policy, trace, &client).await {
                     Ok(run) => {
-                        progress(Some(started), &format!("{tag} {}", line(&run, trace)));
+                        let oracle = settings.oracle_hit_rate(trace);
+                        progress(Some(started), &format!("{tag} {}", line(&run, oracle)));
                         let at = cells
                             .iter()
                             .position(|c| c.workload == trace.workload && c.policy == policy);
@@ -322,7 +361,8 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                 requests: t.requests,
                 keys: t.keys,
                 prompt_tokens: t.prompt_tokens,
-                oracle: t.oracle_hit_rate(),
+                oracle: settings.oracle_hit_rate(t),
+                unbounded_oracle: t.oracle_hit_rate(),
                 distinct_blocks: t.distinct_blocks,
                 summary: t.summary.clone(),
             })
@@ -337,9 +377,9 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     })
 }
 
-/// A fleet of `settings.engines` emulated engines with the cost model on.
-pub async fn cost_fleet(settings: &Settings) -> Result<Fleet, String> {
-    let (cost, blocks) = (settings.cost.clone(), settings.cache_blocks);
+/// A fleet of `settings.engines` emulated engines with the cost model of workload `w` on.
+pub async fn cost_fleet(settings: &Settings, w: Workload) -> Result<Fleet, String> {
+    let (cost, blocks) = (settings.cost_for(w), settings.cache_blocks);
     Fleet::start_with("engine", settings.engines, |o| {
         o.cost = Some(cost.clone());
         o.cache_blocks = blocks;
@@ -351,8 +391,9 @@ pub async fn cost_fleet(settings: &Settings) -> Result<Fleet, String> {
 
 /// One replay on a fresh fleet and a fresh system.
 async fn run_one(settings: &Settings, policy: Policy, trace: &Trace, client: &reqwest::Client) -> Result<Run, String> {
-    let fleet = cost_fleet(settings).await?;
-    let system = Running::start(policy, &fleet.endpoints()).await?;
+    let fleet = cost_fleet(settings, trace.workload).await?;
+    let slots = settings.cost_for(trace.workload).slots;
+    let system = Running::start(policy, &fleet.endpoints(), slots).await?;
     // The readiness probes went through the engines: forget them, and start from cold caches.
     fleet.reset();
     let start = Instant::now();
@@ -408,7 +449,7 @@ fn micros(durations: impl Iterator<Item = Duration>) -> Vec<u32> {
 }
 
 /// A progress line for one replay.
-fn line(run: &Run, trace: &Trace) -> String {
+fn line(run: &Run, oracle: f64) -> String {
     let f = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
     let errors = match (&run.first_error, run.errors) {
         (Some(e), n) => format!("  {n} errors, first: {e}"),
@@ -417,7 +458,7 @@ fn line(run: &Run, trace: &Trace) -> String {
     format!(
         "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  per engine {:?}  {:.1} s{errors}",
         f(run.hit_rate, 3),
-        trace.oracle_hit_rate(),
+        oracle,
         f(run.ttft_p50_ms, 1),
         f(run.ttft_p99_ms, 1),
         f(run.engine_ttft_p50_ms, 1),
@@ -484,6 +525,7 @@ pub(crate) mod sample {
                 keys: 10,
                 prompt_tokens: 10_000,
                 oracle: if w.shares_prefixes() { 0.8 } else { 0.0 },
+                unbounded_oracle: if w.shares_prefixes() { 0.9 } else { 0.0 },
                 distinct_blocks: 2000,
                 summary: "made up".into(),
             })
@@ -532,6 +574,22 @@ pub(crate) mod sample {
             o.measured_policies(),
             [Policy::Chwbl(125), Policy::LeastRequest, Policy::SglangCacheAware]
         );
+    }
+
+    #[test]
+    fn tenants_workloads_get_per_slot_caches_and_a_slot_bound_oracle() {
+        let s = Settings::full(42);
+        assert_eq!(s.cost_for(Workload::Zipf), s.cost);
+        let tenants = s.cost_for(Workload::Tenants12);
+        assert!(tenants.slot_cache && !s.cost.slot_cache);
+        assert_eq!((tenants.slots, s.engines), (2, 3));
+        let zipf = Trace::generate(Workload::Zipf, &s.shape, 42);
+        assert_eq!(s.oracle_hit_rate(&zipf), zipf.oracle_hit_rate());
+        // 6 tenants in 6 slots: every tenant's first request is cold, as with an infinite cache. 12 tenants: less.
+        let six = Trace::generate(Workload::Tenants6, &s.shape, 42);
+        assert_eq!(s.oracle_hit_rate(&six), six.oracle_hit_rate());
+        let twelve = Trace::generate(Workload::Tenants12, &s.shape, 42);
+        assert!(s.oracle_hit_rate(&twelve) < twelve.oracle_hit_rate() - 0.1);
     }
 
     #[test]

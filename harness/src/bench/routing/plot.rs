@@ -18,6 +18,7 @@ fn color(p: Policy) -> RGBColor {
         Policy::Chwbl(125) => RGBColor(0x9e, 0xc9, 0xe2),
         Policy::Chwbl(175) => RGBColor(0x3a, 0x8f, 0xc8),
         Policy::Chwbl(_) => RGBColor(0x08, 0x45, 0x94),
+        Policy::BoundedKeys(_) => RGBColor(0x6a, 0x3d, 0x9a),
         Policy::LeastRequest => RGBColor(0x9a, 0x9a, 0x9a),
         Policy::SglangCacheAware => RGBColor(0xd6, 0x27, 0x28),
         Policy::SglangRoundRobin => RGBColor(0xf4, 0xa5, 0x82),

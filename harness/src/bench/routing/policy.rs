@@ -1,8 +1,9 @@
 //! The routing policies compared, and how each system is started in front of a fleet.
 //!
 //! - **llmroute**: Envoy (one worker) with the filter, rendered from an llmroute config whose one backend lists
-//!   the fleet, with `lb: chwbl` and a balance factor, or `lb: least_request`. It is ready once Envoy's active
-//!   health checks pass for every host.
+//!   the fleet, with `lb: chwbl` and a balance factor, or `lb: least_request`; `bounded_keys` is `chwbl` with
+//!   `affinity.placement: bounded_keys` and the engines' slot counts. It is ready once Envoy's active health checks
+//!   pass for every host.
 //! - **sglang-router** and **vllm-router**: the PyPI wheels from the bench venv ([`systems::venv`]), on loopback,
 //!   with `--policy` set and every other option at its default. Ready once a chat request answers 200.
 //!
@@ -27,6 +28,9 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 pub enum Policy {
     /// llmroute, Envoy ring hash with `hash_balance_factor` (percent).
     Chwbl(u32),
+    /// llmroute, `affinity.placement: bounded_keys` over `chwbl` with this balance factor: the filter pins each new
+    /// key to the host with the fewest live keys for its slots.
+    BoundedKeys(u32),
     /// llmroute, Envoy least request.
     LeastRequest,
     SglangCacheAware,
@@ -37,10 +41,11 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Chwbl(125),
         Policy::Chwbl(175),
         Policy::Chwbl(200),
+        Policy::BoundedKeys(150),
         Policy::LeastRequest,
         Policy::SglangCacheAware,
         Policy::SglangRoundRobin,
@@ -52,6 +57,7 @@ impl Policy {
     pub fn label(self) -> String {
         match self {
             Policy::Chwbl(f) => format!("llmroute chwbl {f}"),
+            Policy::BoundedKeys(_) => "llmroute bounded_keys".into(),
             Policy::LeastRequest => "llmroute least_request".into(),
             Policy::SglangCacheAware => "sglang cache_aware".into(),
             Policy::SglangRoundRobin => "sglang round_robin".into(),
@@ -60,7 +66,7 @@ impl Policy {
         }
     }
 
-    /// The id on the command line: `chwbl-175`, `least-request`, `sglang-cache-aware`, ...
+    /// The id on the command line: `chwbl-175`, `bounded-keys`, `least-request`, `sglang-cache-aware`, ...
     pub fn id(self) -> String {
         self.label().replace("llmroute ", "").replace([' ', '_'], "-")
     }
@@ -72,7 +78,7 @@ impl Policy {
     /// The peer router this policy belongs to; `None` for llmroute.
     pub fn peer(self) -> Option<Kind> {
         match self {
-            Policy::Chwbl(_) | Policy::LeastRequest => None,
+            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::LeastRequest => None,
             Policy::SglangCacheAware | Policy::SglangRoundRobin => Some(Kind::Sglang),
             Policy::VllmConsistentHash | Policy::VllmCacheAware => Some(Kind::Vllm),
         }
@@ -93,7 +99,8 @@ impl Policy {
         self == Policy::VllmConsistentHash
     }
 
-    /// The configured load bound, busiest ÷ mean, for CHWBL.
+    /// The configured load bound, busiest ÷ mean, for CHWBL. `None` for `bounded_keys`, whose placement is the
+    /// filter's, with Envoy's bounded ring only as the fallback.
     pub fn bound(self) -> Option<f64> {
         match self {
             Policy::Chwbl(f) => Some(f64::from(f) / 100.0),
@@ -107,6 +114,10 @@ impl Policy {
             Policy::Chwbl(f) => {
                 format!("`lb: chwbl`, `balance_factor: {f}` (Envoy `RING_HASH`, `hash_balance_factor: {f}`)")
             }
+            Policy::BoundedKeys(f) => format!(
+                "`affinity.placement: bounded_keys`: the filter pins each new key to the host with the fewest live \
+                 keys for its slots (rendezvous order breaks ties), Envoy ring hash (factor {f}) as fallback"
+            ),
             Policy::LeastRequest => "`lb: least_request` (Envoy `LEAST_REQUEST`, two random choices)".into(),
             p => {
                 let header = if p.sends_session() {
@@ -123,21 +134,28 @@ impl Policy {
     }
 }
 
-/// The llmroute config for a policy over `endpoints` (`HOST:PORT`).
-pub fn llmroute_config(policy: Policy, endpoints: &[String]) -> Value {
+/// The llmroute config for a policy over `endpoints` (`HOST:PORT`), engines of `slots` slots each.
+pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Value {
     let mut backend = json!({ "name": BACKEND, "kind": "llamacpp", "endpoints": endpoints });
     match policy {
-        Policy::Chwbl(f) => {
+        Policy::Chwbl(f) | Policy::BoundedKeys(f) => {
             backend["lb"] = json!("chwbl");
             backend["balance_factor"] = json!(f);
         }
         _ => backend["lb"] = json!("least_request"),
     }
-    json!({
+    if let Policy::BoundedKeys(_) = policy {
+        backend["slots"] = json!(vec![slots.max(1); endpoints.len()]);
+    }
+    let mut config = json!({
         "version": 1,
         "backends": [backend],
         "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND, "upstream_model": UPSTREAM_MODEL }] }],
-    })
+    });
+    if let Policy::BoundedKeys(_) = policy {
+        config["affinity"] = json!({ "placement": "bounded_keys" });
+    }
+    config
 }
 
 /// A running system.
@@ -155,10 +173,11 @@ enum Process {
 }
 
 impl Running {
-    /// Starts `policy`'s system in front of `endpoints` (`HOST:PORT`) and waits until it routes.
-    pub async fn start(policy: Policy, endpoints: &[String]) -> Result<Running, String> {
+    /// Starts `policy`'s system in front of `endpoints` (`HOST:PORT`), engines of `slots` slots each, and waits
+    /// until it routes.
+    pub async fn start(policy: Policy, endpoints: &[String], slots: usize) -> Result<Running, String> {
         match policy.peer() {
-            None => start_llmroute(policy, endpoints).await,
+            None => start_llmroute(policy, endpoints, slots).await,
             Some(kind) => start_peer(policy, kind, endpoints).await,
         }
     }
@@ -172,13 +191,13 @@ impl Running {
     }
 }
 
-async fn start_llmroute(policy: Policy, endpoints: &[String]) -> Result<Running, String> {
+async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> Result<Running, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
         ..EnvoyOptions::default()
     };
-    let envoy = Envoy::start_with(llmroute_config(policy, endpoints), opts).await?;
+    let envoy = Envoy::start_with(llmroute_config(policy, endpoints, slots), opts).await?;
     let deadline = Instant::now() + START_LIMIT;
     loop {
         let health = envoy.host_health(BACKEND).await;
@@ -265,6 +284,11 @@ mod tests {
             assert_eq!(Policy::parse(&p.id()), Some(p), "{}", p.id());
         }
         assert_eq!(Policy::Chwbl(175).id(), "chwbl-175");
+        assert_eq!(Policy::BoundedKeys(150).id(), "bounded-keys");
+        assert_eq!(Policy::BoundedKeys(150).label(), "llmroute bounded_keys");
+        assert_eq!(Policy::ALL[3], Policy::BoundedKeys(150), "after the chwbl ones");
+        assert_eq!(Policy::BoundedKeys(150).peer(), None);
+        assert!(Policy::BoundedKeys(150).describe().contains("factor 150"));
         assert_eq!(Policy::VllmConsistentHash.id(), "vllm-consistent-hash");
         assert_eq!(Policy::SglangCacheAware.label(), "sglang cache_aware");
         assert_eq!(Policy::Chwbl(125).bound(), Some(1.25));
@@ -274,12 +298,22 @@ mod tests {
 
     #[test]
     fn llmroute_configs_validate() {
-        let endpoints = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
-        for p in [Policy::Chwbl(125), Policy::LeastRequest] {
-            let config = llmroute_config(p, &endpoints);
-            llmroute_core::load_config(&config.to_string()).unwrap();
+        let endpoints = vec![
+            "127.0.0.1:1".to_string(),
+            "127.0.0.1:2".to_string(),
+            "127.0.0.1:3".to_string(),
+        ];
+        for p in Policy::ALL.into_iter().filter(|p| p.peer().is_none()) {
+            let config = llmroute_config(p, &endpoints, 2);
+            llmroute_core::load_config(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
         }
-        let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints);
+        let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints, 2);
         assert_eq!(chwbl["backends"][0]["balance_factor"], 200);
+        assert!(chwbl.get("affinity").is_none() && chwbl["backends"][0].get("slots").is_none());
+        let bounded = llmroute_config(Policy::BoundedKeys(150), &endpoints, 2);
+        assert_eq!(bounded["affinity"], json!({ "placement": "bounded_keys" }));
+        assert_eq!(bounded["backends"][0]["lb"], "chwbl");
+        assert_eq!(bounded["backends"][0]["balance_factor"], 150);
+        assert_eq!(bounded["backends"][0]["slots"], json!([2, 2, 2]));
     }
 }

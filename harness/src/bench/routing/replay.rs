@@ -1,12 +1,15 @@
 //! Replays a [`Trace`] against one system and times each request at the client.
 //!
-//! Every session runs as its own task: it waits for its start offset, then sends its requests one after another,
-//! each `think` after the previous answer ended. Sessions do not wait for one another, so the offered load is
-//! the trace's, whatever the system does with it (an open loop across sessions). Requests are streamed chat
+//! Open loop (the default): every session runs as its own task: it waits for its start offset, then sends its
+//! requests one after another, each `think` after the previous answer ended. Sessions do not wait for one another,
+//! so the offered load is the trace's, whatever the system does with it. Closed loop ([`Trace::in_flight`] is
+//! `Some(n)`): `n` workers take the sessions in the trace's order, each running one session to its end before it
+//! takes the next, so `n` are in flight and a new one leaves as soon as one ends. Requests are streamed chat
 //! completions; TTFT is from sending the request to the first non-empty content delta, and the usage chunk gives
 //! the engine-reported prompt and cached tokens. All requests share one keep-alive HTTP/1.1 client with
 //! `TCP_NODELAY`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +17,7 @@ use futures_util::StreamExt;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::Value;
 
-use super::workload::{Request, Trace};
+use super::workload::{Request, Session, Trace};
 
 /// Longest one request may take before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,38 +47,71 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
-/// Replays `trace` against `url`; `with_session` adds each request's session id as `x-session-id`. Returns one
-/// sample per request, session by session.
+/// Replays `trace` against `url`, in an open or a closed loop (see the module documentation); `with_session` adds
+/// each request's session id as `x-session-id`. Returns one sample per request, session by session.
 pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_session: bool) -> Vec<Sample> {
-    let start = Instant::now();
     let url: Arc<str> = Arc::from(url);
-    let tasks: Vec<_> = trace
-        .sessions
-        .iter()
-        .map(|session| {
-            let (client, url, session) = (client.clone(), url.clone(), session.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until((start + session.start).into()).await;
-                let mut samples = Vec::with_capacity(session.requests.len());
-                for (i, request) in session.requests.iter().enumerate() {
-                    if i > 0 {
-                        tokio::time::sleep(session.think).await;
-                    }
-                    samples.push(send(&client, &url, request, with_session).await);
-                }
-                samples
-            })
-        })
-        .collect();
-    let mut samples = Vec::with_capacity(trace.requests);
+    let tasks: Vec<_> = match trace.in_flight {
+        None => {
+            let start = Instant::now();
+            trace
+                .sessions
+                .iter()
+                .enumerate()
+                .map(|(index, session)| {
+                    let (client, url, session) = (client.clone(), url.clone(), session.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until((start + session.start).into()).await;
+                        vec![(index, run_session(&client, &url, &session, with_session).await)]
+                    })
+                })
+                .collect()
+        }
+        Some(in_flight) => {
+            let sessions: Arc<[Session]> = trace.sessions.clone().into();
+            let next = Arc::new(AtomicUsize::new(0));
+            (0..in_flight.max(1))
+                .map(|_| {
+                    let (client, url, sessions, next) = (client.clone(), url.clone(), sessions.clone(), next.clone());
+                    tokio::spawn(async move {
+                        let mut done = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::SeqCst);
+                            let Some(session) = sessions.get(index) else {
+                                return done;
+                            };
+                            done.push((index, run_session(&client, &url, session, with_session).await));
+                        }
+                    })
+                })
+                .collect()
+        }
+    };
+    let mut sessions: Vec<(usize, Vec<Sample>)> = Vec::with_capacity(trace.sessions.len());
     for task in tasks {
         match task.await {
-            Ok(s) => samples.extend(s),
-            Err(e) => samples.push(Sample {
-                error: Some(format!("replay task failed: {e}")),
-                ..Sample::default()
-            }),
+            Ok(done) => sessions.extend(done),
+            Err(e) => sessions.push((
+                usize::MAX,
+                vec![Sample {
+                    error: Some(format!("replay task failed: {e}")),
+                    ..Sample::default()
+                }],
+            )),
         }
+    }
+    sessions.sort_by_key(|(index, _)| *index);
+    sessions.into_iter().flat_map(|(_, samples)| samples).collect()
+}
+
+/// Sends a session's requests one after another, each `think` after the previous answer.
+async fn run_session(client: &reqwest::Client, url: &str, session: &Session, with_session: bool) -> Vec<Sample> {
+    let mut samples = Vec::with_capacity(session.requests.len());
+    for (i, request) in session.requests.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(session.think).await;
+        }
+        samples.push(send(client, url, request, with_session).await);
     }
     samples
 }
@@ -178,6 +214,37 @@ impl SseReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_closed_loop_keeps_its_requests_in_flight() {
+        use crate::emulator::cost::CostModel;
+        use crate::emulator::{Emulator, EmulatorOptions};
+        let mut opts = EmulatorOptions::new("closed");
+        opts.cost = Some(CostModel {
+            prefill_ms_per_token: 0.001,
+            decode_ms_per_token: 2.0,
+            slots: 8,
+            slot_cache: true,
+        });
+        let engine = Emulator::spawn_with(opts).await.unwrap();
+        let shape = super::super::workload::Shape::full();
+        let trace = Trace::generate(super::super::workload::Workload::Tenants6, &shape, 1);
+        let url = format!("http://{}/v1/chat/completions", engine.addr());
+        let samples = replay(&client().unwrap(), &url, &trace, false).await;
+        assert_eq!(samples.len(), 48);
+        assert!(
+            samples.iter().all(|s| s.error.is_none()),
+            "{:?}",
+            samples.iter().find(|s| s.error.is_some())
+        );
+        assert_eq!(engine.max_inflight(), 3, "3 in flight, never more");
+        // The requests left in the trace's order, give or take those in flight beside them.
+        let bodies: Vec<bytes::Bytes> = engine.chat_requests().into_iter().map(|r| r.body).collect();
+        for (sent, session) in trace.sessions.iter().enumerate() {
+            let at = bodies.iter().position(|b| *b == session.requests[0].body).unwrap();
+            assert!(at.abs_diff(sent) <= 3, "request {sent} arrived {at}th");
+        }
+    }
 
     #[test]
     fn sse_lines_split_across_chunks() {

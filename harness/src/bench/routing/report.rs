@@ -55,21 +55,48 @@ fn settings(md: &mut String, o: &Outcome, m: &Machine) {
         s.cache_blocks,
         s.cache_blocks as u64 * BLOCK_TOKENS
     );
+    let tenants: Vec<String> = s
+        .workloads
+        .iter()
+        .filter(|w| w.slot_cache())
+        .map(|w| format!("`{}`", w.id()))
+        .collect();
+    if !tenants.is_empty() {
+        let _ = writeln!(
+            md,
+            "- **Engines of the tenants workloads** ({}): {} slots each and no shared cache. Each slot remembers \
+             only the last prompt it served, like `llama-server -np {} -cram 0` (the real-engine bench's setting): \
+             a request takes the free slot whose prompt shares the longest prefix with its own, else the least \
+             recently used free slot, so a prefix is warm only in the slot that last served it.",
+            tenants.join(", "),
+            s.shape.tenant_slots,
+            s.shape.tenant_slots
+        );
+    }
+    let closed = if tenants.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The tenants workloads are a closed loop instead: {} requests in flight, the next leaving as soon as \
+             one ends.",
+            s.shape.tenant_in_flight
+        )
+    };
     let _ = writeln!(
         md,
         "- **Method.** Per repeat, per workload, per policy: a fresh fleet (cold caches) and a freshly started \
          system, ready once it routes a probe (then the engines are reset), then the whole trace replayed through \
          it. Sessions start on the trace's schedule whatever the system does (open loop across sessions); a \
-         conversation's next turn leaves after the previous answer plus the think time. {} repeat(s), policy \
-         order rotated per repeat; every figure is the median over repeats. Seed {}.",
+         conversation's next turn leaves after the previous answer plus the think time.{closed} {} repeat(s), \
+         policy order rotated per repeat; every figure is the median over repeats. Seed {}.",
         s.repeats, s.seed
     );
     let _ = writeln!(
         md,
         "- **Figures.** *Hit rate*: cached ÷ prompt tokens as the engines counted them, over the fleet (the usage \
          chunks the client received agree). *Oracle*: an infinite cache behind perfect routing, from the trace \
-         alone: every block seen before anywhere counts as cached. *TTFT*: send to first content delta, at the \
-         client. *Engine TTFT*: slot wait + prefill inside the engines, from the cost model: what the placement \
+         alone: every block seen before anywhere counts as cached (on the tenants workloads, the slot-limited \
+         ceiling below). *TTFT*: send to first content delta, at the client. *Engine TTFT*: slot wait + prefill inside the engines, from the cost model: what the placement \
          alone decides, without the proxy's own delays. *Busiest ÷ mean*: the busiest engine's request count ÷ the mean count. *Slot wait*: the mean \
          time a request queued for a slot."
     );
@@ -110,9 +137,16 @@ fn settings(md: &mut String, o: &Outcome, m: &Machine) {
             t.oracle
         );
     }
+    slot_oracle_note(md, o);
+    let tenant_tokens = if tenants.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} on the tenants workloads)", s.shape.tenant_output_tokens)
+    };
     let _ = writeln!(
         md,
-        "\nEvery request is a streamed chat completion with `max_tokens: {}` and `stream_options.include_usage`. \
+        "\nEvery request is a streamed chat completion with `max_tokens: {}`{tenant_tokens} and \
+         `stream_options.include_usage`. \
          llmroute gets no session header: it keys on the system prompt, else on the first 256 bytes of the first \
          user message (its documented contract). vllm-router's `consistent_hash` hashes `x-session-id`, so for it \
          alone each request carries the id that groups the same requests (the tenant, group, prompt or \
@@ -124,6 +158,41 @@ fn settings(md: &mut String, o: &Outcome, m: &Machine) {
         let _ = writeln!(md, "| {} | {} |", p.label(), p.describe());
     }
     let _ = writeln!(md);
+}
+
+/// What the oracle means on the workloads whose engines keep one prompt per slot.
+fn slot_oracle_note(md: &mut String, o: &Outcome) {
+    let s = &o.settings;
+    let figures: Vec<String> = o
+        .traces
+        .iter()
+        .filter(|t| t.workload.slot_cache())
+        .map(|t| {
+            format!(
+                "`{}` {:.3} against {:.3} for an infinite cache",
+                t.workload.id(),
+                t.oracle,
+                t.unbounded_oracle
+            )
+        })
+        .collect();
+    if figures.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nOn the tenants workloads an infinite cache would miss only each tenant's first request, but the fleet \
+         holds {} prompts at once ({} engines × {} slots, each remembering its last prompt). Their oracle is the \
+         best those slots allow: a perfect router that knows the whole trace, serving it one request at a time in \
+         its order, a tenant's request going to the slot that holds the tenant and otherwise evicting the slot \
+         whose tenant comes back last (Belady). With a slot per tenant that is the infinite cache's figure; with \
+         more tenants than slots it is lower: {}. It ignores the requests in flight together (two of one tenant at \
+         once need two slots), so no system quite reaches it.",
+        s.engines * s.shape.tenant_slots,
+        s.engines,
+        s.shape.tenant_slots,
+        figures.join("; ")
+    );
 }
 
 fn summary(md: &mut String, o: &Outcome, plot: Option<&str>) {
@@ -192,6 +261,16 @@ fn workload_table(md: &mut String, o: &Outcome, w: Workload) {
 
 /// Client TTFT p50 minus engine TTFT p50, per policy, median over workloads: what the proxy adds to TTFT.
 fn proxy_delay(md: &mut String, o: &Outcome) {
+    let shape = &o.settings.shape;
+    let tenants = if o.settings.workloads.iter().any(|w| w.slot_cache()) {
+        format!(
+            " ({} tokens and {:.0} ms on the tenants workloads)",
+            shape.tenant_output_tokens,
+            f64::from(shape.tenant_output_tokens.saturating_sub(1)) * o.settings.cost.decode_ms_per_token
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         md,
         "## What each system adds to TTFT\n\n\
@@ -200,8 +279,8 @@ fn proxy_delay(md: &mut String, o: &Outcome) {
          request's transfer, the engine parsing it, the timer rounding the prefill pause up); the rest is the \
          proxy's own, not its routing's doing. The \
          engines send the {} output tokens {} ms apart, so a stream lasts at least {:.0} ms from its first token to \
-         its end (about 1.5× that here: the timer rounds each pause up to the next millisecond); a proxy that \
-         holds the tokens back and delivers them together shows a much shorter spread.\n\n\
+         its end{tenants} (about 1.5× that here: the timer rounds each pause up to the next millisecond); a proxy \
+         that holds the tokens back and delivers them together shows a much shorter spread.\n\n\
          | policy | added to TTFT p50, ms | first token to end of stream, p50 ms |\n|---|---:|---:|",
         o.settings.shape.output_tokens,
         o.settings.cost.decode_ms_per_token,
@@ -291,7 +370,8 @@ fn goals_section(md: &mut String, o: &Outcome) {
     let checks = goals::checks(o);
     let _ = writeln!(
         md,
-        "## Goals\n\nFrom issue 4, for each llmroute balance factor. On the control, \"no loss\" compares with llmroute \
+        "## Goals\n\nFrom issue 4, on its four workloads (the tenants workloads only compare the policies), for each \
+         llmroute balance factor. On the control, \"no loss\" compares with llmroute \
          `least_request` (the same proxy without affinity), with slack for this noisy machine.\n\n\
          | workload | policy | goal | measured | verdict |\n|---|---|---|---|---|"
     );
@@ -366,6 +446,15 @@ fn caveats(md: &mut String, o: &Outcome) {
         s.repeats,
         if s.quick { ", --quick shapes" } else { "" },
     );
+    if s.workloads.iter().any(|w| w.slot_cache()) {
+        let _ = writeln!(
+            md,
+            "- On the tenants workloads the cache is the slots themselves, so the hit rate depends on which tenants \
+             share an engine and on the order requests reach it. The real-engine bench (`make bench-engines`) runs \
+             the same workload on `llama-server`; the emulator keeps one prompt per slot as llama.cpp does, but \
+             picks a slot by whole blocks of 16 tokens, not tokens."
+        );
+    }
     let engine_spread = f64::from(s.shape.output_tokens.saturating_sub(1)) * s.cost.decode_ms_per_token;
     let held: Vec<String> = o
         .measured_policies()
@@ -474,6 +563,14 @@ mod tests {
             assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
         }
         assert_eq!(goal_lines(&o).len(), goals::checks(&o).len());
-        assert_eq!(headline(&o, 125).len(), 4);
+        assert_eq!(headline(&o, 125).len(), 6);
+        for needle in [
+            "Engines of the tenants workloads",
+            "closed loop instead: 3 requests in flight",
+            "`tenants-12` 0.800 against 0.900 for an infinite cache",
+            "(8 on the tenants workloads)",
+        ] {
+            assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
+        }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! A [`Trace`] is a set of [`Session`]s. A session starts at a fixed offset and sends its requests one after
 //! another, each after the previous answer plus a think time: the one-request sessions of the open-loop workloads
-//! arrive as a Poisson process, and a multi-turn conversation is one session. Every system replays the same trace.
+//! arrive as a Poisson process, and a multi-turn conversation is one session. The tenants workloads are a closed
+//! loop instead ([`Trace::in_flight`]): their sessions leave in order, a fixed number in flight, the next one as
+//! soon as one ends. Every system replays the same trace.
 //!
 //! Text is pseudo-random lower-case words from a SplitMix64 generator, at one token per four bytes, which is how
 //! the engine emulator counts tokens. Each request carries a `session` id (the tenant, group, prompt or
@@ -14,7 +16,9 @@
 //! **Oracle.** An infinite prefix cache behind perfect routing: walking the trace in its nominal order (session
 //! start plus turn × think time), every block of a prompt seen before anywhere counts as cached. It uses the
 //! emulator's own prompt text and chained block keys ([`cost::prompt_blocks`]), so it is the ceiling of what any
-//! router can reach on these engines.
+//! router can reach on engines with a shared LRU cache. On the tenants workloads that is "each tenant's first
+//! request is cold", which engines whose slots each remember only their last prompt cannot reach once there are
+//! more tenants than slots: [`Trace::slot_oracle_cached`] is the ceiling for those.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -29,7 +33,7 @@ use crate::emulator::Dialect;
 /// Bytes per token, as the emulator counts them.
 const BYTES_PER_TOKEN: usize = 4;
 
-/// The four workloads of the issue.
+/// The four workloads of the issue, and two where a few prompt families compete for few cache slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Workload {
     /// SGLang's generated-shared-prefix: groups of prompts sharing a long system prompt.
@@ -40,14 +44,21 @@ pub enum Workload {
     Zipf,
     /// Unique prompts: nothing to share, affinity must do no harm.
     Control,
+    /// 6 tenants with a long system prompt each, a closed loop, engines whose slots each keep their last prompt:
+    /// the real-engine bench's workload (`bench::engines`), emulated.
+    Tenants6,
+    /// The same with 12 tenants: twice as many tenants as the fleet has slots.
+    Tenants12,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 6] = [
         Workload::SharedPrefix,
         Workload::MultiTurn,
         Workload::Zipf,
         Workload::Control,
+        Workload::Tenants6,
+        Workload::Tenants12,
     ];
 
     /// The id used on the command line, in progress lines and in the plot.
@@ -57,6 +68,8 @@ impl Workload {
             Workload::MultiTurn => "multi-turn",
             Workload::Zipf => "zipf-hot",
             Workload::Control => "low-sharing",
+            Workload::Tenants6 => "tenants-6",
+            Workload::Tenants12 => "tenants-12",
         }
     }
 
@@ -66,12 +79,33 @@ impl Workload {
             Workload::MultiTurn => "Multi-turn chat",
             Workload::Zipf => "Zipf-skewed system prompts, one hot",
             Workload::Control => "Low-sharing control (unique prompts)",
+            Workload::Tenants6 => "6 tenants competing for slots",
+            Workload::Tenants12 => "12 tenants competing for slots",
         }
     }
 
-    /// Whether requests share prefixes: the hit-rate goals apply.
+    /// Whether requests share prefixes.
     pub fn shares_prefixes(self) -> bool {
         self != Workload::Control
+    }
+
+    /// The tenant count of the tenants workloads.
+    pub fn tenants(self) -> Option<usize> {
+        match self {
+            Workload::Tenants6 => Some(6),
+            Workload::Tenants12 => Some(12),
+            _ => None,
+        }
+    }
+
+    /// Whether the engines run with per-slot caches (`CostModel::slot_cache`): only the tenants workloads.
+    pub fn slot_cache(self) -> bool {
+        self.tenants().is_some()
+    }
+
+    /// One of the issue's four workloads, which its goals are about.
+    pub fn in_issue(self) -> bool {
+        self.tenants().is_none()
     }
 
     pub fn parse(id: &str) -> Option<Workload> {
@@ -113,6 +147,15 @@ pub struct Shape {
     /// Control: unique prompts and their size.
     pub control_requests: usize,
     pub control_tokens: usize,
+    /// Tenants: requests (spread evenly over the tenants), each tenant's system prompt and each request's own
+    /// question, requests in flight (closed loop), output tokens (`max_tokens`), and the slots of each engine,
+    /// each of which remembers only the last prompt it served.
+    pub tenant_requests: usize,
+    pub tenant_prompt_tokens: usize,
+    pub tenant_question_tokens: usize,
+    pub tenant_in_flight: usize,
+    pub tenant_output_tokens: u32,
+    pub tenant_slots: usize,
 }
 
 impl Shape {
@@ -141,10 +184,17 @@ impl Shape {
             zipf_rate: 80.0,
             control_requests: 256,
             control_tokens: 640,
+            tenant_requests: 48,
+            tenant_prompt_tokens: 1000,
+            tenant_question_tokens: 20,
+            tenant_in_flight: 3,
+            tenant_output_tokens: 8,
+            tenant_slots: 2,
         }
     }
 
-    /// A sanity run: about a quarter of the requests, each workload about 1.5 s.
+    /// A sanity run: about a quarter of the requests, each workload about 1.5 s (the tenants workloads, already
+    /// that short, stay whole).
     pub fn quick() -> Shape {
         Shape {
             groups: 12,
@@ -187,11 +237,26 @@ pub struct Session {
     pub requests: Vec<Request>,
 }
 
+/// One prompt of a trace, in its nominal order, as the oracles see it.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    /// The request's session id: its tenant, group, prompt or conversation.
+    pub key: String,
+    /// Prompt tokens and the chained keys of its complete blocks, as the emulator counts them.
+    pub tokens: u64,
+    pub blocks: Vec<u64>,
+}
+
 /// A whole workload, ready to replay.
 #[derive(Debug, Clone)]
 pub struct Trace {
     pub workload: Workload,
     pub sessions: Vec<Session>,
+    /// `Some(n)`: a closed loop: the sessions leave in order, `n` in flight, the next as soon as one ends, and
+    /// their start offsets are ignored. `None`: an open loop, each session at its start offset.
+    pub in_flight: Option<usize>,
+    /// Every prompt in the nominal order (session start plus turn × think time).
+    pub prompts: Vec<Prompt>,
     /// Distinct routing keys (groups, conversations, prompts, requests).
     pub keys: usize,
     pub requests: usize,
@@ -209,6 +274,22 @@ impl Trace {
         self.oracle_cached as f64 / self.prompt_tokens.max(1) as f64
     }
 
+    /// Tokens that `slots` slots, each remembering only the last prompt it served, could hold behind a perfect
+    /// router that knows the whole trace: the prompts served one at a time in the nominal order, each by the slot
+    /// holding its key's last prompt if one does (cached: the blocks the two share), else by an empty slot or the
+    /// one whose key comes back last (Belady's farthest-next-use, which is optimal when every hit is worth the
+    /// same, as on the tenants workloads). It assumes prompts of different keys share no blocks, which holds for
+    /// the tenants workloads. The engines cannot beat it in the nominal order; a closed loop reorders requests a
+    /// little, so it is the ceiling up to that.
+    pub fn slot_oracle_cached(&self, slots: usize) -> u64 {
+        slot_oracle(&self.prompts, slots)
+    }
+
+    /// [`Trace::slot_oracle_cached`] ÷ prompt tokens.
+    pub fn slot_oracle_hit_rate(&self, slots: usize) -> f64 {
+        self.slot_oracle_cached(slots) as f64 / self.prompt_tokens.max(1) as f64
+    }
+
     /// When the last session starts.
     pub fn last_start(&self) -> Duration {
         self.sessions.iter().map(|s| s.start).max().unwrap_or_default()
@@ -223,6 +304,9 @@ impl Trace {
             Workload::MultiTurn => multi_turn(shape, &mut rng, &mut builder),
             Workload::Zipf => zipf(shape, &mut rng, &mut builder),
             Workload::Control => control(shape, &mut rng, &mut builder),
+            Workload::Tenants6 | Workload::Tenants12 => {
+                tenants(shape, workload.tenants().unwrap_or(1), &mut rng, &mut builder)
+            }
         };
         builder.finish(workload, keys, summary)
     }
@@ -232,8 +316,10 @@ impl Trace {
 #[derive(Default)]
 struct Builder {
     sessions: Vec<Session>,
-    /// (nominal send time, session, turn, token count, block keys)
-    oracle: Vec<(Duration, usize, usize, u64, Vec<u64>)>,
+    /// (nominal send time, session, turn, prompt)
+    oracle: Vec<(Duration, usize, usize, Prompt)>,
+    /// [`Trace::in_flight`].
+    in_flight: Option<usize>,
 }
 
 impl Builder {
@@ -249,9 +335,13 @@ impl Builder {
                 "stream": true,
                 "stream_options": {"include_usage": true},
             });
-            let (tokens, keys) = cost::prompt_blocks(Dialect::Chat, &body);
-            self.oracle
-                .push((start + think * turn as u32, index, turn, tokens, keys));
+            let (tokens, blocks) = cost::prompt_blocks(Dialect::Chat, &body);
+            let prompt = Prompt {
+                key: session.clone(),
+                tokens,
+                blocks,
+            };
+            self.oracle.push((start + think * turn as u32, index, turn, prompt));
             out.push(Request {
                 body: Bytes::from(body.to_string()),
                 session,
@@ -267,17 +357,19 @@ impl Builder {
 
     fn finish(mut self, workload: Workload, keys: usize, summary: String) -> Trace {
         self.oracle.sort_by_key(|a| (a.0, a.1, a.2));
-        let (prompt_tokens, oracle_cached) = oracle(self.oracle.iter().map(|(_, _, _, t, k)| (*t, k.as_slice())));
-        let distinct_blocks = self
-            .oracle
+        let prompts: Vec<Prompt> = self.oracle.into_iter().map(|(_, _, _, p)| p).collect();
+        let (prompt_tokens, oracle_cached) = oracle(prompts.iter().map(|p| (p.tokens, p.blocks.as_slice())));
+        let distinct_blocks = prompts
             .iter()
-            .flat_map(|(_, _, _, _, k)| k.iter())
+            .flat_map(|p| p.blocks.iter())
             .collect::<HashSet<_>>()
             .len();
         Trace {
             workload,
             requests: self.sessions.iter().map(|s| s.requests.len()).sum(),
             sessions: self.sessions,
+            in_flight: self.in_flight,
+            prompts,
             keys,
             prompt_tokens,
             oracle_cached,
@@ -301,6 +393,34 @@ pub fn oracle<'a>(prompts: impl IntoIterator<Item = (u64, &'a [u64])>) -> (u64, 
     (total, cached)
 }
 
+/// [`Trace::slot_oracle_cached`] over `prompts` in order.
+pub fn slot_oracle(prompts: &[Prompt], slots: usize) -> u64 {
+    let mut held: Vec<&Prompt> = Vec::with_capacity(slots);
+    let mut cached = 0;
+    for (i, prompt) in prompts.iter().enumerate() {
+        if slots == 0 {
+            break;
+        }
+        if let Some(slot) = held.iter_mut().find(|p| p.key == prompt.key) {
+            let common = slot
+                .blocks
+                .iter()
+                .zip(&prompt.blocks)
+                .take_while(|(a, b)| a == b)
+                .count() as u64;
+            cached += (common * BLOCK_TOKENS).min(prompt.tokens);
+            *slot = prompt;
+        } else if held.len() < slots {
+            held.push(prompt);
+        } else {
+            let next_use = |key: &str| prompts[i + 1..].iter().position(|p| p.key == key).unwrap_or(usize::MAX);
+            let evict = (0..held.len()).max_by_key(|&s| next_use(&held[s].key)).unwrap_or(0);
+            held[evict] = prompt;
+        }
+    }
+    cached
+}
+
 fn system(text: String) -> Value {
     json!({"role": "system", "content": text})
 }
@@ -315,7 +435,7 @@ fn arrivals(rng: &mut Rng, n: usize, rate: f64) -> Vec<Duration> {
     (0..n)
         .map(|i| {
             if i > 0 {
-                t += rng.exponential(rate);
+                t += exponential(rng, rate);
             }
             Duration::from_secs_f64(t)
         })
@@ -324,14 +444,20 @@ fn arrivals(rng: &mut Rng, n: usize, rate: f64) -> Vec<Duration> {
 
 fn shared_prefix(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
     let prefixes: Vec<String> = (0..shape.groups)
-        .map(|g| rng.text(&format!("You are the assistant of tenant {g}. "), shape.prefix_tokens))
+        .map(|g| {
+            text(
+                rng,
+                &format!("You are the assistant of tenant {g}. "),
+                shape.prefix_tokens,
+            )
+        })
         .collect();
     let mut requests: Vec<(usize, String)> = (0..shape.groups)
         .flat_map(|g| (0..shape.prompts_per_group).map(move |p| (g, p)))
         .map(|(g, p)| {
             (
                 g,
-                rng.text(&format!("Question {p} for tenant {g}: "), shape.question_tokens),
+                text(rng, &format!("Question {p} for tenant {g}: "), shape.question_tokens),
             )
         })
         .collect();
@@ -356,14 +482,16 @@ fn shared_prefix(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, Strin
 fn multi_turn(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
     let starts = arrivals(rng, shape.conversations, shape.conversation_rate);
     for (c, start) in starts.into_iter().enumerate() {
-        let mut messages = vec![user(
-            rng.text(&format!("Conversation {c}. Please read: "), shape.first_user_tokens),
-        )];
+        let mut messages = vec![user(text(
+            rng,
+            &format!("Conversation {c}. Please read: "),
+            shape.first_user_tokens,
+        ))];
         let mut turns = Vec::with_capacity(shape.turns);
         for t in 0..shape.turns {
             if t > 0 {
-                messages.push(json!({"role": "assistant", "content": rng.text("", shape.reply_tokens)}));
-                messages.push(user(rng.text(&format!("Turn {t}: "), shape.turn_user_tokens)));
+                messages.push(json!({"role": "assistant", "content": text(rng, "", shape.reply_tokens)}));
+                messages.push(user(text(rng, &format!("Turn {t}: "), shape.turn_user_tokens)));
             }
             turns.push((
                 format!("conversation-{c}"),
@@ -391,7 +519,8 @@ fn multi_turn(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) 
 fn zipf(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
     let prompts: Vec<String> = (0..shape.zipf_prompts)
         .map(|k| {
-            rng.text(
+            text(
+                rng,
                 &format!("You are persona {k} of the catalogue. "),
                 shape.zipf_prompt_tokens,
             )
@@ -401,7 +530,7 @@ fn zipf(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
     let times = arrivals(rng, shape.zipf_requests, shape.zipf_rate);
     for (i, at) in times.into_iter().enumerate() {
         let k = pick(&cdf, rng.unit());
-        let question = rng.text(&format!("Request {i}: "), shape.zipf_user_tokens);
+        let question = text(rng, &format!("Request {i}: "), shape.zipf_user_tokens);
         let messages = json!([system(prompts[k].clone()), user(question)]);
         b.session(
             at,
@@ -427,7 +556,7 @@ fn control(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
     let rate = shape.rate * 0.75;
     let times = arrivals(rng, shape.control_requests, rate);
     for (i, at) in times.into_iter().enumerate() {
-        let messages = json!([user(rng.text(&format!("Unique request {i}: "), shape.control_tokens))]);
+        let messages = json!([user(text(rng, &format!("Unique request {i}: "), shape.control_tokens))]);
         b.session(
             at,
             Duration::ZERO,
@@ -439,6 +568,48 @@ fn control(shape: &Shape, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
         shape.control_requests, shape.control_tokens
     );
     (shape.control_requests, summary)
+}
+
+fn tenants(shape: &Shape, n: usize, rng: &mut Rng, b: &mut Builder) -> (usize, String) {
+    let prompts: Vec<String> = (0..n)
+        .map(|t| {
+            text(
+                rng,
+                &format!("You are the assistant of tenant {t}. "),
+                shape.tenant_prompt_tokens,
+            )
+        })
+        .collect();
+    // Balanced: requests ÷ tenants each (the first tenants one more when it does not divide), in a seeded order.
+    let mut order: Vec<usize> = (0..shape.tenant_requests).map(|i| i % n.max(1)).collect();
+    rng.shuffle(&mut order);
+    for (i, t) in order.into_iter().enumerate() {
+        let question = text(
+            rng,
+            &format!("Question {i} from tenant {t}: "),
+            shape.tenant_question_tokens,
+        );
+        let messages = json!([system(prompts[t].clone()), user(question)]);
+        b.session(
+            Duration::ZERO,
+            Duration::ZERO,
+            vec![(format!("tenant-{t}"), messages, shape.tenant_output_tokens)],
+        );
+    }
+    b.in_flight = Some(shape.tenant_in_flight.max(1));
+    let summary = format!(
+        "{n} tenants, each with its own {}-token system prompt; {} requests ({} per tenant) in a seeded random \
+         order of tenants, each its tenant's system prompt and a {}-token question of its own, `max_tokens` {}; a \
+         closed loop with {} in flight; engines of {} slots, each slot remembering only its last prompt",
+        shape.tenant_prompt_tokens,
+        shape.tenant_requests,
+        shape.tenant_requests / n.max(1),
+        shape.tenant_question_tokens,
+        shape.tenant_output_tokens,
+        shape.tenant_in_flight,
+        shape.tenant_slots
+    );
+    (n, summary)
 }
 
 /// The cumulative distribution over `n` prompts: prompt 0 has `hot`, the others share the rest as 1/rank^s.
@@ -458,52 +629,17 @@ fn pick(cdf: &[f64], u: f64) -> usize {
     cdf.iter().position(|&c| u < c).unwrap_or(cdf.len().saturating_sub(1))
 }
 
-/// SplitMix64: reproducible everywhere, no dependency.
-pub struct Rng(u64);
+/// The workloads' generator.
+pub type Rng = crate::rng::SplitMix64;
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
+/// `head` followed by random words, `tokens` × 4 bytes in all (or `head` alone if longer).
+fn text(rng: &mut Rng, head: &str, tokens: usize) -> String {
+    rng.text(head, tokens * BYTES_PER_TOKEN)
+}
 
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// An exponential gap, in seconds, at `rate` per second.
-    fn exponential(&mut self, rate: f64) -> f64 {
-        -(1.0 - self.unit()).ln() / rate.max(1e-9)
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = (self.next_u64() % (i as u64 + 1)) as usize;
-            items.swap(i, j);
-        }
-    }
-
-    /// `head` followed by random lower-case words, `tokens` × 4 bytes in all (or `head` alone if longer).
-    pub fn text(&mut self, head: &str, tokens: usize) -> String {
-        let len = tokens * BYTES_PER_TOKEN;
-        let mut out = String::with_capacity(len + 12);
-        out.push_str(head);
-        while out.len() < len {
-            let word = 2 + (self.next_u64() % 9) as usize;
-            out.extend((0..word).map(|_| char::from(b'a' + (self.next_u64() % 26) as u8)));
-            out.push(' ');
-        }
-        out.truncate(len.max(head.len()));
-        out
-    }
+/// An exponential gap, in seconds, at `rate` per second.
+fn exponential(rng: &mut Rng, rate: f64) -> f64 {
+    rng.exponential(1.0 / rate.max(1e-9))
 }
 
 #[cfg(test)]
@@ -593,6 +729,67 @@ mod tests {
     }
 
     #[test]
+    fn tenants_are_balanced_closed_loop_and_their_oracle_is_each_first_request_cold() {
+        let shape = Shape::full();
+        for (w, n) in [(Workload::Tenants6, 6), (Workload::Tenants12, 12)] {
+            let t = Trace::generate(w, &shape, 42);
+            assert_eq!((t.requests, t.keys, t.in_flight), (48, n, Some(3)));
+            let mut per_tenant = std::collections::HashMap::new();
+            for s in &t.sessions {
+                assert_eq!(s.requests.len(), 1);
+                *per_tenant.entry(s.requests[0].session.clone()).or_insert(0) += 1;
+            }
+            assert_eq!(per_tenant.len(), n);
+            assert!(per_tenant.values().all(|&c| c == 48 / n), "{per_tenant:?}");
+            let first = messages(&t.sessions[0].requests[0]);
+            let system = first[0]["content"].as_str().unwrap();
+            assert_eq!(system.len(), 4000);
+            assert!(first[1]["content"].as_str().unwrap().len() == 80);
+            let body: Value = serde_json::from_slice(&t.sessions[0].requests[0].body).unwrap();
+            assert_eq!(body["max_tokens"], 8);
+            // Every request but each tenant's first reuses the system prompt's complete blocks.
+            let system_blocks = (4000 + "system:".len()) as u64 / 64;
+            assert_eq!(t.oracle_cached, (48 - n as u64) * system_blocks * BLOCK_TOKENS);
+            // With a slot per tenant the slot-limited ceiling is the same; with fewer slots it is lower.
+            assert_eq!(t.slot_oracle_cached(n), t.oracle_cached);
+            assert!(t.slot_oracle_cached(n / 2) < t.oracle_cached);
+            assert_eq!(t.slot_oracle_cached(0), 0);
+        }
+        let twelve = Trace::generate(Workload::Tenants12, &shape, 42);
+        let six_slots = twelve.slot_oracle_hit_rate(6);
+        assert!(
+            six_slots > 0.2 && six_slots < twelve.oracle_hit_rate() - 0.1,
+            "{six_slots}"
+        );
+        assert!(Workload::Tenants6.slot_cache() && !Workload::Zipf.slot_cache());
+        assert_eq!(Workload::parse("tenants-12"), Some(Workload::Tenants12));
+    }
+
+    #[test]
+    fn slot_oracle_evicts_the_key_needed_last() {
+        let p = |key: &str, block: u64| Prompt {
+            key: key.into(),
+            tokens: 20,
+            blocks: vec![block],
+        };
+        // A B C A B A on 2 slots: C evicts B (needed after A), B then evicts C (never needed): A hits twice.
+        // LRU would evict A for C and hit once.
+        let trace = [p("a", 1), p("b", 2), p("c", 3), p("a", 1), p("b", 2), p("a", 1)];
+        assert_eq!(slot_oracle(&trace, 2), 2 * BLOCK_TOKENS);
+        assert_eq!(slot_oracle(&trace, 3), 3 * BLOCK_TOKENS);
+        // A key's next prompt shares only the leading blocks it has in common with its last one.
+        let grows = [
+            p("a", 1),
+            Prompt {
+                blocks: vec![1, 7],
+                tokens: 40,
+                ..p("a", 1)
+            },
+        ];
+        assert_eq!(slot_oracle(&grows, 1), BLOCK_TOKENS);
+    }
+
+    #[test]
     fn oracle_counts_leading_blocks_seen_anywhere() {
         let (total, cached) = oracle([(40, &[1, 2][..]), (40, &[1, 2, 3][..]), (20, &[9, 2][..])]);
         assert_eq!(total, 100);
@@ -608,7 +805,7 @@ mod tests {
         let span = t.last().unwrap().as_secs_f64();
         assert!((span - 20.0).abs() < 2.0, "{span}");
         assert_eq!(t[0], Duration::ZERO);
-        assert_eq!(Rng::new(3).text("ab ", 4).len(), 16);
-        assert_eq!(Rng::new(3).text("a long head", 1), "a long head");
+        assert_eq!(text(&mut Rng::new(3), "ab ", 4).len(), 16);
+        assert_eq!(text(&mut Rng::new(3), "a long head", 1), "a long head");
     }
 }
