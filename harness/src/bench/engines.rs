@@ -619,6 +619,24 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
     md
 }
 
+/// The `placement-engines` section of `bench/RESULTS.md`: one table per tenant count.
+pub fn results_section(o: &Outcome, machine: &Machine) -> String {
+    let s = &o.settings;
+    let mut md = String::from("## Placement on real llama.cpp (`make bench-engines`)\n\n");
+    md.push_str(&format!(
+        "{} `llama-server`s with {SLOTS} slots each and no host-RAM prompt cache (`-cram 0`), {} streamed requests at \
+         {} in flight, medians of {} run(s), written by `llmroute-bench-engines` on {}. Cache hit is read from the \
+         servers' own counters. Settings and every run: [ENGINES.md](ENGINES.md).\n",
+        s.servers, s.requests, s.concurrency, s.runs, machine.date
+    ));
+    for table in &o.tables {
+        md.push_str(&format!("\n### {} tenants\n\n", table.tenants));
+        results_table(&mut md, &table.results);
+        md.push_str(&format!("\n{}\n", best_note(o, table.tenants)));
+    }
+    md
+}
+
 /// One results table: a row per system, medians over its runs.
 fn results_table(md: &mut String, results: &[SystemResult]) {
     md.push_str(

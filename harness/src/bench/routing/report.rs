@@ -196,7 +196,6 @@ fn slot_oracle_note(md: &mut String, o: &Outcome) {
 }
 
 fn summary(md: &mut String, o: &Outcome, plot: Option<&str>) {
-    let policies = o.measured_policies();
     let _ = writeln!(md, "## Hit rate at a glance\n");
     if let Some(png) = plot {
         let _ = writeln!(
@@ -204,6 +203,26 @@ fn summary(md: &mut String, o: &Outcome, plot: Option<&str>) {
             "![prefix-cache hit rate per policy and workload, with the oracle]({png})\n"
         );
     }
+    glance_table(md, o);
+}
+
+/// The `placement-emulator` section of `bench/RESULTS.md`: the hit-rate table, with what it was measured on.
+pub fn results_section(o: &Outcome, m: &Machine) -> String {
+    let mut md = String::from("## Placement on emulated engines (`make bench-routing`)\n\n");
+    let _ = writeln!(
+        md,
+        "Prefix-cache hit rate (cached ÷ prompt tokens, counted by the engines), the median of {} repeat(s), written \
+         by `llmroute-bench routing` on {}. `tenants-6` and `tenants-12` run engines with 2 slots each and a prefix \
+         cache per slot (llama.cpp `-np 2 -cram 0`), 48 requests at 3 in flight; their oracle is a perfect router \
+         over those slots. Settings and every other figure: [ROUTING.md](ROUTING.md).\n",
+        o.settings.repeats, m.date
+    );
+    glance_table(&mut md, o);
+    md
+}
+
+fn glance_table(md: &mut String, o: &Outcome) {
+    let policies = o.measured_policies();
     let head: Vec<String> = policies.iter().map(|p| p.label()).collect();
     let _ = writeln!(md, "| workload | oracle | {} |", head.join(" | "));
     let _ = writeln!(md, "|---|---:|{}", "---:|".repeat(policies.len()));
