@@ -123,7 +123,7 @@ fn a_busy_host_spills_the_request_but_keeps_the_key() {
     let mut t = KeyTable::default();
     let b = bounds(100);
     let (home, _) = host_of(&mut t, &h, 9, 1000, &b);
-    // 4 in flight on the home host, none elsewhere: the bound is ceil(1.5 × 5 / 3) = 3.
+    // 4 in flight on the home host, none elsewhere: Envoy's rule gives it ceil(ceil(5 × 1.5) / 3) = 3 slots.
     h[home].in_flight = 4;
     let (spill, reason) = host_of(&mut t, &h, 9, 1100, &b);
     assert_eq!(reason, PlacementReason::Spilled);
@@ -177,12 +177,15 @@ fn max_keys_forgets_the_least_recently_seen() {
 }
 
 #[test]
-fn bound_is_a_rounded_up_share() {
+fn bound_is_envoys_slot_count() {
+    // Envoy: slots = max(1, ceil(ceil((active + 1) × factor / 100) × weight / total weight)).
     assert_eq!(bound(100, 0, 1, 3), 1);
     assert_eq!(bound(100, 5, 1, 3), 2);
     assert_eq!(bound(100, 6, 1, 3), 3);
     assert_eq!(bound(125, 5, 1, 3), 3);
     assert_eq!(bound(150, 2, 1, 3), 2);
+    assert_eq!(bound(150, 3, 1, 3), 2);
+    assert_eq!(bound(175, 3, 1, 3), 3);
     assert_eq!(bound(100, 7, 2, 4), 4);
     assert_eq!(bound(100, 0, 1, 0), 1);
     assert_eq!(bound(1000, u64::MAX - 1, u32::MAX, 1), u64::MAX);

@@ -121,18 +121,19 @@ pub fn rendezvous_order(key: u64, hosts: &[HostView]) -> Vec<usize> {
     scored.into_iter().map(|(_, i)| i).collect()
 }
 
-/// `ceil(factor% × (total + 1) × weight / total_weight)`, at least 1: the most requests in flight a host may
-/// carry after taking one more, when `total` are in flight over hosts of `total_weight`. This is Envoy's own
-/// bounded-load rule for its ring.
+/// Envoy's bounded-load rule for its ring, as in `hash_balance_factor`: with `total` requests in flight over
+/// hosts of `total_weight`, a host of `weight` has `max(1, ceil(ceil((total + 1) × factor%) × weight /
+/// total_weight))` slots, and may take another request while it carries no more than that many.
 pub fn bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
-    let num = u128::from(factor) * u128::from(total + 1) * u128::from(weight);
-    let den = 100 * u128::from(total_weight.max(1));
-    u64::try_from(num.div_ceil(den)).unwrap_or(u64::MAX).max(1)
+    let total_slots = (u128::from(total) + 1) * u128::from(factor);
+    let total_slots = total_slots.div_ceil(100);
+    let slots = (total_slots * u128::from(weight)).div_ceil(u128::from(total_weight.max(1)));
+    u64::try_from(slots).unwrap_or(u64::MAX).max(1)
 }
 
 /// The most live keys a host may hold after taking a new one, when `total` are live over hosts of
 /// `total_weight`: its share `s = (total + 1) × weight / total_weight`, rounded up, plus `(factor − 100)% × s`
-/// rounded down. Unlike [`bound`], the slack is never rounded up, so a few keys still spread exactly evenly (6
+/// rounded down. Unlike Envoy's in-flight [`bound`], the slack is never rounded up, so a few keys still spread exactly evenly (6
 /// keys on 3 hosts are 2, 2, 2 at any factor below 150), while many keys get room to stay on their own
 /// rendezvous host, which is what keeps replicas agreeing.
 pub fn key_bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
@@ -205,12 +206,12 @@ fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32)
     })
 }
 
-/// True when host `i` may take one more request in flight under `factor` percent of its share.
+/// True when host `i` may take one more request in flight: it carries no more than its [`bound`].
 fn within_in_flight(hosts: &[HostView], i: usize, factor: u32) -> bool {
     let total: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.in_flight)).sum();
     let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
     let h = &hosts[i];
-    u64::from(h.in_flight) < bound(factor, total, h.weight.max(1), total_weight)
+    u64::from(h.in_flight) <= bound(factor, total, h.weight.max(1), total_weight)
 }
 
 /// The value of the stateful-session header that pins a request to `address`: Envoy's header-based session
