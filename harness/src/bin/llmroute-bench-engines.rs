@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use llmroute_harness::bench::engines::{self, Settings};
-use llmroute_harness::bench::sections;
 use llmroute_harness::bench::machine::Machine;
+use llmroute_harness::bench::sections;
 use llmroute_harness::envoy::repo_root;
 
 #[derive(Parser)]
@@ -85,7 +85,11 @@ async fn main() -> ExitCode {
     }
     println!("wrote {}", out.display());
     let summary = out.with_file_name("RESULTS.md");
-    match sections::write(&summary, "placement-engines", &engines::results_section(&outcome, &machine)) {
+    match sections::write(
+        &summary,
+        "placement-engines",
+        &engines::results_section(&outcome, &machine),
+    ) {
         Ok(()) => println!("wrote the placement-engines section of {}", summary.display()),
         Err(e) => {
             eprintln!("llmroute-bench-engines: {e}");

@@ -102,7 +102,7 @@ fn replicas(args: &ReplicasArgs) -> ExitCode {
     let table = replicas::markdown(&figures, args.seed);
     println!("{table}");
     let body = format!(
-        "## Placement: how often two replicas disagree (`llmroute-bench replicas`)\n\n{}\n{table}",
+        "## Placement: how often two replicas disagree (`llmroute-bench replicas`)\n\n{}\n\n{table}",
         replicas::EXPLAINER
     );
     match sections::write(&args.out, "replicas", &body) {

@@ -102,7 +102,11 @@ fn run(settings: Settings, out: &std::path::Path) -> Result<(), String> {
     std::fs::write(&results, report::markdown(&outcome, &machine, Some("routing.png")))
         .map_err(|e| format!("writing {}: {e}", results.display()))?;
     let summary = out.join("RESULTS.md");
-    crate::bench::sections::write(&summary, "placement-emulator", &report::results_section(&outcome, &machine))?;
+    crate::bench::sections::write(
+        &summary,
+        "placement-emulator",
+        &report::results_section(&outcome, &machine),
+    )?;
     println!("wrote the placement-emulator section of {}", summary.display());
     for line in report::goal_lines(&outcome) {
         println!("{line}");

@@ -246,11 +246,15 @@ async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<
     Err(last)
 }
 
-/// Polls with a small non-streamed chat request until the system answers 200, its process exits, or the limit
+/// Polls with a small non-streamed chat request (llmroute: `child` is `None`) until the system answers 200, its process exits, or the limit
 /// passes. The fleet is reset afterwards, so the probes leave nothing behind in the engines.
 async fn wait_routes(url: &str, mut child: Option<&mut Child>) -> Result<(), String> {
     let client = reqwest::Client::new();
-    let body = json!({ "model": ALIAS, "messages": [{ "role": "user", "content": "ready?" }], "max_tokens": 1 });
+    // llmroute is probed with an empty prompt, of which it makes no affinity key, so bounded-keys placement starts
+    // with an empty table. The peers refuse an empty prompt (sglang-router answers 400), so they get a short one;
+    // it leaves a 2-word entry in their prefix trees, which no workload prompt shares.
+    let content = if child.is_none() { "" } else { "ready?" };
+    let body = json!({ "model": ALIAS, "messages": [{ "role": "user", "content": content }], "max_tokens": 1 });
     let deadline = Instant::now() + START_LIMIT;
     loop {
         if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
