@@ -119,8 +119,8 @@ impl SystemKind {
         match self {
             SystemKind::LlmrouteChwbl => "system prompt (filter) → Envoy ring hash, bounded load 150 %",
             SystemKind::LlmrouteBoundedKeys => {
-                "system prompt (filter) → key pinned to the host with the fewest live keys for its slots; ring hash \
-                 as fallback"
+                "system prompt (filter) → each new key pinned to a host under its share of live keys (slots \
+                 2/2/2), in-flight bound 150 %; ring hash as fallback"
             }
             SystemKind::LlmrouteLeastRequest => "none: Envoy least request",
             SystemKind::LlmrouteRoundRobin => "none: Envoy round robin",
@@ -915,7 +915,7 @@ mod tests {
         let md = markdown(&o, &machine);
         assert!(md.contains("### 6 tenants") && md.contains("### 12 tenants"), "{md}");
         assert_eq!(
-            md.matches("| llmroute bounded_keys | system prompt (filter) → key pinned")
+            md.matches("| llmroute bounded_keys | system prompt (filter) → each new key pinned")
                 .count(),
             2
         );

@@ -1,11 +1,13 @@
 //! `affinity.placement: bounded_keys` through the real filter in Envoy: keys spread by count and stay put,
 //! the wasm build places keys exactly as the native core predicts, a down host's keys move, a busy host spills
-//! without moving its keys, retries still leave a failing pinned host, and clients cannot pick the host.
+//! without moving its keys, retries still leave a failing pinned host, clients cannot pick the host, and on
+//! engines with a slot-limited prefix cache every repeat of six tenants is warm.
 
 use std::time::Duration;
 
 use llmroute_core::endpoint::Api;
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
+use llmroute_harness::emulator::cost::CostModel;
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
@@ -239,4 +241,56 @@ async fn clients_cannot_pick_the_host() {
         );
     }
     assert_eq!(PlacementReason::ALL.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_slot_limited_engines_every_repeat_of_six_tenants_is_warm() {
+    // Engines like `llama-server -np 2 -cram 0`: 2 slots each, a prompt warm only in the slot that last served it.
+    // Six tenants over 3 such engines fit only 2, 2 and 2; placed so, every repeat finds its system prompt.
+    let fleet = Fleet::start_with("llama-a", 3, |o| {
+        o.cost = Some(CostModel {
+            prefill_ms_per_token: 0.0,
+            decode_ms_per_token: 0.0,
+            slots: 2,
+            slot_cache: true,
+        });
+    })
+    .await
+    .unwrap();
+    let envoy = Envoy::start(config(&fleet, false, json!({}))).await.unwrap();
+    let ready = wait_for(Duration::from_secs(10), || async {
+        healthy_in_snapshot(&envoy).await == Some(3)
+    })
+    .await;
+    assert!(ready.is_some(), "hosts never became healthy in the filter's snapshot");
+    fleet.reset();
+    let c = client();
+    let system = |t: usize| {
+        format!(
+            "You are the assistant of tenant {t}. {}",
+            "Answer briefly and politely. ".repeat(40)
+        )
+    };
+    for round in 0..4 {
+        for t in 0..6 {
+            let body = chat(Some(&system(t)), &format!("question {round}"));
+            let (status, _, answer) = post(&c, &envoy, &body, &[]).await;
+            assert_eq!(status, 200);
+            let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            if round == 0 {
+                assert_eq!(cached, 0, "tenant {t} cannot be warm on its first request");
+            } else {
+                // Everything but the last partial cache block and the question is cached.
+                assert!(
+                    cached + 40 >= prompt,
+                    "round {round}, tenant {t}: {cached} of {prompt} cached"
+                );
+            }
+        }
+    }
+    let per_engine: Vec<u64> = fleet.engines.iter().map(|e| e.cost_stats().unwrap().requests).collect();
+    assert_eq!(per_engine, [8, 8, 8]);
 }

@@ -397,7 +397,7 @@ async fn run_one(settings: &Settings, policy: Policy, trace: &Trace, client: &re
     // The readiness probes went through the engines: forget them, and start from cold caches.
     fleet.reset();
     let start = Instant::now();
-    let samples = replay::replay(client, &system.url, trace, policy.sends_session()).await;
+    let samples = replay::replay(client, &system.urls, trace, policy.sends_session()).await;
     let elapsed = start.elapsed();
     drop(system);
     let stats: Vec<_> = fleet.engines.iter().filter_map(|e| e.cost_stats()).collect();

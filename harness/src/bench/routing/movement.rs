@@ -93,7 +93,13 @@ async fn owners_by_set(policy: Policy, fleet: &Fleet, keys: usize) -> Result<[Ve
         let system = Running::start(policy, &endpoints[..hosts], 4).await?;
         let mut owners = Vec::with_capacity(keys);
         for request in &requests {
-            let sample = replay::send(&client, &system.url, request, policy.sends_session()).await;
+            let sample = replay::send(
+                &client,
+                system.urls.first().map_or("", String::as_str),
+                request,
+                policy.sends_session(),
+            )
+            .await;
             if let Some(e) = sample.error {
                 return Err(format!("with {hosts} hosts: {e}"));
             }

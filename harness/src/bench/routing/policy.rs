@@ -29,8 +29,11 @@ pub enum Policy {
     /// llmroute, Envoy ring hash with `hash_balance_factor` (percent).
     Chwbl(u32),
     /// llmroute, `affinity.placement: bounded_keys` over `chwbl` with this balance factor: the filter pins each new
-    /// key to the host with the fewest live keys for its slots.
+    /// key to the first host, in the key's rendezvous order, under its share of live keys.
     BoundedKeys(u32),
+    /// Two llmroute replicas with the same config (`Chwbl` or `BoundedKeys` inside), each request sent to one of
+    /// them in turn, as an L4 load balancer would: what placement keeps when replicas see different traffic.
+    TwoReplicas(Placement, u32),
     /// llmroute, Envoy least request.
     LeastRequest,
     SglangCacheAware,
@@ -40,7 +43,20 @@ pub enum Policy {
     VllmCacheAware,
 }
 
+/// The placement of a [`Policy::TwoReplicas`] run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Placement {
+    Hash,
+    BoundedKeys,
+}
+
 impl Policy {
+    /// Not in a default run; chosen with `--policies`.
+    pub const EXTRA: [Policy; 2] = [
+        Policy::TwoReplicas(Placement::Hash, 175),
+        Policy::TwoReplicas(Placement::BoundedKeys, 150),
+    ];
+
     pub const ALL: [Policy; 9] = [
         Policy::Chwbl(125),
         Policy::Chwbl(175),
@@ -58,6 +74,8 @@ impl Policy {
         match self {
             Policy::Chwbl(f) => format!("llmroute chwbl {f}"),
             Policy::BoundedKeys(_) => "llmroute bounded_keys".into(),
+            Policy::TwoReplicas(Placement::Hash, f) => format!("llmroute chwbl {f} x2 replicas"),
+            Policy::TwoReplicas(Placement::BoundedKeys, _) => "llmroute bounded_keys x2 replicas".into(),
             Policy::LeastRequest => "llmroute least_request".into(),
             Policy::SglangCacheAware => "sglang cache_aware".into(),
             Policy::SglangRoundRobin => "sglang round_robin".into(),
@@ -72,13 +90,30 @@ impl Policy {
     }
 
     pub fn parse(id: &str) -> Option<Policy> {
-        Self::ALL.into_iter().find(|p| p.id() == id)
+        Self::ALL.into_iter().chain(Self::EXTRA).find(|p| p.id() == id)
+    }
+
+    /// How many Envoy replicas the run starts (1 for the peers).
+    pub fn replicas(self) -> usize {
+        match self {
+            Policy::TwoReplicas(..) => 2,
+            _ => 1,
+        }
+    }
+
+    /// The single-replica policy a replicated one runs on each replica.
+    fn single(self) -> Policy {
+        match self {
+            Policy::TwoReplicas(Placement::Hash, f) => Policy::Chwbl(f),
+            Policy::TwoReplicas(Placement::BoundedKeys, f) => Policy::BoundedKeys(f),
+            p => p,
+        }
     }
 
     /// The peer router this policy belongs to; `None` for llmroute.
     pub fn peer(self) -> Option<Kind> {
         match self {
-            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::LeastRequest => None,
+            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::TwoReplicas(..) | Policy::LeastRequest => None,
             Policy::SglangCacheAware | Policy::SglangRoundRobin => Some(Kind::Sglang),
             Policy::VllmConsistentHash | Policy::VllmCacheAware => Some(Kind::Vllm),
         }
@@ -103,7 +138,7 @@ impl Policy {
     /// filter's, with Envoy's bounded ring only as the fallback.
     pub fn bound(self) -> Option<f64> {
         match self {
-            Policy::Chwbl(f) => Some(f64::from(f) / 100.0),
+            Policy::Chwbl(f) | Policy::TwoReplicas(Placement::Hash, f) => Some(f64::from(f) / 100.0),
             _ => None,
         }
     }
@@ -115,9 +150,22 @@ impl Policy {
                 format!("`lb: chwbl`, `balance_factor: {f}` (Envoy `RING_HASH`, `hash_balance_factor: {f}`)")
             }
             Policy::BoundedKeys(f) => format!(
-                "`affinity.placement: bounded_keys`: the filter pins each new key to the host with the fewest live \
-                 keys for its slots (rendezvous order breaks ties), Envoy ring hash (factor {f}) as fallback"
+                "`affinity.placement: bounded_keys` (`key_balance_factor` 125, `slots: [2, 2, 2]`): the filter places \
+                 each new key on the first host, in the key's rendezvous order, under its share of live keys, and \
+                 keeps it there; requests spill past Envoy's in-flight bound (factor {f}); Envoy's ring hash is the \
+                 fallback"
             ),
+            Policy::TwoReplicas(placement, _) => {
+                format!(
+                    "two Envoys, each configured as `{}`; the client sends each request to one of them in turn",
+                    self.single().label()
+                )
+                .replace("`llmroute ", "`")
+                    + match placement {
+                        Placement::Hash => "",
+                        Placement::BoundedKeys => ", so each builds its own key table from half the traffic",
+                    }
+            }
             Policy::LeastRequest => "`lb: least_request` (Envoy `LEAST_REQUEST`, two random choices)".into(),
             p => {
                 let header = if p.sends_session() {
@@ -144,7 +192,7 @@ pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Va
         }
         _ => backend["lb"] = json!("least_request"),
     }
-    if let Policy::BoundedKeys(_) = policy {
+    if let Policy::BoundedKeys(_) = policy.single() {
         backend["slots"] = json!(vec![slots.max(1); endpoints.len()]);
     }
     let mut config = json!({
@@ -152,7 +200,7 @@ pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Va
         "backends": [backend],
         "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND, "upstream_model": UPSTREAM_MODEL }] }],
     });
-    if let Policy::BoundedKeys(_) = policy {
+    if let Policy::BoundedKeys(_) = policy.single() {
         config["affinity"] = json!({ "placement": "bounded_keys" });
     }
     config
@@ -160,13 +208,13 @@ pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Va
 
 /// A running system.
 pub struct Running {
-    /// The chat URL.
-    pub url: String,
+    /// The chat URL of each replica (one, except for [`Policy::TwoReplicas`]).
+    pub urls: Vec<String>,
     _process: Process,
 }
 
 enum Process {
-    Envoy(Box<Envoy>),
+    Envoy(Vec<Envoy>),
     /// Held only so that dropping the system kills the router.
     #[allow(dead_code)]
     Peer(Peer),
@@ -182,16 +230,27 @@ impl Running {
         }
     }
 
-    /// The Envoy, for llmroute.
+    /// The (first) Envoy, for llmroute.
     pub fn envoy(&self) -> Option<&Envoy> {
         match &self._process {
-            Process::Envoy(e) => Some(e),
+            Process::Envoy(e) => e.first(),
             Process::Peer(_) => None,
         }
     }
 }
 
 async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> Result<Running, String> {
+    let mut envoys = Vec::new();
+    for _ in 0..policy.replicas() {
+        envoys.push(start_envoy(policy.single(), endpoints, slots).await?);
+    }
+    Ok(Running {
+        urls: envoys.iter().map(|e| e.url(CHAT_PATH)).collect(),
+        _process: Process::Envoy(envoys),
+    })
+}
+
+async fn start_envoy(policy: Policy, endpoints: &[String], slots: usize) -> Result<Envoy, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
@@ -209,12 +268,8 @@ async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> R
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let url = envoy.url(CHAT_PATH);
-    wait_routes(&url, None).await?;
-    Ok(Running {
-        url,
-        _process: Process::Envoy(Box::new(envoy)),
-    })
+    wait_routes(&envoy.url(CHAT_PATH), None).await?;
+    Ok(envoy)
 }
 
 async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<Running, String> {
@@ -236,7 +291,7 @@ async fn start_peer(policy: Policy, kind: Kind, endpoints: &[String]) -> Result<
         match wait_routes(&url, Some(&mut peer.child)).await {
             Ok(()) => {
                 return Ok(Running {
-                    url,
+                    urls: vec![url],
                     _process: Process::Peer(peer),
                 })
             }

@@ -47,10 +47,12 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
-/// Replays `trace` against `url`, in an open or a closed loop (see the module documentation); `with_session` adds
-/// each request's session id as `x-session-id`. Returns one sample per request, session by session.
-pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_session: bool) -> Vec<Sample> {
-    let url: Arc<str> = Arc::from(url);
+/// Replays `trace` against `urls`, in an open or a closed loop (see the module documentation); `with_session` adds
+/// each request's session id as `x-session-id`. With several URLs (replicas), request `i` of session `s` goes to
+/// `urls[(s + i) % n]`, as an L4 load balancer alternating connections would send it. Returns one sample per
+/// request, session by session.
+pub async fn replay(client: &reqwest::Client, urls: &[String], trace: &Trace, with_session: bool) -> Vec<Sample> {
+    let url: Arc<[String]> = Arc::from(urls);
     let tasks: Vec<_> = match trace.in_flight {
         None => {
             let start = Instant::now();
@@ -62,7 +64,10 @@ pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_ses
                     let (client, url, session) = (client.clone(), url.clone(), session.clone());
                     tokio::spawn(async move {
                         tokio::time::sleep_until((start + session.start).into()).await;
-                        vec![(index, run_session(&client, &url, &session, with_session).await)]
+                        vec![(
+                            index,
+                            run_session(&client, (&url[..], index), &session, with_session).await,
+                        )]
                     })
                 })
                 .collect()
@@ -80,7 +85,10 @@ pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_ses
                             let Some(session) = sessions.get(index) else {
                                 return done;
                             };
-                            done.push((index, run_session(&client, &url, session, with_session).await));
+                            done.push((
+                                index,
+                                run_session(&client, (&url[..], index), session, with_session).await,
+                            ));
                         }
                     })
                 })
@@ -105,12 +113,18 @@ pub async fn replay(client: &reqwest::Client, url: &str, trace: &Trace, with_ses
 }
 
 /// Sends a session's requests one after another, each `think` after the previous answer.
-async fn run_session(client: &reqwest::Client, url: &str, session: &Session, with_session: bool) -> Vec<Sample> {
+async fn run_session(
+    client: &reqwest::Client,
+    (urls, index): (&[String], usize),
+    session: &Session,
+    with_session: bool,
+) -> Vec<Sample> {
     let mut samples = Vec::with_capacity(session.requests.len());
     for (i, request) in session.requests.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(session.think).await;
         }
+        let url = urls.get((index + i) % urls.len().max(1)).map_or("", String::as_str);
         samples.push(send(client, url, request, with_session).await);
     }
     samples
@@ -230,7 +244,7 @@ mod tests {
         let shape = super::super::workload::Shape::full();
         let trace = Trace::generate(super::super::workload::Workload::Tenants6, &shape, 1);
         let url = format!("http://{}/v1/chat/completions", engine.addr());
-        let samples = replay(&client().unwrap(), &url, &trace, false).await;
+        let samples = replay(&client().unwrap(), &[url], &trace, false).await;
         assert_eq!(samples.len(), 48);
         assert!(
             samples.iter().all(|s| s.error.is_none()),
