@@ -91,7 +91,7 @@ bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys 
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 
-.PHONY: bench bench-overhead bench-micro bench-peers bench-routing
+.PHONY: bench bench-overhead bench-micro bench-peers bench-routing bench-replicas
 
 BENCH                 := target/release/llmroute-bench
 BENCH_ARGS            ?=
@@ -108,6 +108,15 @@ bench-overhead: build envoy bench-peers ## Filter overhead vs plain Envoy and th
 bench-routing: build envoy bench-peers ## Routing quality vs the peer routers and the oracle, on emulated engines with a cost model (<=10 min): bench/ROUTING.md, bench/routing.png; BENCH_ROUTING_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) routing $(BENCH_ROUTING_ARGS)
+
+REPLICA_POLICIES := chwbl-175,bounded-keys,chwbl-175-x2-replicas,bounded-keys-x2-replicas,sglang-cache-aware
+
+bench-replicas: build envoy bench-peers ## Placement across two Envoy replicas (~4 min): the disagreement simulation, then 2-replica routing on emulated engines; sections of bench/RESULTS.md, bench/replicas/ROUTING.md
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) replicas
+	$(BENCH) routing --workloads tenants-6,tenants-12,zipf-hot --policies $(REPLICA_POLICIES) --repeats 3 \
+		--no-movement --out bench/replicas --results bench/RESULTS.md --section placement-replicas \
+		--title 'Placement with two replicas, on emulated engines (`make bench-replicas`)'
 
 bench-micro: ## Criterion benches of the core (MiB/s, ~2 min), then allocations per request (bench/out/alloc.md)
 	$(CARGO) bench -p llmroute-core --bench core

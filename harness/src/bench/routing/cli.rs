@@ -35,11 +35,20 @@ pub struct RoutingArgs {
     /// Where ROUTING.md and routing.png go.
     #[arg(long, default_value_os_t = repo_root().join("bench"))]
     pub out: PathBuf,
+    /// The file whose section gets the hit-rate table (default: OUT/RESULTS.md).
+    #[arg(long)]
+    pub results: Option<PathBuf>,
+    /// The name of that section.
+    #[arg(long, default_value = "placement-emulator")]
+    pub section: String,
+    /// The section's heading (default: "Placement on emulated engines (`make bench-routing`)").
+    #[arg(long)]
+    pub title: Option<String>,
 }
 
 /// Runs the bench and writes its files.
 pub fn main(args: RoutingArgs) -> ExitCode {
-    match settings(&args).and_then(|s| run(s, &args.out)) {
+    match settings(&args).and_then(|s| run(s, &args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("llmroute-bench routing: {e}");
@@ -75,7 +84,8 @@ fn settings(args: &RoutingArgs) -> Result<Settings, String> {
     Ok(s)
 }
 
-fn run(settings: Settings, out: &std::path::Path) -> Result<(), String> {
+fn run(settings: Settings, args: &RoutingArgs) -> Result<(), String> {
+    let out = args.out.as_path();
     let machine = Machine::probe();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -101,13 +111,21 @@ fn run(settings: Settings, out: &std::path::Path) -> Result<(), String> {
     let results = out.join("ROUTING.md");
     std::fs::write(&results, report::markdown(&outcome, &machine, Some("routing.png")))
         .map_err(|e| format!("writing {}: {e}", results.display()))?;
-    let summary = out.join("RESULTS.md");
-    crate::bench::sections::write(
-        &summary,
-        "placement-emulator",
-        &report::results_section(&outcome, &machine),
-    )?;
-    println!("wrote the placement-emulator section of {}", summary.display());
+    let summary = args.results.clone().unwrap_or_else(|| out.join("RESULTS.md"));
+    let title = args
+        .title
+        .as_deref()
+        .unwrap_or("Placement on emulated engines (`make bench-routing`)");
+    // The link from the summary to this run's ROUTING.md, relative when it sits below the summary's folder.
+    let summary_dir = summary.parent().and_then(|d| d.canonicalize().ok()).unwrap_or_default();
+    let link = results
+        .strip_prefix(&summary_dir)
+        .unwrap_or(&results)
+        .display()
+        .to_string();
+    let section = report::results_section(&outcome, &machine, title, &link);
+    crate::bench::sections::write(&summary, &args.section, &section)?;
+    println!("wrote the {} section of {}", args.section, summary.display());
     for line in report::goal_lines(&outcome) {
         println!("{line}");
     }

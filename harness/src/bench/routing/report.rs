@@ -207,15 +207,15 @@ fn summary(md: &mut String, o: &Outcome, plot: Option<&str>) {
 }
 
 /// The `placement-emulator` section of `bench/RESULTS.md`: the hit-rate table, with what it was measured on.
-pub fn results_section(o: &Outcome, m: &Machine) -> String {
-    let mut md = String::from("## Placement on emulated engines (`make bench-routing`)\n\n");
+pub fn results_section(o: &Outcome, m: &Machine, title: &str, routing_md: &str) -> String {
+    let mut md = format!("## {title}\n\n");
     let _ = writeln!(
         md,
         "Prefix-cache hit rate (cached ÷ prompt tokens, counted by the engines), the median of {} repeat(s), written \
          by `llmroute-bench routing` on {}. `tenants-6` and `tenants-12` run engines with 2 slots each and a prefix \
          cache per slot (llama.cpp `-np 2 -cram 0`), 48 requests at 3 in flight; their oracle is a perfect router \
-         over those slots. Settings and every other figure: [ROUTING.md](ROUTING.md).\n",
-        o.settings.repeats, m.date
+         over those slots. Settings and every other figure: [ROUTING.md]({}).\n",
+        o.settings.repeats, m.date, routing_md
     );
     glance_table(&mut md, o);
     md
