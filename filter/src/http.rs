@@ -4,8 +4,8 @@
 //! request id is usable, and let the core classify the request (refusals and `/v1/models` are answered here).
 //! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
 //! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
-//! cluster and affinity headers the route reads, and the token estimate. Response headers name the affinity
-//! source and echo an explicit session key.
+//! cluster and affinity headers the route reads, and the token estimate; with bounded-keys placement, also pin
+//! the host (see `key_placement`). Response headers name the affinity source and echo an explicit session key.
 
 use std::rc::Rc;
 
