@@ -3,6 +3,9 @@
 //! with compare-and-swap, and names the host in the stateful-session header that Envoy's
 //! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
 //!
+//! Hosts are weighed by the backend's `slots`, or else by the `total_slots` each llama.cpp server last reported to
+//! the `/props` check (see `props`).
+//!
 //! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
 //! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
 //! and lowered in the log phase.
@@ -36,6 +39,15 @@ fn in_flight_key(backend: &str) -> String {
     format!("llmroute.inflight.{backend}")
 }
 
+fn slots_key(backend: &str) -> String {
+    format!("llmroute.slots.{backend}")
+}
+
+/// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
+pub fn store_reported_slots(backend: &str, slots: &[u32]) {
+    host::set_shared_data(&slots_key(backend), &table::encode_in_flight(slots), None);
+}
+
 /// The backend's endpoints as the placement sees them, or `None` when placement does not apply to it: not
 /// `chwbl`, or an endpoint named by DNS (Envoy names such hosts by their resolved address, which the filter
 /// cannot know).
@@ -50,6 +62,14 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
         .map(|b| b.down.clone());
     let (counts, _) = host::shared_data(&in_flight_key(&backend.name));
     let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), backend.endpoints.len());
+    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal.
+    let reported = match &backend.slots {
+        Some(_) => Vec::new(),
+        None => table::decode_in_flight(
+            &host::shared_data(&slots_key(&backend.name)).0.unwrap_or_default(),
+            backend.endpoints.len(),
+        ),
+    };
     Some(
         backend
             .endpoints
@@ -59,7 +79,12 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
                 let address = e.to_string();
                 HostView {
                     up: !down.as_ref().is_some_and(|d| d.contains(&address)),
-                    weight: backend.slots.as_ref().and_then(|s| s.get(i).copied()).unwrap_or(1),
+                    weight: backend
+                        .slots
+                        .as_ref()
+                        .and_then(|s| s.get(i).copied())
+                        .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
+                        .unwrap_or(1),
                     in_flight: in_flight.get(i).copied().unwrap_or(0),
                     address,
                 }

@@ -125,6 +125,9 @@ impl Prober {
             log::warn!("llmroute: fleet check: {finding}");
             host::increment(self.warnings);
         }
+        for (backend, slots) in fleet_check::reported_slots(&self.targets, &round.answers) {
+            crate::key_placement::store_reported_slots(&backend, &slots);
+        }
         host::increment(self.checks);
     }
 }

@@ -67,6 +67,36 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
         .collect()
 }
 
+/// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a
+/// server did not answer or did not say). Bounded-keys placement weighs hosts by it when the config gives no
+/// `slots`.
+pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)]) -> Vec<(String, Vec<u32>)> {
+    let mut out: Vec<(String, Vec<u32>)> = Vec::new();
+    for t in targets {
+        if out.last().is_none_or(|(b, _)| *b != t.backend) {
+            out.push((t.backend.clone(), Vec::new()));
+        }
+        let slots = answers
+            .iter()
+            .find(|(i, _)| {
+                targets
+                    .get(*i)
+                    .is_some_and(|x| x.backend == t.backend && x.index == t.index)
+            })
+            .and_then(|(_, p)| p.total_slots)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        if let Some((_, list)) = out.last_mut() {
+            if list.len() <= t.index {
+                list.resize(t.index + 1, 0);
+            }
+            if let Some(v) = list.get_mut(t.index) {
+                *v = slots;
+            }
+        }
+    }
+    out
+}
+
 /// True when a check is due at `now_ms`, given when the last one was claimed (0 for never). A claim in the
 /// future (the clock stepped back) counts as expired, so checking never stalls.
 pub fn check_due(last_claim_ms: u64, now_ms: u64) -> bool {
@@ -200,6 +230,35 @@ mod tests {
 
     fn servers(list: &[(&str, ServerProps)]) -> Vec<(String, ServerProps)> {
         list.iter().map(|(e, p)| (e.to_string(), *p)).collect()
+    }
+
+    #[test]
+    fn reported_slots_follow_the_endpoints_of_each_backend() {
+        let t = |backend: &str, index: usize| ProbeTarget {
+            backend: backend.into(),
+            index,
+            endpoint: format!("127.0.0.1:{}", 8000 + index),
+            cluster: probe_cluster(backend, index),
+        };
+        let targets = [t("a", 0), t("a", 1), t("a", 2), t("b", 0), t("b", 1)];
+        // Server a/1 did not answer; b/0 answered without total_slots.
+        let answers = [
+            (2, props(4096, 4)),
+            (0, props(4096, 2)),
+            (
+                3,
+                ServerProps {
+                    n_ctx: Some(1),
+                    total_slots: None,
+                },
+            ),
+            (4, props(4096, 1)),
+        ];
+        assert_eq!(
+            reported_slots(&targets, &answers),
+            vec![("a".to_string(), vec![2, 0, 4]), ("b".to_string(), vec![0, 1])]
+        );
+        assert!(reported_slots(&[], &[]).is_empty());
     }
 
     #[test]

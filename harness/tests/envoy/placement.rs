@@ -294,3 +294,59 @@ async fn on_slot_limited_engines_every_repeat_of_six_tenants_is_warm() {
     let per_engine: Vec<u64> = fleet.engines.iter().map(|e| e.cost_stats().unwrap().requests).collect();
     assert_eq!(per_engine, [8, 8, 8]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_configured_slots_the_servers_own_total_slots_weigh_the_hosts() {
+    // The emulators answer `/props` with total_slots 1, 1 and 4, like llama-servers started with -np 1, 1, 4.
+    let fleet = Fleet::start_with("llama-a", 3, |o| {
+        o.total_slots = if o.name.ends_with('2') { 4 } else { 1 }
+    })
+    .await
+    .unwrap();
+    let reported: Vec<u32> = fleet
+        .engines
+        .iter()
+        .map(|e| if e.name().ends_with('2') { 4 } else { 1 })
+        .collect();
+    assert_eq!(
+        reported.iter().sum::<u32>(),
+        6,
+        "engine names: {:?}",
+        fleet.engines.iter().map(|e| e.name()).collect::<Vec<_>>()
+    );
+    let envoy = Envoy::start(config(&fleet, false, json!({}))).await.unwrap();
+    let ready = wait_for(Duration::from_secs(10), || async {
+        healthy_in_snapshot(&envoy).await == Some(3)
+            && envoy.stat("wasmcustom.llmroute_fleet_checks_total").await >= Some(1)
+    })
+    .await;
+    assert!(ready.is_some(), "no healthy snapshot and /props round");
+    let cfg = llmroute_core::load_config(&config(&fleet, false, json!({})).to_string()).unwrap();
+    let hosts: Vec<HostView> = fleet
+        .endpoints()
+        .into_iter()
+        .zip(&reported)
+        .map(|(address, w)| HostView {
+            address,
+            up: true,
+            weight: *w,
+            in_flight: 0,
+        })
+        .collect();
+    let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
+    let mut table = KeyTable::default();
+    let c = client();
+    for t in 0..12 {
+        let key = llmroute_core::route(&cfg, Api::Chat, tenant_body(t).to_string().as_bytes(), None)
+            .unwrap()
+            .affinity
+            .unwrap()
+            .hash;
+        let want = key_placement::choose(&mut table, &hosts, key, 0, &bounds).unwrap();
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.engine, Some(want.host), "tenant {t}");
+    }
+    // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8.
+    let counts = table.counts(3);
+    assert!(counts[2] >= 8 && counts[0] <= 2 && counts[1] <= 2, "{counts:?}");
+}
