@@ -96,12 +96,44 @@ fn bench_patch(c: &mut Criterion) {
     group.finish();
 }
 
+/// Bounded-keys placement as the filter runs it per request: decode the table from its shared-data bytes, choose,
+/// encode it back. The cost grows with the live keys, so it is measured at several table sizes.
+fn bench_placement(c: &mut Criterion) {
+    use llmroute_core::config::BoundedKeys;
+    use llmroute_core::key_placement::{choose, Bounds, HostView, KeyTable};
+    let hosts: Vec<HostView> = (0..8)
+        .map(|i| HostView {
+            address: format!("10.0.0.{i}:8080"),
+            up: true,
+            weight: 1,
+            in_flight: 0,
+        })
+        .collect();
+    let bounds = Bounds::new(&BoundedKeys::default(), 150);
+    let mut group = c.benchmark_group("placement_per_request");
+    for keys in [16u64, 256, 4096] {
+        let mut table = KeyTable::default();
+        for k in 0..keys {
+            choose(&mut table, &hosts, k.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1000, &bounds);
+        }
+        let bytes = table.encode();
+        group.bench_with_input(BenchmarkId::from_parameter(keys), &bytes, |b, bytes| {
+            b.iter(|| {
+                let mut t = KeyTable::decode(black_box(bytes));
+                let c = choose(&mut t, &hosts, black_box(0x9e37_79b9_7f4a_7c15), 2500, &bounds);
+                black_box((c, t.encode()))
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    targets = bench_scan, bench_estimate, bench_route, bench_patch
+    targets = bench_scan, bench_estimate, bench_route, bench_patch, bench_placement
 }
 criterion_main!(benches);
