@@ -216,6 +216,28 @@ pub struct TenantTable {
     pub results: Vec<SystemResult>,
 }
 
+impl TenantTable {
+    /// One table per tenant count of `s`, each with an empty result per system.
+    pub fn empty(s: &Settings) -> Vec<TenantTable> {
+        s.tenants
+            .iter()
+            .map(|&tenants| TenantTable {
+                tenants,
+                results: s
+                    .systems
+                    .iter()
+                    .map(|&kind| SystemResult {
+                        kind,
+                        tenants,
+                        runs: Vec::new(),
+                        missing: None,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
 /// Everything the report needs.
 pub struct Outcome {
     pub settings: Settings,
@@ -233,23 +255,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
         return Err(format!("tenant counts must be at least 1: {:?}", settings.tenants));
     }
     let started = Instant::now();
-    let mut tables: Vec<TenantTable> = settings
-        .tenants
-        .iter()
-        .map(|&tenants| TenantTable {
-            tenants,
-            results: settings
-                .systems
-                .iter()
-                .map(|&kind| SystemResult {
-                    kind,
-                    tenants,
-                    runs: Vec::new(),
-                    missing: None,
-                })
-                .collect(),
-        })
-        .collect();
+    let mut tables = TenantTable::empty(&settings);
     let mut prompt_tokens = 0;
     for round in 0..settings.runs {
         for table in tables.iter_mut() {
@@ -879,23 +885,10 @@ mod tests {
         };
         let mut settings = Settings::quick(42);
         settings.systems = vec![SystemKind::LlmrouteChwbl, SystemKind::LlmrouteBoundedKeys];
-        let tables = settings
-            .tenants
-            .iter()
-            .map(|&tenants| TenantTable {
-                tenants,
-                results: settings
-                    .systems
-                    .iter()
-                    .map(|&kind| SystemResult {
-                        kind,
-                        tenants,
-                        runs: vec![run.clone()],
-                        missing: None,
-                    })
-                    .collect(),
-            })
-            .collect();
+        let mut tables = TenantTable::empty(&settings);
+        for r in tables.iter_mut().flat_map(|t| t.results.iter_mut()) {
+            r.runs.push(run.clone());
+        }
         let o = Outcome {
             settings,
             tables,

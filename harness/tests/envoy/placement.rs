@@ -76,6 +76,50 @@ async fn send(c: &reqwest::Client, envoy: &Envoy, fleet: &Fleet, t: usize, extra
     }
 }
 
+/// The native core's placement, fed the same requests as the filter: where Envoy must send the next one.
+struct Predictor {
+    cfg: llmroute_core::Config,
+    hosts: Vec<HostView>,
+    bounds: Bounds,
+    table: KeyTable,
+}
+
+impl Predictor {
+    /// For the `config` of `fleet`, its hosts weighing `weights`, all up and idle.
+    fn new(fleet: &Fleet, weights: &[u32]) -> Predictor {
+        let cfg = llmroute_core::load_config(&config(fleet, false, json!({})).to_string()).unwrap();
+        let hosts = fleet
+            .endpoints()
+            .into_iter()
+            .zip(weights)
+            .map(|(address, w)| HostView {
+                address,
+                up: true,
+                weight: *w,
+                in_flight: 0,
+            })
+            .collect();
+        let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
+        Predictor {
+            cfg,
+            hosts,
+            bounds,
+            table: KeyTable::default(),
+        }
+    }
+
+    /// The choice for tenant `t`'s request, keyed as the filter keys it.
+    fn next(&mut self, t: usize) -> key_placement::HostChoice {
+        let body = tenant_body(t).to_string();
+        let key = llmroute_core::route(&self.cfg, Api::Chat, body.as_bytes(), None)
+            .unwrap()
+            .affinity
+            .unwrap()
+            .hash;
+        key_placement::choose(&mut self.table, &self.hosts, key, 0, &self.bounds).unwrap()
+    }
+}
+
 struct Answer {
     status: u16,
     engine: Option<usize>,
@@ -121,29 +165,11 @@ async fn envoy_places_keys_as_the_core_predicts() {
     // The wasm build's placement against the native core's, request by request, over an interleaved sequence
     // of 12 tenants with repeats: the same table, the same rendezvous order, the same hosts.
     let (fleet, envoy) = start(false, json!({})).await;
-    let cfg = llmroute_core::load_config(&config(&fleet, false, json!({})).to_string()).unwrap();
-    let hosts: Vec<HostView> = fleet
-        .endpoints()
-        .into_iter()
-        .map(|address| HostView {
-            address,
-            up: true,
-            weight: 1,
-            in_flight: 0,
-        })
-        .collect();
-    let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
-    let mut table = KeyTable::default();
+    let mut predict = Predictor::new(&fleet, &[1, 1, 1]);
     let c = client();
     let order = [0, 1, 2, 0, 3, 4, 1, 5, 6, 7, 2, 8, 9, 10, 11, 0, 5, 11, 3, 9];
     for (n, t) in order.into_iter().enumerate() {
-        let body = tenant_body(t).to_string();
-        let key = llmroute_core::route(&cfg, Api::Chat, body.as_bytes(), None)
-            .unwrap()
-            .affinity
-            .unwrap()
-            .hash;
-        let want = key_placement::choose(&mut table, &hosts, key, 0, &bounds).unwrap();
+        let want = predict.next(t);
         let a = send(&c, &envoy, &fleet, t, &[]).await;
         assert_eq!(a.status, 200);
         assert_eq!(
@@ -321,32 +347,14 @@ async fn without_configured_slots_the_servers_own_total_slots_weigh_the_hosts() 
     })
     .await;
     assert!(ready.is_some(), "no healthy snapshot and /props round");
-    let cfg = llmroute_core::load_config(&config(&fleet, false, json!({})).to_string()).unwrap();
-    let hosts: Vec<HostView> = fleet
-        .endpoints()
-        .into_iter()
-        .zip(&reported)
-        .map(|(address, w)| HostView {
-            address,
-            up: true,
-            weight: *w,
-            in_flight: 0,
-        })
-        .collect();
-    let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
-    let mut table = KeyTable::default();
+    let mut predict = Predictor::new(&fleet, &reported);
     let c = client();
     for t in 0..12 {
-        let key = llmroute_core::route(&cfg, Api::Chat, tenant_body(t).to_string().as_bytes(), None)
-            .unwrap()
-            .affinity
-            .unwrap()
-            .hash;
-        let want = key_placement::choose(&mut table, &hosts, key, 0, &bounds).unwrap();
+        let want = predict.next(t);
         let a = send(&c, &envoy, &fleet, t, &[]).await;
         assert_eq!(a.engine, Some(want.host), "tenant {t}");
     }
     // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8.
-    let counts = table.counts(3);
+    let counts = predict.table.counts(3);
     assert!(counts[2] >= 8 && counts[0] <= 2 && counts[1] <= 2, "{counts:?}");
 }
