@@ -181,8 +181,9 @@ async fn send(
             .unwrap_or("-")
             .to_string()
     };
-    let (source, upstream, emu) = (
+    let (source, placement, upstream, emu) = (
         h("x-llmroute-affinity-source"),
+        h("x-llmroute-placement"),
         h("x-llmroute-upstream"),
         h("x-emu-backend"),
     );
@@ -190,13 +191,13 @@ async fn send(
     Ok(if real {
         let usage = &answer["usage"];
         format!(
-            "{status} {} ({source}, via {upstream}, {}/{} prompt tokens cached)",
+            "{status} {} ({source}, {placement}, via {upstream}, {}/{} prompt tokens cached)",
             answer["model"].as_str().unwrap_or("-"),
             usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
             usage["prompt_tokens"].as_u64().unwrap_or(0),
         )
     } else {
-        format!("{status} {emu} ({source}, via {upstream})")
+        format!("{status} {emu} ({source}, {placement}, via {upstream})")
     })
 }
 
