@@ -8,7 +8,7 @@ use std::time::Duration;
 use llmroute_core::endpoint::Api;
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_harness::emulator::cost::CostModel;
-use llmroute_harness::envoy::Envoy;
+use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
 
@@ -357,4 +357,38 @@ async fn without_configured_slots_the_servers_own_total_slots_weigh_the_hosts() 
     // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8.
     let counts = predict.table.counts(3);
     assert!(counts[2] >= 8 && counts[0] <= 2 && counts[1] <= 2, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_shares_one_key_table() {
+    // Four workers, a fresh connection per request: the requests land on several workers' VMs, and placement still
+    // follows one table (the native prediction assumes exactly one).
+    let fleet = Fleet::start("llama-a", 3).await.unwrap();
+    let opts = EnvoyOptions {
+        concurrency: 4,
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(config(&fleet, false, json!({})), opts).await.unwrap();
+    let ready = wait_for(Duration::from_secs(10), || async {
+        healthy_in_snapshot(&envoy).await == Some(3)
+    })
+    .await;
+    assert!(ready.is_some(), "hosts never became healthy in the filter's snapshot");
+    let mut predict = Predictor::new(&fleet, &[1, 1, 1]);
+    for (n, t) in [0, 1, 2, 3, 4, 5, 0, 6, 7, 8, 1, 9, 10, 11, 2, 3]
+        .into_iter()
+        .enumerate()
+    {
+        let want = predict.next(t);
+        let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+        let a = send(&fresh, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.engine, Some(want.host), "request {n} (tenant {t})");
+    }
+    let listener = format!("listener.{}_{}", envoy.listen.ip(), envoy.listen.port());
+    let mut busy_workers = 0;
+    for w in 0..4 {
+        let name = format!("{listener}.worker_{w}.downstream_cx_total");
+        busy_workers += usize::from(envoy.stat(&name).await.unwrap_or(0) > 0);
+    }
+    assert!(busy_workers >= 2, "only {busy_workers} worker(s) took connections");
 }
