@@ -87,7 +87,7 @@ real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind
 
 BENCH_ENGINES_ARGS ?=
 
-bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers, 6 and 12 tenants (~10 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
+bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers, 6 and 12 tenants (~11 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 
