@@ -5,7 +5,8 @@
 use llmroute_core::config::BoundedKeys;
 use llmroute_core::key_placement::table::{decode_in_flight, encode_in_flight};
 use llmroute_core::key_placement::{
-    bound, choose, key_bound, rendezvous_order, session_header_value, Bounds, HostView, KeyTable, PlacementReason,
+    bound, choose, host_id, key_bound, live_keys, rendezvous_order, session_header_value, Bounds, HostView, KeyTable,
+    PlacementReason,
 };
 use proptest::prelude::*;
 
@@ -44,7 +45,7 @@ fn six_keys_on_three_hosts_get_two_each() {
         let (_, reason) = host_of(&mut t, &h, key.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1000, &bounds(100));
         assert_eq!(reason, PlacementReason::Placed);
     }
-    assert_eq!(t.counts(3), vec![2, 2, 2]);
+    assert_eq!(live_keys(&t, &h), vec![2, 2, 2]);
 }
 
 #[test]
@@ -54,7 +55,7 @@ fn twelve_keys_on_three_hosts_get_four_each() {
     for key in 100..112u64 {
         host_of(&mut t, &h, key, 1000, &bounds(100));
     }
-    assert_eq!(t.counts(3), vec![4, 4, 4]);
+    assert_eq!(live_keys(&t, &h), vec![4, 4, 4]);
 }
 
 #[test]
@@ -65,7 +66,7 @@ fn slots_weight_the_shares() {
     for key in 0..8u64 {
         host_of(&mut t, &h, key, 1000, &bounds(100));
     }
-    assert_eq!(t.counts(3), vec![2, 2, 4]);
+    assert_eq!(live_keys(&t, &h), vec![2, 2, 4]);
 }
 
 #[test]
@@ -106,7 +107,7 @@ fn new_keys_avoid_down_hosts() {
         let (host, _) = host_of(&mut t, &h, key, 1000, &bounds(100));
         assert_ne!(host, 1);
     }
-    assert_eq!(t.counts(3), vec![5, 0, 5]);
+    assert_eq!(live_keys(&t, &h), vec![5, 0, 5]);
 }
 
 #[test]
@@ -129,7 +130,7 @@ fn a_busy_host_spills_the_request_but_keeps_the_key() {
     assert_eq!(reason, PlacementReason::Spilled);
     assert_ne!(spill, home);
     assert_eq!(spill, rendezvous_order(9, &h).into_iter().find(|&i| i != home).unwrap());
-    assert_eq!(t.get(9).unwrap().host as usize, home);
+    assert_eq!(t.get(9).unwrap().host, h[home].id());
     h[home].in_flight = 0;
     assert_eq!(host_of(&mut t, &h, 9, 1200, &b), (home, PlacementReason::Pinned));
 }
@@ -225,12 +226,33 @@ fn malformed_tables_decode_empty() {
     let mut bytes = t.encode();
     assert_eq!(KeyTable::decode(&bytes), t);
     // Swap the two entries: unsorted input is refused.
-    let (a, b) = bytes[1..].split_at_mut(18);
+    let (a, b) = bytes[1..].split_at_mut(20);
     a.swap_with_slice(b);
     assert!(KeyTable::decode(&bytes).is_empty());
     assert_eq!(decode_in_flight(&encode_in_flight(&[3, 0, 7]), 3), vec![3, 0, 7]);
     assert_eq!(decode_in_flight(&[1, 2, 3], 3), vec![0, 0, 0]);
     assert_eq!(decode_in_flight(&encode_in_flight(&[1, 2]), 3), vec![0, 0, 0]);
+}
+
+#[test]
+fn keys_follow_addresses_when_endpoints_are_reordered_or_added() {
+    let h = hosts(3);
+    let mut t = KeyTable::default();
+    let b = bounds(125);
+    let homes: Vec<String> = (0..6u64)
+        .map(|k| h[host_of(&mut t, &h, k, 1000, &b).0].address.clone())
+        .collect();
+    // The operator lists the endpoints in another order and adds a fourth: every key stays on its address.
+    let mut moved = vec![h[2].clone(), h[0].clone(), h[1].clone()];
+    moved.push(HostView {
+        address: "127.0.0.1:9999".into(),
+        ..h[0].clone()
+    });
+    for (k, home) in homes.iter().enumerate() {
+        let (i, reason) = host_of(&mut t, &moved, k as u64, 2000, &b);
+        assert_eq!((&moved[i].address, reason), (home, PlacementReason::Pinned));
+    }
+    assert_ne!(host_id("127.0.0.1:8001"), host_id("127.0.0.1:8002"));
 }
 
 #[test]
@@ -285,7 +307,7 @@ proptest! {
         for (key, step) in reqs {
             now += step;
             t.expire(now, TTL);
-            let before = t.counts(n);
+            let before = live_keys(&t, &h);
             let total: u64 = before.iter().sum();
             let c = choose(&mut t, &h, key, now, &b).unwrap();
             if c.reason == PlacementReason::Placed {
@@ -301,7 +323,7 @@ proptest! {
         for key in keys {
             choose(&mut t, &h, key, 1000, &bounds(100)).unwrap();
         }
-        let counts = t.counts(n);
+        let counts = live_keys(&t, &h);
         prop_assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{:?}", counts);
     }
 

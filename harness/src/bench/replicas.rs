@@ -13,7 +13,7 @@
 use llmroute_core::config::BoundedKeys;
 
 use crate::rng::SplitMix64;
-use llmroute_core::key_placement::{choose, Bounds, HostView, KeyTable};
+use llmroute_core::key_placement::{choose, live_keys, Bounds, HostView, KeyTable};
 
 /// What the table shows, for the report.
 pub const EXPLAINER: &str = "Two Envoy replicas behind an L4 load balancer, each running the filter's own placement \
@@ -168,13 +168,13 @@ pub fn run(case: &Case, n: usize, factor: u32, seed: u64) -> Figures {
     let (mut a, mut b) = (tables[0].clone(), tables[1].clone());
     a.expire(end, bounds.idle_ttl_ms);
     b.expire(end, bounds.idle_ttl_ms);
-    let both: Vec<(u16, u16)> = a
+    let both: Vec<(u32, u32)> = a
         .entries()
         .iter()
         .filter_map(|e| b.get(e.key).map(|f| (e.host, f.host)))
         .collect();
     let differ = both.iter().filter(|(x, y)| x != y).count();
-    let counts = a.counts(n);
+    let counts = live_keys(&a, &hosts);
     let live: u64 = counts.iter().sum();
     let key_imbalance = if live == 0 {
         1.0

@@ -25,7 +25,7 @@
 
 pub mod table;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::BoundedKeys;
 pub use table::{Entry, KeyTable};
@@ -44,6 +44,25 @@ pub struct HostView {
     pub weight: u32,
     /// Requests this gateway has in flight to it.
     pub in_flight: u32,
+}
+
+impl HostView {
+    /// The host's id in the key table.
+    pub fn id(&self) -> u32 {
+        host_id(&self.address)
+    }
+}
+
+/// A host's id in the key table: the low 32 bits of the xxh3 of its `IP:PORT`. It follows the address, not the
+/// endpoint's place in the config.
+pub fn host_id(address: &str) -> u32 {
+    xxh3_64(address.as_bytes()) as u32
+}
+
+/// Live keys per host in `table`, in `hosts` order.
+pub fn live_keys(table: &KeyTable, hosts: &[HostView]) -> Vec<u64> {
+    let ids: Vec<u32> = hosts.iter().map(HostView::id).collect();
+    table.counts(&ids)
 }
 
 /// Why a request goes where it goes.
@@ -152,17 +171,21 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
         return None;
     }
     let order = rendezvous_order(key, hosts);
-    let (home, reason) = match table.get(key) {
-        Some(e) if hosts.get(usize::from(e.host)).is_some_and(|h| h.up) => {
+    let known = table.get(key);
+    let pinned = known
+        .and_then(|e| hosts.iter().position(|h| h.id() == e.host))
+        .filter(|&i| hosts[i].up);
+    let (home, reason) = match (known, pinned) {
+        (Some(e), Some(home)) => {
             if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
                 table.touch(key, now_ms);
                 changed = true;
             }
-            (usize::from(e.host), PlacementReason::Pinned)
+            (home, PlacementReason::Pinned)
         }
-        known => {
+        _ => {
             let home = place_new(table, hosts, &order, b.key_factor);
-            table.insert(key, home as u16, now_ms, b.max_keys);
+            table.insert(key, hosts[home].id(), now_ms, b.max_keys);
             let reason = if known.is_some() {
                 PlacementReason::Moved
             } else {
@@ -190,7 +213,7 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 /// The first up host in `order` under its live-key bound; failing that (only possible when weights or the
 /// table are odd), the up host with the fewest keys per weight.
 fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> usize {
-    let counts = table.counts(hosts.len());
+    let counts = live_keys(table, hosts);
     let up = |i: &usize| hosts[*i].up;
     let total: u64 = (0..hosts.len()).filter(up).map(|i| counts[i]).sum();
     let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();

@@ -1,21 +1,22 @@
 //! The remembered keys of one backend, and the in-flight counts, as kept in Envoy shared data.
 //!
 //! Every worker VM reads and writes the same bytes (with compare-and-swap), so the encoding is fixed and
-//! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u16,
-//! last_ms: u64` (18 bytes). The in-flight counts are one `u32` per endpoint. Anything malformed decodes to an
+//! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u32,
+//! last_ms: u64` (20 bytes). A host is named by a hash of its address, not by its place in the config, so adding,
+//! removing or reordering endpoints leaves every other key where it was. The in-flight counts are one `u32` per endpoint. Anything malformed decodes to an
 //! empty table (or zero counts): placement then starts afresh instead of trusting odd bytes.
 
 /// The encoding's version byte.
-const VERSION: u8 = 1;
-const ENTRY_BYTES: usize = 18;
+const VERSION: u8 = 2;
+const ENTRY_BYTES: usize = 20;
 
 /// One remembered key: where it lives and when it was last seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     /// The affinity key's hash.
     pub key: u64,
-    /// Index of the host in the backend's endpoints.
-    pub host: u16,
+    /// The host's id ([`super::host_id`] of its address).
+    pub host: u32,
     pub last_ms: u64,
 }
 
@@ -57,7 +58,7 @@ impl KeyTable {
 
     /// Puts `key` on `host`, replacing any entry it had. When that makes more than `max_keys`, the least recently
     /// seen other key is forgotten (ties: the smallest key).
-    pub fn insert(&mut self, key: u64, host: u16, now_ms: u64, max_keys: usize) {
+    pub fn insert(&mut self, key: u64, host: u32, now_ms: u64, max_keys: usize) {
         let entry = Entry {
             key,
             host,
@@ -95,11 +96,11 @@ impl KeyTable {
         self.entries.len() != before
     }
 
-    /// Live keys per host, for `hosts` hosts (entries pointing past them are not counted).
-    pub fn counts(&self, hosts: usize) -> Vec<u64> {
-        let mut counts = vec![0u64; hosts];
+    /// Live keys per host, for the hosts with these `ids` in that order (keys on other hosts are not counted).
+    pub fn counts(&self, ids: &[u32]) -> Vec<u64> {
+        let mut counts = vec![0u64; ids.len()];
         for e in &self.entries {
-            if let Some(c) = counts.get_mut(usize::from(e.host)) {
+            if let Some(c) = ids.iter().position(|id| *id == e.host).and_then(|i| counts.get_mut(i)) {
                 *c += 1;
             }
         }
@@ -129,10 +130,10 @@ impl KeyTable {
         let mut entries = Vec::with_capacity(body.len() / ENTRY_BYTES);
         for chunk in body.chunks_exact(ENTRY_BYTES) {
             let (key, rest) = chunk.split_at(8);
-            let (host, last) = rest.split_at(2);
+            let (host, last) = rest.split_at(4);
             let entry = Entry {
                 key: u64::from_le_bytes(key.try_into().unwrap_or_default()),
-                host: u16::from_le_bytes(host.try_into().unwrap_or_default()),
+                host: u32::from_le_bytes(host.try_into().unwrap_or_default()),
                 last_ms: u64::from_le_bytes(last.try_into().unwrap_or_default()),
             };
             if entries.last().is_some_and(|p: &Entry| p.key >= entry.key) {
