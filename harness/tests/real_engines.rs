@@ -150,10 +150,15 @@ struct PolicyRun {
     ratio: f64,
 }
 
+/// `lb` is an llmroute `lb` value, or `bounded_keys` for `chwbl` with `affinity.placement: bounded_keys`.
 async fn run_policy(lb: &str) -> PolicyRun {
     let fleet = fleet(3).await;
-    let mut config = fleet.config(ALIAS, lb);
-    if lb == "chwbl" {
+    let bounded = lb == "bounded_keys";
+    let mut config = fleet.config(ALIAS, if bounded { "chwbl" } else { lb });
+    if bounded {
+        config["affinity"]["placement"] = "bounded_keys".into();
+    }
+    if lb == "chwbl" || bounded {
         // With 2 requests in flight over 3 servers, the default bound (150 % of the mean load, i.e. one
         // request) sends the second of two tenants sharing an owner elsewhere; 200 % lets the owner take both.
         config["backends"][0]["balance_factor"] = 200.into();
@@ -190,15 +195,12 @@ async fn run_policy(lb: &str) -> PolicyRun {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_system_prompts_hit_the_owner_cache_more_than_least_request() {
-    let chwbl = run_policy("chwbl").await;
-    let least = run_policy("least_request").await;
-
-    // Under chwbl, each tenant's first request picks its owner; its repeats go there and find the prefix warm.
+/// The first server each tenant's request reached, and how the repeats fared there:
+/// `(owners, repeats, repeats on the owner, of those with over half the prompt cached)`.
+fn owners(run: &PolicyRun) -> (BTreeMap<usize, String>, usize, usize, usize) {
     let mut owner: BTreeMap<usize, String> = BTreeMap::new();
     let (mut repeats, mut on_owner, mut warm_on_owner) = (0, 0, 0);
-    for (tenant, o) in &chwbl.outcomes {
+    for (tenant, o) in &run.outcomes {
         match owner.get(tenant) {
             None => {
                 owner.insert(*tenant, o.model.clone());
@@ -214,23 +216,45 @@ async fn shared_system_prompts_hit_the_owner_cache_more_than_least_request() {
             }
         }
     }
-    println!(
-        "chwbl owners {owner:?}: {on_owner}/{repeats} repeats on the owner, {warm_on_owner} of them with over \
-         half their prompt cached; cache-hit ratio chwbl {:.3} vs least_request {:.3}",
-        chwbl.ratio, least.ratio
+    (owner, repeats, on_owner, warm_on_owner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompts_stick_and_bounded_keys_hit_the_cache_more_than_least_request() {
+    let chwbl = run_policy("chwbl").await;
+    let bounded = run_policy("bounded_keys").await;
+    let least = run_policy("least_request").await;
+
+    // Keyed, each tenant's first request picks its owner and its repeats go there. With the ring alone the owners
+    // are wherever the random ports hash: all 4 tenants may share one server's 2 slots and evict each other, so
+    // warmth is only printed for chwbl. Bounded-keys placement puts at most 2 tenants on a server, so the
+    // repeats must find their prompt warm.
+    for (name, run) in [("chwbl", &chwbl), ("bounded_keys", &bounded)] {
+        let (owner, repeats, on_owner, warm) = owners(run);
+        println!(
+            "{name} owners {owner:?}: {on_owner}/{repeats} repeats on the owner, {warm} of them with over half \
+             their prompt cached; cache-hit ratio {:.3} vs least_request {:.3}",
+            run.ratio, least.ratio
+        );
+        assert!(
+            on_owner * 4 >= repeats * 3,
+            "{name}: at least 3/4 of the repeats on the owner: {on_owner}/{repeats}"
+        );
+    }
+    let (owner, _, on_owner, warm) = owners(&bounded);
+    let mut per_server: BTreeMap<&String, usize> = BTreeMap::new();
+    for o in owner.values() {
+        *per_server.entry(o).or_default() += 1;
+    }
+    assert!(per_server.values().all(|n| *n <= 2), "bounded_keys owners: {owner:?}");
+    assert!(
+        warm * 2 >= on_owner,
+        "most owner repeats hit its cache: {warm}/{on_owner}"
     );
     assert!(
-        on_owner * 4 >= repeats * 3,
-        "at least 3/4 of the repeats on the owner: {on_owner}/{repeats}"
-    );
-    assert!(
-        warm_on_owner * 2 >= on_owner,
-        "most owner repeats hit its cache: {warm_on_owner}/{on_owner}"
-    );
-    assert!(
-        chwbl.ratio > least.ratio,
-        "chwbl's engine-reported cache-hit ratio {:.3} beats least_request's {:.3}",
-        chwbl.ratio,
+        bounded.ratio > least.ratio,
+        "bounded_keys's engine-reported cache-hit ratio {:.3} beats least_request's {:.3}",
+        bounded.ratio,
         least.ratio
     );
 }
