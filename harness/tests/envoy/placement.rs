@@ -232,7 +232,7 @@ async fn a_busy_host_spills_requests_but_keeps_the_key() {
         .count();
     let at_home = engines.iter().filter(|e| **e == Some(home)).count();
     assert!(
-        spilled >= 3 && at_home >= 3,
+        spilled >= 2 && at_home >= 3,
         "home {home}: {engines:?}, {spilled} spilled"
     );
     let after = send(&c, &envoy, &fleet, 0, &[]).await;
