@@ -39,6 +39,15 @@ fn in_flight_key(backend: &str) -> String {
     format!("llmroute.inflight.{backend}")
 }
 
+fn down_key(backend: &str) -> String {
+    format!("llmroute.down.{backend}")
+}
+
+/// Keeps the hosts of `backend` that the status poll taken at `taken_at_ms` found down.
+pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
+    host::set_shared_data(&down_key(backend), &table::encode_down(taken_at_ms, down), None);
+}
+
 fn slots_key(backend: &str) -> String {
     format!("llmroute.slots.{backend}")
 }
@@ -55,11 +64,9 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
     if backend.lb != LbPolicy::Chwbl || backend.endpoints.iter().any(|e| !e.is_ip) {
         return None;
     }
-    let fleet = crate::status::latest().filter(|f| f.age_ms(now_ms) <= STALE_AFTER_MS);
-    let down = fleet
-        .as_ref()
-        .and_then(|f| f.backend(&backend.name))
-        .map(|b| b.down.clone());
+    let down = table::decode_down(&host::shared_data(&down_key(&backend.name)).0.unwrap_or_default())
+        .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
+        .map(|(_, down)| down);
     let (counts, _) = host::shared_data(&in_flight_key(&backend.name));
     let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), backend.endpoints.len());
     // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal.

@@ -79,6 +79,10 @@ impl Poller {
         match status::parse_clusters(&body, &cfg, host::now_ms()) {
             Ok(fleet) => {
                 host::set_shared_data(SNAPSHOT_KEY, &fleet.encode(), None);
+                // Placement reads only its backend's down hosts, per request, without decoding the snapshot.
+                for b in &fleet.backends {
+                    crate::key_placement::store_down(&b.name, fleet.taken_at_ms, &b.down);
+                }
                 if self.failing {
                     log::info!("llmroute: polling Envoy's admin /clusters works again");
                 }
@@ -106,7 +110,7 @@ fn claim_poll(now: u64) -> bool {
 }
 
 /// The latest snapshot any root context stored, if one was.
-pub(crate) fn latest() -> Option<FleetStatus> {
+fn latest() -> Option<FleetStatus> {
     host::shared_data(SNAPSHOT_KEY).0.and_then(|b| FleetStatus::decode(&b))
 }
 

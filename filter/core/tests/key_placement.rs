@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::config::BoundedKeys;
-use llmroute_core::key_placement::table::{decode_in_flight, encode_in_flight};
+use llmroute_core::key_placement::table::{decode_down, decode_in_flight, encode_down, encode_in_flight};
 use llmroute_core::key_placement::{
     bound, choose, host_id, key_bound, live_keys, rendezvous_order, session_header_value, Bounds, HostView, KeyTable,
     PlacementReason,
@@ -253,6 +253,16 @@ fn keys_follow_addresses_when_endpoints_are_reordered_or_added() {
         assert_eq!((&moved[i].address, reason), (home, PlacementReason::Pinned));
     }
     assert_ne!(host_id("127.0.0.1:8001"), host_id("127.0.0.1:8002"));
+}
+
+#[test]
+fn down_lists_round_trip_and_refuse_odd_bytes() {
+    let down = vec!["127.0.0.1:8001".to_string(), "[::1]:8002".to_string()];
+    assert_eq!(decode_down(&encode_down(1234, &down)), Some((1234, down)));
+    assert_eq!(decode_down(&encode_down(7, &[])), Some((7, vec![])));
+    assert_eq!(decode_down(b""), None);
+    assert_eq!(decode_down(b"soon\n127.0.0.1:1"), None);
+    assert_eq!(decode_down(&[0xff, b'\n']), None);
 }
 
 #[test]

@@ -160,3 +160,17 @@ pub fn decode_in_flight(bytes: &[u8], hosts: usize) -> Vec<u32> {
 pub fn encode_in_flight(counts: &[u32]) -> Vec<u8> {
     counts.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
+
+/// The hosts of one backend that Envoy would not route to, as the status poll saw them at `taken_at_ms`, in the
+/// form the poll stores for placement: the time, a newline, then the `IP:PORT`s separated by commas.
+pub fn encode_down(taken_at_ms: u64, down: &[String]) -> Vec<u8> {
+    format!("{taken_at_ms}\n{}", down.join(",")).into_bytes()
+}
+
+/// Reads [`encode_down`]'s bytes: `(taken_at_ms, addresses)`, or `None` when malformed.
+pub fn decode_down(bytes: &[u8]) -> Option<(u64, Vec<String>)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (at, list) = text.split_once('\n')?;
+    let down = list.split(',').filter(|a| !a.is_empty()).map(str::to_string).collect();
+    Some((at.parse().ok()?, down))
+}
