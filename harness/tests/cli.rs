@@ -223,16 +223,7 @@ fn validate_accepts_every_good_fixture_with_a_one_line_summary() {
             path.display()
         );
         assert_eq!(so.lines().count(), 1, "one summary line:\n{so}");
-        // Warnings only, and exactly those the fixture's `# warn:` line names.
-        let expected = expected_warnings(&path);
-        assert_eq!(se.lines().count(), expected.len(), "{}: warnings: {se}", path.display());
-        for w in expected {
-            assert!(
-                se.contains(&format!("warning: {w}")),
-                "{}: missing warning {w}: {se}",
-                path.display()
-            );
-        }
+        assert_only_expected_warnings(&path, &se);
         let prefix = format!("{}: ok: ", path.display());
         assert!(so.starts_with(&prefix), "summary starts with {prefix:?}: {so}");
         for part in ["backend(s)", "endpoint(s)", "model alias(es)", "; listen ", ", admin "] {
@@ -328,16 +319,7 @@ fn render_to_stdout_gives_a_complete_bootstrap_for_every_good_fixture() {
         let out = render(&path, None);
         let (so, se) = (stdout(&out), stderr(&out));
         assert_eq!(out.status.code(), Some(0), "{}: {se}", path.display());
-        // Warnings only, and exactly those the fixture's `# warn:` line names.
-        let expected = expected_warnings(&path);
-        assert_eq!(se.lines().count(), expected.len(), "{}: warnings: {se}", path.display());
-        for w in expected {
-            assert!(
-                se.contains(&format!("warning: {w}")),
-                "{}: missing warning {w}: {se}",
-                path.display()
-            );
-        }
+        assert_only_expected_warnings(&path, &se);
         check_bootstrap(&path, &so);
     }
 }
@@ -364,6 +346,19 @@ fn backend_clusters(v: &Value) -> Vec<&Value> {
     all.iter()
         .filter(|c| !c["name"].as_str().unwrap().starts_with("llmroute"))
         .collect()
+}
+
+/// Stderr holds warnings only, exactly those the fixture's `# warn:` line names.
+fn assert_only_expected_warnings(path: &Path, se: &str) {
+    let expected = expected_warnings(path);
+    assert_eq!(se.lines().count(), expected.len(), "{}: warnings: {se}", path.display());
+    for w in expected {
+        assert!(
+            se.contains(&format!("warning: {w}")),
+            "{}: missing warning {w}: {se}",
+            path.display()
+        );
+    }
 }
 
 /// The warnings a good fixture's `# warn: A && B` line names, if any.

@@ -896,16 +896,7 @@ mod tests {
             prompt_tokens: 1000,
             elapsed: Duration::from_secs(1),
         };
-        let machine = Machine {
-            nproc: "2".into(),
-            cpu_model: "cpu".into(),
-            kernel: "k".into(),
-            envoy: "e".into(),
-            rustc: "r".into(),
-            peers: Vec::new(),
-            date: "2026-01-01".into(),
-        };
-        let md = markdown(&o, &machine);
+        let md = markdown(&o, &Machine::fixture());
         assert!(md.contains("### 6 tenants") && md.contains("### 12 tenants"), "{md}");
         assert_eq!(
             md.matches("| llmroute bounded_keys | system prompt (filter) → each new key pinned")

@@ -41,6 +41,20 @@ impl Machine {
         }
     }
 
+    /// A fixed machine for report tests: 2 CPUs, sglang-router 0.3.2 installed and vllm-router not.
+    #[cfg(test)]
+    pub fn fixture() -> Machine {
+        Machine {
+            nproc: "2".into(),
+            cpu_model: "Test CPU".into(),
+            kernel: "6.0".into(),
+            envoy: "1.40.0".into(),
+            rustc: "rustc 1.95.0".into(),
+            peers: vec![(Kind::Sglang, "0.3.2".into()), (Kind::Vllm, "not installed".into())],
+            date: "2026-01-01".into(),
+        }
+    }
+
     /// The number of online CPUs, from `nproc`.
     pub fn cpus(&self) -> usize {
         self.nproc.parse().unwrap_or(1)

@@ -377,21 +377,9 @@ mod tests {
     use super::super::overhead::sample;
     use super::*;
 
-    fn machine() -> Machine {
-        Machine {
-            nproc: "2".into(),
-            cpu_model: "Test CPU".into(),
-            kernel: "6.0".into(),
-            envoy: "1.40.0".into(),
-            rustc: "rustc 1.95.0".into(),
-            peers: vec![(Kind::Sglang, "0.3.2".into()), (Kind::Vllm, "not installed".into())],
-            date: "2026-01-01".into(),
-        }
-    }
-
     #[test]
     fn results_file_has_every_section() {
-        let md = markdown(&sample::outcome(), &machine(), &Micro::default());
+        let md = markdown(&sample::outcome(), &Machine::fixture(), &Micro::default());
         for part in [
             "## Machine and versions",
             "| CPU model | Test CPU |",

@@ -547,22 +547,10 @@ mod tests {
     use super::super::sample;
     use super::*;
 
-    fn machine() -> Machine {
-        Machine {
-            nproc: "2".into(),
-            cpu_model: "Test CPU".into(),
-            kernel: "6.0".into(),
-            envoy: "1.40.0".into(),
-            rustc: "rustc 1.95".into(),
-            peers: vec![],
-            date: "2026-01-01".into(),
-        }
-    }
-
     #[test]
     fn the_report_has_every_section() {
         let o = sample::outcome();
-        let md = markdown(&o, &machine(), Some("routing.png"));
+        let md = markdown(&o, &Machine::fixture(), Some("routing.png"));
         for needle in [
             "# Routing benchmark",
             "--quick",
