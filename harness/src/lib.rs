@@ -1,4 +1,4 @@
-//! llmroute's native side: the config renderer behind the CLI, the real-Envoy launcher, the engine emulators,
+//! llmroute's test side: the real-Envoy launcher (rendering through `llmroute-envoy`), the engine emulators,
 //! the fleet set-up shared by tests and the demo, real llama.cpp servers (`llama`), and the benches (`bench`,
 //! run by `llmroute-bench`).
 
@@ -10,6 +10,6 @@ pub mod envoy;
 pub mod fleet;
 pub mod gguf;
 pub mod llama;
-pub mod render;
+pub use llmroute_envoy::render;
 pub mod rng;
 pub mod sdk_clients;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use llmroute_harness::render::{bootstrap_yaml, RenderOptions};
+use llmroute_envoy::render::{bootstrap_yaml, RenderOptions};
 
 #[derive(Parser)]
 #[command(
