@@ -11,7 +11,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build cli envoy demo test unit e2e lint fmt validate-configs render sdk-clients clean
+.PHONY: help toolchain build cli envoy demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -46,10 +46,13 @@ $(VENV)/.sdk-clients: | $(PYTHON)
 	$(PYTHON) -m pip install --quiet openai anthropic
 	@touch $@
 
-demo: build cli envoy engines sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones; Ctrl-C stops it)
+# DEMO_ENGINE=emulator needs no llama-server, so it does not build one.
+DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
+
+demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients engines lint unit validate-configs e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy sdk-clients engines lint docs-check unit validate-configs e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
@@ -62,6 +65,9 @@ lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llmroute-filter -p llmroute-core --target wasm32-wasip1 -- -D warnings
+
+docs-check: ## Check that README.md, docs/ and bench/README.md name only paths, make targets and links that exist
+	./scripts/check-docs.sh
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
