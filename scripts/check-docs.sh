@@ -20,7 +20,8 @@ PENDING=(docs/hardening.md docs/failure-policy-and-tls.md docs/placement-bounds.
 shopt -s nullglob
 PAGES=()
 for page in README.md docs/*.md bench/README.md; do [[ -f $page ]] && PAGES+=("$page"); done
-TOP=$(git ls-files | cut -d/ -f1 | sort -u; echo docs)
+# Top-level entries of the repository (outside a git checkout, of the directory, less the build outputs).
+TOP=$({ git ls-files 2>/dev/null || ls -A; } | cut -d/ -f1 | grep -vxE 'target|\.tools|\.git' | sort -u; echo docs)
 TARGETS=$(grep -hoE '^[a-zA-Z0-9_-]+:' Makefile | tr -d ':' | sort -u)
 
 problems=0
