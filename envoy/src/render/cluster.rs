@@ -15,9 +15,32 @@ use serde_json::{json, Value};
 
 use super::{duration_ms, socket};
 
-/// Every backend's cluster.
+/// Every backend's cluster, except a discovered backend without an EDS file: that cluster is defined outside
+/// the bootstrap (CDS, Istio), and the route reaches it by name.
 pub fn clusters(cfg: &Config) -> Vec<Value> {
-    cfg.backends.iter().map(|b| cluster(b, cfg.retries.attempts)).collect()
+    cfg.backends
+        .iter()
+        .filter(|b| b.discovery.as_ref().is_none_or(|d| d.eds_path.is_some()))
+        .map(|b| cluster(b, cfg.retries.attempts))
+        .collect()
+}
+
+/// True when some backend's cluster is fed by EDS, which needs the bootstrap's `node` identity.
+pub fn uses_xds(cfg: &Config) -> bool {
+    cfg.backends
+        .iter()
+        .any(|b| b.discovery.as_ref().is_some_and(|d| d.eds_path.is_some()))
+}
+
+/// A discovered backend with an EDS file: an EDS cluster whose assignments come from that file, which Envoy
+/// watches and reloads when it is replaced (write, then rename).
+fn eds_config(path: &str) -> Value {
+    json!({
+        "eds_config": {
+            "path_config_source": { "path": path },
+            "resource_api_version": "V3",
+        },
+    })
 }
 
 fn cluster(b: &Backend, retries: u32) -> Value {
@@ -43,6 +66,16 @@ fn cluster(b: &Backend, retries: u32) -> Value {
         "circuit_breakers": { "thresholds": [circuit_breaker(b.max_inflight, retries)] },
         "metadata": { "filter_metadata": { "llmroute": { "kind": b.kind.as_str() } } },
     });
+    if let Some(path) = b.discovery.as_ref().and_then(|d| d.eds_path.as_deref()) {
+        if let Some(map) = c.as_object_mut() {
+            map.remove("load_assignment");
+        }
+        c["type"] = Value::from("EDS");
+        c["eds_cluster_config"] = eds_config(path);
+        // A host removed from the file leaves at once; by default Envoy keeps a removed host that still passes
+        // its health checks, so a scale-down would never take effect while the engine runs.
+        c["ignore_health_on_host_removal"] = Value::from(true);
+    }
     if let Some(h) = &b.health {
         c["health_checks"] = json!([health_check(h)]);
     }
