@@ -167,3 +167,38 @@ pub fn retry_policy(cfg: &Config) -> Option<Value> {
     }
     Some(policy)
 }
+
+#[cfg(test)]
+mod discovery_tests {
+    use crate::render::{bootstrap, RenderOptions};
+
+    const DOC: &str = "version: 1\nbackends:\n  - name: 'outbound|8000||llama.ns.svc.cluster.local'\n    kind: llamacpp\n    discovery: { eds_path: /etc/llmroute/eds.yaml }\n  - name: external\n    kind: vllm\n    discovery: {}\n  - name: fixed\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\nmodels:\n  - name: m\n    routes: [{ backend: 'outbound|8000||llama.ns.svc.cluster.local' }, { backend: external, priority: 1 }]\n";
+
+    #[test]
+    fn an_eds_backend_is_an_eds_cluster_and_an_external_one_is_left_out() {
+        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let v = bootstrap(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let by_name = |n: &str| clusters.iter().find(|c| c["name"] == n);
+        let eds = by_name("outbound|8000||llama.ns.svc.cluster.local").unwrap();
+        assert_eq!(eds["type"], "EDS");
+        assert!(eds.get("load_assignment").is_none());
+        let source = &eds["eds_cluster_config"]["eds_config"];
+        assert_eq!(source["path_config_source"]["path"], "/etc/llmroute/eds.yaml");
+        assert_eq!(source["resource_api_version"], "V3");
+        assert_eq!(eds["ignore_health_on_host_removal"], true);
+        assert!(eds["health_checks"].is_array(), "health checks still apply");
+        assert!(by_name("external").is_none());
+        assert_eq!(by_name("fixed").unwrap()["type"], "STATIC");
+        assert_eq!(v["node"]["id"], "llmroute");
+        assert_eq!(v["node"]["cluster"], "llmroute");
+    }
+
+    #[test]
+    fn no_node_without_xds() {
+        let doc = "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\n";
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        assert!(v.get("node").is_none());
+    }
+}
