@@ -113,18 +113,16 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
         addresses
             .into_iter()
             .enumerate()
-            .map(|(i, address)| {
-                HostView {
-                    up: !down.as_ref().is_some_and(|d| d.contains(&address)),
-                    weight: backend
-                        .slots
-                        .as_ref()
-                        .and_then(|s| s.get(i).copied())
-                        .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
-                        .unwrap_or(1),
-                    in_flight: in_flight.get(i).copied().unwrap_or(0),
-                    address,
-                }
+            .map(|(i, address)| HostView {
+                up: !down.as_ref().is_some_and(|d| d.contains(&address)),
+                weight: backend
+                    .slots
+                    .as_ref()
+                    .and_then(|s| s.get(i).copied())
+                    .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
+                    .unwrap_or(1),
+                in_flight: in_flight.get(i).copied().unwrap_or(0),
+                address,
             })
             .collect(),
     )

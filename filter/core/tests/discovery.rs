@@ -38,14 +38,21 @@ fn discovery_replaces_endpoints() {
     assert_eq!(b.discovery, Some(Discovery { eds_path: None }));
     assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
 
-    let cfg = load(&doc(json!({"name": "d", "kind": "vllm", "discovery": {"eds_path": "/etc/llmroute/eds.yaml"}})))
-        .unwrap();
-    assert_eq!(cfg.backends[0].discovery.as_ref().unwrap().eds_path.as_deref(), Some("/etc/llmroute/eds.yaml"));
+    let cfg = load(&doc(
+        json!({"name": "d", "kind": "vllm", "discovery": {"eds_path": "/etc/llmroute/eds.yaml"}}),
+    ))
+    .unwrap();
+    assert_eq!(
+        cfg.backends[0].discovery.as_ref().unwrap().eds_path.as_deref(),
+        Some("/etc/llmroute/eds.yaml")
+    );
 }
 
 #[test]
 fn endpoints_and_discovery_are_exclusive_and_one_is_required() {
-    let both = errors(&doc(json!({"name": "d", "kind": "llamacpp", "endpoints": ["127.0.0.1:1"], "discovery": {}})));
+    let both = errors(&doc(
+        json!({"name": "d", "kind": "llamacpp", "endpoints": ["127.0.0.1:1"], "discovery": {}}),
+    ));
     assert_eq!(both.len(), 1, "{both:?}");
     assert_eq!(both[0].field, "backends[0].endpoints");
     assert!(both[0].reason.contains("not both"), "{}", both[0].reason);
@@ -63,11 +70,15 @@ fn endpoints_and_discovery_are_exclusive_and_one_is_required() {
 
 #[test]
 fn discovery_fields_are_checked() {
-    let unknown = errors(&doc(json!({"name": "d", "kind": "llamacpp", "discovery": {"eds_file": "/x"}})));
+    let unknown = errors(&doc(
+        json!({"name": "d", "kind": "llamacpp", "discovery": {"eds_file": "/x"}}),
+    ));
     assert!(unknown[0].field.contains("discovery"), "{unknown:?}");
     assert!(unknown[0].reason.contains("eds_file"), "{unknown:?}");
     for bad in ["relative/eds.yaml", "/", "/dir/", "/a\nb", ""] {
-        let list = errors(&doc(json!({"name": "d", "kind": "llamacpp", "discovery": {"eds_path": bad}})));
+        let list = errors(&doc(
+            json!({"name": "d", "kind": "llamacpp", "discovery": {"eds_path": bad}}),
+        ));
         assert_eq!(list.len(), 1, "{bad:?}: {list:?}");
         assert_eq!(list[0].field, "backends[0].discovery.eds_path");
         assert_eq!(list[0].value, format!("{bad:?}"));
@@ -77,7 +88,9 @@ fn discovery_fields_are_checked() {
 
 #[test]
 fn slots_need_listed_endpoints() {
-    let list = errors(&doc(json!({"name": "d", "kind": "llamacpp", "discovery": {}, "slots": [2, 2]})));
+    let list = errors(&doc(
+        json!({"name": "d", "kind": "llamacpp", "discovery": {}, "slots": [2, 2]}),
+    ));
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0].field, "backends[0].slots");
     assert!(list[0].reason.contains("discovered"), "{}", list[0].reason);
@@ -122,7 +135,10 @@ fn stat_tokens_keep_plain_names_and_make_odd_ones_safe_and_distinct() {
     let (a, b) = (stat_token("a b{x}"), stat_token("a_b{x}"));
     for t in [&a, &b] {
         assert!(t.starts_with("a_b_x_~"), "{t}");
-        assert!(t.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-|:~".contains(&c)), "{t}");
+        assert!(
+            t.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-|:~".contains(&c)),
+            "{t}"
+        );
     }
     assert_ne!(a, b, "names that sanitise alike still get distinct tokens");
     assert_eq!(stat_token("a b{x}"), a, "stable");
@@ -150,7 +166,11 @@ fn the_admin_answer_gives_each_discovered_host_and_its_health() {
     assert_eq!(fleet.backends.len(), 1);
     let b = &fleet.backends[0];
     assert_eq!((b.total, b.healthy, b.in_flight), (4, 3, 2));
-    assert_eq!(b.hosts, ["10.0.0.1:8080", "10.0.0.3:8080", "[fd00::2]:8080"], "sorted, pipes left out");
+    assert_eq!(
+        b.hosts,
+        ["10.0.0.1:8080", "10.0.0.3:8080", "[fd00::2]:8080"],
+        "sorted, pipes left out"
+    );
     assert_eq!(b.down, ["10.0.0.1:8080"]);
 
     let shown = host_list(b);
@@ -160,7 +180,10 @@ fn the_admin_answer_gives_each_discovered_host_and_its_health() {
     let id = format!("{:08x}", key_placement::host_id("10.0.0.3:8080"));
     assert_eq!(shown[1]["id"], id.as_str());
     let text = serde_json::to_string(&shown).unwrap();
-    assert!(!text.contains("10.0.0"), "addresses never reach the status page: {text}");
+    assert!(
+        !text.contains("10.0.0"),
+        "addresses never reach the status page: {text}"
+    );
 }
 
 #[test]
@@ -230,11 +253,18 @@ fn a_leaving_hosts_keys_are_placed_again_and_no_other_key_moves() {
             moved += 1;
             assert_eq!(a.1, PlacementReason::Moved, "key {k}");
         } else {
-            assert_eq!((&a.0, a.1), (&b.0, PlacementReason::Pinned), "key {k} moved though its host stayed");
+            assert_eq!(
+                (&a.0, a.1),
+                (&b.0, PlacementReason::Pinned),
+                "key {k} moved though its host stayed"
+            );
         }
     }
     assert!(moved >= 5, "only {moved} keys lived on the removed host");
     // The host comes back: the keys placed again stay where they went.
     let back = place(&mut t, &three, 0..30, 3000);
-    assert_eq!(back.iter().map(|x| &x.0).collect::<Vec<_>>(), after.iter().map(|x| &x.0).collect::<Vec<_>>());
+    assert_eq!(
+        back.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        after.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
 }

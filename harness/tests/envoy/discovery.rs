@@ -74,8 +74,12 @@ async fn backend_status(envoy: &Envoy) -> Option<Value> {
 /// Waits until the filter's snapshot lists `n` hosts, all healthy and up.
 async fn wait_hosts(envoy: &Envoy, n: u64) {
     let ok = wait_for(Duration::from_secs(15), || async {
-        let Some(b) = backend_status(envoy).await else { return false };
-        let hosts = b["hosts"].as_array().map(|h| h.iter().all(|x| x["up"] == true) as u64 * h.len() as u64);
+        let Some(b) = backend_status(envoy).await else {
+            return false;
+        };
+        let hosts = b["hosts"]
+            .as_array()
+            .map(|h| h.iter().all(|x| x["up"] == true) as u64 * h.len() as u64);
         b["total_hosts"] == n && b["healthy_hosts"] == n && hosts == Some(n)
     })
     .await;
@@ -87,7 +91,10 @@ async fn wait_hosts(envoy: &Envoy, n: u64) {
 }
 
 fn tenant_body(t: usize) -> Value {
-    chat(Some(&format!("You are the assistant of discovered tenant {t}. Be brief.")), "hi")
+    chat(
+        Some(&format!("You are the assistant of discovered tenant {t}. Be brief.")),
+        "hi",
+    )
 }
 
 /// One request for tenant `t`: (status, engine name, placement reason).
@@ -180,7 +187,10 @@ async fn discovered_hosts_join_and_leave_under_load() {
     let mut homes: HashMap<usize, String> = HashMap::new();
     for t in 0..10 {
         let (engine, _) = home(&c, &envoy, t).await;
-        assert!(engine == fleet.engines[0].name() || engine == fleet.engines[1].name(), "{engine}");
+        assert!(
+            engine == fleet.engines[0].name() || engine == fleet.engines[1].name(),
+            "{engine}"
+        );
         homes.insert(t, engine);
     }
 
@@ -197,7 +207,10 @@ async fn discovered_hosts_join_and_leave_under_load() {
         new_on_third += usize::from(engine == fleet.engines[2].name());
         homes.insert(t, engine);
     }
-    assert!(new_on_third >= 3, "only {new_on_third} of 12 new keys reached the new host");
+    assert!(
+        new_on_third >= 3,
+        "only {new_on_third} of 12 new keys reached the new host"
+    );
 
     // The first host leaves (its engine keeps running: only the membership changes).
     write_eds(&eds, BACKEND, 3, &addrs[1..]);
@@ -214,7 +227,10 @@ async fn discovered_hosts_join_and_leave_under_load() {
             assert_eq!(engine, homes[&t], "tenant {t} moved though its host stayed ({reason})");
         }
     }
-    assert!(moved > 0, "no known tenant lived on the removed host: the removal was not exercised");
+    assert!(
+        moved > 0,
+        "no known tenant lived on the removed host: the removal was not exercised"
+    );
 
     stop.store(true, Ordering::Relaxed);
     for w in workers {
@@ -222,8 +238,17 @@ async fn discovered_hosts_join_and_leave_under_load() {
     }
     let outcomes = outcomes.lock().unwrap();
     let failed: Vec<_> = outcomes.iter().filter(|(_, s)| *s != 200).collect();
-    assert!(outcomes.len() >= 40, "the load was too light: {} requests", outcomes.len());
-    assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), outcomes.len());
+    assert!(
+        outcomes.len() >= 40,
+        "the load was too light: {} requests",
+        outcomes.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        outcomes.len()
+    );
 }
 
 /// The Prometheus lines of `/stats/prometheus` whose name starts with `metric`.
@@ -263,13 +288,19 @@ async fn istio_cluster_names_route_and_label_metrics() {
             body["model"] = json!(alias);
             let (status, engine, _) = post(&c, &envoy, &body, &[]).await;
             assert_eq!(status, 200, "{alias}");
-            assert!(fleet.engines.iter().any(|e| e.name() == engine), "{alias} answered by {engine:?}");
+            assert!(
+                fleet.engines.iter().any(|e| e.name() == engine),
+                "{alias} answered by {engine:?}"
+            );
         }
     }
 
     let istio_label = format!("llmroute_backend=\"{ISTIO}\"");
     let odd_token = llmroute_core::config::stat_token(ODD);
-    assert!(odd_token.starts_with("odd_name__") && odd_token.contains('~'), "{odd_token}");
+    assert!(
+        odd_token.starts_with("odd_name__") && odd_token.contains('~'),
+        "{odd_token}"
+    );
     let odd_label = format!("llmroute_backend=\"{odd_token}\"");
     let ok = wait_for(Duration::from_secs(10), || async {
         let lines = prometheus(&envoy, "llmroute_backend_prompt_tokens_total").await;
@@ -286,7 +317,9 @@ async fn istio_cluster_names_route_and_label_metrics() {
     assert!(
         ok.is_some(),
         "no prompt-token series labelled {istio_label} and {odd_label}:\n{}",
-        prometheus(&envoy, "llmroute_backend_prompt_tokens_total").await.join("\n")
+        prometheus(&envoy, "llmroute_backend_prompt_tokens_total")
+            .await
+            .join("\n")
     );
     // The label is extracted: no series name carries the backend's bytes.
     let text = reqwest::get(envoy.admin_url("/stats/prometheus"))
@@ -296,11 +329,20 @@ async fn istio_cluster_names_route_and_label_metrics() {
         .await
         .unwrap();
     assert!(
-        !text.lines().any(|l| l.starts_with("llmroute_backend_outbound") || l.starts_with("llmroute_backend_odd")),
+        !text
+            .lines()
+            .any(|l| l.starts_with("llmroute_backend_outbound") || l.starts_with("llmroute_backend_odd")),
         "a backend name leaked into a metric name"
     );
 
-    let status: Value = c.get(envoy.url("/llmroute/status")).send().await.unwrap().json().await.unwrap();
+    let status: Value = c
+        .get(envoy.url("/llmroute/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let names: Vec<&str> = status["backends"]
         .as_array()
         .unwrap()
