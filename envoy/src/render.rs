@@ -86,6 +86,10 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
     credentials::apply(cfg, &mut v); // backend tokens: env SDS secrets + upstream injectors (render/credentials.rs)
     probe::apply(cfg, &mut v); // one cluster per llama.cpp endpoint for the /props fleet check (render/probe.rs)
     admin::apply(cfg, &mut v); // the cluster the filter polls for /llmroute/status (render/admin.rs)
+    if cluster::uses_xds(cfg) {
+        // Envoy refuses xDS config sources, file-based ones included, without a node identity.
+        v["node"] = json!({ "id": "llmroute", "cluster": "llmroute" });
+    }
     Ok(v)
 }
 

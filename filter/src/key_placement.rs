@@ -12,7 +12,7 @@
 
 use llmroute_core::config::{Backend, LbPolicy};
 use llmroute_core::key_placement::{self, table, Bounds, HostChoice, HostView, KeyTable};
-use llmroute_core::status::STALE_AFTER_MS;
+use llmroute_core::status::{self, STALE_AFTER_MS};
 use llmroute_core::Config;
 
 use crate::host;
@@ -48,6 +48,31 @@ pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
     host::set_shared_data(&down_key(backend), &table::encode_down(taken_at_ms, down), None);
 }
 
+fn hosts_key(backend: &str) -> String {
+    format!("llmroute.hosts.{backend}")
+}
+
+/// Keeps every host Envoy listed for a discovered `backend` at the poll taken at `taken_at_ms` (sorted
+/// `IP:PORT`s, in the same form as the down list).
+pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
+    host::set_shared_data(&hosts_key(backend), &table::encode_down(taken_at_ms, hosts), None);
+}
+
+/// The addresses placement works on: the configured endpoints, or for a discovered backend the hosts of the
+/// latest fresh poll (sorted, so every worker indexes them alike). `None` when placement cannot apply: an
+/// endpoint named by DNS (Envoy names such hosts by their resolved address), or no fresh host list yet.
+fn addresses(backend: &Backend, now_ms: u64) -> Option<Vec<String>> {
+    if !backend.discovered() {
+        if backend.endpoints.iter().any(|e| !e.is_ip) {
+            return None;
+        }
+        return Some(backend.endpoints.iter().map(|e| e.to_string()).collect());
+    }
+    let (at, list) = table::decode_down(&host::shared_data(&hosts_key(&backend.name)).0.unwrap_or_default())?;
+    let fresh = now_ms.saturating_sub(at) <= STALE_AFTER_MS;
+    (fresh && !list.is_empty() && list.len() < status::MAX_HOSTS).then_some(list)
+}
+
 fn slots_key(backend: &str) -> String {
     format!("llmroute.slots.{backend}")
 }
@@ -57,44 +82,47 @@ pub fn store_reported_slots(backend: &str, slots: &[u32]) {
     host::set_shared_data(&slots_key(backend), &table::encode_in_flight(slots), None);
 }
 
-/// The backend's endpoints as the placement sees them, or `None` when placement does not apply to it: not
-/// `chwbl`, or an endpoint named by DNS (Envoy names such hosts by their resolved address, which the filter
-/// cannot know).
+/// The backend's hosts as the placement sees them, or `None` when placement does not apply to it: not `chwbl`,
+/// or no usable address list (see [`addresses`]).
+///
+/// A discovered backend's list changes as hosts join and leave. Keys follow addresses (the key table names a
+/// host by the hash of its `IP:PORT`, and the rendezvous order depends only on the key and the addresses), so a
+/// change moves only the keys of a removed host, and a new host takes new keys. The in-flight counts are kept
+/// by position in the list; when its length changes they restart from zero, which only loosens the spill bound
+/// for the requests already in flight.
 fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
-    if backend.lb != LbPolicy::Chwbl || backend.endpoints.iter().any(|e| !e.is_ip) {
+    if backend.lb != LbPolicy::Chwbl {
         return None;
     }
+    let addresses = addresses(backend, now_ms)?;
     let down = table::decode_down(&host::shared_data(&down_key(&backend.name)).0.unwrap_or_default())
         .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
         .map(|(_, down)| down);
     let (counts, _) = host::shared_data(&in_flight_key(&backend.name));
-    let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), backend.endpoints.len());
-    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal.
-    let reported = match &backend.slots {
-        Some(_) => Vec::new(),
-        None => table::decode_in_flight(
+    let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), addresses.len());
+    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal. The
+    // `/props` check knows only configured endpoints, so discovered hosts count the same.
+    let reported = match (&backend.slots, backend.discovered()) {
+        (Some(_), _) | (None, true) => Vec::new(),
+        (None, false) => table::decode_in_flight(
             &host::shared_data(&slots_key(&backend.name)).0.unwrap_or_default(),
             backend.endpoints.len(),
         ),
     };
     Some(
-        backend
-            .endpoints
-            .iter()
+        addresses
+            .into_iter()
             .enumerate()
-            .map(|(i, e)| {
-                let address = e.to_string();
-                HostView {
-                    up: !down.as_ref().is_some_and(|d| d.contains(&address)),
-                    weight: backend
-                        .slots
-                        .as_ref()
-                        .and_then(|s| s.get(i).copied())
-                        .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
-                        .unwrap_or(1),
-                    in_flight: in_flight.get(i).copied().unwrap_or(0),
-                    address,
-                }
+            .map(|(i, address)| HostView {
+                up: !down.as_ref().is_some_and(|d| d.contains(&address)),
+                weight: backend
+                    .slots
+                    .as_ref()
+                    .and_then(|s| s.get(i).copied())
+                    .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
+                    .unwrap_or(1),
+                in_flight: in_flight.get(i).copied().unwrap_or(0),
+                address,
             })
             .collect(),
     )
@@ -162,6 +190,7 @@ pub fn seed(cfg: &Config) {
             host::set_shared_data(&keys, &KeyTable::default().encode(), None);
         }
         let flights = in_flight_key(&b.name);
+        // A discovered backend's count list is sized by its first placement (an empty list reads as zeros).
         if host::shared_data(&flights).0.is_none() {
             host::set_shared_data(&flights, &table::encode_in_flight(&vec![0; b.endpoints.len()]), None);
         }

@@ -1,7 +1,8 @@
 //! The filter's own metrics, defined once per VM. Envoy shows them on `/stats` as `wasmcustom.<name>` and on
 //! `/stats/prometheus` as `<name>`, summed over workers. Names carry no request data, only fixed reasons and
-//! configured backend names (`llmroute.backend.<name>.*`; `llmroute render` adds a stats tag that turns the name
-//! into a `llmroute_backend` label).
+//! configured backend names (`llmroute.backend.<token>.*`, where the token is the name itself, or a sanitised
+//! and hashed form for names with unusual bytes, see `llmroute_core::config::stat_token`; `llmroute render` adds a
+//! stats tag that turns the token into a `llmroute_backend` label).
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -44,7 +45,8 @@ impl Metrics {
             .backends
             .iter()
             .map(|b| {
-                let name = |m: &str| format!("llmroute.backend.{}.{m}", b.name);
+                let token = b.stat_token();
+                let name = |m: &str| format!("llmroute.backend.{token}.{m}");
                 let m = BackendMetrics {
                     prompt: host::define_counter(&name("prompt_tokens_total")),
                     cached: host::define_counter(&name("cached_tokens_total")),

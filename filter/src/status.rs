@@ -82,6 +82,9 @@ impl Poller {
                 // Placement reads only its backend's down hosts, per request, without decoding the snapshot.
                 for b in &fleet.backends {
                     crate::key_placement::store_down(&b.name, fleet.taken_at_ms, &b.down);
+                    if cfg.backends.iter().any(|c| c.name == b.name && c.discovered()) {
+                        crate::key_placement::store_hosts(&b.name, fleet.taken_at_ms, &b.hosts);
+                    }
                 }
                 if self.failing {
                     log::info!("llmroute: polling Envoy's admin /clusters works again");

@@ -15,9 +15,32 @@ use serde_json::{json, Value};
 
 use super::{duration_ms, socket};
 
-/// Every backend's cluster.
+/// Every backend's cluster, except a discovered backend without an EDS file: that cluster is defined outside
+/// the bootstrap (CDS, Istio), and the route reaches it by name.
 pub fn clusters(cfg: &Config) -> Vec<Value> {
-    cfg.backends.iter().map(|b| cluster(b, cfg.retries.attempts)).collect()
+    cfg.backends
+        .iter()
+        .filter(|b| b.discovery.as_ref().is_none_or(|d| d.eds_path.is_some()))
+        .map(|b| cluster(b, cfg.retries.attempts))
+        .collect()
+}
+
+/// True when some backend's cluster is fed by EDS, which needs the bootstrap's `node` identity.
+pub fn uses_xds(cfg: &Config) -> bool {
+    cfg.backends
+        .iter()
+        .any(|b| b.discovery.as_ref().is_some_and(|d| d.eds_path.is_some()))
+}
+
+/// A discovered backend with an EDS file: an EDS cluster whose assignments come from that file, which Envoy
+/// watches and reloads when it is replaced (write, then rename).
+fn eds_config(path: &str) -> Value {
+    json!({
+        "eds_config": {
+            "path_config_source": { "path": path },
+            "resource_api_version": "V3",
+        },
+    })
 }
 
 fn cluster(b: &Backend, retries: u32) -> Value {
@@ -43,6 +66,16 @@ fn cluster(b: &Backend, retries: u32) -> Value {
         "circuit_breakers": { "thresholds": [circuit_breaker(b.max_inflight, retries)] },
         "metadata": { "filter_metadata": { "llmroute": { "kind": b.kind.as_str() } } },
     });
+    if let Some(path) = b.discovery.as_ref().and_then(|d| d.eds_path.as_deref()) {
+        if let Some(map) = c.as_object_mut() {
+            map.remove("load_assignment");
+        }
+        c["type"] = Value::from("EDS");
+        c["eds_cluster_config"] = eds_config(path);
+        // A host removed from the file leaves at once; by default Envoy keeps a removed host that still passes
+        // its health checks, so a scale-down would never take effect while the engine runs.
+        c["ignore_health_on_host_removal"] = Value::from(true);
+    }
     if let Some(h) = &b.health {
         c["health_checks"] = json!([health_check(h)]);
     }
@@ -133,4 +166,39 @@ pub fn retry_policy(cfg: &Config) -> Option<Value> {
         policy["per_try_timeout"] = Value::from(duration_ms(r.per_try_timeout_ms));
     }
     Some(policy)
+}
+
+#[cfg(test)]
+mod discovery_tests {
+    use crate::render::{bootstrap, RenderOptions};
+
+    const DOC: &str = "version: 1\nbackends:\n  - name: 'outbound|8000||llama.ns.svc.cluster.local'\n    kind: llamacpp\n    discovery: { eds_path: /etc/llmroute/eds.yaml }\n  - name: external\n    kind: vllm\n    discovery: {}\n  - name: fixed\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\nmodels:\n  - name: m\n    routes: [{ backend: 'outbound|8000||llama.ns.svc.cluster.local' }, { backend: external, priority: 1 }]\n";
+
+    #[test]
+    fn an_eds_backend_is_an_eds_cluster_and_an_external_one_is_left_out() {
+        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let v = bootstrap(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let by_name = |n: &str| clusters.iter().find(|c| c["name"] == n);
+        let eds = by_name("outbound|8000||llama.ns.svc.cluster.local").unwrap();
+        assert_eq!(eds["type"], "EDS");
+        assert!(eds.get("load_assignment").is_none());
+        let source = &eds["eds_cluster_config"]["eds_config"];
+        assert_eq!(source["path_config_source"]["path"], "/etc/llmroute/eds.yaml");
+        assert_eq!(source["resource_api_version"], "V3");
+        assert_eq!(eds["ignore_health_on_host_removal"], true);
+        assert!(eds["health_checks"].is_array(), "health checks still apply");
+        assert!(by_name("external").is_none());
+        assert_eq!(by_name("fixed").unwrap()["type"], "STATIC");
+        assert_eq!(v["node"]["id"], "llmroute");
+        assert_eq!(v["node"]["cluster"], "llmroute");
+    }
+
+    #[test]
+    fn no_node_without_xds() {
+        let doc = "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\n";
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        assert!(v.get("node").is_none());
+    }
 }

@@ -81,7 +81,15 @@ pub struct BackendHealth {
     /// `IP:PORT` of the hosts Envoy would not route to (the status pages never show it; key placement reads it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub down: Vec<String>,
+    /// `IP:PORT` of every host Envoy listed, sorted, at most [`MAX_HOSTS`]: what key placement works on when
+    /// the backend's hosts are discovered (the status pages show only each host's id, see [`host_list`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
+
+/// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
+/// ring (see `key_placement`). Counts are never cut.
+pub const MAX_HOSTS: usize = 1024;
 
 /// One poll's result: the configured backends found in the admin answer, in admin order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,8 +265,12 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 total: 0,
                 in_flight: 0,
                 down: Vec::new(),
+                hosts: Vec::new(),
             };
             for h in &c.host_statuses {
+                if b.hosts.len() < MAX_HOSTS {
+                    b.hosts.extend(h.address.text());
+                }
                 b.total += 1;
                 match h.health_status.state() {
                     HostState::Healthy => b.healthy += 1,
@@ -268,6 +280,8 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);
                 b.in_flight = b.in_flight.saturating_add(active.sum());
             }
+            b.hosts.sort();
+            b.hosts.dedup();
             b
         })
         .collect();
@@ -361,6 +375,8 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Ve
             json!({
                 "name": b.name,
                 "kind": b.kind.as_str(),
+                "hosts_from": if b.discovered() { "envoy" } else { "config" },
+                "hosts": h.map(host_list),
                 "healthy_hosts": h.map(|h| h.healthy),
                 "degraded_hosts": h.map(|h| h.degraded),
                 "total_hosts": h.map(|h| h.total),
@@ -401,6 +417,21 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Ve
     })
     .to_string()
     .into_bytes()
+}
+
+/// Each host of a backend as the status page shows it: its placement id (the low 32 bits of the xxh3 of its
+/// `IP:PORT`, as `x-llmroute-placement` debug output and the key table name hosts) and whether Envoy routes to
+/// it. The address itself stays out of the page.
+pub fn host_list(h: &BackendHealth) -> Vec<Value> {
+    h.hosts
+        .iter()
+        .map(|a| {
+            json!({
+                "id": format!("{:08x}", crate::key_placement::host_id(a)),
+                "up": !h.down.contains(a),
+            })
+        })
+        .collect()
 }
 
 /// The `GET /readyz` answer: 200 when ready, else 503, with a one-line reason.
@@ -477,6 +508,7 @@ mod tests {
                 total: 4,
                 in_flight: 9,
                 down: Vec::new(),
+                hosts: vec!["10.0.0.1:8080".into()],
             }],
         };
         assert_eq!(FleetStatus::decode(&f.encode()), Some(f));

@@ -282,6 +282,7 @@ fn degraded_only_is_not_ready() {
                 total: 3,
                 in_flight: 0,
                 down: Vec::new(),
+                hosts: Vec::new(),
             },
             BackendHealth {
                 name: "vllm-b".into(),
@@ -290,6 +291,7 @@ fn degraded_only_is_not_ready() {
                 total: 1,
                 in_flight: 0,
                 down: Vec::new(),
+                hosts: Vec::new(),
             },
         ],
     };

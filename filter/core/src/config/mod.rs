@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
-pub use raw::{RawAffinity, RawBackend, RawConfig, RawLimits, RawModel, RawRoute, RawTokens, RawUsage};
+pub use raw::{RawAffinity, RawBackend, RawConfig, RawDiscovery, RawLimits, RawModel, RawRoute, RawTokens, RawUsage};
 pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
 use crate::endpoint::ApiSet;
@@ -139,11 +139,22 @@ impl LbPolicy {
     }
 }
 
+/// A backend whose hosts Envoy discovers: the filter learns them, with their health, from the admin poll.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Discovery {
+    /// The EDS file `llmroute render` points the cluster at; `None` when the cluster is defined elsewhere.
+    pub eds_path: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
+    /// The Envoy cluster name, as written.
     pub name: String,
     pub kind: EngineKind,
+    /// Empty when [`Backend::discovery`] is set.
     pub endpoints: Vec<Endpoint>,
+    /// Set when the hosts come from Envoy at run time instead of `endpoints`.
+    pub discovery: Option<Discovery>,
     pub lb: LbPolicy,
     /// Percent of the mean load; only meaningful for [`LbPolicy::Chwbl`].
     pub balance_factor: u32,
@@ -158,6 +169,31 @@ pub struct Backend {
     pub credential_env: Option<String>,
     /// Cache slots per endpoint, in `endpoints` order; `None` when every endpoint counts the same.
     pub slots: Option<Vec<u32>>,
+}
+
+impl Backend {
+    /// True when the hosts come from Envoy at run time.
+    pub fn discovered(&self) -> bool {
+        self.discovery.is_some()
+    }
+
+    /// The token that names this backend inside metric names: see [`stat_token`].
+    pub fn stat_token(&self) -> String {
+        stat_token(&self.name)
+    }
+}
+
+/// The name a backend takes inside metric names (`llmroute.backend.<token>.<metric>`). A name made only of
+/// `A-Z a-z 0-9 . _ - | :` is kept as is, so Istio's `outbound|8000||llama.ns.svc.cluster.local` reads the same
+/// in Prometheus as in Envoy's own cluster stats. Any other byte becomes `_`, and eight hex digits of the name's
+/// xxh3 are appended after `~`, so two names that differ only in such bytes still get distinct tokens.
+pub fn stat_token(name: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'|' | b':');
+    if !name.is_empty() && name.bytes().all(plain) {
+        return name.to_string();
+    }
+    let safe: String = name.bytes().map(|b| if plain(b) { b as char } else { '_' }).collect();
+    format!("{safe}~{:08x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

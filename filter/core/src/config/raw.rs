@@ -62,12 +62,20 @@ pub struct RawUsage {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBackend {
-    /// Cluster name: 1 to 64 characters of `A-Z a-z 0-9 . _ -`.
+    /// The Envoy cluster name: 1 to 255 printable ASCII characters without spaces, for example `llama` or
+    /// Istio's `outbound|8000||llama.ns.svc.cluster.local`. Names starting with `llmroute` are reserved.
     pub name: String,
     /// Engine kind: `llamacpp`, `vllm`, `sglang`, `ollama` or `openai`.
     pub kind: String,
-    /// Engine addresses, `HOST:PORT` (an IP literal or a DNS name; IPv6 in brackets).
-    pub endpoints: Vec<String>,
+    /// Engine addresses, `HOST:PORT` (an IP literal or a DNS name; IPv6 in brackets). Leave it out, and set
+    /// `discovery`, when Envoy learns the hosts itself (EDS, Istio).
+    #[serde(default)]
+    pub endpoints: Option<Vec<String>>,
+    /// The hosts come from Envoy at run time instead of `endpoints`: `{}` when the cluster is defined outside
+    /// the rendered bootstrap (CDS, Istio), or `{ eds_path: FILE }` to render an EDS cluster fed from a watched
+    /// file. The filter learns the hosts and their health from Envoy's admin API.
+    #[serde(default)]
+    pub discovery: Option<RawDiscovery>,
     /// Load balancing: `chwbl` (ring hash with bounded load, the default), `least_request` or `round_robin`.
     #[serde(default)]
     pub lb: Option<String>,
@@ -106,6 +114,17 @@ pub struct RawBackend {
     /// Reserved: prefill/decode disaggregation (refused for llamacpp).
     #[serde(default)]
     pub disaggregation: Option<String>,
+}
+
+/// Where a backend's hosts come from when they are not listed in `endpoints`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDiscovery {
+    /// An absolute path to an EDS file (a `DiscoveryResponse` holding one `ClusterLoadAssignment`) that Envoy
+    /// watches; replace it atomically (write, then rename) to change the hosts. Without it, `llmroute render`
+    /// leaves the cluster out and it must come from elsewhere (CDS, Istio).
+    #[serde(default)]
+    pub eds_path: Option<String>,
 }
 
 /// A model alias and its routes.

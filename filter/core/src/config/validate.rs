@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use super::*;
 use crate::endpoint::Api;
 
-const NAME_MAX: usize = 64;
+/// Longest backend (Envoy cluster) name. Envoy sets no limit of its own; Istio's names stay well below this.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
 const MODEL_NAME_MAX: usize = 256;
 
 struct Errors(Vec<ConfigError>, Vec<ConfigError>);
@@ -158,7 +160,8 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             "must be between 1 and 600000",
         );
     }
-    let endpoints = endpoints(errs, i, &b.endpoints);
+    let (endpoints, discovery) = hosts(errs, i, b);
+    let listed = b.endpoints.as_ref().map_or(0, Vec::len);
     let max_inflight = b.max_inflight.unwrap_or(DEFAULT_MAX_INFLIGHT);
     if max_inflight == 0 {
         errs.push(at("max_inflight"), 0, "must be at least 1");
@@ -167,12 +170,19 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
         errs.push(at("max_context"), 0, "must be at least 1 token");
     }
     let slots = b.slots.clone();
-    if let Some(list) = &slots {
-        if list.len() != b.endpoints.len() {
+    if let (Some(list), true) = (&slots, discovery.is_some()) {
+        errs.push(
+            at("slots"),
+            format!("{list:?}"),
+            "needs listed endpoints; a discovered backend's hosts change at run time, so weigh them by the \
+             `total_slots` llama.cpp reports, or remove `slots`",
+        );
+    } else if let Some(list) = &slots {
+        if list.len() != listed {
             errs.push(
                 at("slots"),
                 format!("{list:?}"),
-                format!("needs one entry per endpoint ({} endpoints)", b.endpoints.len()),
+                format!("needs one entry per endpoint ({listed} endpoints)"),
             );
         }
         for (j, n) in list.iter().enumerate() {
@@ -189,7 +199,8 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
         at: format!("backends[{i}]"),
     };
     let health = check.health(b.health.as_ref(), kind_or_default);
-    let outlier = check.outlier(b.outlier.as_ref(), b.endpoints.len());
+    // A discovered backend's size is unknown; do not warn about ejection limits for a size that may not hold.
+    let outlier = check.outlier(b.outlier.as_ref(), if discovery.is_some() { 100 } else { listed });
     let tls = check.tls(b.tls.as_ref());
     let credential_env = check.credential_env(b.credential_env.as_deref());
     check.reserved(kind_or_default, b.kv_events, b.disaggregation.as_deref());
@@ -198,6 +209,7 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             name: b.name.clone(),
             kind,
             endpoints,
+            discovery,
             lb,
             balance_factor,
             connect_timeout_ms,
@@ -210,6 +222,51 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             slots,
         }),
         _ => None,
+    }
+}
+
+/// The backend's listed endpoints, or its discovery settings: exactly one of the two.
+fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<Discovery>) {
+    let at = |f: &str| format!("backends[{i}].{f}");
+    match (&b.endpoints, &b.discovery) {
+        (Some(list), None) => (endpoints(errs, i, list), None),
+        (None, Some(d)) => (Vec::new(), Some(discovery(errs, &at("discovery.eds_path"), d))),
+        (Some(list), Some(_)) => {
+            errs.push(
+                at("endpoints"),
+                format!("{list:?}"),
+                "set either `endpoints` (a fixed list) or `discovery` (hosts learned from Envoy), not both",
+            );
+            (Vec::new(), None)
+        }
+        (None, None) => {
+            errs.push(
+                at("endpoints"),
+                "",
+                "missing: list the engines' `HOST:PORT` addresses, or set `discovery: {}` when Envoy discovers \
+                 the hosts (EDS, Istio)",
+            );
+            (Vec::new(), None)
+        }
+    }
+}
+
+fn discovery(errs: &mut Errors, field: &str, d: &RawDiscovery) -> Discovery {
+    if let Some(path) = &d.eds_path {
+        let ok = (2..=PATH_MAX).contains(&path.len())
+            && path.starts_with('/')
+            && !path.ends_with('/')
+            && !path.chars().any(char::is_control);
+        if !ok {
+            errs.push(
+                field,
+                format!("{path:?}"),
+                format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
+            );
+        }
+    }
+    Discovery {
+        eds_path: d.eds_path.clone(),
     }
 }
 
@@ -351,7 +408,7 @@ fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, backends: &[
             let reason = "affinity.placement: bounded_keys applies only to lb: chwbl; this backend is not pinned";
             errs.1
                 .push(warn(format!("backends[{i}].lb"), b.lb.as_str().to_string(), reason));
-        } else if bounded && b.endpoints.iter().any(|e| !e.is_ip) {
+        } else if bounded && !b.discovered() && b.endpoints.iter().any(|e| !e.is_ip) {
             let reason = "affinity.placement: bounded_keys needs IP endpoints; this backend keeps Envoy's ring hash";
             let names: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
             errs.1
@@ -427,16 +484,15 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
     }
 }
 
+/// Any name Envoy accepts as a cluster name and the filter can carry in its `x-llmroute-cluster` header:
+/// printable ASCII without spaces (Istio's `outbound|8000||llama.ns.svc.cluster.local` included).
 fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
-    let ok = (1..=NAME_MAX).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    let ok = (1..=NAME_MAX).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_graphic());
     if !ok {
         errs.push(
             field,
             format!("{name:?}"),
-            format!("must be 1 to {NAME_MAX} characters of A-Z a-z 0-9 . _ -"),
+            format!("must be 1 to {NAME_MAX} printable ASCII characters without spaces (an Envoy cluster name)"),
         );
     } else if name.to_ascii_lowercase().starts_with("llmroute") {
         // The gateway's own clusters: `llmroute_admin` (status polling), `llmroute-probe-*` (`/props` checks),
