@@ -6,7 +6,9 @@
 //! - each backend is a cluster whose load balancer is ring hash with `hash_balance_factor` for `chwbl`;
 //! - the listener's buffer limit is raised above the filter's body limit, so the filter (not Envoy) answers 413
 //!   with a JSON envelope;
-//! - the route timeout follows `limits.request_timeout_ms`, since Envoy's 15 s default would cut long generations.
+//! - the route timeout follows `limits.request_timeout_ms`, since Envoy's 15 s default would cut long generations;
+//! - the connection manager bounds slow and abusive clients, Envoy's own errors get JSON bodies, and an overload
+//!   manager caps the heap (see `render/edge.rs`).
 //!
 //! With [`RenderOptions::with_filter`] off, the same bootstrap is rendered minus the wasm filter, and the route
 //! names the first backend's cluster statically (the hash policy stays). The overhead bench compares the two.
@@ -14,6 +16,7 @@
 mod admin;
 mod cluster;
 mod credentials;
+mod edge;
 mod failover;
 mod probe;
 mod tls;
@@ -81,6 +84,8 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
             "listeners": [listener(cfg, plugin_config, opts)],
             "clusters": clusters,
         },
+        // A heap budget, so Envoy sheds requests instead of running out of memory (render/edge.rs).
+        "overload_manager": edge::overload_manager(cfg),
     });
     tls::apply(cfg, &mut v); // listener and cluster transport sockets (render/tls.rs)
     credentials::apply(cfg, &mut v); // backend tokens: env SDS secrets + upstream injectors (render/credentials.rs)
@@ -142,6 +147,18 @@ fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value 
         }
         http_filters.insert(0, wasm_filter(plugin_config, opts));
     }
+    let mut hcm = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "llmroute",
+        "codec_type": "AUTO",
+        "always_set_request_id_in_response": true,
+        "route_config": route_config(cfg, opts.with_filter),
+        "http_filters": http_filters,
+    });
+    if let Value::Object(m) = &mut hcm {
+        // Timeouts, HTTP/2 bounds, header hygiene and JSON local replies (render/edge.rs).
+        m.extend(edge::hcm_fields(cfg));
+    }
     json!({
         "name": "llmroute",
         "address": socket(&cfg.listen.ip().to_string(), cfg.listen.port()),
@@ -149,14 +166,7 @@ fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value 
         "filter_chains": [{
             "filters": [{
                 "name": "envoy.filters.network.http_connection_manager",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                    "stat_prefix": "llmroute",
-                    "codec_type": "AUTO",
-                    "always_set_request_id_in_response": true,
-                    "route_config": route_config(cfg, opts.with_filter),
-                    "http_filters": http_filters,
-                },
+                "typed_config": hcm,
             }],
         }],
     })

@@ -59,6 +59,8 @@ pub fn property_string(path: &[&str]) -> Option<String> {
 
 /// Sends a local reply; the upstream is never contacted.
 pub fn send_reply(status: u32, headers: &[(&str, &str)], body: &[u8]) {
+    // Marks the reply as the filter's own, so Envoy's local_reply_config leaves its body alone.
+    set_request_header(llmroute_core::headers::LOCAL_REPLY, Some("1"));
     if let Err(s) = hostcalls::send_http_response(status, headers.to_vec(), Some(body)) {
         log::warn!("llmroute: sending a local reply failed: {s:?}");
     }

@@ -224,6 +224,16 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
+        let bounded = self
+            .cfg
+            .as_ref()
+            .is_some_and(|c| c.affinity.placement.bounded().is_some());
+        if bounded && !debug {
+            // Envoy's stateful-session filter names the upstream host (base64 `IP:port`) on every response it
+            // relays, pinned or not; clients need not know it.
+            host::remove_response_header(key_placement::SESSION_HEADER);
+        }
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
@@ -231,11 +241,6 @@ impl HttpContext for Http {
         host::set_response_header(headers::AFFINITY_SOURCE, source);
         if let Some(session) = &d.echo_session {
             host::set_response_header(headers::SESSION_ECHO, session);
-        }
-        let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
-        if self.pin.is_some() && !debug {
-            // Envoy's stateful-session filter names the upstream host here; clients need not know it.
-            host::remove_response_header(key_placement::SESSION_HEADER);
         }
         if debug {
             if let Some(p) = &self.pin {

@@ -6,7 +6,7 @@
 //!   Envoy's default one-second merge window;
 //! - outlier ejection on consecutive 5xx only (success-rate and gateway-failure ejection are turned off, so the
 //!   only rule is the one in the config), with `max_ejection_percent` set explicitly (Envoy's 10% default never
-//!   ejects a host of a three-host backend);
+//!   ejects a host of a three-host backend), and a passing health check does not readmit an ejected host;
 //! - a circuit breaker at `max_inflight`: overflow is an immediate 503, never a queue;
 //! - endpoint metadata naming the backend, which the filter's upstream side reads.
 
@@ -121,6 +121,10 @@ fn outlier_detection(o: &Outlier) -> Value {
         "interval": "1s",
         "base_ejection_time": duration_ms(o.base_ejection_ms),
         "max_ejection_percent": o.max_ejection_percent,
+        // Envoy's default (true) readmits an ejected host at its next passing health check, so an engine whose
+        // /health answers 200 while inference fails would get its traffic back within one interval. The
+        // ejection holds for base_ejection_time (times the number of ejections) instead.
+        "successful_active_health_check_uneject_host": false,
     })
 }
 

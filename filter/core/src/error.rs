@@ -212,6 +212,116 @@ pub fn overloaded_body(envelope: Envelope, request_id: Option<&str>) -> Vec<u8> 
     body.to_string().into_bytes()
 }
 
+/// One kind of Envoy's own local reply (a dead or slow backend, a timeout, a codec error), as the gateway has
+/// Envoy rewrite it: the renderer turns each into a `local_reply_config` mapper with a JSON body in the route's
+/// envelope, the request id, and `code` in `x-llmroute-error`. The filter's own replies are never rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvoyReply {
+    /// The status it matches, also kept on the reply.
+    pub status: u16,
+    /// Matches only replies with this Envoy response flag (`UO`: circuit-breaker overflow), when set.
+    pub response_flag: Option<&'static str>,
+    /// OpenAI `code`, and the `x-llmroute-error` header.
+    pub code: &'static str,
+    pub openai_type: &'static str,
+    pub anthropic_type: &'static str,
+    pub message: &'static str,
+}
+
+const fn reply(status: u16, code: &'static str, anthropic_type: &'static str, message: &'static str) -> EnvoyReply {
+    EnvoyReply {
+        status,
+        response_flag: None,
+        code,
+        openai_type: if status >= 500 {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        },
+        anthropic_type,
+        message,
+    }
+}
+
+/// Envoy's local replies, most specific first. A reply that matches none takes [`envoy_fallback`].
+pub const ENVOY_REPLIES: [EnvoyReply; 9] = [
+    EnvoyReply {
+        response_flag: Some("UO"),
+        ..reply(503, "overloaded", "overloaded_error", OVERFLOW_MESSAGE)
+    },
+    // The overload manager refuses requests near the heap limit (`limits.max_heap_bytes`).
+    EnvoyReply {
+        response_flag: Some("OM"),
+        ..reply(
+            503,
+            "gateway_overloaded",
+            "overloaded_error",
+            "The gateway is overloaded; retry later.",
+        )
+    },
+    reply(
+        400,
+        "bad_request",
+        "invalid_request_error",
+        "The gateway could not parse the HTTP request.",
+    ),
+    reply(
+        408,
+        "request_timeout",
+        "invalid_request_error",
+        "The request was not received in time.",
+    ),
+    reply(
+        413,
+        "body_too_large",
+        "request_too_large",
+        "The request body exceeds the gateway's buffer.",
+    ),
+    reply(
+        431,
+        "headers_too_large",
+        "invalid_request_error",
+        "The request headers are too large.",
+    ),
+    reply(
+        502,
+        "upstream_error",
+        "api_error",
+        "The backend sent an invalid response.",
+    ),
+    reply(
+        503,
+        "upstream_unavailable",
+        "api_error",
+        "No backend could take the request; retry later.",
+    ),
+    reply(
+        504,
+        "upstream_timeout",
+        "api_error",
+        "The backend did not answer in time.",
+    ),
+];
+
+/// The reply for an Envoy local reply no entry of [`ENVOY_REPLIES`] matches: `client` for 4xx, else 5xx.
+pub const fn envoy_fallback(client: bool) -> EnvoyReply {
+    if client {
+        reply(
+            400,
+            "invalid_request",
+            "invalid_request_error",
+            "The gateway refused the request.",
+        )
+    } else {
+        reply(
+            500,
+            "gateway_error",
+            "api_error",
+            "The gateway could not process the request.",
+        )
+    }
+}
+
 /// Bounds a client-sent string for quoting in a message, cut on a character boundary.
 fn quote(s: &str) -> &str {
     crate::text::prefix_on_char_boundary(s, QUOTE_MAX)

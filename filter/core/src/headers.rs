@@ -20,6 +20,10 @@ pub const UPSTREAM: &str = "x-llmroute-upstream";
 pub const ALIAS: &str = "x-llmroute-alias";
 /// Local replies name their reason code here.
 pub const ERROR: &str = "x-llmroute-error";
+/// Request header the filter sets just before it answers a request itself. Envoy's `local_reply_config` rewrites
+/// every other local reply into the JSON envelope, and skips those that carry this header, whose bodies are
+/// already the gateway's own. Client copies are stripped with the rest of the `x-llmroute-` namespace.
+pub const LOCAL_REPLY: &str = "x-llmroute-local-reply";
 /// Upstream request headers with the gateway's input-token estimate (both carry the same value).
 pub const INPUT_TOKENS: &str = "x-input-tokens";
 pub const TOKEN_ESTIMATE: &str = "x-token-estimate";

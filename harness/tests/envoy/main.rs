@@ -10,6 +10,7 @@ mod chat;
 mod corpus;
 mod credentials;
 mod discovery;
+mod edge;
 mod fleet_check;
 mod placement;
 mod resilience;

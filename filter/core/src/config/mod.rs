@@ -268,6 +268,11 @@ impl Default for BoundedKeys {
 pub struct Limits {
     pub max_body_bytes: usize,
     pub request_timeout_ms: u64,
+    pub headers_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub stream_idle_timeout_ms: u64,
+    pub max_concurrent_streams: u32,
+    pub max_heap_bytes: u64,
 }
 
 /// The validated config. Build it with [`load`] or [`Config::try_from`].

@@ -203,6 +203,26 @@ pub struct RawLimits {
     /// Route timeout for a whole request, in milliseconds; `0` disables it. Default 600000 (10 minutes).
     #[serde(default)]
     pub request_timeout_ms: Option<u64>,
+    /// How long a client may take to send its request headers, in milliseconds (Envoy's
+    /// `request_headers_timeout`); past it the connection is closed. `1000` to `600000`; default 60000.
+    #[serde(default)]
+    pub headers_timeout_ms: Option<u64>,
+    /// How long a client may take to send its whole request, headers and body, in milliseconds (Envoy's
+    /// `request_timeout`, which stops counting once the request is in); past it, 408. At least
+    /// `headers_timeout_ms`, at most 3600000; default 120000.
+    #[serde(default)]
+    pub body_timeout_ms: Option<u64>,
+    /// A stream with no bytes in either direction for this long is reset, in milliseconds (Envoy's
+    /// `stream_idle_timeout`; also a connection's idle timeout). `1000` to `3600000`; default 300000.
+    #[serde(default)]
+    pub stream_idle_timeout_ms: Option<u64>,
+    /// Most concurrent HTTP/2 streams on one client connection. `1` to `10000`; default 100.
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u32>,
+    /// Envoy's heap budget in bytes for the overload manager: at 95% it shrinks its heap, at 98% it stops
+    /// accepting requests. `67108864` (64 MiB) to `1099511627776` (1 TiB); default 2147483648 (2 GiB).
+    #[serde(default)]
+    pub max_heap_bytes: Option<u64>,
 }
 
 /// Input-token estimation.

@@ -478,9 +478,63 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
             "must be at most 86400000 (one day)",
         );
     }
+    let ranged = |errs: &mut Errors, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)| {
+        let v = value.unwrap_or(default);
+        if !(lo..=hi).contains(&v) {
+            errs.push(format!("limits.{field}"), v, format!("must be between {lo} and {hi}"));
+        }
+        v
+    };
+    let headers_timeout_ms = ranged(
+        errs,
+        "headers_timeout_ms",
+        raw.and_then(|l| l.headers_timeout_ms),
+        60_000,
+        (1_000, 600_000),
+    );
+    let body_timeout_ms = ranged(
+        errs,
+        "body_timeout_ms",
+        raw.and_then(|l| l.body_timeout_ms),
+        120_000,
+        (1_000, 3_600_000),
+    );
+    if body_timeout_ms < headers_timeout_ms {
+        errs.push(
+            "limits.body_timeout_ms",
+            body_timeout_ms,
+            format!("must be at least limits.headers_timeout_ms ({headers_timeout_ms}): it counts from the first header byte"),
+        );
+    }
+    let stream_idle_timeout_ms = ranged(
+        errs,
+        "stream_idle_timeout_ms",
+        raw.and_then(|l| l.stream_idle_timeout_ms),
+        300_000,
+        (1_000, 3_600_000),
+    );
+    let max_concurrent_streams = ranged(
+        errs,
+        "max_concurrent_streams",
+        raw.and_then(|l| l.max_concurrent_streams).map(u64::from),
+        100,
+        (1, 10_000),
+    );
+    let max_heap_bytes = ranged(
+        errs,
+        "max_heap_bytes",
+        raw.and_then(|l| l.max_heap_bytes),
+        2 << 30,
+        (64 << 20, 1 << 40),
+    );
     Limits {
         max_body_bytes,
         request_timeout_ms,
+        headers_timeout_ms,
+        body_timeout_ms,
+        stream_idle_timeout_ms,
+        max_concurrent_streams: u32::try_from(max_concurrent_streams).unwrap_or(100),
+        max_heap_bytes,
     }
 }
 
