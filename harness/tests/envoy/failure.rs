@@ -79,6 +79,7 @@ async fn a_trapped_vm_is_reloaded_and_routes_again() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    eprintln!("reloaded after {healed:?}; {refused} request(s) refused meanwhile");
     assert!(healed.is_some(), "the VM was not reloaded within 10 s");
     assert!(
         healed.unwrap() < Duration::from_secs(3),
