@@ -6,12 +6,13 @@ ENVOY_VERSION ?= 1.40.0
 TOOLS         := .tools
 ENVOY         := $(TOOLS)/bin/envoy
 WASM          := target/wasm32-wasip1/release/llmroute_filter.wasm
+TRAP_WASM     := target/wasm32-wasip1/release/llmroute_filter_trap.wasm
 CLI           := target/release/llmroute
 CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build cli envoy demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
+.PHONY: help toolchain build build-trap cli envoy demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -22,6 +23,11 @@ toolchain: ## Install the wasm32-wasip1 Rust target
 build: toolchain ## Build the release filter: target/wasm32-wasip1/release/llmroute_filter.wasm
 	$(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter
 	@ls -l $(WASM)
+
+build-trap: toolchain ## Test-only filter that traps on a request header (feature test-trap, own target dir): target/wasm32-wasip1/release/llmroute_filter_trap.wasm
+	$(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter --features test-trap --target-dir target/trap
+	install -m 0644 target/trap/wasm32-wasip1/release/llmroute_filter.wasm $(TRAP_WASM)
+	@ls -l $(TRAP_WASM)
 
 cli: ## Build the native CLI: target/release/llmroute
 	$(CARGO) build --release -p llmroute-envoy --bin llmroute
@@ -58,7 +64,7 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build envoy ## Integration tests through the real .wasm in a real Envoy
+e2e: build build-trap envoy ## Integration tests through the real .wasm in a real Envoy
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)

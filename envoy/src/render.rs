@@ -197,7 +197,15 @@ fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
     wasm_plugin("llmroute", "llmroute", &plugin_config, opts)
 }
 
+/// How Envoy treats a VM that trapped: it is replaced by a fresh one (see `docs/failure-policy-and-tls.md`).
+pub(crate) const FAILURE_POLICY: &str = "FAIL_RELOAD";
+/// The first wait before a trapped VM is reloaded; Envoy backs off from there (jittered, up to 10 s).
+pub(crate) const RELOAD_BASE_INTERVAL: &str = "0.1s";
+
 /// The wasm HTTP filter, as a downstream filter or (with the upstream root id) an upstream one.
+///
+/// Each role runs in its own VM, named after its root id, so a trap in one role never takes the other down, and
+/// a trapped VM is reloaded ([`FAILURE_POLICY`]). Shared data is scoped by VM id; the upstream role reads none.
 pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: &RenderOptions) -> Value {
     json!({
         "name": name,
@@ -207,12 +215,15 @@ pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: 
                 "name": name,
                 "root_id": root_id,
                 "allow_on_headers_stop_iteration": true,
+                "failure_policy": FAILURE_POLICY,
+                // Envoy's default waits 1 s before a reload, and its worker answers 503 meanwhile.
+                "reload_config": { "backoff": { "base_interval": RELOAD_BASE_INTERVAL, "max_interval": "10s" } },
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
                     "value": plugin_config,
                 },
                 "vm_config": {
-                    "vm_id": "llmroute",
+                    "vm_id": root_id,
                     "runtime": opts.runtime,
                     "code": { "local": { "filename": opts.wasm_path } },
                 },
@@ -276,6 +287,32 @@ mod tests {
         let cfg = llmroute_core::load_config(embedded).unwrap();
         assert_eq!(cfg.backends.len(), 2);
         assert_eq!(hcm["http_filters"][1]["name"], "envoy.filters.http.router");
+    }
+
+    #[test]
+    fn each_role_has_its_own_vm_and_a_trapped_vm_is_reloaded() {
+        let down = wasm_plugin("llmroute", "llmroute", "{}", &RenderOptions::new("/x.wasm"));
+        let up = wasm_plugin(
+            "llmroute-upstream",
+            "llmroute_upstream",
+            "{}",
+            &RenderOptions::new("/x.wasm"),
+        );
+        let config = |v: &Value| v["typed_config"]["config"].clone();
+        assert_eq!(config(&down)["vm_config"]["vm_id"], "llmroute");
+        assert_eq!(config(&up)["vm_config"]["vm_id"], "llmroute_upstream");
+        for v in [&down, &up] {
+            assert_eq!(config(v)["failure_policy"], "FAIL_RELOAD");
+            assert_eq!(config(v)["reload_config"]["backoff"]["base_interval"], "0.1s");
+        }
+        // The rendered downstream filter is the same entry.
+        let v = render();
+        let hcm = &v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let rendered = &hcm["http_filters"][0]["typed_config"]["config"];
+        for key in ["failure_policy", "reload_config", "root_id"] {
+            assert_eq!(rendered[key], config(&down)[key], "{key}");
+        }
+        assert_eq!(rendered["vm_config"]["vm_id"], "llmroute");
     }
 
     #[test]

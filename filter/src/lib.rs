@@ -11,12 +11,11 @@ mod props;
 mod response;
 mod root;
 mod status;
+#[cfg(feature = "test-trap")]
+mod trap;
 mod upstream;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    std::panic::set_hook(Box::new(|info| {
-        log::error!("llmroute: panic, this worker's VM is lost: {info}");
-    }));
+    host::init_logging(log::LevelFilter::Info);
     proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
 }}

@@ -30,6 +30,18 @@ pub struct PkiFiles {
 impl TestPki {
     /// A new CA, and a server certificate for `localhost`, `127.0.0.1` and `extra_names` (DNS names or IPs).
     pub fn generate(extra_names: &[&str]) -> Result<TestPki, String> {
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        names.extend(extra_names.iter().map(|n| n.to_string()));
+        Self::generate_for(names)
+    }
+
+    /// A new CA, and a server certificate for exactly `names` (DNS names or IPs), say one that does not name the
+    /// address it is served from.
+    pub fn generate_exact(names: &[&str]) -> Result<TestPki, String> {
+        Self::generate_for(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    fn generate_for(names: Vec<String>) -> Result<TestPki, String> {
         let err = |e: rcgen::Error| e.to_string();
         let ca_key = KeyPair::generate().map_err(err)?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
@@ -44,8 +56,6 @@ impl TestPki {
         let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
         let issuer = Issuer::new(ca, ca_key);
 
-        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-        names.extend(extra_names.iter().map(|n| n.to_string()));
         let server_key = KeyPair::generate().map_err(err)?;
         let mut server = CertificateParams::new(names).map_err(err)?;
         server

@@ -34,6 +34,11 @@ pub fn wasm_module() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/release/llmroute_filter.wasm"))
 }
 
+/// The test-only module that traps on a request header (`make build-trap`, feature `test-trap`).
+pub fn trap_wasm_module() -> PathBuf {
+    repo_root().join("target/wasm32-wasip1/release/llmroute_filter_trap.wasm")
+}
+
 /// How to start Envoy.
 #[derive(Debug, Clone)]
 pub struct EnvoyOptions {
@@ -50,6 +55,8 @@ pub struct EnvoyOptions {
     /// Extra environment variables for the Envoy process only, e.g. the tokens that backends' `credential_env`
     /// names. Default none. They are passed to the process, never written to a file.
     pub env: Vec<(String, String)>,
+    /// The filter module to load instead of [`wasm_module`] (the trap tests use [`trap_wasm_module`]).
+    pub wasm: Option<PathBuf>,
 }
 
 impl Default for EnvoyOptions {
@@ -61,6 +68,7 @@ impl Default for EnvoyOptions {
             with_filter: true,
             cpu_list: None,
             env: Vec::new(),
+            wasm: None,
         }
     }
 }
@@ -102,10 +110,10 @@ impl Envoy {
     async fn start_once(doc: &Value, opts: &EnvoyOptions) -> Result<Envoy, StartError> {
         let text = doc.to_string();
         let cfg = llmroute_core::load_config(&text).map_err(|e| StartError::Failed(format!("invalid config:\n{e}")))?;
-        let wasm = wasm_module();
+        let wasm = opts.wasm.clone().unwrap_or_else(wasm_module);
         if !wasm.exists() {
             return Err(StartError::Failed(format!(
-                "{} is missing: run `make build`",
+                "{} is missing: run `make build` (and `make build-trap` for the trap tests)",
                 wasm.display()
             )));
         }

@@ -6,7 +6,8 @@
 //! cluster, and the backend's own cluster would let its load balancer pick the host, so each endpoint gets its
 //! own cluster, named by [`probe_cluster`](llmroute_core::fleet_check::probe_cluster): STATIC for an IP,
 //! STRICT_DNS for a name. It reaches the server the way the backend's cluster does: the same connect timeout,
-//! and a copy of the backend cluster's transport socket (TLS) and upstream filters (the credential injector).
+//! the TLS context that verifies this endpoint's name, and a copy of the backend cluster's upstream filters (the
+//! credential injector).
 //! It has no health check, no outlier detection and no load balancer settings, and no route names it.
 
 use llmroute_core::config::Config;
@@ -30,14 +31,19 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
             let backend = cfg.backends.iter().find(|b| b.name == t.backend)?;
             let endpoint = backend.endpoints.get(t.index)?;
             let rendered = clusters.iter().find(|c| c["name"] == t.backend.as_str());
-            Some(cluster(
+            let mut c = cluster(
                 t,
                 &endpoint.host,
                 endpoint.port,
                 endpoint.is_ip,
                 backend.connect_timeout_ms,
                 rendered,
-            ))
+            );
+            // The backend may verify each endpoint under its own name (see `tls`): use this endpoint's.
+            if let Some(tls) = &backend.tls {
+                c["transport_socket"] = super::tls::upstream(tls, &super::tls::verified_name(tls, endpoint));
+            }
+            Some(c)
         })
         .collect();
     clusters.extend(probes);
@@ -155,5 +161,31 @@ mod tests {
                 "{probe}"
             );
         }
+    }
+
+    #[test]
+    fn without_sni_each_probe_verifies_its_own_endpoint_name() {
+        let doc = DOC.replace(
+            "    connect_timeout_ms: 750\n",
+            "    connect_timeout_ms: 750\n    tls: { ca_file: /etc/ca.pem }\n",
+        );
+        let v = render(&doc);
+        let san = |c: &Value| {
+            c["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+                ["match_typed_subject_alt_names"]
+                .clone()
+        };
+        let p0 = named(&v, "llmroute-probe-a-0");
+        assert_eq!(
+            san(&p0),
+            serde_json::json!([{ "san_type": "IP_ADDRESS", "matcher": { "exact": "127.0.0.1" } }])
+        );
+        assert!(p0["transport_socket"]["typed_config"].get("sni").is_none());
+        let p1 = named(&v, "llmroute-probe-a-1");
+        assert_eq!(
+            san(&p1),
+            serde_json::json!([{ "san_type": "DNS", "matcher": { "exact": "llama.internal" } }])
+        );
+        assert_eq!(p1["transport_socket"]["typed_config"]["sni"], "llama.internal");
     }
 }

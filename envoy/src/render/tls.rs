@@ -3,12 +3,19 @@
 //!   every filter chain of the listener. There is then no plain-HTTP chain at all: a plain listener is rendered
 //!   only when no certificate is given. The connection manager's `codec_type: AUTO` follows the ALPN choice.
 //! - A backend's `tls` puts an `UpstreamTlsContext` on its cluster: the engines' certificates must chain to
-//!   `ca_file` (Envoy never falls back to a system trust store), `sni` is sent when given, and then the
-//!   certificate must also name it (a DNS subject alternative name). Without `sni`, only the chain is checked.
+//!   `ca_file` (Envoy never falls back to a system trust store) **and** name the host Envoy meant to reach, so a
+//!   backend token never goes to another holder of a certificate from the same CA. The verified name is `sni`
+//!   when given (sent as SNI, matched as a DNS subject alternative name). Without `sni`, it is each endpoint's
+//!   own host: a DNS name is sent as SNI and matched as a DNS SAN; an IP literal is matched as an IP-address SAN
+//!   (and no SNI is sent, since SNI cannot carry an IP).
+//! - When the endpoints of one backend need different names, each endpoint gets its own context: the cluster's
+//!   `transport_socket_matches` holds one per name, keyed on the endpoint metadata
+//!   `envoy.transport_socket_match: { llmroute_tls_name: NAME }`. The cluster's default `transport_socket` is
+//!   the first endpoint's, so an endpoint that somehow matched none would still be verified, and refused.
 //!
 //! Envoy reads the PEM files itself, at start-up; they never enter the rendered bootstrap.
 
-use llmroute_core::config::{Config, ListenTls, UpstreamTls};
+use llmroute_core::config::{Backend, Config, Endpoint, ListenTls, UpstreamTls};
 use serde_json::{json, Value};
 
 const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
@@ -31,9 +38,72 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
             .backends
             .iter()
             .find(|b| cluster["name"].as_str() == Some(b.name.as_str()));
-        if let Some(t) = backend.and_then(|b| b.tls.as_ref()) {
-            cluster["transport_socket"] = upstream(t);
+        if let Some((b, t)) = backend.and_then(|b| Some((b, b.tls.as_ref()?))) {
+            secure_cluster(cluster, b, t);
         }
+    }
+}
+
+/// The endpoint metadata key that picks an endpoint's entry in `transport_socket_matches`.
+pub const MATCH_KEY: &str = "llmroute_tls_name";
+
+/// The name an endpoint's certificate must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerifiedName {
+    /// Sent as SNI and matched as a DNS subject alternative name.
+    Dns(String),
+    /// Matched as an IP-address subject alternative name; no SNI.
+    Ip(String),
+}
+
+impl VerifiedName {
+    fn text(&self) -> &str {
+        match self {
+            VerifiedName::Dns(n) | VerifiedName::Ip(n) => n,
+        }
+    }
+}
+
+/// `sni` when the backend gives one, else the endpoint's own host.
+pub fn verified_name(t: &UpstreamTls, e: &Endpoint) -> VerifiedName {
+    match (&t.sni, e.is_ip) {
+        (Some(sni), _) => VerifiedName::Dns(sni.clone()),
+        (None, false) => VerifiedName::Dns(e.host.clone()),
+        (None, true) => VerifiedName::Ip(e.host.clone()),
+    }
+}
+
+/// One context when every endpoint needs the same name; else one per name, picked by endpoint metadata.
+fn secure_cluster(cluster: &mut Value, b: &Backend, t: &UpstreamTls) {
+    let mut names: Vec<VerifiedName> = Vec::new();
+    for e in &b.endpoints {
+        let n = verified_name(t, e);
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let Some(first) = names.first() else {
+        return;
+    };
+    cluster["transport_socket"] = upstream(t, first);
+    if names.len() < 2 {
+        return;
+    }
+    let matches: Vec<Value> = names
+        .iter()
+        .map(|n| {
+            json!({
+                "name": format!("llmroute-tls-{}", n.text()),
+                "match": { MATCH_KEY: n.text() },
+                "transport_socket": upstream(t, n),
+            })
+        })
+        .collect();
+    cluster["transport_socket_matches"] = Value::from(matches);
+    let lb_endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array_mut();
+    for (endpoint, e) in lb_endpoints.into_iter().flatten().zip(&b.endpoints) {
+        let n = verified_name(t, e);
+        endpoint["metadata"]["filter_metadata"]["envoy.transport_socket_match"][MATCH_KEY] = Value::from(n.text());
     }
 }
 
@@ -54,15 +124,22 @@ pub fn downstream(t: &ListenTls) -> Value {
     })
 }
 
-/// The cluster side: verify the engine against `ca_file`; send and verify `sni` when given.
-pub fn upstream(t: &UpstreamTls) -> Value {
-    let mut validation = json!({ "trusted_ca": { "filename": t.ca_file } });
-    let mut context = json!({ "@type": UPSTREAM });
-    if let Some(sni) = &t.sni {
-        context["sni"] = Value::from(sni.as_str());
-        validation["match_typed_subject_alt_names"] = json!([{ "san_type": "DNS", "matcher": { "exact": sni } }]);
+/// The cluster side: verify the engine against `ca_file`, and that its certificate names `name`.
+pub fn upstream(t: &UpstreamTls, name: &VerifiedName) -> Value {
+    let (san_type, san) = match name {
+        VerifiedName::Dns(n) => ("DNS", n),
+        VerifiedName::Ip(n) => ("IP_ADDRESS", n),
+    };
+    let mut context = json!({
+        "@type": UPSTREAM,
+        "common_tls_context": { "validation_context": {
+            "trusted_ca": { "filename": t.ca_file },
+            "match_typed_subject_alt_names": [{ "san_type": san_type, "matcher": { "exact": san } }],
+        } },
+    });
+    if let VerifiedName::Dns(n) = name {
+        context["sni"] = Value::from(n.as_str());
     }
-    context["common_tls_context"] = json!({ "validation_context": validation });
     json!({ "name": TLS_SOCKET, "typed_config": context })
 }
 
@@ -73,7 +150,7 @@ fn array_mut(v: &mut Value) -> impl Iterator<Item = &mut Value> {
 #[cfg(test)]
 mod tests {
     use crate::render::{bootstrap, RenderOptions};
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     const PLAIN: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\n  - name: b\n    kind: vllm\n    endpoints: ['10.0.0.2:8000']\n    tls: { sni: vllm.internal, ca_file: /etc/llmroute/ca.pem }\n  - name: c\n    kind: openai\n    endpoints: ['api.example.com:443']\n    tls: { ca_file: /etc/ssl/ca.pem }\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
 
@@ -130,6 +207,10 @@ mod tests {
         );
     }
 
+    fn validation(c: &Value) -> &Value {
+        &c["typed_config"]["common_tls_context"]["validation_context"]
+    }
+
     #[test]
     fn upstream_tls_verifies_the_ca_and_the_sni() {
         let v = render(PLAIN);
@@ -143,17 +224,82 @@ mod tests {
             "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
         );
         assert_eq!(ctx["sni"], "vllm.internal");
-        let validation = &ctx["common_tls_context"]["validation_context"];
-        assert_eq!(validation["trusted_ca"]["filename"], "/etc/llmroute/ca.pem");
+        assert_eq!(validation(b)["trusted_ca"]["filename"], "/etc/llmroute/ca.pem");
         assert_eq!(
-            validation["match_typed_subject_alt_names"],
-            serde_json::json!([{ "san_type": "DNS", "matcher": { "exact": "vllm.internal" } }])
+            validation(b)["match_typed_subject_alt_names"],
+            json!([{ "san_type": "DNS", "matcher": { "exact": "vllm.internal" } }])
         );
+        assert!(cluster(&v, "b").get("transport_socket_matches").is_none());
+    }
 
-        let c = &cluster(&v, "c")["transport_socket"]["typed_config"];
-        assert!(c.get("sni").is_none());
-        let validation = &c["common_tls_context"]["validation_context"];
-        assert_eq!(validation["trusted_ca"]["filename"], "/etc/ssl/ca.pem");
-        assert!(validation.get("match_typed_subject_alt_names").is_none());
+    #[test]
+    fn without_sni_a_dns_endpoint_is_verified_under_its_own_name() {
+        let v = render(PLAIN);
+        let c = &cluster(&v, "c")["transport_socket"];
+        assert_eq!(c["typed_config"]["sni"], "api.example.com");
+        assert_eq!(validation(c)["trusted_ca"]["filename"], "/etc/ssl/ca.pem");
+        assert_eq!(
+            validation(c)["match_typed_subject_alt_names"],
+            json!([{ "san_type": "DNS", "matcher": { "exact": "api.example.com" } }])
+        );
+        assert!(cluster(&v, "c").get("transport_socket_matches").is_none());
+    }
+
+    #[test]
+    fn without_sni_an_ip_endpoint_is_verified_by_its_ip_san_and_sends_no_sni() {
+        let doc = PLAIN.replace("tls: { sni: vllm.internal, ca_file:", "tls: { ca_file:");
+        let v = render(&doc);
+        let b = &cluster(&v, "b")["transport_socket"];
+        assert!(b["typed_config"].get("sni").is_none(), "{b}");
+        assert_eq!(
+            validation(b)["match_typed_subject_alt_names"],
+            json!([{ "san_type": "IP_ADDRESS", "matcher": { "exact": "10.0.0.2" } }])
+        );
+    }
+
+    #[test]
+    fn endpoints_with_different_names_each_get_their_own_context() {
+        let doc = PLAIN.replace(
+            "endpoints: ['api.example.com:443']",
+            "endpoints: ['api.example.com:443', 'eu.example.com:443', '10.1.2.3:443']",
+        );
+        let v = render(&doc);
+        let c = cluster(&v, "c");
+        let matches = c["transport_socket_matches"].as_array().unwrap();
+        let want = [
+            ("api.example.com", "DNS"),
+            ("eu.example.com", "DNS"),
+            ("10.1.2.3", "IP_ADDRESS"),
+        ];
+        assert_eq!(matches.len(), want.len());
+        for (m, (name, san_type)) in matches.iter().zip(want) {
+            assert_eq!(m["match"], json!({ "llmroute_tls_name": name }));
+            let socket = &m["transport_socket"];
+            assert_eq!(
+                validation(socket)["match_typed_subject_alt_names"],
+                json!([{ "san_type": san_type, "matcher": { "exact": name } }])
+            );
+            assert_eq!(validation(socket)["trusted_ca"]["filename"], "/etc/ssl/ca.pem");
+        }
+        let endpoints = c["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap();
+        for (e, (name, _)) in endpoints.iter().zip(want) {
+            let md = &e["metadata"]["filter_metadata"];
+            assert_eq!(md["envoy.transport_socket_match"]["llmroute_tls_name"], name);
+            assert_eq!(md["llmroute"]["backend"], "c", "the backend metadata stays");
+        }
+        // The default is the first endpoint's context, never an unverified one.
+        assert_eq!(c["transport_socket"], matches[0]["transport_socket"]);
+    }
+
+    #[test]
+    fn an_explicit_sni_is_one_context_for_every_endpoint() {
+        let doc = PLAIN.replace(
+            "endpoints: ['10.0.0.2:8000']",
+            "endpoints: ['10.0.0.2:8000', 'b2.internal:8000']",
+        );
+        let v = render(&doc);
+        let b = cluster(&v, "b");
+        assert!(b.get("transport_socket_matches").is_none());
+        assert_eq!(b["transport_socket"]["typed_config"]["sni"], "vllm.internal");
     }
 }

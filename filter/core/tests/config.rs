@@ -1088,3 +1088,35 @@ fn the_session_echo_header_may_be_a_session_header() {
     }));
     assert_eq!(cfg.affinity.session_headers, ["x-multi-turn-session-id"]);
 }
+
+/// A backend with `credential_env`, the given endpoints and, optionally, `tls`.
+fn credential_doc(endpoints: &[&str], tls: Option<Value>) -> Value {
+    let mut backend = json!({ "name": "k", "kind": "vllm", "endpoints": endpoints, "credential_env": "TOKEN" });
+    if let Some(t) = tls {
+        backend["tls"] = t;
+    }
+    json!({ "version": 1, "backends": [backend], "models": [{ "name": "m", "routes": [{ "backend": "k" }] }] })
+}
+
+#[test]
+fn a_credential_without_tls_is_refused_unless_every_endpoint_is_loopback() {
+    let errs = load(&credential_doc(&["127.0.0.1:8000", "vllm.internal:8000"], None)).unwrap_err();
+    let text = errs.to_string();
+    assert_eq!(errs.0.len(), 1, "{text}");
+    assert_eq!(errs.0[0].field, "backends[0].credential_env");
+    assert_eq!(errs.0[0].value, "TOKEN");
+    assert!(
+        text.contains("vllm.internal:8000") && text.contains("unencrypted") && text.contains("add `tls:"),
+        "{text}"
+    );
+    for loopback in [
+        &["127.0.0.1:8000"][..],
+        &["127.0.0.9:8000", "[::1]:8000"],
+        &["localhost:8000"],
+    ] {
+        let doc = credential_doc(loopback, None);
+        assert!(load(&doc).is_ok(), "{loopback:?}: {:?}", load(&doc).err());
+    }
+    let with_tls = credential_doc(&["10.0.0.5:8000"], Some(json!({ "ca_file": "/etc/ca.pem" })));
+    assert!(load(&with_tls).is_ok(), "{:?}", load(&with_tls).err());
+}

@@ -11,6 +11,7 @@ mod corpus;
 mod credentials;
 mod discovery;
 mod edge;
+mod failure;
 mod fleet_check;
 mod placement;
 mod resilience;

@@ -280,7 +280,17 @@ async fn upstream_case(
     tls: impl FnOnce(&PkiFiles) -> Value,
     credential: Option<(&str, &str)>,
 ) -> (Fleet, TlsFront, Envoy, tempfile::TempDir) {
-    let (pki, files, dir) = pki(&["backend.internal"]);
+    upstream_case_with(TestPki::generate(&["backend.internal"]).unwrap(), tls, credential).await
+}
+
+/// [`upstream_case`] with the front serving `pki`'s certificate.
+async fn upstream_case_with(
+    pki: TestPki,
+    tls: impl FnOnce(&PkiFiles) -> Value,
+    credential: Option<(&str, &str)>,
+) -> (Fleet, TlsFront, Envoy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = pki.write(dir.path()).unwrap();
     let fleet = Fleet::start("secure", 1).await.unwrap();
     let front = TlsFront::start(&pki, fleet.engines[0].addr()).await;
     let mut backend = json!({ "name": "secure", "kind": "llamacpp", "endpoints": [front.addr.to_string()] });
@@ -359,4 +369,50 @@ async fn upstream_tls_refuses_a_certificate_that_does_not_name_the_sni() {
     assert_eq!(fleet.engines[0].chat_requests().len(), 0);
     assert!(envoy.stat("cluster.secure.ssl.fail_verify_san").await.unwrap_or(0) >= 1);
     assert!(front.snis().iter().any(|s| s.as_deref() == Some("other.internal")));
+}
+
+/// Without `sni`, the certificate must name the endpoint itself (here its IP, `127.0.0.1`): one from the right CA
+/// for another name is refused before any byte of the request, so the token never reaches that server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sni_a_certificate_for_another_name_is_refused_and_gets_no_token() {
+    let wrong_name = TestPki::generate_exact(&["backend.internal", "10.9.9.9"]).unwrap();
+    let (fleet, front, envoy, _dir) = upstream_case_with(
+        wrong_name,
+        |f| json!({ "ca_file": f.ca_file }),
+        Some(("LLMROUTE_TEST_TLS_TOKEN", "tls-token-wrong-name")),
+    )
+    .await;
+    let (status, backend, _) = post(&client(), &envoy, &chat(None, "wrong name, right ca"), &[]).await;
+    assert_eq!((status, backend.as_str()), (503, ""));
+    assert_eq!(
+        fleet.engines[0].chat_requests().len(),
+        0,
+        "no request, and so no token, may reach it"
+    );
+    assert!(envoy.stat("cluster.secure.ssl.fail_verify_san").await.unwrap_or(0) >= 1);
+    assert!(front.failed.load(Ordering::SeqCst) >= 1);
+    assert!(
+        front.snis().iter().all(Option::is_none),
+        "an IP endpoint gets no SNI: {:?}",
+        front.snis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sni_a_certificate_that_names_the_endpoint_ip_works() {
+    let token = "tls-token-right-name";
+    let (fleet, front, envoy, _dir) = upstream_case(
+        |f| json!({ "ca_file": f.ca_file }),
+        Some(("LLMROUTE_TEST_TLS_TOKEN", token)),
+    )
+    .await;
+    let (status, backend, body) = post(&client(), &envoy, &chat(None, "right name"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "secure-0"), "{body}");
+    let got = fleet.engines[0].chat_requests();
+    assert_eq!(got.len(), 1);
+    let bearer = format!("Bearer {token}");
+    assert_eq!(got[0].header("authorization"), Some(bearer.as_str()));
+    assert!(front.snis().iter().all(Option::is_none), "{:?}", front.snis());
+    let bootstrap = envoy.bootstrap_yaml();
+    assert!(bootstrap.contains("IP_ADDRESS"), "{bootstrap}");
 }

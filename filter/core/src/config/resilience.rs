@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use super::{ConfigError, EngineKind};
+use super::{ConfigError, Endpoint, EngineKind};
 
 /// `backends[].health`: Envoy active health checking.
 #[derive(Debug, Clone, Deserialize)]
@@ -253,6 +253,24 @@ impl Checker<'_> {
         Some(name.to_string())
     }
 
+    /// A backend token must never cross the network in clear text: `credential_env` without `tls` is refused
+    /// unless every endpoint is loopback (an IP loopback literal, or `localhost`).
+    pub fn credential_needs_tls(&mut self, credential_env: Option<&str>, has_tls: bool, endpoints: &[Endpoint]) {
+        let (Some(var), false) = (credential_env, has_tls) else {
+            return;
+        };
+        if let Some(e) = endpoints.iter().find(|e| !is_loopback(e)) {
+            self.error(
+                "credential_env",
+                var,
+                format!(
+                    "the backend has no `tls`, so its token would reach {e} unencrypted, and that endpoint is not \
+                     loopback; add `tls: {{ ca_file: ... }}` to the backend, or remove `credential_env`"
+                ),
+            );
+        }
+    }
+
     /// KV-event routing and prefill/decode disaggregation: impossible on llama.cpp, reserved elsewhere.
     pub fn reserved(&mut self, kind: EngineKind, kv_events: Option<bool>, disaggregation: Option<&str>) {
         let used = [
@@ -315,4 +333,12 @@ pub fn listen_tls(raw: Option<&RawListenTls>, errors: &mut Vec<ConfigError>) -> 
         cert_file: t.cert_file.clone(),
         key_file: t.key_file.clone(),
     })
+}
+
+/// True for an IP loopback literal (127.0.0.0/8, ::1) and for `localhost`.
+pub fn is_loopback(e: &Endpoint) -> bool {
+    if e.is_ip {
+        return e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    }
+    e.host == "localhost"
 }

@@ -203,6 +203,7 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
     let outlier = check.outlier(b.outlier.as_ref(), if discovery.is_some() { 100 } else { listed });
     let tls = check.tls(b.tls.as_ref());
     let credential_env = check.credential_env(b.credential_env.as_deref());
+    check.credential_needs_tls(credential_env.as_deref(), tls.is_some(), &endpoints);
     check.reserved(kind_or_default, b.kv_events, b.disaggregation.as_deref());
     match (kind, lb, errs.0.len() == before) {
         (Some(kind), Some(lb), true) => Some(Backend {
