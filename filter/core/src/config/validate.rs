@@ -77,6 +77,16 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let limits = limits(&mut errs, raw.limits.as_ref());
     let listen_tls = resilience::listen_tls(raw.listen_tls.as_ref(), &mut errs.0);
     let retries = resilience::retries(raw.retries.as_ref(), &mut errs.0, &mut errs.1);
+    if retries.per_try_timeout_ms > limits.request_timeout_ms {
+        errs.push(
+            "retries.per_try_timeout_ms",
+            retries.per_try_timeout_ms,
+            format!(
+                "must be at most limits.request_timeout_ms ({}): a try cannot outlast the whole request",
+                limits.request_timeout_ms
+            ),
+        );
+    }
     let image_tokens = raw
         .tokens
         .as_ref()
@@ -309,6 +319,13 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
             );
         } else if h.starts_with(':') {
             errs.push(field, h, "pseudo-headers cannot carry a session id");
+        } else if crate::headers::CREDENTIALS.contains(&h.to_ascii_lowercase().as_str()) {
+            errs.push(
+                field,
+                h,
+                "this header carries a credential, and the session id is echoed back in x-multi-turn-session-id; \
+                 name a header such as x-session-id instead",
+            );
         }
     }
     check_unique(errs, "affinity.session_headers", headers.iter().map(String::as_str));
@@ -414,11 +431,11 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
         );
     }
     let request_timeout_ms = raw.and_then(|l| l.request_timeout_ms).unwrap_or(600_000);
-    if request_timeout_ms > 86_400_000 {
+    if request_timeout_ms == 0 || request_timeout_ms > 86_400_000 {
         errs.push(
             "limits.request_timeout_ms",
             request_timeout_ms,
-            "must be at most 86400000 (one day)",
+            "must be between 1 and 86400000 (one day); 0 would time every request out at once",
         );
     }
     Limits {
