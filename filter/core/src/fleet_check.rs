@@ -17,6 +17,7 @@
 //!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
+use crate::key_placement::MAX_SLOTS;
 use std::fmt;
 
 use serde_json::Value;
@@ -68,7 +69,7 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
 }
 
 /// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a
-/// server did not answer or did not say). Bounded-keys placement weighs hosts by it when the config gives no
+/// server did not answer or did not say), capped at [`MAX_SLOTS`] so one server cannot claim every new key. Bounded-keys placement weighs hosts by it when the config gives no
 /// `slots`.
 pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)]) -> Vec<(String, Vec<u32>)> {
     let mut out: Vec<(String, Vec<u32>)> = Vec::new();
@@ -84,7 +85,7 @@ pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)])
                     .is_some_and(|x| x.backend == t.backend && x.index == t.index)
             })
             .and_then(|(_, p)| p.total_slots)
-            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+            .map_or(0, |n| u32::try_from(n.min(u64::from(MAX_SLOTS))).unwrap_or(MAX_SLOTS));
         if let Some((_, list)) = out.last_mut() {
             if list.len() <= t.index {
                 list.resize(t.index + 1, 0);

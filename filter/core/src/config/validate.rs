@@ -4,6 +4,7 @@
 //! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
 //! `Option`s left to interpret.
 
+use crate::key_placement::MAX_SLOTS;
 use std::collections::HashMap;
 
 use super::*;
@@ -186,8 +187,12 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             );
         }
         for (j, n) in list.iter().enumerate() {
-            if !(1..=4096).contains(n) {
-                errs.push(at(&format!("slots[{j}]")), n, "must be between 1 and 4096");
+            if !(1..=MAX_SLOTS).contains(n) {
+                errs.push(
+                    at(&format!("slots[{j}]")),
+                    n,
+                    format!("must be between 1 and {MAX_SLOTS} (the most slots one host can weigh)"),
+                );
             }
         }
     }
