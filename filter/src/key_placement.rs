@@ -158,7 +158,7 @@ impl Pin {
 fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
     let key = in_flight_key(backend);
     let settled = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.adjust(&mut Host, &key, hosts, i, up)));
-    if settled == Ok(false) {
+    if matches!(settled, Ok(false)) {
         log::debug!("llmroute: in-flight count of {backend} owed until the next tick");
     }
 }

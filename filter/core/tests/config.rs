@@ -696,6 +696,24 @@ fn empty_backends_reports_both_the_list_and_the_dangling_route() {
 }
 
 #[test]
+fn slots_above_the_cap_are_refused() {
+    let with = |n: u32| {
+        edit(minimal(), |v| {
+            v["backends"][0]["slots"] = json!([n]);
+            v["affinity"] = json!({ "placement": "bounded_keys" });
+        })
+    };
+    refused(&with(257), "backends[0].slots[0]", "257", "must be between 1 and 256");
+    refused(
+        &with(u32::MAX),
+        "backends[0].slots[0]",
+        &u32::MAX.to_string(),
+        "between 1 and 256",
+    );
+    assert_eq!(loads(&with(256)).backends[0].slots, Some(vec![256]));
+}
+
+#[test]
 fn zero_request_timeout_is_refused() {
     refused(
         &edit(minimal(), |v| v["limits"] = json!({ "request_timeout_ms": 0 })),
