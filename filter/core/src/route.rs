@@ -261,7 +261,8 @@ fn output_count(raw: &[u8]) -> Option<u64> {
         return Some(n);
     }
     let f = text.parse::<f64>().ok()?;
-    (f.is_finite() && f >= 0.0 && f.fract() == 0.0).then(|| if f >= u64::MAX as f64 { u64::MAX } else { f as u64 })
+    // `as` saturates: 1e30 becomes u64::MAX.
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
 }
 
 #[cfg(test)]
