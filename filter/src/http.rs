@@ -131,8 +131,8 @@ impl Http {
                 }
             }
         }
-        if decision.failover {
-            host::set_request_header(headers::ALIAS, Some(&decision.alias));
+        if let Some(alias) = decision.failover_alias() {
+            host::set_request_header(headers::ALIAS, Some(alias));
         }
         host::increment(self.metrics.routed);
         let tokens = decision.input_tokens.to_string();

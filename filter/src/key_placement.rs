@@ -4,13 +4,17 @@
 //! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
 //!
 //! Hosts are weighed by the backend's `slots`, or else by the `total_slots` each llama.cpp server last reported to
-//! the `/props` check (see `props`).
+//! the `/props` check (see `props`), at most `MAX_SLOTS` (256) each.
 //!
 //! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
 //! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
-//! and lowered in the log phase.
+//! and lowered in the log phase, through this worker's ledger: an update that loses its compare-and-swap races is
+//! kept and written by a later update or the next tick, never dropped.
 
 use llmroute_core::config::{Backend, LbPolicy};
+use std::cell::RefCell;
+
+use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
 use llmroute_core::key_placement::{self, table, Bounds, HostChoice, HostView, KeyTable};
 use llmroute_core::status::{self, STALE_AFTER_MS};
 use llmroute_core::Config;
@@ -19,8 +23,23 @@ use crate::host;
 
 /// The stateful-session header (see `llmroute render`).
 pub const SESSION_HEADER: &str = "x-llmroute-endpoint";
-/// Compare-and-swap attempts before a decision is made without writing the table.
-const CAS_ATTEMPTS: usize = 8;
+thread_local! {
+    /// What this worker owes the shared in-flight counts (see `llmroute_core::key_placement::in_flight`).
+    static LEDGER: RefCell<Ledger> = RefCell::new(Ledger::default());
+}
+
+/// Envoy shared data, for the ledger.
+struct Host;
+
+impl SharedStore for Host {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        host::shared_data(key)
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        host::set_shared_data(key, value, cas)
+    }
+}
 
 /// A request pinned to a host, remembered until the log phase lowers the host's in-flight count.
 #[derive(Debug, Clone)]
@@ -115,12 +134,10 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
             .enumerate()
             .map(|(i, address)| HostView {
                 up: !down.as_ref().is_some_and(|d| d.contains(&address)),
-                weight: backend
-                    .slots
-                    .as_ref()
-                    .and_then(|s| s.get(i).copied())
-                    .or_else(|| reported.get(i).copied().filter(|n| *n > 0))
-                    .unwrap_or(1),
+                weight: key_placement::host_weight(
+                    backend.slots.as_ref().and_then(|s| s.get(i).copied()),
+                    reported.get(i).copied().unwrap_or(0),
+                ),
                 in_flight: in_flight.get(i).copied().unwrap_or(0),
                 address,
             })
@@ -168,15 +185,15 @@ impl Pin {
 
 fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
     let key = in_flight_key(backend);
-    for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::shared_data(&key);
-        let mut counts = table::decode_in_flight(&bytes.unwrap_or_default(), hosts);
-        let Some(c) = counts.get_mut(i) else { return };
-        *c = if up { c.saturating_add(1) } else { c.saturating_sub(1) };
-        if host::set_shared_data(&key, &table::encode_in_flight(&counts), cas) {
-            return;
-        }
+    let settled = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.adjust(&mut Host, &key, hosts, i, up)));
+    if matches!(settled, Ok(false)) {
+        log::debug!("llmroute: in-flight count of {backend} owed until the next tick");
     }
+}
+
+/// Writes whatever in-flight updates this worker still owes; the root calls it on every tick.
+pub fn settle() {
+    let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut Host)));
 }
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.

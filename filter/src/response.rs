@@ -2,8 +2,10 @@
 //! its usage, close a stream that ended without its terminal event, cut the usage chunk the gateway asked for on
 //! the client's behalf, and count the outcome and the usage in the log phase.
 //!
-//! Nothing is held back: each chunk is released in the callback that brought it. A non-streamed JSON body is
-//! copied (up to 1 MiB) only to read its usage at the end.
+//! Nothing is held back, with one exception: while the gateway cuts the usage chunk it asked for, a chunk that
+//! ends inside an event keeps that partial event until the next chunk completes it (see `StreamTracker::relay`),
+//! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
+//! to read its usage at the end.
 
 use llmroute_core::stream::{self, usage, StreamTracker, Usage};
 use llmroute_core::Api;
@@ -43,14 +45,13 @@ impl ResponseWatch {
         match self {
             ResponseWatch::Stream { tracker, eos } => {
                 let mut size = size;
-                if size > 0 {
-                    let chunk = host::response_body(size).unwrap_or_default();
-                    let cuts = tracker.feed(&chunk);
-                    if !cuts.is_empty() {
-                        let kept = stream::without(&chunk, &cuts);
-                        host::replace_response_body(size, &kept);
-                        size = kept.len();
-                    }
+                let chunk = match size {
+                    0 => Vec::new(),
+                    _ => host::response_body(size).unwrap_or_default(),
+                };
+                if let Some(kept) = tracker.relay(&chunk, end_of_stream) {
+                    host::replace_response_body(size, &kept);
+                    size = kept.len();
                 }
                 if end_of_stream {
                     *eos = true;

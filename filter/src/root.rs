@@ -84,6 +84,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        crate::key_placement::settle();
         self.poller.on_tick();
         self.props.on_tick();
     }

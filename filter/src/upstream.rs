@@ -3,6 +3,8 @@
 //! After Envoy has picked the host for an attempt, this context reads the alias (request header set by the
 //! downstream filter) and the host's backend (endpoint metadata), and rewrites `model` to that backend's
 //! upstream model, setting `content-length` on every attempt. Requests without the alias header pass untouched.
+//! When the body cannot be read, parsed or replaced, the attempt is answered with a JSON 503 instead: the
+//! engine never gets another backend's model, nor a `content-length` that disagrees with the body.
 
 use std::rc::Rc;
 
@@ -33,18 +35,39 @@ impl Upstream {
             return Action::Continue;
         };
         let Some(body) = host::request_body(self.body_size) else {
-            return Action::Continue;
+            return unavailable();
         };
         match upstream::model_patch(&body, &target) {
             Ok(Some(patch)) => {
-                host::replace_request_body(body.len(), &patch.apply(&body));
+                // `content-length` follows the body only once the body has really changed: a length that
+                // disagrees with the bytes sent is how requests get smuggled.
+                if !host::replace_request_body(body.len(), &patch.apply(&body)) {
+                    return unavailable();
+                }
                 host::set_request_header("content-length", Some(&patch.new_len(body.len()).to_string()));
             }
             Ok(None) => host::set_request_header("content-length", Some(&body.len().to_string())),
-            Err(e) => log::warn!("llmroute upstream: body not rewritten: {}", e.code()),
+            Err(e) => {
+                log::warn!("llmroute upstream: body not rewritten: {}", e.code());
+                return unavailable();
+            }
         }
         Action::Continue
     }
+}
+
+/// The attempt cannot carry this backend's model: answer 503 in JSON rather than send the wrong model, or a
+/// body whose length was never set to match it.
+fn unavailable() -> Action {
+    // A length an earlier attempt set no longer describes this body; without one, Envoy frames what it sends.
+    host::set_request_header("content-length", None);
+    let body = br#"{"error":{"message":"The gateway could not process the request.","type":"server_error","param":null,"code":"gateway_error"}}"#;
+    host::send_reply(
+        503,
+        &[("content-type", "application/json"), (headers::ERROR, "gateway_error")],
+        body,
+    );
+    Action::Pause
 }
 
 impl Context for Upstream {}

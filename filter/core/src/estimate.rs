@@ -4,9 +4,12 @@
 //! The estimate is deliberately simple and the same for every API, so it is cheap and predictable:
 //! - every string value in the body counts ceil(bytes / 4) tokens (keys do not count);
 //! - every image part (`"type"` of `image`, `image_url` or `input_image`) counts a flat `image_tokens`;
-//! - image payloads (a base64 `data:` URL, a base64 string under a `data` key as in Anthropic image sources, or
-//!   any string of 1 KiB or more made only of base64 characters) count nothing as text, since their size says
-//!   nothing about the tokens a vision encoder will use;
+//! - image payloads (a well-formed base64 `data:` URL, a base64 string under a `data` key as in Anthropic image
+//!   sources, or any string of 1 KiB or more made only of base64 characters) count nothing as text, since their
+//!   size says nothing about the tokens a vision encoder will use. A `data:` URL counts as binary only when it
+//!   names a non-text media type (`type/subtype`) and its payload is base64 characters only; anything else
+//!   (`data:;base64,` with no type, which RFC 2397 reads as text, a `text/*` type, or a payload with other
+//!   characters) counts as text, so the prefix cannot hide a prompt from the context-length check;
 //! - the result is at least 1.
 //!
 //! It is one linear pass over the validated body, with no allocation. It over-counts JSON scaffolding such as
@@ -70,8 +73,30 @@ fn is_binary(s: &[u8], under_data_key: bool) -> bool {
         s.iter()
             .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'='))
     };
-    let data_url = s.starts_with(b"data:") && s.windows(8).any(|w| w == b";base64,");
-    data_url || (under_data_key && s.len() >= 16 && base64(s)) || (s.len() >= BASE64_MIN && base64(s))
+    data_url(s, base64) || (under_data_key && s.len() >= 16 && base64(s)) || (s.len() >= BASE64_MIN && base64(s))
+}
+
+/// True for `data:TYPE/SUBTYPE[;PARAMS];base64,PAYLOAD` with a non-text type and a base64-only payload.
+fn data_url(s: &[u8], base64: impl Fn(&[u8]) -> bool) -> bool {
+    let Some(rest) = s.strip_prefix(b"data:") else {
+        return false;
+    };
+    let Some(at) = rest.windows(8).position(|w| w == b";base64,") else {
+        return false;
+    };
+    let (head, payload) = (
+        rest.get(..at).unwrap_or_default(),
+        rest.get(at + 8..).unwrap_or_default(),
+    );
+    let media = head.split(|&b| b == b';').next().unwrap_or_default();
+    let mut parts = media.splitn(2, |&b| b == b'/');
+    let token = |p: &[u8]| {
+        !p.is_empty()
+            && p.iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'+' | b'.' | b'_'))
+    };
+    let (kind, sub) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    token(kind) && token(sub) && !kind.eq_ignore_ascii_case(b"text") && base64(payload)
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ pub fn read_fields(buf: &[u8], members: &[Member]) -> Result<Fields, GatewayErro
 }
 
 /// True when `key` equals the ASCII field name `field` under Unicode simple case folding.
-fn folds_to(key: &str, field: &str) -> bool {
+pub(crate) fn folds_to(key: &str, field: &str) -> bool {
     let mut chars = key.chars();
     for f in field.bytes() {
         let folded = match chars.next() {

@@ -17,6 +17,7 @@
 //!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
+use crate::key_placement::MAX_SLOTS;
 use std::fmt;
 
 use serde_json::Value;
@@ -68,7 +69,7 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
 }
 
 /// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a
-/// server did not answer or did not say). Bounded-keys placement weighs hosts by it when the config gives no
+/// server did not answer or did not say), capped at [`MAX_SLOTS`] so one server cannot claim every new key. Bounded-keys placement weighs hosts by it when the config gives no
 /// `slots`.
 pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)]) -> Vec<(String, Vec<u32>)> {
     let mut out: Vec<(String, Vec<u32>)> = Vec::new();
@@ -84,7 +85,7 @@ pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)])
                     .is_some_and(|x| x.backend == t.backend && x.index == t.index)
             })
             .and_then(|(_, p)| p.total_slots)
-            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+            .map_or(0, |n| u32::try_from(n.min(u64::from(MAX_SLOTS))).unwrap_or(MAX_SLOTS));
         if let Some((_, list)) = out.last_mut() {
             if list.len() <= t.index {
                 list.resize(t.index + 1, 0);
@@ -259,6 +260,36 @@ mod tests {
             vec![("a".to_string(), vec![2, 0, 4]), ("b".to_string(), vec![0, 1])]
         );
         assert!(reported_slots(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn reported_slots_are_capped() {
+        let targets = [ProbeTarget {
+            backend: "a".into(),
+            index: 0,
+            endpoint: "127.0.0.1:8000".into(),
+            cluster: probe_cluster("a", 0),
+        }];
+        for (said, kept) in [
+            (u64::from(u32::MAX), MAX_SLOTS),
+            (u64::MAX, MAX_SLOTS),
+            (257, 256),
+            (256, 256),
+            (3, 3),
+        ] {
+            let answers = [(
+                0,
+                ServerProps {
+                    n_ctx: Some(4096),
+                    total_slots: Some(said),
+                },
+            )];
+            assert_eq!(
+                reported_slots(&targets, &answers),
+                vec![("a".to_string(), vec![kept])],
+                "{said}"
+            );
+        }
     }
 
     #[test]

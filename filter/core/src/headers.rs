@@ -36,7 +36,7 @@ const OWNED_PREFIX: &str = "x-llmroute-";
 /// Headers only the gateway may set upstream.
 const OWNED: [&str; 2] = [INPUT_TOKENS, TOKEN_ESTIMATE];
 /// Client credentials and cookies never reach an engine.
-const CREDENTIALS: [&str; 5] = ["authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"];
+pub const CREDENTIALS: [&str; 5] = ["authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"];
 
 /// True for a request header that must not travel upstream as the client sent it.
 pub fn must_strip(name: &str) -> bool {

@@ -14,7 +14,7 @@ use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::{read_fields, Fields};
-use crate::json::{scan_object, Kind, Member, Span, MAX_DEPTH};
+use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
 use crate::placement;
 
 /// Replace the bytes in `span` with `replacement`.
@@ -63,6 +63,9 @@ pub struct RouteDecision {
     pub echo_session: Option<String>,
     /// True when `cluster` is the alias's failover cluster.
     pub failover: bool,
+    /// The client named the upstream model itself (`<alias>/<model>` prefix routing): no later step, the failover
+    /// cluster's upstream filter included, may replace it.
+    pub model_from_client: bool,
     /// The gateway's estimate of input tokens.
     pub input_tokens: u64,
     /// `None` when the body goes upstream untouched.
@@ -72,6 +75,12 @@ pub struct RouteDecision {
 }
 
 impl RouteDecision {
+    /// The alias to name to the failover cluster's upstream filter, which then sets each backend's own
+    /// `upstream_model`; `None` when the request is not on a failover cluster or its model came from the client.
+    pub fn failover_alias(&self) -> Option<&str> {
+        (self.failover && !self.model_from_client).then_some(self.alias.as_str())
+    }
+
     pub fn body_len(&self, old_len: usize) -> usize {
         self.patch.as_ref().map_or(old_len, |p| p.new_len(old_len))
     }
@@ -135,7 +144,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         (true, None) => (None, inspection.content),
     };
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
-    let needed = input_tokens.saturating_add(requested_output(body, &fields));
+    let needed = input_tokens.saturating_add(requested_output(body, &fields)?);
     let placement = placement::place(cfg, alias, needed)?;
     let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
     Ok(RouteDecision {
@@ -145,6 +154,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         alias: alias.name.clone(),
         cluster: placement.cluster,
         failover: placement.failover,
+        model_from_client: prefix_rest.is_some(),
         upstream_model,
         affinity,
         echo_session,
@@ -182,7 +192,11 @@ fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, mem
         return None;
     }
     let streaming = fields.get("stream").is_some_and(|m| m.value.of(body) == b"true");
-    let has_options = members.iter().any(|m| m.key.of(body) == b"\"stream_options\"");
+    // Keys are compared as the engine's JSON parser sees them: escapes decoded (`"stream\u005foptions"`) and,
+    // for engines whose parsers fold case, in any letter case. Any such key means the client chose.
+    let has_options = members
+        .iter()
+        .any(|m| nav::str_value(body, m.key).is_some_and(|k| crate::fields::folds_to(&k, "stream_options")));
     if !streaming || has_options {
         return None;
     }
@@ -218,13 +232,37 @@ fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usiz
 }
 
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, else 0.
-fn requested_output(body: &[u8], fields: &Fields) -> u64 {
-    ["max_completion_tokens", "max_output_tokens", "max_tokens"]
-        .into_iter()
-        .filter_map(|f| fields.get(f))
-        .filter(|m| m.kind == Kind::Number)
-        .find_map(|m| std::str::from_utf8(m.value.of(body)).ok()?.parse::<u64>().ok())
-        .unwrap_or(0)
+///
+/// Each must be `null` or a non-negative whole number: engines coerce `"4096"` or `4096.0` to 4096, so reading
+/// those as 0 would let a request slip past the context-length check. An integral float counts as its value
+/// (saturating); anything else is refused, with a 400 in the API's envelope.
+fn requested_output(body: &[u8], fields: &Fields) -> Result<u64, GatewayError> {
+    let mut asked = None;
+    for field in ["max_completion_tokens", "max_output_tokens", "max_tokens"] {
+        let Some(m) = fields.get(field) else { continue };
+        if m.kind == Kind::Null {
+            continue;
+        }
+        let n = output_count(m.value.of(body))
+            .filter(|_| m.kind == Kind::Number)
+            .ok_or_else(|| GatewayError::InvalidField {
+                field,
+                reason: "must be a non-negative integer".to_string(),
+            })?;
+        asked = asked.or(Some(n));
+    }
+    Ok(asked.unwrap_or(0))
+}
+
+/// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).
+fn output_count(raw: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    if let Ok(n) = text.parse::<u64>() {
+        return Some(n);
+    }
+    let f = text.parse::<f64>().ok()?;
+    // `as` saturates: 1e30 becomes u64::MAX.
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
 }
 
 #[cfg(test)]

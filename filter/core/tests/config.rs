@@ -281,7 +281,7 @@ fn explicit_values_are_kept() {
         v["backends"][0]["balance_factor"] = json!(100);
         v["affinity"] =
             json!({ "session_headers": ["X-Session-Id", "x-claude-code-session-id"], "user_prefix_bytes": 0 });
-        v["limits"] = json!({ "max_body_bytes": 1024, "request_timeout_ms": 0 });
+        v["limits"] = json!({ "max_body_bytes": 1024, "request_timeout_ms": 1 });
     }));
     assert_eq!(cfg.listen.to_string(), "0.0.0.0:8080");
     assert_eq!(cfg.admin.to_string(), "[::1]:9000");
@@ -295,7 +295,7 @@ fn explicit_values_are_kept() {
     );
     assert_eq!(cfg.affinity.user_prefix_bytes, 0);
     assert_eq!(cfg.limits.max_body_bytes, 1024);
-    assert_eq!(cfg.limits.request_timeout_ms, 0);
+    assert_eq!(cfg.limits.request_timeout_ms, 1);
 }
 
 #[test]
@@ -693,6 +693,77 @@ fn empty_backends_reports_both_the_list_and_the_dangling_route() {
     assert_eq!(fields, ["backends", "models[0].routes[0].backend"], "{list:#?}");
     assert_eq!(list[0].value, "[]");
     assert!(list[0].reason.contains("at least one backend"));
+}
+
+#[test]
+fn slots_above_the_cap_are_refused() {
+    let with = |n: u32| {
+        edit(minimal(), |v| {
+            v["backends"][0]["slots"] = json!([n]);
+            v["affinity"] = json!({ "placement": "bounded_keys" });
+        })
+    };
+    refused(&with(257), "backends[0].slots[0]", "257", "must be between 1 and 256");
+    refused(
+        &with(u32::MAX),
+        "backends[0].slots[0]",
+        &u32::MAX.to_string(),
+        "between 1 and 256",
+    );
+    assert_eq!(loads(&with(256)).backends[0].slots, Some(vec![256]));
+}
+
+#[test]
+fn zero_request_timeout_is_refused() {
+    refused(
+        &edit(minimal(), |v| v["limits"] = json!({ "request_timeout_ms": 0 })),
+        "limits.request_timeout_ms",
+        "0",
+        "must be between 1 and 86400000",
+    );
+}
+
+#[test]
+fn per_try_timeout_cannot_outlast_the_request() {
+    refused(
+        &edit(minimal(), |v| {
+            v["limits"] = json!({ "request_timeout_ms": 1000 });
+            v["retries"] = json!({ "attempts": 2, "per_try_timeout_ms": 1001 });
+        }),
+        "retries.per_try_timeout_ms",
+        "1001",
+        "must be at most limits.request_timeout_ms (1000)",
+    );
+    // Against the default request timeout (10 minutes), too.
+    refused(
+        &edit(minimal(), |v| v["retries"] = json!({ "per_try_timeout_ms": u64::MAX })),
+        "retries.per_try_timeout_ms",
+        &u64::MAX.to_string(),
+        "(600000)",
+    );
+    let cfg = loads(&edit(minimal(), |v| {
+        v["limits"] = json!({ "request_timeout_ms": 1000 });
+        v["retries"] = json!({ "attempts": 2, "per_try_timeout_ms": 1000 });
+    }));
+    assert_eq!(cfg.retries.per_try_timeout_ms, 1000);
+}
+
+#[test]
+fn credential_headers_cannot_carry_the_session() {
+    for (i, h) in ["authorization", "Cookie", "x-api-key", "Proxy-Authorization", "api-key"]
+        .into_iter()
+        .enumerate()
+    {
+        let e = refused(
+            &edit(minimal(), |v| {
+                v["affinity"] = json!({ "session_headers": [format!("x-session-{i}"), h] })
+            }),
+            "affinity.session_headers[1]",
+            h,
+            "carries a credential",
+        );
+        assert!(e.reason.contains("echoed back"), "{e:?}");
+    }
 }
 
 #[test]

@@ -238,3 +238,23 @@ fn unterminated_input_does_not_panic() {
         assert!(input_tokens(raw, 768) >= 1);
     }
 }
+
+#[test]
+fn only_well_formed_non_text_data_urls_count_as_images() {
+    let text = "x".repeat(4000);
+    // Text that a data: prefix must not hide: no media type (RFC 2397 reads it as text/plain), a text type, a
+    // type without a subtype, or a payload that is not base64.
+    for url in [
+        format!("data:;base64,{text}"),
+        format!("data:text/plain;base64,{text}"),
+        format!("data:image;base64,{text}"),
+        format!("data:image/png;base64,{text} and more words"),
+    ] {
+        let body = json!({"content": url}).to_string();
+        assert!(est(&body) >= 1000, "{}: {}", &url[..24], est(&body));
+    }
+    let png = format!("data:image/png;base64,{}", "QUJD".repeat(1000));
+    assert_eq!(est(&json!({"content": png}).to_string()), 1);
+    let with_params = format!("data:image/jpeg;name=a.jpg;base64,{}", "QUJD".repeat(1000));
+    assert_eq!(est(&json!({"content": with_params}).to_string()), 1);
+}

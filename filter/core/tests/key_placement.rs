@@ -3,10 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::config::BoundedKeys;
+use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
+use llmroute_core::key_placement::table::established_cap;
 use llmroute_core::key_placement::table::{decode_down, decode_in_flight, encode_down, encode_in_flight};
 use llmroute_core::key_placement::{
-    bound, choose, host_id, key_bound, live_keys, rendezvous_order, session_header_value, Bounds, HostView, KeyTable,
-    PlacementReason,
+    bound, choose, host_id, host_weight, key_bound, live_keys, rendezvous_order, session_header_value, Bounds,
+    HostView, KeyTable, PlacementReason, MAX_SLOTS,
 };
 use proptest::prelude::*;
 
@@ -76,6 +78,10 @@ fn a_known_key_is_pinned_and_touched_coarsely() {
     let b = bounds(100);
     let first = choose(&mut t, &h, 7, 1000, &b).unwrap();
     assert!(first.table_changed);
+    let second = choose(&mut t, &h, 7, 1200, &b).unwrap();
+    assert_eq!((second.host, second.reason), (first.host, PlacementReason::Pinned));
+    assert!(second.table_changed, "the second sighting establishes the key");
+    assert!(t.get(7).unwrap().established);
     let again = choose(&mut t, &h, 7, 1500, &b).unwrap();
     assert_eq!((again.host, again.reason), (first.host, PlacementReason::Pinned));
     assert!(!again.table_changed, "a touch within a second is not written");
@@ -226,9 +232,13 @@ fn malformed_tables_decode_empty() {
     let mut bytes = t.encode();
     assert_eq!(KeyTable::decode(&bytes), t);
     // Swap the two entries: unsorted input is refused.
-    let (a, b) = bytes[1..].split_at_mut(20);
+    let (a, b) = bytes[1..].split_at_mut(21);
     a.swap_with_slice(b);
     assert!(KeyTable::decode(&bytes).is_empty());
+    // A flag byte other than 0 or 1 is refused.
+    let mut odd = t.encode();
+    odd[21] = 2;
+    assert!(KeyTable::decode(&odd).is_empty());
     assert_eq!(decode_in_flight(&encode_in_flight(&[3, 0, 7]), 3), vec![3, 0, 7]);
     assert_eq!(decode_in_flight(&[1, 2, 3], 3), vec![0, 0, 0]);
     assert_eq!(decode_in_flight(&encode_in_flight(&[1, 2]), 3), vec![0, 0, 0]);
@@ -272,6 +282,195 @@ fn bounds_come_from_the_config() {
         (b.key_factor, b.in_flight_factor, b.idle_ttl_ms, b.max_keys),
         (125, 175, 300_000, 4096)
     );
+}
+
+#[test]
+fn a_flood_of_one_off_keys_leaves_established_tenants_in_place() {
+    let h = hosts(3);
+    let b = Bounds {
+        max_keys: 16,
+        ..bounds(125)
+    };
+    let mut t = KeyTable::default();
+    let tenants: Vec<u64> = (1..=6).map(|i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+    let mut home = Vec::new();
+    for (n, k) in tenants.iter().enumerate() {
+        home.push(host_of(&mut t, &h, *k, 1000 + n as u64, &b).0);
+    }
+    for (n, k) in tenants.iter().enumerate() {
+        assert_eq!(
+            host_of(&mut t, &h, *k, 2000 + n as u64, &b),
+            (home[n], PlacementReason::Pinned)
+        );
+    }
+    assert_eq!(t.established(), 6);
+    // Ten thousand random session ids, each seen once, each newer than every tenant.
+    let mut rng = 0x1234_5678_u64;
+    for n in 0..10_000u64 {
+        rng = rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let c = choose(&mut t, &h, rng, 3000 + n, &b).unwrap();
+        assert_eq!(c.reason, PlacementReason::Placed);
+        assert!(t.len() <= 16);
+    }
+    for (n, k) in tenants.iter().enumerate() {
+        assert_eq!(
+            host_of(&mut t, &h, *k, 20_000, &b),
+            (home[n], PlacementReason::Pinned),
+            "tenant {n} lost its host to the flood"
+        );
+    }
+}
+
+#[test]
+fn established_keys_keep_room_for_probation() {
+    assert_eq!(established_cap(16), 13);
+    assert_eq!(established_cap(4096), 4096 - 819);
+    assert_eq!(established_cap(1), 0);
+    let mut t = KeyTable::default();
+    // Twenty keys, each seen twice: only 13 stay established, the rest are demoted, and the table holds 16.
+    for k in 0..20u64 {
+        t.insert(k, 0, k * 10, 16);
+        assert!(t.promote(k, k * 10 + 1, 16));
+        assert!(t.established() <= 13 && t.len() <= 16);
+    }
+    assert_eq!(t.established(), 13);
+    // The 13 established are the most recently promoted ones.
+    let est: Vec<u64> = t.entries().iter().filter(|e| e.established).map(|e| e.key).collect();
+    assert_eq!(est, (7..20).collect::<Vec<_>>());
+    // A key seen once displaces only a key on probation.
+    t.insert(100, 0, 10_000, 16);
+    assert_eq!(t.established(), 13);
+    assert!(t.get(100).is_some());
+}
+
+#[test]
+fn slots_are_capped_wherever_they_weigh() {
+    assert_eq!(MAX_SLOTS, 256);
+    assert_eq!(host_weight(Some(4), 9), 4);
+    assert_eq!(host_weight(None, 4), 4);
+    assert_eq!(host_weight(None, 0), 1);
+    assert_eq!(host_weight(None, u32::MAX), MAX_SLOTS);
+    assert_eq!(host_weight(Some(u32::MAX), 0), MAX_SLOTS);
+    // A server that reports u32::MAX slots next to two of 4 takes at most 256/264 of new keys, not all of them.
+    let mut h = hosts(3);
+    for (x, w) in h.iter_mut().zip([host_weight(None, u32::MAX), 4, 4]) {
+        x.weight = w;
+    }
+    let mut t = KeyTable::default();
+    for key in 0..2640u64 {
+        choose(&mut t, &h, key.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1000, &bounds(100)).unwrap();
+    }
+    let counts = live_keys(&t, &h);
+    assert!(counts[1] >= 35 && counts[2] >= 35, "{counts:?}");
+}
+
+/// Shared data whose compare-and-swap fails while `mismatches` lasts (as when other workers keep writing the
+/// entry between each read and write), then behaves.
+#[derive(Default)]
+struct RacyStore {
+    value: Vec<u8>,
+    version: u32,
+    mismatches: usize,
+    writes: usize,
+}
+
+impl SharedStore for RacyStore {
+    fn get(&self, _key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        (Some(self.value.clone()), Some(self.version))
+    }
+
+    fn set(&mut self, _key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        if self.mismatches > 0 {
+            self.mismatches -= 1;
+            return false;
+        }
+        if cas.is_some_and(|c| c != self.version) {
+            return false;
+        }
+        self.value = value.to_vec();
+        self.version += 1;
+        self.writes += 1;
+        true
+    }
+}
+
+#[test]
+fn a_decrement_that_loses_every_race_is_owed_not_dropped() {
+    let key = "llmroute.inflight.a";
+    let mut store = RacyStore {
+        value: encode_in_flight(&[0, 0, 0]),
+        ..RacyStore::default()
+    };
+    let mut ledger = Ledger::default();
+    assert!(ledger.adjust(&mut store, key, 3, 1, true));
+    assert!(ledger.adjust(&mut store, key, 3, 1, true));
+    assert_eq!(decode_in_flight(&store.value, 3), vec![0, 2, 0]);
+    // Both requests end while other workers win every race, for longer than one call's tries.
+    store.mismatches = CAS_ATTEMPTS * 3;
+    assert!(!ledger.adjust(&mut store, key, 3, 1, false));
+    assert!(!ledger.adjust(&mut store, key, 3, 1, false));
+    assert_eq!(ledger.owed(key), Some(&[0, -2, 0][..]));
+    assert_eq!(
+        decode_in_flight(&store.value, 3),
+        vec![0, 2, 0],
+        "nothing was written yet"
+    );
+    assert!(!ledger.settle(&mut store), "still racing");
+    // The races stop: the next tick writes the whole debt in one swap, and the host is idle again.
+    assert!(ledger.settle(&mut store));
+    assert!(ledger.is_settled());
+    assert_eq!(decode_in_flight(&store.value, 3), vec![0, 0, 0]);
+    // Settling again writes nothing twice.
+    let writes = store.writes;
+    assert!(ledger.settle(&mut store));
+    assert_eq!(store.writes, writes);
+}
+
+#[test]
+fn owed_updates_ride_along_with_the_next_one() {
+    let key = "k";
+    let mut store = RacyStore {
+        value: encode_in_flight(&[5, 5]),
+        mismatches: CAS_ATTEMPTS,
+        ..RacyStore::default()
+    };
+    let mut ledger = Ledger::default();
+    assert!(!ledger.adjust(&mut store, key, 2, 0, false));
+    // The next request's increment on the other host carries the owed decrement with it.
+    assert!(ledger.adjust(&mut store, key, 2, 1, true));
+    assert_eq!(decode_in_flight(&store.value, 2), vec![4, 6]);
+    assert!(ledger.is_settled());
+    // Counts saturate at zero; an index past the hosts changes nothing.
+    store.value = encode_in_flight(&[0, 0]);
+    assert!(ledger.adjust(&mut store, key, 2, 0, false));
+    assert!(ledger.adjust(&mut store, key, 2, 7, false));
+    assert_eq!(decode_in_flight(&store.value, 2), vec![0, 0]);
+}
+
+proptest! {
+    #[test]
+    fn in_flight_counts_return_to_zero_whatever_the_races(
+        ops in prop::collection::vec((0usize..3, 0usize..(CAS_ATTEMPTS * 2)), 1..60),
+    ) {
+        // Every request raises then lowers its host, each update facing some run of lost races; once the races
+        // stop and the tick settles, every count is back to zero.
+        let key = "k";
+        let mut store = RacyStore { value: encode_in_flight(&[0, 0, 0]), ..RacyStore::default() };
+        let mut ledger = Ledger::default();
+        for &(host, races) in &ops {
+            store.mismatches = races;
+            ledger.adjust(&mut store, key, 3, host, true);
+        }
+        for &(host, races) in ops.iter().rev() {
+            store.mismatches = races;
+            ledger.adjust(&mut store, key, 3, host, false);
+        }
+        store.mismatches = 0;
+        prop_assert!(ledger.settle(&mut store));
+        prop_assert_eq!(decode_in_flight(&store.value, 3), vec![0, 0, 0]);
+    }
 }
 
 /// One request: a key (from a small family, so keys repeat) and the time step before it.
@@ -362,5 +561,43 @@ proptest! {
             prop_assert_eq!(KeyTable::decode(&t.encode()), t);
         }
         prop_assert_eq!(decode_in_flight(&bytes, hosts_n).len(), hosts_n);
+    }
+
+    #[test]
+    fn one_off_keys_never_evict_a_key_seen_repeatedly(
+        max_keys in 16usize..64,
+        repeated in prop::collection::btree_set(0u64..1_000, 1..8),
+        flood in prop::collection::vec(1_000u64..u64::MAX, 1..600),
+        every in 1usize..50,
+    ) {
+        // Tenants (seen twice, then again now and then) among a flood of distinct one-off keys, all well inside
+        // the TTL. No tenant may ever leave the table or change host.
+        let h = hosts(3);
+        let b = Bounds { max_keys, ..bounds(125) };
+        let mut t = KeyTable::default();
+        let mut now = 1_000;
+        let mut home = std::collections::HashMap::new();
+        for _ in 0..2 {
+            for &k in &repeated {
+                now += 1;
+                let c = choose(&mut t, &h, k, now, &b).unwrap();
+                prop_assert_eq!(*home.entry(k).or_insert(c.host), c.host);
+            }
+        }
+        let tenants: Vec<u64> = repeated.iter().copied().collect();
+        for (n, &key) in flood.iter().enumerate() {
+            now += 1;
+            choose(&mut t, &h, key, now, &b).unwrap();
+            prop_assert!(t.len() <= max_keys);
+            for &k in &tenants {
+                prop_assert!(t.get(k).is_some_and(|e| e.established), "tenant {} evicted after {} one-off keys", k, n + 1);
+            }
+            if n % every == 0 {
+                let k = tenants[n % tenants.len()];
+                let c = choose(&mut t, &h, k, now, &b).unwrap();
+                prop_assert_eq!(c.reason, PlacementReason::Pinned);
+                prop_assert_eq!(Some(&c.host), home.get(&k));
+            }
+        }
     }
 }

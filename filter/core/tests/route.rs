@@ -714,3 +714,117 @@ fn decision_records_the_api() {
         assert_eq!(route(&two_backends(), api, body, None).unwrap().api, api);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Issue 15: body edits and the context-length check
+
+/// One alias on a backend of `max_context` 1000 tokens that adds `stream_options.include_usage` to streams; the
+/// alias `pair` has two routes (a failover cluster) and prefix routing.
+fn guarded() -> Config {
+    common::config(
+        r#"{"version":1,
+            "backends":[{"name":"a","kind":"llamacpp","endpoints":["127.0.0.1:1"],"max_context":1000},
+                        {"name":"b","kind":"vllm","endpoints":["127.0.0.1:2"]}],
+            "models":[{"name":"m","routes":[{"backend":"a","upstream_model":"up"}]},
+                      {"name":"pair","model_prefix_routing":true,
+                       "routes":[{"backend":"b","upstream_model":"b-model","priority":1},
+                                 {"backend":"a","upstream_model":"a-model","priority":2}]}],
+            "usage":{"stream_include_usage":true}}"#,
+    )
+}
+
+#[test]
+fn an_escaped_stream_options_key_is_the_clients_choice() {
+    let cfg = guarded();
+    for key in [
+        r"stream\u005foptions",
+        r"\u0073tream_options",
+        "STREAM_OPTIONS",
+        "stream_options",
+    ] {
+        let body = format!(r#"{{"model":"m","stream":true,"messages":{HELLO},"{key}":{{"include_usage":false}}}}"#);
+        let d = route_chat(&cfg, body.as_bytes(), None).unwrap();
+        assert!(!d.strip_usage_chunk, "{key}");
+        let out = d
+            .patch
+            .as_ref()
+            .map_or(body.clone().into_bytes(), |p| p.apply(body.as_bytes()));
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            !out.contains("include_usage\":true"),
+            "{key}: a second stream_options was added: {out}"
+        );
+    }
+    // Without one, the option is still added.
+    let body = format!(r#"{{"model":"m","stream":true,"messages":{HELLO}}}"#);
+    assert!(route_chat(&cfg, body.as_bytes(), None).unwrap().strip_usage_chunk);
+}
+
+#[test]
+fn odd_output_token_counts_are_refused_in_the_envelope() {
+    let cfg = guarded();
+    for (field, value) in [
+        ("max_tokens", "1.5"),
+        ("max_tokens", "-1"),
+        ("max_tokens", r#""5000""#),
+        ("max_tokens", "true"),
+        ("max_completion_tokens", "1e-3"),
+        ("max_completion_tokens", "{}"),
+    ] {
+        let body = format!(r#"{{"model":"m","messages":{HELLO},"{field}":{value}}}"#);
+        let e = route_chat(&cfg, body.as_bytes(), None).unwrap_err();
+        assert_refusal(&e, 400, "invalid_field", Some(field));
+        assert!(e.to_string().contains("non-negative integer"), "{e}");
+    }
+}
+
+#[test]
+fn whole_number_output_counts_in_any_notation_reach_the_context_check() {
+    let cfg = guarded();
+    for value in ["2000", "2000.0", "2e3", "1e30"] {
+        let body = format!(r#"{{"model":"m","messages":{HELLO},"max_tokens":{value}}}"#);
+        let e = route_chat(&cfg, body.as_bytes(), None).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code()),
+            (400, "context_length_exceeded"),
+            "{value}: {e:?}"
+        );
+    }
+    for value in ["null", "900", "900.0"] {
+        let body = format!(r#"{{"model":"m","messages":{HELLO},"max_tokens":{value}}}"#);
+        assert!(route_chat(&cfg, body.as_bytes(), None).is_ok(), "{value}");
+    }
+}
+
+#[test]
+fn a_data_prefix_cannot_hide_a_prompt_from_the_context_check() {
+    let cfg = guarded();
+    let prompt = "word ".repeat(2000);
+    for content in [
+        format!("data:;base64,{prompt}"),
+        format!("data:text/plain;base64,{prompt}"),
+        format!("data:image/png;base64,{prompt}"),
+    ] {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": content}]}).to_string();
+        let e = route_chat(&cfg, body.as_bytes(), None).unwrap_err();
+        assert_eq!(e.code(), "context_length_exceeded", "{}", &content[..20]);
+    }
+}
+
+#[test]
+fn a_prefix_routed_model_is_not_handed_to_the_failover_rewrite() {
+    let cfg = guarded();
+    let plain = route_chat(&cfg, chat(r#""pair""#).as_bytes(), None).unwrap();
+    assert!(plain.failover);
+    assert_eq!(plain.failover_alias(), Some("pair"));
+    let pinned = route_chat(&cfg, chat(r#""pair/client-model""#).as_bytes(), None).unwrap();
+    assert!(pinned.failover && pinned.model_from_client);
+    assert_eq!(pinned.upstream_model, "client-model");
+    assert_eq!(
+        pinned.failover_alias(),
+        None,
+        "the upstream filter would overwrite client-model"
+    );
+    let single = route_chat(&cfg, chat(r#""m""#).as_bytes(), None).unwrap();
+    assert_eq!(single.failover_alias(), None);
+}

@@ -392,3 +392,54 @@ async fn every_worker_shares_one_key_table() {
     }
     assert!(busy_workers >= 2, "only {busy_workers} worker(s) took connections");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_random_session_ids_leaves_established_tenants_on_their_hosts() {
+    // A table of 16 keys, six tenants seen twice each, then a client looping over 120 fresh session ids: the
+    // flood may only displace its own one-off keys, so every tenant is still pinned where it was.
+    let fleet = Fleet::start("llama-a", 3).await.unwrap();
+    let mut cfg = config(&fleet, true, json!({}));
+    cfg["affinity"]["max_keys"] = json!(16);
+    let envoy = Envoy::start(cfg).await.unwrap();
+    let ok = wait_for(Duration::from_secs(10), || async {
+        healthy_in_snapshot(&envoy).await == Some(3)
+    })
+    .await;
+    assert!(ok.is_some(), "hosts never became healthy in the filter's snapshot");
+    let c = client();
+    let mut home = Vec::new();
+    for t in 0..6 {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!((a.status, a.reason.as_deref()), (200, Some("placed")), "tenant {t}");
+        home.push(a.engine.unwrap());
+    }
+    for (t, h) in home.iter().enumerate() {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(
+            (a.engine, a.reason.as_deref()),
+            (Some(*h), Some("pinned")),
+            "tenant {t}"
+        );
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    for n in 0..120 {
+        let id = format!("flood-{seed:x}-{n}");
+        let a = send(&c, &envoy, &fleet, 100 + n % 7, &[("x-session-id", id.as_str())]).await;
+        assert_eq!(
+            (a.status, a.reason.as_deref()),
+            (200, Some("placed")),
+            "flood request {n}"
+        );
+    }
+    for (t, h) in home.iter().enumerate() {
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(
+            (a.engine, a.reason.as_deref()),
+            (Some(*h), Some("pinned")),
+            "tenant {t} lost its host to the flood"
+        );
+    }
+}

@@ -468,3 +468,43 @@ async fn a_dead_first_priority_fails_over_with_the_next_backends_own_model() {
         assert_eq!(r.header("content-length"), Some(r.body.len().to_string().as_str()));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_routed_model_survives_the_failover_clusters_rewrite() {
+    // `<alias>/<model>` names the engine's model explicitly. On an alias with two priorities (a failover cluster)
+    // the upstream filter rewrites `model` per backend; it must leave the client's choice alone.
+    let first = Fleet::start("llama-a", 1).await.unwrap();
+    let second = Fleet::start("vllm-b", 1).await.unwrap();
+    let mut b = second.backend_entry(150);
+    b["kind"] = json!("vllm");
+    let config = json!({
+        "version": 1,
+        "backends": [first.backend_entry(150), b],
+        "models": [{"name": ALIAS, "model_prefix_routing": true, "routes": [
+            {"backend": "llama-a", "upstream_model": "qwen-gguf", "priority": 1},
+            {"backend": "vllm-b", "upstream_model": "Qwen/Qwen3-0.6B", "priority": 2}]}],
+    });
+    let envoy = Envoy::start(config).await.unwrap();
+    all_healthy(&envoy, "llama-a", 1).await;
+    all_healthy(&envoy, "vllm-b", 1).await;
+    let c = client();
+    let mut body = chat(None, "hi");
+    body["model"] = json!(format!("{ALIAS}/my-finetune-q4"));
+    let (status, backend, _) = post(&c, &envoy, &body, &[]).await;
+    assert_eq!(status, 200);
+    assert!(backend.starts_with("llama-a"), "{backend}");
+    // The plain alias still gets the backend's own model through the same cluster.
+    let (status, _, _) = post(&c, &envoy, &chat(None, "hi"), &[]).await;
+    assert_eq!(status, 200);
+    let sent: Vec<Value> = first.engines[0]
+        .inference_requests()
+        .iter()
+        .map(|r| {
+            assert_eq!(r.header("content-length"), Some(r.body.len().to_string().as_str()));
+            serde_json::from_slice(&r.body).unwrap()
+        })
+        .collect();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0]["model"], "my-finetune-q4", "the client's model was overwritten");
+    assert_eq!(sent[1]["model"], "qwen-gguf");
+}

@@ -366,6 +366,43 @@ async fn the_gateway_asks_for_usage_and_hides_the_extra_chunk_unless_the_client_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_chunk_that_arrives_in_pieces_is_still_hidden_whole() {
+    // The engine sends every byte as its own body chunk, so the usage chunk reaches the filter across many
+    // body callbacks. The client must get exactly the engine's stream without that one event.
+    let (fleet, envoy) = one_engine(json!({"usage": {"stream_include_usage": true}})).await;
+    let path = "/v1/chat/completions";
+    let trickle = [("x-emu-trickle-ms", "1")];
+    let mut with_usage = streamed(path);
+    with_usage["stream_options"] = json!({"include_usage": true});
+    fleet.reset();
+    let direct = read(
+        &format!("http://{}", fleet.engines[0].addr()),
+        path,
+        &with_usage,
+        &trickle,
+    )
+    .await;
+    let direct = String::from_utf8(direct.bytes).unwrap();
+    let events: Vec<&str> = direct.split_inclusive("\n\n").collect();
+    let usage_events = events.iter().filter(|e| e.contains("\"choices\":[]")).count();
+    assert_eq!(usage_events, 1, "the engine sends one usage chunk: {direct}");
+    let want: String = events.into_iter().filter(|e| !e.contains("\"choices\":[]")).collect();
+    fleet.reset();
+    let proxied = read(&envoy.url(""), path, &streamed(path), &trickle).await;
+    assert!(!proxied.broke);
+    assert_eq!(
+        String::from_utf8_lossy(&proxied.bytes),
+        want,
+        "the split usage chunk must be removed whole, and nothing else"
+    );
+    let counted = wait_for(Duration::from_secs(3), || async {
+        counter(&envoy, "complete").await == 1
+    })
+    .await;
+    assert!(counted.is_some(), "the stream counts as complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_tokens_from_the_engine_show_up_in_the_backends_hit_rate() {
     let (_fleet, envoy) = one_engine(json!({})).await;
     let c = client();

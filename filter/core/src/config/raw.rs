@@ -105,7 +105,7 @@ pub struct RawBackend {
     #[serde(default)]
     pub credential_env: Option<String>,
     /// Cache slots per endpoint (llama.cpp `-np`). With `affinity.placement: bounded_keys` an endpoint's share
-    /// of keys is proportional to its slots. `1` to `4096`; default: every endpoint counts the same.
+    /// of keys is proportional to its slots. `1` to `256`; default: every endpoint counts the same.
     #[serde(default)]
     pub slots: Option<Vec<u32>>,
     /// Reserved: routing on engine KV-cache events (refused for llamacpp).

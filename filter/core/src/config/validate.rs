@@ -4,6 +4,7 @@
 //! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
 //! `Option`s left to interpret.
 
+use crate::key_placement::MAX_SLOTS;
 use std::collections::HashMap;
 
 use super::*;
@@ -79,6 +80,16 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let limits = limits(&mut errs, raw.limits.as_ref());
     let listen_tls = resilience::listen_tls(raw.listen_tls.as_ref(), &mut errs.0);
     let retries = resilience::retries(raw.retries.as_ref(), &mut errs.0, &mut errs.1);
+    if retries.per_try_timeout_ms > limits.request_timeout_ms {
+        errs.push(
+            "retries.per_try_timeout_ms",
+            retries.per_try_timeout_ms,
+            format!(
+                "must be at most limits.request_timeout_ms ({}): a try cannot outlast the whole request",
+                limits.request_timeout_ms
+            ),
+        );
+    }
     let image_tokens = raw
         .tokens
         .as_ref()
@@ -186,8 +197,12 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
             );
         }
         for (j, n) in list.iter().enumerate() {
-            if !(1..=4096).contains(n) {
-                errs.push(at(&format!("slots[{j}]")), n, "must be between 1 and 4096");
+            if !(1..=MAX_SLOTS).contains(n) {
+                errs.push(
+                    at(&format!("slots[{j}]")),
+                    n,
+                    format!("must be between 1 and {MAX_SLOTS} (the most slots one host can weigh)"),
+                );
             }
         }
     }
@@ -367,6 +382,13 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
             );
         } else if h.starts_with(':') {
             errs.push(field, h, "pseudo-headers cannot carry a session id");
+        } else if crate::headers::CREDENTIALS.contains(&h.to_ascii_lowercase().as_str()) {
+            errs.push(
+                field,
+                h,
+                "this header carries a credential, and the session id is echoed back in x-multi-turn-session-id; \
+                 name a header such as x-session-id instead",
+            );
         }
     }
     check_unique(errs, "affinity.session_headers", headers.iter().map(String::as_str));
@@ -472,11 +494,11 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
         );
     }
     let request_timeout_ms = raw.and_then(|l| l.request_timeout_ms).unwrap_or(600_000);
-    if request_timeout_ms > 86_400_000 {
+    if request_timeout_ms == 0 || request_timeout_ms > 86_400_000 {
         errs.push(
             "limits.request_timeout_ms",
             request_timeout_ms,
-            "must be at most 86400000 (one day)",
+            "must be between 1 and 86400000 (one day); 0 would time every request out at once",
         );
     }
     let ranged = |errs: &mut Errors, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)| {

@@ -14,8 +14,12 @@
 //! - **A request whose host is over the in-flight bound** (the backend's `balance_factor`, the same bound Envoy's
 //!   ring applies) goes to the next host in the key's rendezvous order that is within it
 //!   ([`PlacementReason::Spilled`]); the key itself does not move.
-//! - Keys idle for `key_idle_ttl_s` are forgotten, and at most `max_keys` are remembered (the least recently
-//!   seen goes first).
+//! - Keys idle for `key_idle_ttl_s` are forgotten, and at most `max_keys` are remembered. A key seen once is on
+//!   probation; seen again it is established, and established keys hold at most four fifths of `max_keys`.
+//!   When the table is full, the least recently seen key *on probation* goes first, so a flood of one-off keys
+//!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
+//!   and `docs/placement-bounds.md`).
+//! - A host weighs its `slots` (config, or the server's `/props` `total_slots`), at most [`MAX_SLOTS`].
 //!
 //! Everything here is a pure function of the table, the hosts' view and the clock, so two replicas that saw the
 //! same traffic in the same order place keys the same way; the rendezvous order depends only on the key and
@@ -23,12 +27,27 @@
 //! ([`table`] encodes them) and pins the chosen host with Envoy's stateful-session header, so Envoy's health
 //! checks, outlier ejection and retries still pick another host when the pinned one fails.
 
+pub mod in_flight;
 pub mod table;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::BoundedKeys;
 pub use table::{Entry, KeyTable};
+
+/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
+/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
+/// new key; 256 is well above any real `-np`.
+pub const MAX_SLOTS: u32 = 256;
+
+/// A host's placement weight: the config's `slots` for it, else the `total_slots` the server last reported (0
+/// when unknown), else 1; never more than [`MAX_SLOTS`].
+pub fn host_weight(configured: Option<u32>, reported: u32) -> u32 {
+    configured
+        .or(Some(reported).filter(|n| *n > 0))
+        .unwrap_or(1)
+        .clamp(1, MAX_SLOTS)
+}
 
 /// A touch that moves `last_ms` by less than this is not written back, to spare shared-data writes.
 pub const TOUCH_GRANULARITY_MS: u64 = 1000;
@@ -177,7 +196,9 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
         .filter(|&i| hosts[i].up);
     let (home, reason) = match (known, pinned) {
         (Some(e), Some(home)) => {
-            if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
+            if table.promote(key, now_ms, b.max_keys) {
+                changed = true;
+            } else if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
                 table.touch(key, now_ms);
                 changed = true;
             }

@@ -2,13 +2,29 @@
 //!
 //! Every worker VM reads and writes the same bytes (with compare-and-swap), so the encoding is fixed and
 //! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u32,
-//! last_ms: u64` (20 bytes). A host is named by a hash of its address, not by its place in the config, so adding,
+//! last_ms: u64, established: u8` (21 bytes).
+//!
+//! The table has two segments, so that a flood of one-off keys (a client looping over random session ids)
+//! cannot push out the keys of real tenants. A key enters *on probation*; the second time it is seen it becomes
+//! *established*. Established keys may fill at most [`established_cap`] of `max_keys` (the rest is always
+//! room for probation); when a promotion would pass that, the least recently seen established key goes back on
+//! probation. When the table is over `max_keys`, the least recently seen key *on probation* is forgotten, never
+//! an established one. So a key seen once can only ever displace another key seen once: an established key
+//! leaves the table only by idling past the TTL, or by being demoted to make room for a newer established key
+//! and then aging out of probation. A host is named by a hash of its address, not by its place in the config, so adding,
 //! removing or reordering endpoints leaves every other key where it was. The in-flight counts are one `u32` per endpoint. Anything malformed decodes to an
 //! empty table (or zero counts): placement then starts afresh instead of trusting odd bytes.
 
 /// The encoding's version byte.
-const VERSION: u8 = 2;
-const ENTRY_BYTES: usize = 20;
+const VERSION: u8 = 3;
+const ENTRY_BYTES: usize = 21;
+
+/// How many of `max_keys` established keys may hold: all but a fifth (at least one place), which stays room
+/// for keys on probation, so a new tenant has time for its second request before one-off keys push it out.
+pub fn established_cap(max_keys: usize) -> usize {
+    let max = max_keys.max(1);
+    max - (max / 5).max(1)
+}
 
 /// One remembered key: where it lives and when it was last seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +34,8 @@ pub struct Entry {
     /// The host's id ([`super::host_id`] of its address).
     pub host: u32,
     pub last_ms: u64,
+    /// Seen on more than one request: out of reach of keys seen once.
+    pub established: bool,
 }
 
 /// The remembered keys, sorted by key.
@@ -56,37 +74,91 @@ impl KeyTable {
         }
     }
 
-    /// Puts `key` on `host`, replacing any entry it had. When that makes more than `max_keys`, the least recently
-    /// seen other key is forgotten (ties: the smallest key).
+    /// Puts `key` on `host` at `now_ms`. A key new to the table enters on probation; a key it already had (seen
+    /// again, and moved) is established. Then the segments are brought back within `max_keys` (see the module
+    /// doc); `key` itself is never the one forgotten.
     pub fn insert(&mut self, key: u64, host: u32, now_ms: u64, max_keys: usize) {
-        let entry = Entry {
-            key,
-            host,
-            last_ms: now_ms,
-        };
         match self.find(key) {
             Ok(i) => {
                 if let Some(e) = self.entries.get_mut(i) {
-                    *e = entry;
+                    *e = Entry {
+                        key,
+                        host,
+                        last_ms: now_ms,
+                        established: true,
+                    };
                 }
             }
-            Err(i) => self.entries.insert(i, entry),
+            Err(i) => self.entries.insert(
+                i,
+                Entry {
+                    key,
+                    host,
+                    last_ms: now_ms,
+                    established: false,
+                },
+            ),
         }
-        while self.entries.len() > max_keys.max(1) {
-            let oldest = self
-                .entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.key != key)
-                .min_by_key(|(_, e)| (e.last_ms, e.key))
-                .map(|(i, _)| i);
-            match oldest {
+        self.enforce(key, max_keys);
+    }
+
+    /// Marks `key`, seen again at `now_ms`, as established. True when it was on probation (the table changed).
+    pub fn promote(&mut self, key: u64, now_ms: u64, max_keys: usize) -> bool {
+        let Ok(i) = self.find(key) else { return false };
+        let Some(e) = self.entries.get_mut(i) else { return false };
+        if e.established {
+            return false;
+        }
+        e.established = true;
+        e.last_ms = now_ms;
+        self.enforce(key, max_keys);
+        true
+    }
+
+    /// Keys established, in the table.
+    pub fn established(&self) -> usize {
+        self.entries.iter().filter(|e| e.established).count()
+    }
+
+    /// Demotes the least recently seen established keys past [`established_cap`], then forgets the least recently
+    /// seen keys on probation past `max_keys`; `keep` is spared both.
+    fn enforce(&mut self, keep: u64, max_keys: usize) {
+        let max = max_keys.max(1);
+        let mut established = self.established();
+        while established > established_cap(max) {
+            match self.least_recent(|e| e.established && e.key != keep) {
+                Some(i) => {
+                    if let Some(e) = self.entries.get_mut(i) {
+                        e.established = false;
+                    }
+                    established -= 1;
+                }
+                None => break,
+            }
+        }
+        while self.entries.len() > max {
+            // With established keys capped below `max`, a key on probation other than `keep` always exists here;
+            // the fallback only serves tables decoded from foreign bytes.
+            let victim = self
+                .least_recent(|e| !e.established && e.key != keep)
+                .or_else(|| self.least_recent(|e| e.key != keep));
+            match victim {
                 Some(i) => {
                     self.entries.remove(i);
                 }
                 None => break,
             }
         }
+    }
+
+    /// The least recently seen entry that `pick` accepts (ties: the smallest key).
+    fn least_recent(&self, pick: impl Fn(&Entry) -> bool) -> Option<usize> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| pick(e))
+            .min_by_key(|(_, e)| (e.last_ms, e.key))
+            .map(|(i, _)| i)
     }
 
     /// Forgets keys not seen for `ttl_ms` or more. True if any was forgotten.
@@ -114,12 +186,13 @@ impl KeyTable {
             out.extend_from_slice(&e.key.to_le_bytes());
             out.extend_from_slice(&e.host.to_le_bytes());
             out.extend_from_slice(&e.last_ms.to_le_bytes());
+            out.push(u8::from(e.established));
         }
         out
     }
 
     /// Reads [`KeyTable::encode`]'s bytes; anything malformed (wrong version, ragged length, unsorted or
-    /// repeated keys) gives an empty table.
+    /// repeated keys, a flag byte other than 0 or 1) gives an empty table.
     pub fn decode(bytes: &[u8]) -> KeyTable {
         let Some((&VERSION, body)) = bytes.split_first() else {
             return KeyTable::default();
@@ -130,11 +203,18 @@ impl KeyTable {
         let mut entries = Vec::with_capacity(body.len() / ENTRY_BYTES);
         for chunk in body.chunks_exact(ENTRY_BYTES) {
             let (key, rest) = chunk.split_at(8);
-            let (host, last) = rest.split_at(4);
+            let (host, rest) = rest.split_at(4);
+            let (last, flag) = rest.split_at(8);
+            let established = match flag {
+                [0] => false,
+                [1] => true,
+                _ => return KeyTable::default(),
+            };
             let entry = Entry {
                 key: u64::from_le_bytes(key.try_into().unwrap_or_default()),
                 host: u32::from_le_bytes(host.try_into().unwrap_or_default()),
                 last_ms: u64::from_le_bytes(last.try_into().unwrap_or_default()),
+                established,
             };
             if entries.last().is_some_and(|p: &Entry| p.key >= entry.key) {
                 return KeyTable::default();

@@ -26,8 +26,10 @@ pub struct SseReader {
     current: Event,
     /// Some field line of the current event has been seen (so a blank line ends an event).
     in_event: bool,
-    /// Where the current event (or its first line) began in the chunk being fed; `None` if in an earlier chunk.
-    start: Option<usize>,
+    /// Where the current event (or its first line) began, as an offset in the whole stream.
+    start: u64,
+    /// Bytes fed before the chunk being fed: the stream offset of its first byte.
+    fed: u64,
     /// True while nothing of a new event or line has been read since the last event boundary.
     at_boundary: bool,
     /// The current line grew past the bound; its tail was dropped.
@@ -47,8 +49,23 @@ impl SseReader {
     /// Reads `bytes` and calls `on_event` for each event completed by them, with the event's byte range in
     /// `bytes` (from its first byte through its blank line) when the whole event lies in this chunk.
     pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(Event, Option<(usize, usize)>)) {
-        self.start = None;
+        let base = self.fed;
+        self.feed_spans(bytes, |ev, (start, end)| {
+            let span = match (start.checked_sub(base), end.checked_sub(base)) {
+                (Some(a), Some(b)) => usize::try_from(a).ok().zip(usize::try_from(b).ok()),
+                _ => None,
+            };
+            on_event(ev, span)
+        });
+    }
+
+    /// Like [`SseReader::feed`], but every event comes with its range in the whole stream (offsets counted from
+    /// the first byte ever fed), wherever it began.
+    pub fn feed_spans(&mut self, bytes: &[u8], mut on_event: impl FnMut(Event, (u64, u64))) {
+        let base = self.fed;
+        self.fed = base.saturating_add(bytes.len() as u64);
         for (i, &b) in bytes.iter().enumerate() {
+            let at = base.saturating_add(i as u64);
             if self.pending_cr {
                 self.pending_cr = false;
                 if b == b'\n' {
@@ -57,12 +74,16 @@ impl SseReader {
             }
             if self.at_boundary && b != b'\n' && b != b'\r' {
                 self.at_boundary = false;
-                self.start = Some(i);
+                self.start = at;
             }
             match b {
-                b'\n' => self.end_line(i + 1, &mut on_event),
+                b'\n' => self.end_line(at + 1, &mut on_event),
                 b'\r' => {
-                    let end = if bytes.get(i + 1) == Some(&b'\n') { i + 2 } else { i + 1 };
+                    let end = if bytes.get(i + 1) == Some(&b'\n') {
+                        at + 2
+                    } else {
+                        at + 1
+                    };
                     self.pending_cr = true;
                     self.end_line(end, &mut on_event);
                 }
@@ -77,6 +98,16 @@ impl SseReader {
         }
     }
 
+    /// Where the unfinished event (or comment line) began, as a stream offset; `None` at an event boundary.
+    pub fn pending_start(&self) -> Option<u64> {
+        (!self.at_boundary).then_some(self.start)
+    }
+
+    /// Bytes fed so far.
+    pub fn fed(&self) -> u64 {
+        self.fed
+    }
+
     /// True when bytes of an unfinished event (or line) have been read: the stream stopped inside an event.
     pub fn mid_event(&self) -> bool {
         self.in_event || !self.line.is_empty()
@@ -87,15 +118,14 @@ impl SseReader {
         !self.line.is_empty()
     }
 
-    /// Ends a line; `end` is the index just past its line ending in the current chunk.
-    fn end_line(&mut self, end: usize, on_event: &mut impl FnMut(Event, Option<(usize, usize)>)) {
+    /// Ends a line; `end` is the stream offset just past its line ending.
+    fn end_line(&mut self, end: u64, on_event: &mut impl FnMut(Event, (u64, u64))) {
         let line = std::mem::take(&mut self.line);
         let overflow = std::mem::take(&mut self.line_overflow);
         if line.is_empty() {
             if self.in_event {
                 self.in_event = false;
-                let span = self.start.map(|s| (s, end));
-                on_event(std::mem::take(&mut self.current), span);
+                on_event(std::mem::take(&mut self.current), (self.start, end));
             }
             self.at_boundary = true;
             return;

@@ -54,7 +54,14 @@ pub struct StreamTracker {
     usage: Usage,
     /// Cut the usage-only chunk out of the client's stream (the gateway asked for it, the client did not).
     strip_usage_chunk: bool,
+    /// Bytes of an unfinished event held back by [`StreamTracker::relay`], and their stream offset.
+    held: Vec<u8>,
+    held_from: u64,
 }
+
+/// The most [`StreamTracker::relay`] holds back of one unfinished event: past this it cannot be the usage
+/// chunk the tracker would recognise (whose document is bounded by [`MAX_USAGE_DOC`]), so it is let through.
+pub const MAX_HELD: usize = MAX_USAGE_DOC + 1024;
 
 impl StreamTracker {
     pub fn new(api: Api, strip_usage_chunk: bool) -> Self {
@@ -65,16 +72,78 @@ impl StreamTracker {
             error_event: false,
             usage: Usage::default(),
             strip_usage_chunk,
+            held: Vec::new(),
+            held_from: 0,
         }
     }
 
-    /// Watches a chunk of the response. Returns byte ranges of `chunk` to cut out of what the client gets.
+    /// Watches a chunk of the response. Returns byte ranges of `chunk` to cut out of what the client gets (only
+    /// events that lie wholly in `chunk`; [`StreamTracker::relay`] also cuts those split across chunks).
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<(usize, usize)> {
+        let base = self.reader.fed();
+        self.feed_spans(chunk)
+            .into_iter()
+            .filter_map(|(a, b)| {
+                let a = usize::try_from(a.checked_sub(base)?).ok()?;
+                let b = usize::try_from(b.checked_sub(base)?).ok()?;
+                Some((a, b))
+            })
+            .collect()
+    }
+
+    /// Watches a chunk and returns what the client gets for it now, or `None` when that is the chunk unchanged.
+    ///
+    /// When the tracker strips the usage chunk, a chunk that ends inside an event keeps that event's bytes back
+    /// (at most [`MAX_HELD`]) and sends them with the next chunk, so an event split across reads is cut whole.
+    /// The client loses no time by it: an SSE client can do nothing with half an event. At `end_of_stream`
+    /// everything held is released. Without stripping, nothing is held and chunks pass unchanged.
+    pub fn relay(&mut self, chunk: &[u8], end_of_stream: bool) -> Option<Vec<u8>> {
+        let base = self.reader.fed();
+        let cuts = self.feed_spans(chunk);
+        if !self.strip_usage_chunk {
+            return None;
+        }
+        let end = self.reader.fed();
+        let from = if self.held.is_empty() { base } else { self.held_from };
+        let hold_at = match end_of_stream {
+            true => None,
+            false => self
+                .reader
+                .pending_start()
+                .filter(|s| *s >= from && end.saturating_sub(*s) <= MAX_HELD as u64),
+        };
+        let cuts: Vec<(u64, u64)> = cuts.into_iter().filter(|(a, _)| *a >= from).collect();
+        if self.held.is_empty() && cuts.is_empty() && hold_at.is_none() {
+            return None;
+        }
+        let mut window = std::mem::take(&mut self.held);
+        window.extend_from_slice(chunk);
+        let offset = |at: u64| {
+            usize::try_from(at.saturating_sub(from))
+                .unwrap_or(usize::MAX)
+                .min(window.len())
+        };
+        let release_end = hold_at.map_or(window.len(), offset);
+        let local: Vec<(usize, usize)> = cuts
+            .iter()
+            .map(|&(a, b)| (offset(a), offset(b).min(release_end)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        let out = super::without(window.get(..release_end).unwrap_or_default(), &local);
+        if let Some(at) = hold_at {
+            self.held = window.get(release_end..).unwrap_or_default().to_vec();
+            self.held_from = at;
+        }
+        Some(out)
+    }
+
+    /// Feeds the reader; returns the stream ranges of the usage chunks to cut.
+    fn feed_spans(&mut self, chunk: &[u8]) -> Vec<(u64, u64)> {
         let mut cuts = Vec::new();
         let api = self.api;
         let mut seen = Vec::new();
         self.reader
-            .feed(chunk, |ev, span| seen.push((classify(api, &ev), span)));
+            .feed_spans(chunk, |ev, span| seen.push((classify(api, &ev), span)));
         for (kind, span) in seen {
             match kind {
                 Kind::Terminal(u) => {
@@ -89,7 +158,7 @@ impl StreamTracker {
                 Kind::Error => self.error_event = true,
                 Kind::UsageChunk(u) => {
                     self.usage.merge(u);
-                    if let (true, Some(span)) = (self.strip_usage_chunk, span) {
+                    if self.strip_usage_chunk {
                         cuts.push(span);
                     }
                 }
@@ -316,6 +385,78 @@ mod tests {
         assert_eq!(t.usage().prompt_tokens, Some(1));
         let mut keep = StreamTracker::new(Api::Chat, false);
         assert!(keep.feed(chunk.as_bytes()).is_empty());
+    }
+
+    /// What the client receives when `stream` arrives in `chunks` pieces split at `cuts`, through `relay`.
+    fn relayed(t: &mut StreamTracker, stream: &[u8], splits: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut bounds = splits.to_vec();
+        bounds.push(stream.len());
+        for (n, &b) in bounds.iter().enumerate() {
+            let chunk = &stream[at..b];
+            let eos = n + 1 == bounds.len();
+            out.extend(t.relay(chunk, eos).unwrap_or_else(|| chunk.to_vec()));
+            at = b;
+        }
+        out
+    }
+
+    const WITH_USAGE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n: keepalive\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7}}\n\ndata: [DONE]\n\n";
+    const WITHOUT_USAGE: &str =
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n: keepalive\n\ndata: [DONE]\n\n";
+
+    #[test]
+    fn a_usage_chunk_split_anywhere_is_still_cut_whole() {
+        let stream = WITH_USAGE.as_bytes();
+        for a in 1..stream.len() {
+            let mut t = StreamTracker::new(Api::Chat, true);
+            let out = relayed(&mut t, stream, &[a]);
+            assert_eq!(String::from_utf8(out).unwrap(), WITHOUT_USAGE, "split at {a}");
+            assert_eq!(t.usage().prompt_tokens, Some(7));
+            assert_eq!(t.verdict(), Verdict::Complete);
+        }
+    }
+
+    #[test]
+    fn a_usage_chunk_byte_by_byte_and_in_three_pieces_is_cut() {
+        let stream = WITH_USAGE.as_bytes();
+        let every: Vec<usize> = (1..stream.len()).collect();
+        let mut t = StreamTracker::new(Api::Chat, true);
+        assert_eq!(
+            String::from_utf8(relayed(&mut t, stream, &every)).unwrap(),
+            WITHOUT_USAGE
+        );
+        let start = WITH_USAGE.find("data: {\"choices\":[]").unwrap();
+        let mut t = StreamTracker::new(Api::Chat, true);
+        let out = relayed(&mut t, stream, &[start + 3, start + 20, start + 40]);
+        assert_eq!(String::from_utf8(out).unwrap(), WITHOUT_USAGE);
+    }
+
+    #[test]
+    fn relay_holds_only_partial_events_and_nothing_without_stripping() {
+        let mut t = StreamTracker::new(Api::Chat, true);
+        // A whole event passes at once; half of the next is held until it completes.
+        assert_eq!(t.relay(b"data: {\"choices\":[{}]}\n\n", false), None);
+        assert_eq!(t.relay(b"data: {\"cho", false), Some(Vec::new()));
+        assert_eq!(
+            t.relay(b"ices\":[{}]}\n\ndata: [DO", false),
+            Some(b"data: {\"choices\":[{}]}\n\n".to_vec())
+        );
+        // End of stream releases whatever is held.
+        assert_eq!(t.relay(b"NE]", true), Some(b"data: [DONE]".to_vec()));
+        let mut keep = StreamTracker::new(Api::Chat, false);
+        let stream = WITH_USAGE.as_bytes();
+        assert_eq!(keep.relay(&stream[..40], false), None);
+        assert_eq!(keep.relay(&stream[40..], true), None);
+    }
+
+    #[test]
+    fn an_event_too_big_to_be_the_usage_chunk_is_not_held() {
+        let mut t = StreamTracker::new(Api::Chat, true);
+        let big = format!("data: {{\"x\":\"{}", "a".repeat(MAX_HELD));
+        assert_eq!(t.relay(big.as_bytes(), false), None);
+        assert_eq!(t.relay(b"\"}\n\n", true), None);
     }
 
     #[test]

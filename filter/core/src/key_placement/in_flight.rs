@@ -1,0 +1,104 @@
+//! The in-flight counts placement weighs hosts by, kept in one shared-data entry per backend that every worker
+//! updates with compare-and-swap, and the ledger that makes sure no update is ever lost.
+//!
+//! A worker raises a host's count when it pins a request there and lowers it in the log phase. Before this
+//! ledger, an update that lost [`CAS_ATTEMPTS`] races in a row was dropped, and a dropped decrement left the host
+//! looking busy for the life of the process. Now an update is first recorded in this worker's [`Ledger`] as a
+//! signed delta per host, and the ledger writes *everything the worker owes* for that backend in one
+//! compare-and-swap: read the counts, add the deltas, write with the version read. On success the debt is
+//! cleared; on a mismatch it is kept, and retried by the next update to that backend and by the worker's next
+//! tick ([`Ledger::settle`]).
+//!
+//! Why this terminates and cannot leak: each call makes at most [`CAS_ATTEMPTS`] tries, so a request never waits
+//! on others. Nothing owed is ever dropped; it only waits in the ledger. A compare-and-swap fails only when
+//! another write to the same entry landed between this worker's read and write, so every failure is some other
+//! worker's success, and once the burst of writes to the entry pauses (at the latest when traffic does), the
+//! next tick's first try succeeds and the counts are exact again. The deltas are summed, so a debt is one
+//! number per host however many updates it gathers, and writes never apply the same delta twice: the debt is
+//! cleared only by the write that carried it. Counts saturate at 0 and `u32::MAX`.
+
+use super::table::{decode_in_flight, encode_in_flight};
+
+/// Compare-and-swap tries per call before the update is left in the ledger for later.
+pub const CAS_ATTEMPTS: usize = 8;
+
+/// Envoy shared data, as far as the ledger needs it: read a value with its version, write one if the version
+/// still matches (`None`: unconditionally).
+pub trait SharedStore {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
+}
+
+/// What one worker owes the shared in-flight counts: per shared-data key, a signed delta per host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ledger {
+    owed: Vec<(String, Vec<i64>)>,
+}
+
+impl Ledger {
+    /// Records one request more (`up`) or less on host `i` of the `hosts` endpoints counted under `key`, then tries
+    /// to write everything owed under `key`. True when nothing is owed there any more.
+    pub fn adjust(&mut self, store: &mut impl SharedStore, key: &str, hosts: usize, i: usize, up: bool) -> bool {
+        if i >= hosts {
+            return self.settle_key(store, key, hosts);
+        }
+        let pos = match self.owed.iter().position(|(k, _)| k == key) {
+            Some(p) => p,
+            None => {
+                self.owed.push((key.to_string(), vec![0; hosts]));
+                self.owed.len() - 1
+            }
+        };
+        if let Some((_, deltas)) = self.owed.get_mut(pos) {
+            deltas.resize(hosts, 0);
+            if let Some(d) = deltas.get_mut(i) {
+                *d = d.saturating_add(if up { 1 } else { -1 });
+            }
+        }
+        self.settle_key(store, key, hosts)
+    }
+
+    /// Tries to write everything owed, for every key. True when nothing is owed any more.
+    pub fn settle(&mut self, store: &mut impl SharedStore) -> bool {
+        let keys: Vec<(String, usize)> = self.owed.iter().map(|(k, d)| (k.clone(), d.len())).collect();
+        let mut all = true;
+        for (key, hosts) in keys {
+            all &= self.settle_key(store, &key, hosts);
+        }
+        all
+    }
+
+    /// True when this worker owes nothing.
+    pub fn is_settled(&self) -> bool {
+        self.owed.is_empty()
+    }
+
+    /// The deltas owed under `key`, if any.
+    pub fn owed(&self, key: &str) -> Option<&[i64]> {
+        self.owed.iter().find(|(k, _)| k == key).map(|(_, d)| d.as_slice())
+    }
+
+    fn settle_key(&mut self, store: &mut impl SharedStore, key: &str, hosts: usize) -> bool {
+        let Some(pos) = self.owed.iter().position(|(k, _)| k == key) else {
+            return true;
+        };
+        let deltas = self.owed.get(pos).map(|(_, d)| d.clone()).unwrap_or_default();
+        if deltas.iter().all(|d| *d == 0) {
+            self.owed.remove(pos);
+            return true;
+        }
+        for _ in 0..CAS_ATTEMPTS {
+            let (bytes, cas) = store.get(key);
+            let mut counts = decode_in_flight(&bytes.unwrap_or_default(), hosts);
+            for (c, d) in counts.iter_mut().zip(&deltas) {
+                let v = i64::from(*c).saturating_add(*d).clamp(0, i64::from(u32::MAX));
+                *c = u32::try_from(v).unwrap_or(u32::MAX);
+            }
+            if store.set(key, &encode_in_flight(&counts), cas) {
+                self.owed.remove(pos);
+                return true;
+            }
+        }
+        false
+    }
+}
