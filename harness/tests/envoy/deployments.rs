@@ -112,16 +112,15 @@ fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
     body["model"].as_str().unwrap_or_default().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and_refuses() {
-    let a = Fleet::start("llama-a", 3).await.unwrap();
-    let b = Fleet::start("llama-b", 1).await.unwrap();
+/// Starts Envoy from the hand-written config for fleets `a` and `b`, with the pieces (after `edit`) pasted in.
+async fn start_handwritten(a: &Fleet, b: &Fleet, edit: impl Fn(&mut Value)) -> Envoy {
     let wasm = wasm_module().display().to_string();
     let ports = |f: &Fleet| -> Vec<String> { f.engines.iter().map(|e| e.addr().port().to_string()).collect() };
-    let (pa, pb) = (ports(&a), ports(&b));
-    let envoy = Envoy::start_bootstrap(
+    let (pa, pb) = (ports(a), ports(b));
+    Envoy::start_bootstrap(
         |listen, admin| {
-            let pieces = filter_pieces(&llmroute_config(&a, &b, admin), &RenderOptions::new(wasm.clone()));
+            let mut pieces = filter_pieces(&llmroute_config(a, b, admin), &RenderOptions::new(wasm.clone()));
+            edit(&mut pieces);
             let vars = [
                 ("LISTEN_PORT", listen.to_string()),
                 ("ADMIN_PORT", admin.to_string()),
@@ -135,7 +134,14 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
         EnvoyOptions::default(),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and_refuses() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |_| {}).await;
     assert!(envoy.bootstrap_yaml().contains("edge_ingress"), "the hand-written listener runs");
     let c = client();
 
@@ -200,6 +206,26 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
     assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
+}
+
+/// What docs/deploy-existing-envoy.md warns about: without the failover aggregate among the pasted clusters, a
+/// multi-route alias names a cluster that does not exist, while single-route aliases still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_failover_aggregate_a_multi_route_alias_has_no_cluster() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |pieces| {
+        if let Some(list) = pieces["clusters"].as_array_mut() {
+            list.retain(|c| !c["name"].as_str().unwrap_or_default().starts_with("llmroute-failover-"));
+        }
+    })
+    .await;
+    let c = client();
+    let (status, backend, _) = post(&c, &envoy, &chat_for("b-chat", "single route"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "llama-b-0"));
+    let (status, backend, body) = post(&c, &envoy, &chat_for("fallback-chat", "multi route"), &[]).await;
+    assert_eq!((status, backend.as_str()), (503, ""), "{body}");
+    assert_eq!(a.chat_counts(), vec![0, 0, 0], "no engine of the alias is reached");
 }
 
 /// Every good fixture's pieces, pasted into a minimal listener beside minimal backend clusters, make a config
