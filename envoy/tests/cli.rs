@@ -522,7 +522,9 @@ fn target_filter_prints_the_pieces_the_bootstrap_is_made_of() {
         let (before_router, router) = filters.split_at(filters.len() - 1);
         assert_eq!(router[0]["name"], "envoy.filters.http.router", "{name}");
         assert_eq!(pieces["http_filters"], Value::from(before_router.to_vec()), "{name}");
-        let routes = hcm(&boot)["route_config"]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let routes = hcm(&boot)["route_config"]["virtual_hosts"][0]["routes"]
+            .as_array()
+            .unwrap();
         assert_eq!(routes.last().unwrap()["route"], pieces["route"], "{name}");
         match pieces.get("failover_route") {
             Some(f) => assert_eq!(&routes[0], f, "{name}"),
@@ -535,11 +537,7 @@ fn target_filter_prints_the_pieces_the_bootstrap_is_made_of() {
             "{name}: the admin cluster is an extra cluster"
         );
         assert_eq!(&clusters[clusters.len() - extra.len()..], extra.as_slice(), "{name}");
-        assert_eq!(
-            pieces.get("secrets"),
-            boot["static_resources"].get("secrets"),
-            "{name}"
-        );
+        assert_eq!(pieces.get("secrets"), boot["static_resources"].get("secrets"), "{name}");
         for c in extra {
             assert!(
                 !backend_clusters(&boot).iter().any(|b| b["name"] == c["name"]),
@@ -555,7 +553,10 @@ fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
     let out = render_args(&path, &["--target", "filter"]);
     let pieces = parse_yaml(&out);
     let text = stdout(&out);
-    assert!(text.starts_with("# Rendered by `llmroute render --target filter`"), "{text}");
+    assert!(
+        text.starts_with("# Rendered by `llmroute render --target filter`"),
+        "{text}"
+    );
     let names: Vec<&str> = pieces["clusters"]
         .as_array()
         .unwrap()
@@ -564,7 +565,11 @@ fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
         .collect();
     assert!(names.contains(&"llmroute-failover-0"), "{names:?}");
     let aggregate = &pieces["clusters"][0]["cluster_type"]["typed_config"]["clusters"];
-    assert_eq!(aggregate, &serde_json::json!(["llama-local", "vllm-pool"]), "priority 10 before 20");
+    assert_eq!(
+        aggregate,
+        &serde_json::json!(["llama-local", "vllm-pool"]),
+        "priority 10 before 20"
+    );
     assert_eq!(
         pieces["failover_route"]["match"]["headers"][0]["name"],
         "x-llmroute-alias"
@@ -579,7 +584,10 @@ fn target_filter_warns_about_backend_tls_it_cannot_carry() {
     let out = render_args(&fixture("good-tls.yaml"), &["--target", "filter"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("has tls: put its transport_socket on your cluster"), "{err}");
+    assert!(
+        err.contains("has tls: put its transport_socket on your cluster"),
+        "{err}"
+    );
     assert!(err.contains("listen_tls"), "{err}");
 }
 
@@ -589,21 +597,25 @@ fn target_ecds_is_a_discovery_response_with_the_embedded_document() {
     let v = parse_yaml(&render_args(&path, &["--target", "ecds"]));
     assert!(v["version_info"].as_str().is_some_and(|s| s.len() == 16), "{v}");
     let r = &v["resources"][0];
-    assert_eq!(r["@type"], "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig");
+    assert_eq!(
+        r["@type"],
+        "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+    );
     assert_eq!(r["name"], "llmroute");
     let boot = parse_bootstrap(&stdout(&render_args(&path, &[])));
     assert_eq!(r["typed_config"], hcm(&boot)["http_filters"][0]["typed_config"]);
-    let embedded: Value = serde_json::from_str(
-        r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap(),
-    )
-    .unwrap();
+    let embedded: Value =
+        serde_json::from_str(r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap()).unwrap();
     assert_eq!(embedded, document(&path));
 }
 
 #[test]
 fn ecds_path_makes_the_filter_discovered_and_adds_the_node() {
     let path = fixture("good-basic.yaml");
-    let boot = parse_bootstrap(&stdout(&render_args(&path, &["--ecds-path", "/run/llmroute/ecds.yaml"])));
+    let boot = parse_bootstrap(&stdout(&render_args(
+        &path,
+        &["--ecds-path", "/run/llmroute/ecds.yaml"],
+    )));
     let entry = &hcm(&boot)["http_filters"][0];
     assert_eq!(entry["name"], "llmroute");
     assert!(entry.get("typed_config").is_none(), "{entry}");

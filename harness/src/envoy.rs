@@ -132,7 +132,12 @@ impl Envoy {
         Err(format!("Envoy could not bind ports after 5 attempts:\n{last_err}"))
     }
 
-    async fn spawn(yaml: &str, listen: SocketAddr, admin: SocketAddr, opts: &EnvoyOptions) -> Result<Envoy, StartError> {
+    async fn spawn(
+        yaml: &str,
+        listen: SocketAddr,
+        admin: SocketAddr,
+        opts: &EnvoyOptions,
+    ) -> Result<Envoy, StartError> {
         let envoy = envoy_binary();
         if !envoy.exists() {
             return Err(StartError::Failed(format!(

@@ -9,7 +9,7 @@
 //!
 //! A pushed configuration the filter refuses (`on_configure` returns false) is rejected by Envoy: the previous
 //! one stays in force, `extension_config_discovery.<FILTER_NAME>.config_fail` counts the refusal, and the filter
-//! logs each validation error. Until the first configuration arrives the listener is not ready.
+//! logs each validation error.
 //!
 //! What ECDS carries is the downstream filter only. Backends and the failover aggregates (with the filter's
 //! upstream role) are clusters: a change to them needs a new bootstrap or CDS.
@@ -99,7 +99,10 @@ mod tests {
         let opts = RenderOptions::new("/x.wasm");
         let a = discovery_response(DOC, &opts).unwrap();
         let b = discovery_response(&DOC.replace("upstream_model: up", "upstream_model: other"), &opts).unwrap();
-        assert_eq!(a["version_info"], discovery_response(DOC, &opts).unwrap()["version_info"]);
+        assert_eq!(
+            a["version_info"],
+            discovery_response(DOC, &opts).unwrap()["version_info"]
+        );
         assert_ne!(a["version_info"], b["version_info"]);
     }
 

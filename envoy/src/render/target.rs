@@ -23,8 +23,8 @@ use llmroute_core::headers;
 use serde_json::{json, Value};
 
 use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, stateful_session, tls,
-    RenderOptions, BUFFER_SLACK,
+    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, stateful_session, tls, RenderOptions,
+    BUFFER_SLACK,
 };
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
@@ -72,7 +72,11 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
         }
     }
     let route = route_action(cfg, opts.with_filter);
-    let failover_route = if opts.with_filter { failover::route(cfg, &route) } else { None };
+    let failover_route = if opts.with_filter {
+        failover::route(cfg, &route)
+    } else {
+        None
+    };
     Ok(Pieces {
         http_filters,
         route,
@@ -192,7 +196,9 @@ pub fn limitations(cfg: &Config) -> Vec<String> {
         }
     }
     if cfg.listen_tls.is_some() {
-        out.push("listen_tls: put the DownstreamTlsContext on your listener's filter chain (see --target envoy)".into());
+        out.push(
+            "listen_tls: put the DownstreamTlsContext on your listener's filter chain (see --target envoy)".into(),
+        );
     }
     out
 }
@@ -259,7 +265,10 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["llmroute", "envoy.filters.http.stateful_session"]);
         assert_eq!(doc["route"]["cluster_header"], headers::CLUSTER);
-        assert_eq!(doc["route"]["hash_policy"][0]["header"]["header_name"], headers::AFFINITY);
+        assert_eq!(
+            doc["route"]["hash_policy"][0]["header"]["header_name"],
+            headers::AFFINITY
+        );
         assert!(doc["route"]["retry_policy"].is_object());
         let clusters: Vec<&str> = doc["clusters"]
             .as_array()
@@ -269,16 +278,21 @@ mod tests {
             .collect();
         assert_eq!(
             clusters,
-            vec!["llmroute-failover-0", "llmroute-probe-a-0", "llmroute-probe-a-1", "llmroute_admin"]
+            vec![
+                "llmroute-failover-0",
+                "llmroute-probe-a-0",
+                "llmroute-probe-a-1",
+                "llmroute_admin"
+            ]
         );
-        assert_eq!(
-            doc["failover_route"]["match"]["headers"][0]["name"],
-            headers::ALIAS
-        );
+        assert_eq!(doc["failover_route"]["match"]["headers"][0]["name"], headers::ALIAS);
         assert_eq!(doc["secrets"][0]["name"], "llmroute-credential-a");
         let lims = limitations(&cfg).join("\n");
         assert!(lims.contains("per_connection_buffer_limit_bytes"), "{lims}");
-        assert!(lims.contains("backend `b` has tls") && lims.contains("backend `a` has credential_env"), "{lims}");
+        assert!(
+            lims.contains("backend `b` has tls") && lims.contains("backend `a` has credential_env"),
+            "{lims}"
+        );
         assert!(lims.contains("filter_metadata.llmroute.backend"), "{lims}");
     }
 
@@ -292,6 +306,9 @@ mod tests {
         assert_eq!(keys, vec!["clusters", "http_filters", "route"]);
         let text = filter_yaml(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         assert!(!text.contains("failover_route"), "{text}");
-        assert!(text.contains("# NOTE: your listener needs per_connection_buffer_limit_bytes"), "{text}");
+        assert!(
+            text.contains("# NOTE: your listener needs per_connection_buffer_limit_bytes"),
+            "{text}"
+        );
     }
 }

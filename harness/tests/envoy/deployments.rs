@@ -142,7 +142,10 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     let a = Fleet::start("llama-a", 3).await.unwrap();
     let b = Fleet::start("llama-b", 1).await.unwrap();
     let envoy = start_handwritten(&a, &b, |_| {}).await;
-    assert!(envoy.bootstrap_yaml().contains("edge_ingress"), "the hand-written listener runs");
+    assert!(
+        envoy.bootstrap_yaml().contains("edge_ingress"),
+        "the hand-written listener runs"
+    );
     let c = client();
 
     // Routing by alias, model rewritten.
@@ -158,7 +161,13 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     // Affinity: one session sticks to one engine; many sessions spread over the fleet.
     let mut sticky = Vec::new();
     for i in 0..8 {
-        let (s, who, _) = post(&c, &envoy, &chat_for("local-chat", &format!("turn {i}")), &[("x-session-id", "tenant-7")]).await;
+        let (s, who, _) = post(
+            &c,
+            &envoy,
+            &chat_for("local-chat", &format!("turn {i}")),
+            &[("x-session-id", "tenant-7")],
+        )
+        .await;
         assert_eq!(s, 200);
         sticky.push(who);
     }
@@ -166,11 +175,20 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     let mut spread = Vec::new();
     for i in 0..16 {
         let session = format!("session-{i}");
-        let (s, who, _) = post(&c, &envoy, &chat_for("local-chat", "same prompt"), &[("x-session-id", &session)]).await;
+        let (s, who, _) = post(
+            &c,
+            &envoy,
+            &chat_for("local-chat", "same prompt"),
+            &[("x-session-id", &session)],
+        )
+        .await;
         assert_eq!(s, 200);
         spread.push(who);
     }
-    assert!(tally(spread.clone()).len() >= 2, "sixteen sessions use more than one engine: {spread:?}");
+    assert!(
+        tally(spread.clone()).len() >= 2,
+        "sixteen sessions use more than one engine: {spread:?}"
+    );
 
     // Failover: every llama-a engine answers 503, so the multi-route alias moves on to llama-b with its model.
     for e in &a.engines {
@@ -266,7 +284,8 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         clusters.extend(pieces["clusters"].as_array().unwrap().iter().cloned());
         let mut routes = Vec::new();
         if let Some(f) = pieces.get("failover_route") {
-            routes.push(json!({ "match": { "prefix": "/v1/", "headers": f["match"]["headers"] }, "route": f["route"] }));
+            routes
+                .push(json!({ "match": { "prefix": "/v1/", "headers": f["match"]["headers"] }, "route": f["route"] }));
         }
         routes.push(json!({ "match": { "prefix": "/v1/" }, "route": pieces["route"] }));
         let mut filters = pieces["http_filters"].as_array().unwrap().clone();
@@ -354,7 +373,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     let opts = RenderOptions::new(wasm_module().display().to_string()).with_ecds(ecds_path.display().to_string());
     let base = |admin: u16| {
         let mut doc = llmroute_config(&a, &b, admin);
-        doc["models"] = json!([{ "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v1" }] }]);
+        doc["models"] =
+            json!([{ "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v1" }] }]);
         doc
     };
     let admin_port = Arc::new(Mutex::new(0u16));
@@ -381,7 +401,12 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (stop, results, c, url) = (stop.clone(), results.clone(), c.clone(), envoy.url("/v1/chat/completions"));
+        let (stop, results, c, url) = (
+            stop.clone(),
+            results.clone(),
+            c.clone(),
+            envoy.url("/v1/chat/completions"),
+        );
         workers.push(tokio::spawn(async move {
             let mut i = 0;
             while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 700 {
@@ -395,7 +420,13 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
                     .await;
                 let outcome = match resp {
                     Ok(r) => {
-                        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                        let h = |n: &str| {
+                            r.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string()
+                        };
                         let o = Outcome {
                             status: r.status().as_u16(),
                             backend: h("x-emu-backend"),
@@ -404,7 +435,11 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
                         let _ = r.bytes().await;
                         o
                     }
-                    Err(e) => Outcome { status: 0, backend: e.to_string(), source: String::new() },
+                    Err(e) => Outcome {
+                        status: 0,
+                        backend: e.to_string(),
+                        source: String::new(),
+                    },
                 };
                 results.lock().unwrap().push(outcome);
                 i += 1;
@@ -438,7 +473,10 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         all
     };
     let before = models_seen(&a);
-    assert!(before.len() >= 30 && before.iter().all(|m| m == "model-v1"), "{before:?}");
+    assert!(
+        before.len() >= 30 && before.iter().all(|m| m == "model-v1"),
+        "{before:?}"
+    );
 
     // (a) A new upstream model and a new alias.
     let mut doc_a = base(admin);
@@ -446,7 +484,10 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         { "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v2" }] },
         { "name": "new-chat", "routes": [{ "backend": "llama-b", "upstream_model": "b-new" }] },
     ]);
-    push(&ecds_path, &ecds::discovery_response(&doc_a.to_string(), &opts).unwrap());
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_a.to_string(), &opts).unwrap(),
+    );
     let took = wait_for(Duration::from_secs(15), || {
         let c = c.clone();
         let envoy = &envoy;
@@ -470,7 +511,10 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         r.iter().rev().take(n).map(|o| o.source.clone()).collect()
     };
     assert_eq!(last_sources(20), vec!["session".to_string(); 20]);
-    push(&ecds_path, &ecds::discovery_response(&doc_b.to_string(), &opts).unwrap());
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_b.to_string(), &opts).unwrap(),
+    );
     let took = wait_for(Duration::from_secs(15), || {
         let c = c.clone();
         let envoy = &envoy;
@@ -483,7 +527,10 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
                 .send()
                 .await
                 .unwrap();
-            resp.headers().get("x-llmroute-affinity-source").and_then(|v| v.to_str().ok()) == Some("user-prefix")
+            resp.headers()
+                .get("x-llmroute-affinity-source")
+                .and_then(|v| v.to_str().ok())
+                == Some("user-prefix")
         }
     })
     .await;
@@ -504,16 +551,39 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         ecds_stat(&envoy, "config_fail").await.unwrap_or(0) >= 1
     })
     .await;
-    assert!(refused.is_some(), "no config_fail: {:?}", reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery")).await.unwrap().text().await);
-    assert_eq!(ecds_stat(&envoy, "update_rejected").await, Some(1));
-    assert_eq!(ecds_stat(&envoy, "update_success").await, accepted, "the refused push is not a success");
-    let stats = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery")).await.unwrap().text().await.unwrap();
     assert!(
-        stats.contains(&format!("extension_config_discovery.http_filter.llmroute.version_text: {version_b}")),
+        refused.is_some(),
+        "no config_fail: {:?}",
+        reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+            .await
+            .unwrap()
+            .text()
+            .await
+    );
+    assert_eq!(ecds_stat(&envoy, "update_rejected").await, Some(1));
+    assert_eq!(
+        ecds_stat(&envoy, "update_success").await,
+        accepted,
+        "the refused push is not a success"
+    );
+    let stats = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        stats.contains(&format!(
+            "extension_config_discovery.http_filter.llmroute.version_text: {version_b}"
+        )),
         "the version in force is still the last good one ({version_b}):\n{stats}"
     );
     wait_more(60).await;
-    assert_eq!(last_sources(30), vec!["user-prefix".to_string(); 30], "the old config stays");
+    assert_eq!(
+        last_sources(30),
+        vec!["user-prefix".to_string(); 30],
+        "the old config stays"
+    );
     let kept = models_seen(&a);
     assert!(kept.len() >= 40 && kept.iter().all(|m| m == "model-v2"), "{kept:?}");
     let (status, backend, _) = post(&c, &envoy, &chat_for("new-chat", "still here"), &[]).await;
@@ -535,7 +605,16 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         .filter(|o| o.status != 200)
         .map(|o| format!("{} {}", o.status, o.backend))
         .collect();
-    assert!(results.len() >= 300, "a bounded but real load: {} requests", results.len());
-    assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), results.len());
+    assert!(
+        results.len() >= 300,
+        "a bounded but real load: {} requests",
+        results.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        results.len()
+    );
     assert!(results.iter().all(|o| o.backend.starts_with("llama-a-")));
 }
