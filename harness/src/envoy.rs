@@ -5,6 +5,8 @@
 //! `.tools/bin/envoy`. It polls the admin `/ready` endpoint instead of sleeping. Ports are drawn from 10000 to
 //! 30000, below the kernel's ephemeral range, and a start that loses a port race is retried on new ports.
 //! Envoy's log is kept in a file and printed when the owning test panics; Envoy is killed on drop.
+//! [`Envoy::start_bootstrap`] starts a bootstrap written elsewhere (a hand-written config, an ECDS bootstrap)
+//! the same way.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
