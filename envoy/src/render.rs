@@ -16,17 +16,18 @@
 mod admin;
 mod cluster;
 mod credentials;
+pub mod ecds;
 mod edge;
 mod failover;
 mod probe;
+pub mod target;
 mod tls;
 
 use llmroute_core::config::Config;
-use llmroute_core::headers;
 use serde_json::{json, Value};
 
 /// Slack above the filter's body limit, so Envoy's own 413 never fires first.
-const BUFFER_SLACK: usize = 1 << 20;
+pub(crate) const BUFFER_SLACK: usize = 1 << 20;
 
 /// Where the wasm module is, and how Envoy should load it.
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub struct RenderOptions {
     /// Include the wasm filter. Default true. When false, the route sends everything to the first backend's
     /// cluster: plain Envoy, the baseline of the overhead bench.
     pub with_filter: bool,
+    /// Deliver the listener's wasm filter through ECDS from this watched file instead of inline (see
+    /// [`ecds`]). Default none.
+    pub ecds_path: Option<String>,
 }
 
 impl RenderOptions {
@@ -46,7 +50,14 @@ impl RenderOptions {
             wasm_path: wasm_path.into(),
             runtime: "envoy.wasm.runtime.v8".into(),
             with_filter: true,
+            ecds_path: None,
         }
+    }
+
+    /// The same options with the listener's wasm filter discovered from the watched file `path`.
+    pub fn with_ecds(mut self, path: impl Into<String>) -> Self {
+        self.ecds_path = Some(path.into());
+        self
     }
 
     /// The same options without the wasm filter.
@@ -66,13 +77,14 @@ pub fn config_json(text: &str) -> Result<String, String> {
     Ok(value.to_string())
 }
 
-/// Renders the bootstrap as a JSON value. `config_text` must be the document `cfg` was loaded from.
+/// Renders the bootstrap as a JSON value. `config_text` must be the document `cfg` was loaded from. It is
+/// assembled from the same [`target::pieces`] that `--target filter` prints.
 pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<Value, String> {
-    let plugin_config = config_json(config_text)?;
-    let mut clusters = cluster::clusters(cfg);
-    if opts.with_filter {
-        clusters.extend(failover::clusters(cfg, &plugin_config, opts));
-    }
+    let p = target::pieces(cfg, config_text, opts)?;
+    let mut http_filters = p.http_filters.clone();
+    http_filters.push(target::router());
+    let mut clusters = p.backend_clusters.clone();
+    clusters.extend(p.clusters.iter().cloned());
     let mut v = json!({
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
         // The filter's per-backend metrics carry the backend in their name; make it a label.
@@ -81,20 +93,20 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
             "regex": "^wasmcustom\\.llmroute\\.backend\\.((.+)\\.)[a-z_]+$",
         }] },
         "static_resources": {
-            "listeners": [listener(cfg, plugin_config, opts)],
+            "listeners": [listener(cfg, http_filters, target::route_config(&p))],
             "clusters": clusters,
         },
         // A heap budget, so Envoy sheds requests instead of running out of memory (render/edge.rs).
         "overload_manager": edge::overload_manager(cfg),
     });
-    tls::apply(cfg, &mut v); // listener and cluster transport sockets (render/tls.rs)
-    credentials::apply(cfg, &mut v); // backend tokens: env SDS secrets + upstream injectors (render/credentials.rs)
-    probe::apply(cfg, &mut v); // one cluster per llama.cpp endpoint for the /props fleet check (render/probe.rs)
-    admin::apply(cfg, &mut v); // the cluster the filter polls for /llmroute/status (render/admin.rs)
-    if cluster::uses_xds(cfg) {
-        // Envoy refuses xDS config sources, file-based ones included, without a node identity.
-        v["node"] = json!({ "id": "llmroute", "cluster": "llmroute" });
+    if !p.secrets.is_empty() {
+        v["static_resources"]["secrets"] = Value::from(p.secrets);
     }
+    if cluster::uses_xds(cfg) || (opts.with_filter && opts.ecds_path.is_some()) {
+        // Envoy refuses xDS config sources, file-based ones included, without a node identity.
+        v["node"] = ecds::node();
+    }
+    tls::apply_listeners(cfg, &mut v); // the listener's transport socket (render/tls.rs); the clusters' came with the pieces
     Ok(v)
 }
 
@@ -111,7 +123,7 @@ pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> 
 /// `affinity.placement: bounded_keys`: the filter names the chosen host (base64 `IP:PORT`) in this header and
 /// Envoy's stateful-session filter makes it the upstream host, if it is healthy; retries and unhealthy hosts
 /// fall back to the cluster's load balancer. Not strict, so a stale or odd value never fails a request.
-fn stateful_session() -> Value {
+pub(crate) fn stateful_session() -> Value {
     json!({
         "name": "envoy.filters.http.stateful_session",
         "typed_config": {
@@ -135,24 +147,13 @@ pub(crate) fn duration_ms(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 
-fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value {
-    let router = json!({
-        "name": "envoy.filters.http.router",
-        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
-    });
-    let mut http_filters = vec![router];
-    if opts.with_filter {
-        if cfg.affinity.placement.bounded().is_some() {
-            http_filters.insert(0, stateful_session());
-        }
-        http_filters.insert(0, wasm_filter(plugin_config, opts));
-    }
+fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Value {
     let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llmroute",
         "codec_type": "AUTO",
         "always_set_request_id_in_response": true,
-        "route_config": route_config(cfg, opts.with_filter),
+        "route_config": route_config,
         "http_filters": http_filters,
     });
     if let Value::Object(m) = &mut hcm {
@@ -172,28 +173,7 @@ fn listener(cfg: &Config, plugin_config: String, opts: &RenderOptions) -> Value 
     })
 }
 
-/// The one route. With the filter, the cluster comes from the filter's header; without it, the first backend.
-fn route_config(cfg: &Config, with_filter: bool) -> Value {
-    let mut route = json!({
-        "timeout": duration_ms(cfg.limits.request_timeout_ms),
-        "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }],
-    });
-    match (with_filter, cfg.backends.first()) {
-        (false, Some(first)) => route["cluster"] = Value::from(first.name.as_str()),
-        _ => route["cluster_header"] = Value::from(headers::CLUSTER),
-    }
-    if let Some(retry) = cluster::retry_policy(cfg) {
-        route["retry_policy"] = retry;
-    }
-    let mut routes: Vec<Value> = failover::route(cfg, &route).into_iter().collect();
-    routes.push(json!({ "match": { "prefix": "/" }, "route": route }));
-    json!({
-        "name": "llmroute",
-        "virtual_hosts": [{ "name": "llmroute", "domains": ["*"], "routes": routes }],
-    })
-}
-
-fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
+pub(crate) fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
     wasm_plugin("llmroute", "llmroute", &plugin_config, opts)
 }
 

@@ -495,3 +495,163 @@ fn usage_errors_exit_2() {
         assert!(!stderr(&out).is_empty(), "{args:?}: clap explains the usage");
     }
 }
+
+/// `llmroute render PATH --wasm WASM ARGS...`, to stdout.
+fn render_args(path: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    cmd.arg("render").arg(path).args(["--wasm", WASM]).args(args);
+    cmd.output().expect("the llmroute binary runs")
+}
+
+fn parse_yaml(out: &Output) -> Value {
+    assert!(out.status.success(), "render failed: {}", stderr(out));
+    serde_yaml_ng::from_str(&stdout(out)).expect("the render is YAML")
+}
+
+#[test]
+fn target_envoy_is_the_default() {
+    let path = fixture("good-multi.yaml");
+    let plain = render_args(&path, &[]);
+    let explicit = render_args(&path, &["--target", "envoy"]);
+    assert!(plain.status.success() && explicit.status.success());
+    assert_eq!(stdout(&plain), stdout(&explicit));
+}
+
+#[test]
+fn target_filter_prints_the_pieces_the_bootstrap_is_made_of() {
+    for path in fixtures("good-") {
+        let name = file_name(&path);
+        let pieces = parse_yaml(&render_args(&path, &["--target", "filter"]));
+        let boot = parse_bootstrap(&stdout(&render_args(&path, &[])));
+        let filters = hcm(&boot)["http_filters"].as_array().unwrap();
+        let (before_router, router) = filters.split_at(filters.len() - 1);
+        assert_eq!(router[0]["name"], "envoy.filters.http.router", "{name}");
+        assert_eq!(pieces["http_filters"], Value::from(before_router.to_vec()), "{name}");
+        let routes = hcm(&boot)["route_config"]["virtual_hosts"][0]["routes"]
+            .as_array()
+            .unwrap();
+        assert_eq!(routes.last().unwrap()["route"], pieces["route"], "{name}");
+        match pieces.get("failover_route") {
+            Some(f) => assert_eq!(&routes[0], f, "{name}"),
+            None => assert_eq!(routes.len(), 1, "{name}"),
+        }
+        let clusters = boot["static_resources"]["clusters"].as_array().unwrap();
+        let extra = pieces["clusters"].as_array().unwrap();
+        assert!(
+            extra.iter().any(|c| c["name"] == "llmroute_admin"),
+            "{name}: the admin cluster is an extra cluster"
+        );
+        assert_eq!(&clusters[clusters.len() - extra.len()..], extra.as_slice(), "{name}");
+        assert_eq!(pieces.get("secrets"), boot["static_resources"].get("secrets"), "{name}");
+        for c in extra {
+            assert!(
+                !backend_clusters(&boot).iter().any(|b| b["name"] == c["name"]),
+                "{name}: no backend cluster among the extras"
+            );
+        }
+    }
+}
+
+#[test]
+fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
+    let path = fixture("good-multi.yaml");
+    let out = render_args(&path, &["--target", "filter"]);
+    let pieces = parse_yaml(&out);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("# Rendered by `llmroute render --target filter`"),
+        "{text}"
+    );
+    let names: Vec<&str> = pieces["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"llmroute-failover-0"), "{names:?}");
+    let aggregate = &pieces["clusters"][0]["cluster_type"]["typed_config"]["clusters"];
+    assert_eq!(
+        aggregate,
+        &serde_json::json!(["llama-local", "vllm-pool"]),
+        "priority 10 before 20"
+    );
+    assert_eq!(
+        pieces["failover_route"]["match"]["headers"][0]["name"],
+        "x-llmroute-alias"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("per_connection_buffer_limit_bytes: 17825792"), "{err}");
+    assert!(err.contains("filter_metadata.llmroute.backend"), "{err}");
+}
+
+#[test]
+fn target_filter_warns_about_backend_tls_it_cannot_carry() {
+    let out = render_args(&fixture("good-tls.yaml"), &["--target", "filter"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("has tls: put its transport_socket on your cluster"),
+        "{err}"
+    );
+    assert!(err.contains("listen_tls"), "{err}");
+}
+
+#[test]
+fn target_ecds_is_a_discovery_response_with_the_embedded_document() {
+    let path = fixture("good-basic.yaml");
+    let v = parse_yaml(&render_args(&path, &["--target", "ecds"]));
+    assert!(v["version_info"].as_str().is_some_and(|s| s.len() == 16), "{v}");
+    let r = &v["resources"][0];
+    assert_eq!(
+        r["@type"],
+        "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+    );
+    assert_eq!(r["name"], "llmroute");
+    let boot = parse_bootstrap(&stdout(&render_args(&path, &[])));
+    assert_eq!(r["typed_config"], hcm(&boot)["http_filters"][0]["typed_config"]);
+    let embedded: Value =
+        serde_json::from_str(r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap()).unwrap();
+    assert_eq!(embedded, document(&path));
+}
+
+#[test]
+fn ecds_path_makes_the_filter_discovered_and_adds_the_node() {
+    let path = fixture("good-basic.yaml");
+    let boot = parse_bootstrap(&stdout(&render_args(
+        &path,
+        &["--ecds-path", "/run/llmroute/ecds.yaml"],
+    )));
+    let entry = &hcm(&boot)["http_filters"][0];
+    assert_eq!(entry["name"], "llmroute");
+    assert!(entry.get("typed_config").is_none(), "{entry}");
+    assert_eq!(
+        entry["config_discovery"]["config_source"]["path_config_source"]["path"],
+        "/run/llmroute/ecds.yaml"
+    );
+    assert_eq!(boot["node"]["id"], "llmroute");
+    assert_eq!(boot["node"]["cluster"], "llmroute");
+    let inline = parse_bootstrap(&stdout(&render_args(&path, &[])));
+    assert!(inline.get("node").is_none());
+
+    let pieces = parse_yaml(&render_args(&path, &["--target", "filter", "--ecds-path", "/p.yaml"]));
+    assert_eq!(
+        pieces["http_filters"][0]["config_discovery"]["config_source"]["path_config_source"]["path"],
+        "/p.yaml"
+    );
+    let refused = render_args(&path, &["--target", "ecds", "--ecds-path", "/p.yaml"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("--ecds-path goes with --target envoy or filter"));
+}
+
+#[test]
+fn every_target_refuses_a_bad_config_and_prints_nothing() {
+    let path = fixture("bad-many.yaml");
+    for t in ["envoy", "filter", "ecds"] {
+        let out = render_args(&path, &["--target", t]);
+        assert_eq!(out.status.code(), Some(1), "--target {t}");
+        assert!(stdout(&out).is_empty(), "--target {t}: {}", stdout(&out));
+        assert!(stderr(&out).contains("error(s):"), "--target {t}");
+    }
+    let unknown = render_args(&fixture("good-basic.yaml"), &["--target", "nginx"]);
+    assert_eq!(unknown.status.code(), Some(2));
+}

@@ -5,6 +5,8 @@
 //! `.tools/bin/envoy`. It polls the admin `/ready` endpoint instead of sleeping. Ports are drawn from 10000 to
 //! 30000, below the kernel's ephemeral range, and a start that loses a port race is retried on new ports.
 //! Envoy's log is kept in a file and printed when the owning test panics; Envoy is killed on drop.
+//! [`Envoy::start_bootstrap`] starts a bootstrap written elsewhere (a hand-written config, an ECDS bootstrap)
+//! the same way.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -117,6 +119,35 @@ impl Envoy {
                 wasm.display()
             )));
         }
+        let mut render = RenderOptions::new(wasm.display().to_string());
+        render.with_filter = opts.with_filter;
+        let yaml = bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?;
+        Self::spawn(&yaml, cfg.listen, cfg.admin, opts).await
+    }
+
+    /// Starts Envoy from a bootstrap text that `make(listen_port, admin_port)` writes (a hand-written config
+    /// with its ports filled in), on random ports, retried on a port race like [`Envoy::start_with`]. Envoy must
+    /// listen on 127.0.0.1 at both ports.
+    pub async fn start_bootstrap(make: impl Fn(u16, u16) -> String, opts: EnvoyOptions) -> Result<Envoy, String> {
+        let mut last_err = String::new();
+        for attempt in 0..5 {
+            let (listen, admin) = random_ports(attempt);
+            let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+            match Self::spawn(&make(listen, admin), at(listen), at(admin), &opts).await {
+                Ok(envoy) => return Ok(envoy),
+                Err(StartError::PortTaken(log)) => last_err = log,
+                Err(StartError::Failed(log)) => return Err(log),
+            }
+        }
+        Err(format!("Envoy could not bind ports after 5 attempts:\n{last_err}"))
+    }
+
+    async fn spawn(
+        yaml: &str,
+        listen: SocketAddr,
+        admin: SocketAddr,
+        opts: &EnvoyOptions,
+    ) -> Result<Envoy, StartError> {
         let envoy = envoy_binary();
         if !envoy.exists() {
             return Err(StartError::Failed(format!(
@@ -125,9 +156,6 @@ impl Envoy {
             )));
         }
         let dir = tempfile::tempdir().map_err(|e| StartError::Failed(e.to_string()))?;
-        let mut render = RenderOptions::new(wasm.display().to_string());
-        render.with_filter = opts.with_filter;
-        let yaml = bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?;
         let bootstrap = dir.path().join("envoy.yaml");
         let log_path = dir.path().join("envoy.log");
         std::fs::write(&bootstrap, yaml).map_err(|e| StartError::Failed(e.to_string()))?;
@@ -149,8 +177,8 @@ impl Envoy {
             .map_err(|e| StartError::Failed(format!("starting {}: {e}", envoy.display())))?;
         let mut envoy = Envoy {
             child,
-            listen: cfg.listen,
-            admin: cfg.admin,
+            listen,
+            admin,
             log_path,
             bootstrap_path: bootstrap,
             _dir: dir,

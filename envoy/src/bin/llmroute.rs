@@ -1,10 +1,11 @@
-//! The `llmroute` command line: validate a config, render the Envoy bootstrap for it.
+//! The `llmroute` command line: validate a config, render Envoy configuration for it (a bootstrap, the pieces for
+//! an Envoy you run, or the filter's ECDS resource).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use llmroute_envoy::render::{bootstrap_yaml, RenderOptions};
+use clap::{Parser, Subcommand, ValueEnum};
+use llmroute_envoy::render::{bootstrap_yaml, ecds, target, RenderOptions};
 
 #[derive(Parser)]
 #[command(
@@ -24,17 +25,36 @@ enum Command {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
     },
-    /// Write a complete Envoy bootstrap for a config file.
+    /// Write Envoy configuration for a config file: a complete bootstrap (default), the pieces for an Envoy you
+    /// already run, or the filter's ECDS resource.
     Render {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
         /// Path of llmroute_filter.wasm as Envoy will see it.
         #[arg(long)]
         wasm: String,
+        /// What to write.
+        #[arg(long, value_enum, default_value_t = Target::Envoy)]
+        target: Target,
+        /// With --target envoy or filter: deliver the filter's config through ECDS from this watched file (write
+        /// it with --target ecds) instead of inline.
+        #[arg(long, value_name = "PATH")]
+        ecds_path: Option<String>,
         /// Output file; standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Target {
+    /// A complete Envoy bootstrap.
+    Envoy,
+    /// One YAML document: `http_filters`, `route` and `clusters` (plus `failover_route` and `secrets` when the
+    /// config needs them) to paste into an Envoy you run.
+    Filter,
+    /// The `DiscoveryResponse` holding the filter's extension config, for a watched ECDS file.
+    Ecds,
 }
 
 fn main() -> ExitCode {
@@ -63,9 +83,29 @@ fn run(command: Command) -> Result<(), String> {
             );
             Ok(())
         }
-        Command::Render { config, wasm, output } => {
+        Command::Render {
+            config,
+            wasm,
+            target,
+            ecds_path,
+            output,
+        } => {
             let (cfg, text) = load(&config)?;
-            let yaml = bootstrap_yaml(&cfg, &text, &RenderOptions::new(wasm))?;
+            let mut opts = RenderOptions::new(wasm);
+            opts.ecds_path = ecds_path;
+            let yaml = match target {
+                Target::Envoy => bootstrap_yaml(&cfg, &text, &opts)?,
+                Target::Filter => {
+                    for l in target::limitations(&cfg) {
+                        eprintln!("{}: note: {l}", config.display());
+                    }
+                    target::filter_yaml(&cfg, &text, &opts)?
+                }
+                Target::Ecds if opts.ecds_path.is_some() => {
+                    return Err("--ecds-path goes with --target envoy or filter, not ecds".into());
+                }
+                Target::Ecds => ecds::ecds_yaml(&cfg, &text, &opts)?,
+            };
             match output {
                 Some(path) => std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display())),
                 None => {

@@ -25,21 +25,25 @@ const UPSTREAM: &str = "type.googleapis.com/envoy.extensions.transport_sockets.t
 /// Adds the transport sockets to a rendered bootstrap: on every listener's filter chains when `listen_tls` is
 /// set, and on the cluster of each backend with `tls`.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {
-    let resources = &mut bootstrap["static_resources"];
-    if let Some(t) = &cfg.listen_tls {
-        for listener in array_mut(&mut resources["listeners"]) {
-            for chain in array_mut(&mut listener["filter_chains"]) {
-                chain["transport_socket"] = downstream(t);
-            }
-        }
-    }
-    for cluster in array_mut(&mut resources["clusters"]) {
+    apply_listeners(cfg, bootstrap);
+    for cluster in array_mut(&mut bootstrap["static_resources"]["clusters"]) {
         let backend = cfg
             .backends
             .iter()
             .find(|b| cluster["name"].as_str() == Some(b.name.as_str()));
         if let Some((b, t)) = backend.and_then(|b| Some((b, b.tls.as_ref()?))) {
             secure_cluster(cluster, b, t);
+        }
+    }
+}
+
+/// The listeners' transport socket only (`listen_tls`); the clusters' come with the renderer's pieces.
+pub fn apply_listeners(cfg: &Config, bootstrap: &mut Value) {
+    if let Some(t) = &cfg.listen_tls {
+        for listener in array_mut(&mut bootstrap["static_resources"]["listeners"]) {
+            for chain in array_mut(&mut listener["filter_chains"]) {
+                chain["transport_socket"] = downstream(t);
+            }
         }
     }
 }

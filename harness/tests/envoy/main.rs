@@ -9,6 +9,7 @@ mod apis;
 mod chat;
 mod corpus;
 mod credentials;
+mod deployments;
 mod discovery;
 mod edge;
 mod failure;

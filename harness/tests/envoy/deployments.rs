@@ -1,0 +1,620 @@
+//! Deployments other than the rendered bootstrap:
+//! - an Envoy config written by hand (`testdata/envoy/handwritten.yaml`) with the `--target filter` pieces
+//!   pasted in passes the checks the bootstrap gets: routing by alias with the model rewritten, affinity, failover
+//!   across a multi-route alias, a refusal in JSON;
+//! - every good fixture's pieces, pasted into a plain listener, pass `envoy --mode validate`;
+//! - the filter delivered through ECDS from a watched file takes new aliases, models and affinity settings under
+//!   load without a failed request, and refuses a bad push while keeping the old config (stats and log show it).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use llmroute_harness::envoy::{envoy_binary, repo_root, wasm_module, Envoy, EnvoyOptions};
+use llmroute_harness::fleet::Fleet;
+use llmroute_harness::render::{bootstrap_yaml, ecds, target, RenderOptions};
+use serde_json::{json, Value};
+
+use crate::support::{client, post, tally, wait_for};
+
+const MARK: &str = "@llmroute ";
+
+/// Replaces the `"@llmroute KEY"` markers of a hand-written config with the pieces: a marker that is a list
+/// item becomes that piece's items; one that is a value becomes the piece (`failover_route` gives its action).
+fn splice(v: &mut Value, pieces: &Value) -> Result<(), String> {
+    let piece = |key: &str| -> Result<Value, String> {
+        match key {
+            "failover_route" => pieces
+                .get("failover_route")
+                .map(|r| r["route"].clone())
+                .ok_or_else(|| "the config has no failover_route, yet the template asks for one".to_string()),
+            _ => pieces.get(key).cloned().ok_or_else(|| format!("no piece `{key}`")),
+        }
+    };
+    match v {
+        Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for mut item in std::mem::take(items) {
+                match item.as_str().and_then(|s| s.strip_prefix(MARK)) {
+                    Some(key) => match piece(key)? {
+                        Value::Array(list) => out.extend(list),
+                        other => out.push(other),
+                    },
+                    None => {
+                        splice(&mut item, pieces)?;
+                        out.push(item);
+                    }
+                }
+            }
+            *items = out;
+        }
+        Value::Object(map) => {
+            for (_, item) in map.iter_mut() {
+                match item.as_str().and_then(|s| s.strip_prefix(MARK)) {
+                    Some(key) => *item = piece(key)?,
+                    None => splice(item, pieces)?,
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The hand-written config with `${NAME}` placeholders filled and the pieces spliced in, as YAML.
+fn handwritten(vars: &[(&str, String)], pieces: &Value) -> String {
+    let mut text = std::fs::read_to_string(repo_root().join("testdata/envoy/handwritten.yaml")).unwrap();
+    for (name, value) in vars {
+        text = text.replace(&format!("${{{name}}}"), value);
+    }
+    assert!(!text.contains("${"), "an unfilled placeholder is left:\n{text}");
+    let mut v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    splice(&mut v, pieces).unwrap();
+    assert!(!v.to_string().contains(MARK), "a marker is left: {v}");
+    serde_yaml_ng::to_string(&v).unwrap()
+}
+
+/// The llmroute config that goes with the hand-written Envoy config: backends llama-a and llama-b.
+fn llmroute_config(a: &Fleet, b: &Fleet, admin_port: u16) -> Value {
+    json!({
+        "version": 1,
+        "admin": format!("127.0.0.1:{admin_port}"),
+        "backends": [
+            { "name": "llama-a", "kind": "llamacpp", "endpoints": a.endpoints(), "lb": "chwbl" },
+            { "name": "llama-b", "kind": "llamacpp", "endpoints": b.endpoints() },
+        ],
+        "models": [
+            { "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "a-local" }] },
+            { "name": "b-chat", "routes": [{ "backend": "llama-b", "upstream_model": "b-only" }] },
+            { "name": "fallback-chat", "routes": [
+                { "backend": "llama-a", "upstream_model": "a-first", "priority": 1 },
+                { "backend": "llama-b", "upstream_model": "b-second", "priority": 2 },
+            ] },
+        ],
+        "affinity": { "session_headers": ["x-session-id"], "user_prefix_bytes": 256 },
+    })
+}
+
+fn filter_pieces(doc: &Value, opts: &RenderOptions) -> Value {
+    let text = doc.to_string();
+    let cfg = llmroute_core::load_config(&text).unwrap();
+    target::filter_document(&target::pieces(&cfg, &text, opts).unwrap())
+}
+
+fn chat_for(model: &str, user: &str) -> Value {
+    json!({ "model": model, "messages": [{ "role": "user", "content": user }] })
+}
+
+fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
+    let reqs = engine.chat_requests();
+    let body: Value = serde_json::from_slice(&reqs.last().expect("the engine got a request").body).unwrap();
+    body["model"].as_str().unwrap_or_default().to_string()
+}
+
+/// Starts Envoy from the hand-written config for fleets `a` and `b`, with the pieces (after `edit`) pasted in.
+async fn start_handwritten(a: &Fleet, b: &Fleet, edit: impl Fn(&mut Value)) -> Envoy {
+    let wasm = wasm_module().display().to_string();
+    let ports = |f: &Fleet| -> Vec<String> { f.engines.iter().map(|e| e.addr().port().to_string()).collect() };
+    let (pa, pb) = (ports(a), ports(b));
+    Envoy::start_bootstrap(
+        |listen, admin| {
+            let mut pieces = filter_pieces(&llmroute_config(a, b, admin), &RenderOptions::new(wasm.clone()));
+            edit(&mut pieces);
+            let vars = [
+                ("LISTEN_PORT", listen.to_string()),
+                ("ADMIN_PORT", admin.to_string()),
+                ("LLAMA_A_0", pa[0].clone()),
+                ("LLAMA_A_1", pa[1].clone()),
+                ("LLAMA_A_2", pa[2].clone()),
+                ("LLAMA_B_0", pb[0].clone()),
+            ];
+            handwritten(&vars, &pieces)
+        },
+        EnvoyOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and_refuses() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |_| {}).await;
+    assert!(
+        envoy.bootstrap_yaml().contains("edge_ingress"),
+        "the hand-written listener runs"
+    );
+    let c = client();
+
+    // Routing by alias, model rewritten.
+    let (status, backend, body) = post(&c, &envoy, &chat_for("b-chat", "hello b"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "llama-b-0"), "{body}");
+    assert_eq!(last_model(&b.engines[0]), "b-only");
+    let (status, backend, body) = post(&c, &envoy, &chat_for("local-chat", "hello a"), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(backend.starts_with("llama-a-"), "{backend}");
+    let served = a.engines.iter().find(|e| e.name() == backend).unwrap();
+    assert_eq!(last_model(served), "a-local");
+
+    // Affinity: one session sticks to one engine; many sessions spread over the fleet.
+    let mut sticky = Vec::new();
+    for i in 0..8 {
+        let (s, who, _) = post(
+            &c,
+            &envoy,
+            &chat_for("local-chat", &format!("turn {i}")),
+            &[("x-session-id", "tenant-7")],
+        )
+        .await;
+        assert_eq!(s, 200);
+        sticky.push(who);
+    }
+    assert_eq!(tally(sticky.clone()).len(), 1, "one session, one engine: {sticky:?}");
+    let mut spread = Vec::new();
+    for i in 0..16 {
+        let session = format!("session-{i}");
+        let (s, who, _) = post(
+            &c,
+            &envoy,
+            &chat_for("local-chat", "same prompt"),
+            &[("x-session-id", &session)],
+        )
+        .await;
+        assert_eq!(s, 200);
+        spread.push(who);
+    }
+    assert!(
+        tally(spread.clone()).len() >= 2,
+        "sixteen sessions use more than one engine: {spread:?}"
+    );
+
+    // Failover: every llama-a engine answers 503, so the multi-route alias moves on to llama-b with its model.
+    for e in &a.engines {
+        e.set_fault_status(Some(503));
+    }
+    b.reset();
+    let (status, backend, body) = post(&c, &envoy, &chat_for("fallback-chat", "fail over"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "llama-b-0"), "{body}");
+    assert_eq!(last_model(&b.engines[0]), "b-second");
+    assert!(
+        a.engines.iter().map(|e| e.chat_requests().len()).sum::<usize>() > 0,
+        "the first priority was tried first"
+    );
+    for e in &a.engines {
+        e.set_fault_status(None);
+    }
+
+    // A refusal in JSON, with no engine contacted.
+    a.reset();
+    b.reset();
+    let resp = c
+        .post(envoy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_for("no-such-alias", "hi").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    assert_eq!(
+        resp.headers().get("x-llmroute-error").and_then(|v| v.to_str().ok()),
+        Some("model_not_found")
+    );
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
+}
+
+/// What docs/deploy-existing-envoy.md warns about: without the failover aggregate among the pasted clusters, a
+/// multi-route alias names a cluster that does not exist, while single-route aliases still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_failover_aggregate_a_multi_route_alias_has_no_cluster() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |pieces| {
+        if let Some(list) = pieces["clusters"].as_array_mut() {
+            list.retain(|c| !c["name"].as_str().unwrap_or_default().starts_with("llmroute-failover-"));
+        }
+    })
+    .await;
+    let c = client();
+    let (status, backend, _) = post(&c, &envoy, &chat_for("b-chat", "single route"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "llama-b-0"));
+    let (status, backend, body) = post(&c, &envoy, &chat_for("fallback-chat", "multi route"), &[]).await;
+    assert_eq!((status, backend.as_str()), (503, ""), "{body}");
+    assert_eq!(a.chat_counts(), vec![0, 0, 0], "no engine of the alias is reached");
+}
+
+/// Every good fixture's pieces, pasted into a minimal listener beside minimal backend clusters, make a config
+/// Envoy accepts.
+#[test]
+fn every_good_fixtures_pieces_pass_envoy_validate() {
+    let envoy = envoy_binary();
+    assert!(envoy.exists(), "{} is missing: run `make envoy`", envoy.display());
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo_root().join("testdata/configs")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("good-") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cfg = llmroute_core::load_config(&text).unwrap();
+        let opts = RenderOptions::new(wasm_module().display().to_string());
+        let pieces = target::filter_document(&target::pieces(&cfg, &text, &opts).unwrap());
+        let mut clusters: Vec<Value> = cfg
+            .backends
+            .iter()
+            .map(|b| {
+                let eps: Vec<Value> = b
+                    .endpoints
+                    .iter()
+                    .map(|e| json!({ "endpoint": { "address": { "socket_address": { "address": e.host, "port_value": e.port } } } }))
+                    .collect();
+                json!({
+                    "name": b.name,
+                    "type": if b.endpoints.iter().all(|e| e.is_ip) { "STATIC" } else { "STRICT_DNS" },
+                    "connect_timeout": "1s",
+                    "load_assignment": { "cluster_name": b.name, "endpoints": [{ "lb_endpoints": eps }] },
+                })
+            })
+            .collect();
+        clusters.extend(pieces["clusters"].as_array().unwrap().iter().cloned());
+        let mut routes = Vec::new();
+        if let Some(f) = pieces.get("failover_route") {
+            routes
+                .push(json!({ "match": { "prefix": "/v1/", "headers": f["match"]["headers"] }, "route": f["route"] }));
+        }
+        routes.push(json!({ "match": { "prefix": "/v1/" }, "route": pieces["route"] }));
+        let mut filters = pieces["http_filters"].as_array().unwrap().clone();
+        filters.push(target::router());
+        let mut boot = json!({
+            "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": cfg.admin.port() } } },
+            "static_resources": {
+                "listeners": [{
+                    "name": "mine",
+                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": cfg.listen.port() } },
+                    "filter_chains": [{ "filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                            "stat_prefix": "mine",
+                            "route_config": { "virtual_hosts": [{ "name": "v", "domains": ["*"], "routes": routes }] },
+                            "http_filters": filters,
+                        },
+                    }] }],
+                }],
+                "clusters": clusters,
+            },
+        });
+        if let Some(s) = pieces.get("secrets") {
+            boot["static_resources"]["secrets"] = s.clone();
+        }
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, boot.to_string()).unwrap();
+        let vars: Vec<(String, String)> = cfg
+            .backends
+            .iter()
+            .filter_map(|b| b.credential_env.clone())
+            .map(|v| (v, "placeholder".to_string()))
+            .collect();
+        let out = std::process::Command::new(&envoy)
+            .args(["--mode", "validate", "-c"])
+            .arg(&file)
+            .envs(vars)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: envoy --mode validate refused the pasted pieces:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} good fixtures");
+}
+
+/// Writes the discovery response to `path` the way an operator should: a temporary file, then a rename.
+fn push(path: &Path, response: &Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_yaml_ng::to_string(response).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// One ECDS counter, whatever prefix Envoy gives it: the first `/stats` line ending in `.llmroute.<name>`.
+async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
+    let text = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let suffix = format!(".{}.{name}: ", ecds::FILTER_NAME);
+    text.lines()
+        .find_map(|l| l.split_once(&suffix).map(|(_, v)| v))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+struct Outcome {
+    status: u16,
+    backend: String,
+    source: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ecds_path = dir.path().join("llmroute-ecds.yaml");
+    let opts = RenderOptions::new(wasm_module().display().to_string()).with_ecds(ecds_path.display().to_string());
+    let base = |admin: u16| {
+        let mut doc = llmroute_config(&a, &b, admin);
+        doc["models"] =
+            json!([{ "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v1" }] }]);
+        doc
+    };
+    let admin_port = Arc::new(Mutex::new(0u16));
+    let envoy = Envoy::start_bootstrap(
+        |listen, admin| {
+            let mut doc = base(admin);
+            doc["listen"] = Value::from(format!("127.0.0.1:{listen}"));
+            let text = doc.to_string();
+            push(&ecds_path, &ecds::discovery_response(&text, &opts).unwrap());
+            *admin_port.lock().unwrap() = admin;
+            let cfg = llmroute_core::load_config(&text).unwrap();
+            bootstrap_yaml(&cfg, &text, &opts).unwrap()
+        },
+        EnvoyOptions::default(),
+    )
+    .await
+    .unwrap();
+    let admin = *admin_port.lock().unwrap();
+    assert!(envoy.bootstrap_yaml().contains("config_discovery"));
+    let c = client();
+
+    // Steady load: 4 workers, local-chat with a session header, until told to stop (at most 700 requests).
+    let stop = Arc::new(AtomicBool::new(false));
+    let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (stop, results, c, url) = (
+            stop.clone(),
+            results.clone(),
+            c.clone(),
+            envoy.url("/v1/chat/completions"),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 700 {
+                let body = chat_for("local-chat", &format!("load {w} {i}"));
+                let resp = c
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("x-session-id", format!("s{}", i % 5))
+                    .body(body.to_string())
+                    .send()
+                    .await;
+                let outcome = match resp {
+                    Ok(r) => {
+                        let h = |n: &str| {
+                            r.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        let o = Outcome {
+                            status: r.status().as_u16(),
+                            backend: h("x-emu-backend"),
+                            source: h("x-llmroute-affinity-source"),
+                        };
+                        let _ = r.bytes().await;
+                        o
+                    }
+                    Err(e) => Outcome {
+                        status: 0,
+                        backend: e.to_string(),
+                        source: String::new(),
+                    },
+                };
+                results.lock().unwrap().push(outcome);
+                i += 1;
+            }
+        }));
+    }
+    let done = || results.lock().unwrap().len();
+    let wait_more = |n: usize| {
+        let target = done() + n;
+        let results = results.clone();
+        async move {
+            wait_for(Duration::from_secs(30), || {
+                let r = results.clone();
+                async move { r.lock().unwrap().len() >= target }
+            })
+            .await
+            .expect("the load keeps flowing");
+        }
+    };
+    wait_more(40).await;
+    assert!(a.engines.iter().any(|e| !e.chat_requests().is_empty()));
+    // The model names the engines got since their last reset.
+    let models_seen = |fleet: &Fleet| -> Vec<String> {
+        let mut all = Vec::new();
+        for e in &fleet.engines {
+            for r in e.chat_requests() {
+                let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                all.push(v["model"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        all
+    };
+    let before = models_seen(&a);
+    assert!(
+        before.len() >= 30 && before.iter().all(|m| m == "model-v1"),
+        "{before:?}"
+    );
+
+    // (a) A new upstream model and a new alias.
+    let mut doc_a = base(admin);
+    doc_a["models"] = json!([
+        { "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v2" }] },
+        { "name": "new-chat", "routes": [{ "backend": "llama-b", "upstream_model": "b-new" }] },
+    ]);
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_a.to_string(), &opts).unwrap(),
+    );
+    let took = wait_for(Duration::from_secs(15), || {
+        let c = c.clone();
+        let envoy = &envoy;
+        async move { post(&c, envoy, &chat_for("new-chat", "new alias"), &[]).await.1 == "llama-b-0" }
+    })
+    .await;
+    assert!(took.is_some(), "the new alias never took effect");
+    assert_eq!(last_model(&b.engines[0]), "b-new");
+    // Every worker has the new config well before 40 more requests are done; then only the new model is sent.
+    wait_more(40).await;
+    a.reset();
+    wait_more(60).await;
+    let after = models_seen(&a);
+    assert!(after.len() >= 40 && after.iter().all(|m| m == "model-v2"), "{after:?}");
+
+    // (b) Affinity: the session header changes, so x-session-id no longer keys affinity.
+    let mut doc_b = doc_a.clone();
+    doc_b["affinity"] = json!({ "session_headers": ["x-tenant"], "user_prefix_bytes": 256 });
+    let last_sources = |n: usize| -> Vec<String> {
+        let r = results.lock().unwrap();
+        r.iter().rev().take(n).map(|o| o.source.clone()).collect()
+    };
+    assert_eq!(last_sources(20), vec!["session".to_string(); 20]);
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_b.to_string(), &opts).unwrap(),
+    );
+    let took = wait_for(Duration::from_secs(15), || {
+        let c = c.clone();
+        let envoy = &envoy;
+        async move {
+            let resp = c
+                .post(envoy.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-session-id", "probe")
+                .body(chat_for("local-chat", "probe").to_string())
+                .send()
+                .await
+                .unwrap();
+            resp.headers()
+                .get("x-llmroute-affinity-source")
+                .and_then(|v| v.to_str().ok())
+                == Some("user-prefix")
+        }
+    })
+    .await;
+    assert!(took.is_some(), "the new affinity settings never took effect");
+    wait_more(60).await;
+    assert_eq!(last_sources(30), vec!["user-prefix".to_string(); 30]);
+    a.reset();
+    let accepted = ecds_stat(&envoy, "update_success").await;
+    assert_eq!(accepted, Some(3), "the first config and two pushes");
+    let version_b = ecds::discovery_response(&doc_b.to_string(), &opts).unwrap()["version_info"].clone();
+
+    // (c) A push that fails validation (raw text, past our CLI): refused, and the old config stays.
+    let mut bad = doc_b.clone();
+    bad["models"][1]["routes"][0]["backend"] = Value::from("llama-zz");
+    let raw = ecds::discovery_response_raw(&bad.to_string(), &opts).unwrap();
+    push(&ecds_path, &raw);
+    let refused = wait_for(Duration::from_secs(15), || async {
+        ecds_stat(&envoy, "config_fail").await.unwrap_or(0) >= 1
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "no config_fail: {:?}",
+        reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+            .await
+            .unwrap()
+            .text()
+            .await
+    );
+    assert_eq!(ecds_stat(&envoy, "update_rejected").await, Some(1));
+    assert_eq!(
+        ecds_stat(&envoy, "update_success").await,
+        accepted,
+        "the refused push is not a success"
+    );
+    let stats = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        stats.contains(&format!(
+            "extension_config_discovery.http_filter.llmroute.version_text: {version_b}"
+        )),
+        "the version in force is still the last good one ({version_b}):\n{stats}"
+    );
+    wait_more(60).await;
+    assert_eq!(
+        last_sources(30),
+        vec!["user-prefix".to_string(); 30],
+        "the old config stays"
+    );
+    let kept = models_seen(&a);
+    assert!(kept.len() >= 40 && kept.iter().all(|m| m == "model-v2"), "{kept:?}");
+    let (status, backend, _) = post(&c, &envoy, &chat_for("new-chat", "still here"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "llama-b-0"));
+    let log_has = wait_for(Duration::from_secs(5), || {
+        let log = envoy.log();
+        async move { log.contains("llmroute config:") && log.contains("llama-zz") }
+    })
+    .await;
+    assert!(log_has.is_some(), "the filter logs why it refused the push");
+
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let results = results.lock().unwrap();
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|o| o.status != 200)
+        .map(|o| format!("{} {}", o.status, o.backend))
+        .collect();
+    assert!(
+        results.len() >= 300,
+        "a bounded but real load: {} requests",
+        results.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        results.len()
+    );
+    assert!(results.iter().all(|o| o.backend.starts_with("llama-a-")));
+}
