@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Pages written on other branches and linked before they are merged: a link to one of these is reported as
 # pending while the file is missing, not as a failure. Empty this list once they are merged.
-PENDING=(docs/hardening.md docs/failure-policy-and-tls.md docs/placement-bounds.md docs/deploy-discovered.md)
+PENDING=()
 
 shopt -s nullglob
 PAGES=()
