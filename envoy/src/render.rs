@@ -24,6 +24,7 @@ pub mod target;
 mod tls;
 
 use llmroute_core::config::Config;
+use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 /// Slack above the filter's body limit, so Envoy's own 413 never fires first.
@@ -89,8 +90,8 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
         // The filter's per-backend metrics carry the backend in their name; make it a label.
         "stats_config": { "stats_tags": [{
-            "tag_name": "llmroute_backend",
-            "regex": "^wasmcustom\\.llmroute\\.backend\\.((.+)\\.)[a-z_]+$",
+            "tag_name": contract::BACKEND_STATS_TAG,
+            "regex": contract::BACKEND_STATS_TAG_REGEX,
         }] },
         "static_resources": {
             "listeners": [listener(cfg, http_filters, target::route_config(&p))],
@@ -132,7 +133,7 @@ pub(crate) fn stateful_session() -> Value {
                 "name": "envoy.http.stateful_session.header",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState",
-                    "name": "x-llmroute-endpoint",
+                    "name": contract::SESSION_HEADER,
                 },
             },
         },
@@ -174,7 +175,7 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Valu
 }
 
 pub(crate) fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
-    wasm_plugin("llmroute", "llmroute", &plugin_config, opts)
+    wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, &plugin_config, opts)
 }
 
 /// How Envoy treats a VM that trapped: it is replaced by a fresh one (see `docs/failure-policy-and-tls.md`).

@@ -268,8 +268,8 @@ pub fn upstream_backend() -> Option<String> {
         "xds",
         "upstream_host_metadata",
         "filter_metadata",
-        "llmroute",
-        "backend",
+        llmroute_core::envoy_contract::METADATA_NAMESPACE,
+        llmroute_core::envoy_contract::METADATA_BACKEND,
     ])
 }
 

@@ -12,6 +12,7 @@
 //! kept and written by a later update or the next tick, never dropped.
 
 use llmroute_core::config::{Backend, LbPolicy};
+use llmroute_core::envoy_contract::shared;
 use std::cell::RefCell;
 
 use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
@@ -21,8 +22,7 @@ use llmroute_core::Config;
 
 use crate::host;
 
-/// The stateful-session header (see `llmroute render`).
-pub const SESSION_HEADER: &str = "x-llmroute-endpoint";
+pub use llmroute_core::envoy_contract::SESSION_HEADER;
 thread_local! {
     /// What this worker owes the shared in-flight counts (see `llmroute_core::key_placement::in_flight`).
     static LEDGER: RefCell<Ledger> = RefCell::new(Ledger::default());
@@ -50,31 +50,15 @@ pub struct Pin {
     pub choice: HostChoice,
 }
 
-fn keys_key(backend: &str) -> String {
-    format!("llmroute.keys.{backend}")
-}
-
-fn in_flight_key(backend: &str) -> String {
-    format!("llmroute.inflight.{backend}")
-}
-
-fn down_key(backend: &str) -> String {
-    format!("llmroute.down.{backend}")
-}
-
 /// Keeps the hosts of `backend` that the status poll taken at `taken_at_ms` found down.
 pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
-    host::set_shared_data(&down_key(backend), &table::encode_down(taken_at_ms, down), None);
-}
-
-fn hosts_key(backend: &str) -> String {
-    format!("llmroute.hosts.{backend}")
+    host::set_shared_data(&shared::down(backend), &table::encode_down(taken_at_ms, down), None);
 }
 
 /// Keeps every host Envoy listed for a discovered `backend` at the poll taken at `taken_at_ms` (sorted
 /// `IP:PORT`s, in the same form as the down list).
 pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
-    host::set_shared_data(&hosts_key(backend), &table::encode_down(taken_at_ms, hosts), None);
+    host::set_shared_data(&shared::hosts(backend), &table::encode_down(taken_at_ms, hosts), None);
 }
 
 /// The addresses placement works on: the configured endpoints, or for a discovered backend the hosts of the
@@ -87,18 +71,14 @@ fn addresses(backend: &Backend, now_ms: u64) -> Option<Vec<String>> {
         }
         return Some(backend.endpoints.iter().map(|e| e.to_string()).collect());
     }
-    let (at, list) = table::decode_down(&host::shared_data(&hosts_key(&backend.name)).0.unwrap_or_default())?;
+    let (at, list) = table::decode_down(&host::shared_data(&shared::hosts(&backend.name)).0.unwrap_or_default())?;
     let fresh = now_ms.saturating_sub(at) <= STALE_AFTER_MS;
     (fresh && !list.is_empty() && list.len() < status::MAX_HOSTS).then_some(list)
 }
 
-fn slots_key(backend: &str) -> String {
-    format!("llmroute.slots.{backend}")
-}
-
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
 pub fn store_reported_slots(backend: &str, slots: &[u32]) {
-    host::set_shared_data(&slots_key(backend), &table::encode_in_flight(slots), None);
+    host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
 }
 
 /// The backend's hosts as the placement sees them, or `None` when placement does not apply to it: not `chwbl`,
@@ -114,17 +94,17 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
         return None;
     }
     let addresses = addresses(backend, now_ms)?;
-    let down = table::decode_down(&host::shared_data(&down_key(&backend.name)).0.unwrap_or_default())
+    let down = table::decode_down(&host::shared_data(&shared::down(&backend.name)).0.unwrap_or_default())
         .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
         .map(|(_, down)| down);
-    let (counts, _) = host::shared_data(&in_flight_key(&backend.name));
+    let (counts, _) = host::shared_data(&shared::in_flight(&backend.name));
     let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), addresses.len());
     // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal. The
     // `/props` check knows only configured endpoints, so discovered hosts count the same.
     let reported = match (&backend.slots, backend.discovered()) {
         (Some(_), _) | (None, true) => Vec::new(),
         (None, false) => table::decode_in_flight(
-            &host::shared_data(&slots_key(&backend.name)).0.unwrap_or_default(),
+            &host::shared_data(&shared::slots(&backend.name)).0.unwrap_or_default(),
             backend.endpoints.len(),
         ),
     };
@@ -153,7 +133,7 @@ pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
     let now = host::now_ms();
     let hosts = views(backend, now)?;
     let bounds = Bounds::new(keys, backend.balance_factor);
-    let table_key = keys_key(cluster);
+    let table_key = shared::keys(cluster);
     let mut choice = None;
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = host::shared_data(&table_key);
@@ -184,7 +164,7 @@ impl Pin {
 }
 
 fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
-    let key = in_flight_key(backend);
+    let key = shared::in_flight(backend);
     let settled = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.adjust(&mut Host, &key, hosts, i, up)));
     if matches!(settled, Ok(false)) {
         log::debug!("llmroute: in-flight count of {backend} owed until the next tick");
@@ -202,11 +182,11 @@ pub fn seed(cfg: &Config) {
         return;
     }
     for b in &cfg.backends {
-        let keys = keys_key(&b.name);
+        let keys = shared::keys(&b.name);
         if host::shared_data(&keys).0.is_none() {
             host::set_shared_data(&keys, &KeyTable::default().encode(), None);
         }
-        let flights = in_flight_key(&b.name);
+        let flights = shared::in_flight(&b.name);
         // A discovered backend's count list is sized by its first placement (an empty list reads as zeros).
         if host::shared_data(&flights).0.is_none() {
             host::set_shared_data(&flights, &table::encode_in_flight(&vec![0; b.endpoints.len()]), None);

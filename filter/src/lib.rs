@@ -6,6 +6,7 @@
 mod host;
 mod http;
 mod key_placement;
+mod lease;
 mod metrics;
 mod props;
 mod response;

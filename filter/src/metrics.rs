@@ -46,7 +46,7 @@ impl Metrics {
             .iter()
             .map(|b| {
                 let token = b.stat_token();
-                let name = |m: &str| format!("llmroute.backend.{token}.{m}");
+                let name = |m: &str| llmroute_core::envoy_contract::backend_metric(&token, m);
                 let m = BackendMetrics {
                     prompt: host::define_counter(&name("prompt_tokens_total")),
                     cached: host::define_counter(&name("cached_tokens_total")),

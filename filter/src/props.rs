@@ -15,8 +15,8 @@ use llmroute_core::Config;
 
 use crate::host;
 
-/// When the last check was claimed: 8 bytes, little-endian milliseconds since the Unix epoch.
-const LEASE_KEY: &str = "llmroute.props.lease";
+/// When the last check was claimed (see `lease`).
+const LEASE_KEY: &str = llmroute_core::envoy_contract::shared::PROPS_LEASE;
 
 /// One check in progress in this root context.
 struct Round {
@@ -134,9 +134,5 @@ impl Prober {
 
 /// Claims the check due at `now`, if one is due and no other root context claimed it first.
 fn claim_check(now: u64) -> bool {
-    let (value, cas) = host::shared_data(LEASE_KEY);
-    let last = value
-        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
-    fleet_check::check_due(last, now) && host::set_shared_data(LEASE_KEY, &now.to_le_bytes(), cas)
+    crate::lease::claim(LEASE_KEY, now, fleet_check::check_due)
 }

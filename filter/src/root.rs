@@ -18,8 +18,7 @@ use crate::props::Prober;
 use crate::status::Poller;
 use crate::upstream::Upstream;
 
-/// The root id of the upstream role (`llmroute render` gives the failover clusters' filter this id).
-const UPSTREAM_ROOT_ID: &str = "llmroute_upstream";
+use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 
 #[derive(Default)]
 pub struct Root {

@@ -14,12 +14,14 @@ use llmroute_core::status::{self, FleetStatus, StatusPage};
 use llmroute_core::{headers, Config};
 use proxy_wasm::types::Action;
 
+use llmroute_core::envoy_contract::shared;
+
 use crate::host;
 
-/// When the last poll was claimed: 8 bytes, little-endian milliseconds since the Unix epoch.
-const LEASE_KEY: &str = "llmroute.status.lease";
+/// When the last poll was claimed (see `lease`).
+const LEASE_KEY: &str = shared::STATUS_LEASE;
 /// The latest `FleetStatus`, encoded by the core.
-const SNAPSHOT_KEY: &str = "llmroute.status.snapshot";
+const SNAPSHOT_KEY: &str = shared::STATUS_SNAPSHOT;
 
 /// One root context's side of the polling.
 #[derive(Default)]
@@ -105,11 +107,7 @@ impl Poller {
 
 /// Claims the poll due at `now`, if one is due and no other root context claimed it first.
 fn claim_poll(now: u64) -> bool {
-    let (value, cas) = host::shared_data(LEASE_KEY);
-    let last = value
-        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
-    status::poll_due(last, now) && host::set_shared_data(LEASE_KEY, &now.to_le_bytes(), cas)
+    crate::lease::claim(LEASE_KEY, now, status::poll_due)
 }
 
 /// The latest snapshot any root context stored, if one was.

@@ -2,7 +2,7 @@
 //!
 //! A wasm filter cannot read cluster health, so its root context calls `GET /clusters?format=json` on this
 //! cluster about once a second (see `llmroute_core::status`). The cluster is named
-//! [`ADMIN_CLUSTER`](llmroute_core::status::ADMIN_CLUSTER), a name backends may not take, and points at the
+//! [`ADMIN_CLUSTER`](llmroute_core::envoy_contract::ADMIN_CLUSTER), a name backends may not take, and points at the
 //! configured admin address; an admin bound to a wildcard address is reached on loopback. It is rendered with or
 //! without the filter, so both bootstraps keep the same clusters.
 //!
@@ -12,7 +12,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use llmroute_core::config::Config;
-use llmroute_core::status::ADMIN_CLUSTER;
+use llmroute_core::envoy_contract::ADMIN_CLUSTER;
 use serde_json::{json, Value};
 
 use super::socket;

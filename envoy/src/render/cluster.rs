@@ -11,6 +11,7 @@
 //! - endpoint metadata naming the backend, which the filter's upstream side reads.
 
 use llmroute_core::config::{Backend, Config, Health, LbPolicy, Outlier};
+use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 use super::{duration_ms, socket};
@@ -51,7 +52,7 @@ fn cluster(b: &Backend, retries: u32) -> Value {
         .map(|e| {
             json!({
                 "endpoint": { "address": socket(&e.host, e.port) },
-                "metadata": { "filter_metadata": { "llmroute": { "backend": b.name } } },
+                "metadata": { "filter_metadata": { (contract::METADATA_NAMESPACE): { (contract::METADATA_BACKEND): b.name } } },
             })
         })
         .collect();
@@ -64,7 +65,7 @@ fn cluster(b: &Backend, retries: u32) -> Value {
         "common_lb_config": { "update_merge_window": "0s" },
         "load_assignment": { "cluster_name": b.name, "endpoints": [{ "lb_endpoints": endpoints }] },
         "circuit_breakers": { "thresholds": [circuit_breaker(b.max_inflight, retries)] },
-        "metadata": { "filter_metadata": { "llmroute": { "kind": b.kind.as_str() } } },
+        "metadata": { "filter_metadata": { (contract::METADATA_NAMESPACE): { (contract::METADATA_KIND): b.kind.as_str() } } },
     });
     if let Some(path) = b.discovery.as_ref().and_then(|d| d.eds_path.as_deref()) {
         if let Some(map) = c.as_object_mut() {

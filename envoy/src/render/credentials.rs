@@ -23,6 +23,7 @@
 //! would carry the first backend's token. The members' endpoints get the `llmroute.backend` metadata.
 
 use llmroute_core::config::{Backend, Config};
+use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 /// The SDS secret that holds a backend's token.
@@ -116,7 +117,7 @@ fn strip_authorization() -> Value {
 /// without that metadata skips it too.
 fn only_for_backend(filter: Value, backend: &str) -> Value {
     let md = || select(select(ident("xds"), "upstream_host_metadata"), "filter_metadata");
-    let ours = || select(md(), "llmroute");
+    let ours = || select(md(), contract::METADATA_NAMESPACE);
     // !has(md.llmroute) || !has(md.llmroute.backend) || md.llmroute.backend != "<backend>"
     let skip = call(
         "_||_",
@@ -124,14 +125,14 @@ fn only_for_backend(filter: Value, backend: &str) -> Value {
             call(
                 "_||_",
                 vec![
-                    call("!_", vec![has(md(), "llmroute")]),
-                    call("!_", vec![has(ours(), "backend")]),
+                    call("!_", vec![has(md(), contract::METADATA_NAMESPACE)]),
+                    call("!_", vec![has(ours(), contract::METADATA_BACKEND)]),
                 ],
             ),
             call(
                 "_!=_",
                 vec![
-                    select(ours(), "backend"),
+                    select(ours(), contract::METADATA_BACKEND),
                     json!({ "const_expr": { "string_value": backend } }),
                 ],
             ),
@@ -226,9 +227,9 @@ fn tag_endpoints(cluster: &mut Value, backend: &str) {
         .flatten()
     {
         for endpoint in group["lb_endpoints"].as_array_mut().into_iter().flatten() {
-            let md = &mut endpoint["metadata"]["filter_metadata"]["llmroute"];
-            if md.get("backend").is_none() {
-                md["backend"] = Value::from(backend);
+            let md = &mut endpoint["metadata"]["filter_metadata"][contract::METADATA_NAMESPACE];
+            if md.get(contract::METADATA_BACKEND).is_none() {
+                md[contract::METADATA_BACKEND] = Value::from(backend);
             }
         }
     }

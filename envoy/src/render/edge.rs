@@ -18,11 +18,11 @@
 //! - `local_reply_config`: each of Envoy's own replies (no healthy host, connect failure, timeout, codec error,
 //!   buffer overflow, circuit-breaker overflow) gets a JSON body in the route's envelope (Anthropic on
 //!   `/v1/messages`, OpenAI elsewhere) with the request id, and its code in `x-llmroute-error`. Replies the
-//!   filter sent itself carry the request header [`headers::LOCAL_REPLY`] and are left as they are.
+//!   filter sent itself carry the request header [`contract::LOCAL_REPLY`] and are left as they are.
 
 use llmroute_core::config::Config;
+use llmroute_core::envoy_contract as contract;
 use llmroute_core::error::{envoy_fallback, EnvoyReply, ENVOY_REPLIES};
-use llmroute_core::headers;
 use serde_json::{json, Map, Value};
 
 use super::duration_ms;
@@ -121,11 +121,11 @@ fn status_is(op: &str, status: u16) -> Value {
 }
 
 fn not_the_filters_own() -> Value {
-    json!({ "header_filter": { "header": { "name": headers::LOCAL_REPLY, "present_match": true, "invert_match": true } } })
+    json!({ "header_filter": { "header": { "name": contract::LOCAL_REPLY, "present_match": true, "invert_match": true } } })
 }
 
 fn mapper(r: &EnvoyReply, anthropic: bool, conditions: Vec<Value>) -> Value {
-    let request_id = format!("%REQ({})%", headers::REQUEST_ID);
+    let request_id = format!("%REQ({})%", contract::REQUEST_ID);
     let body = if anthropic {
         json!({
             "type": "error",
@@ -141,7 +141,7 @@ fn mapper(r: &EnvoyReply, anthropic: bool, conditions: Vec<Value>) -> Value {
     json!({
         "filter": { "and_filter": { "filters": conditions } },
         "headers_to_add": [{
-            "header": { "key": headers::ERROR, "value": r.code },
+            "header": { "key": contract::ERROR, "value": r.code },
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }],
         "body_format_override": { "json_format": body },

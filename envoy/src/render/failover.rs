@@ -11,14 +11,13 @@
 //! `previous_priorities`; other requests keep the plain route.
 
 use llmroute_core::config::Config;
-use llmroute_core::headers;
-use llmroute_core::placement::{failover_cluster, has_failover};
+use llmroute_core::envoy_contract::{self as contract, failover_cluster};
+use llmroute_core::placement::has_failover;
 use serde_json::{json, Value};
 
 use super::{duration_ms, wasm_plugin, RenderOptions};
 
-/// The root id of the upstream role, which the filter recognises.
-pub const UPSTREAM_ROOT_ID: &str = "llmroute_upstream";
+pub use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 
 /// The aggregate clusters, one per alias with failover.
 pub fn clusters(cfg: &Config, plugin_config: &str, opts: &RenderOptions) -> Vec<Value> {
@@ -90,7 +89,7 @@ pub fn route(cfg: &Config, plain: &Value) -> Option<Value> {
     });
     route["retry_policy"] = retry;
     Some(json!({
-        "match": { "prefix": "/", "headers": [{ "name": headers::ALIAS, "present_match": true }] },
+        "match": { "prefix": "/", "headers": [{ "name": contract::ALIAS, "present_match": true }] },
         "route": route,
     }))
 }

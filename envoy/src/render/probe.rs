@@ -4,7 +4,7 @@
 //! The filter's root context reads `GET /props` from each llama.cpp server every few seconds to check that the
 //! servers of a backend agree on their context size and slot count. A wasm `dispatch_http_call` targets a
 //! cluster, and the backend's own cluster would let its load balancer pick the host, so each endpoint gets its
-//! own cluster, named by [`probe_cluster`](llmroute_core::fleet_check::probe_cluster): STATIC for an IP,
+//! own cluster, named by [`probe_cluster`](llmroute_core::envoy_contract::probe_cluster): STATIC for an IP,
 //! STRICT_DNS for a name. It reaches the server the way the backend's cluster does: the same connect timeout,
 //! the TLS context that verifies this endpoint's name, and a copy of the backend cluster's upstream filters (the
 //! credential injector).

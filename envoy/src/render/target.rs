@@ -19,7 +19,7 @@
 //! TLS. [`limitations`] names the ones a given config needs, and the CLI prints them as warnings.
 
 use llmroute_core::config::Config;
-use llmroute_core::headers;
+use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 use super::{
@@ -91,11 +91,11 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
 fn route_action(cfg: &Config, with_filter: bool) -> Value {
     let mut route = json!({
         "timeout": duration_ms(cfg.limits.request_timeout_ms),
-        "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }],
+        "hash_policy": [{ "header": { "header_name": contract::AFFINITY } }],
     });
     match (with_filter, cfg.backends.first()) {
         (false, Some(first)) => route["cluster"] = Value::from(first.name.as_str()),
-        _ => route["cluster_header"] = Value::from(headers::CLUSTER),
+        _ => route["cluster_header"] = Value::from(contract::CLUSTER),
     }
     if let Some(retry) = cluster::retry_policy(cfg) {
         route["retry_policy"] = retry;
@@ -264,10 +264,10 @@ mod tests {
             .map(|f| f["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, vec!["llmroute", "envoy.filters.http.stateful_session"]);
-        assert_eq!(doc["route"]["cluster_header"], headers::CLUSTER);
+        assert_eq!(doc["route"]["cluster_header"], contract::CLUSTER);
         assert_eq!(
             doc["route"]["hash_policy"][0]["header"]["header_name"],
-            headers::AFFINITY
+            contract::AFFINITY
         );
         assert!(doc["route"]["retry_policy"].is_object());
         let clusters: Vec<&str> = doc["clusters"]
@@ -285,7 +285,7 @@ mod tests {
                 "llmroute_admin"
             ]
         );
-        assert_eq!(doc["failover_route"]["match"]["headers"][0]["name"], headers::ALIAS);
+        assert_eq!(doc["failover_route"]["match"]["headers"][0]["name"], contract::ALIAS);
         assert_eq!(doc["secrets"][0]["name"], "llmroute-credential-a");
         let lims = limitations(&cfg).join("\n");
         assert!(lims.contains("per_connection_buffer_limit_bytes"), "{lims}");

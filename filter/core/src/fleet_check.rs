@@ -30,13 +30,7 @@ pub const PROPS_PATH: &str = "/props";
 pub const CHECK_INTERVAL_MS: u64 = 10_000;
 /// How long one check waits for the servers' answers.
 pub const CHECK_TIMEOUT_MS: u64 = 2_000;
-/// The name prefix of the probe clusters `llmroute render` adds.
-pub const PROBE_CLUSTER_PREFIX: &str = "llmroute-probe-";
-
-/// The single-host cluster through which the filter reads `/props` from endpoint `index` of `backend`.
-pub fn probe_cluster(backend: &str, index: usize) -> String {
-    format!("{PROBE_CLUSTER_PREFIX}{backend}-{index}")
-}
+pub use crate::envoy_contract::{probe_cluster, PROBE_CLUSTER_PREFIX};
 
 /// One endpoint the check reads.
 #[derive(Debug, Clone, PartialEq, Eq)]

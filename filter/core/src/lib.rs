@@ -9,6 +9,7 @@ pub mod api;
 pub mod config;
 pub mod content;
 pub mod endpoint;
+pub mod envoy_contract;
 pub mod error;
 pub mod estimate;
 pub mod fields;

@@ -21,10 +21,7 @@ pub struct Placement<'c> {
     pub failover: bool,
 }
 
-/// The name of the failover cluster of the alias at `index` in `Config::models`.
-pub fn failover_cluster(index: usize) -> String {
-    format!("llmroute-failover-{index}")
-}
+pub use crate::envoy_contract::failover_cluster;
 
 /// True when the alias gets a failover cluster: it has routes to more than one backend.
 pub fn has_failover(alias: &ModelAlias) -> bool {

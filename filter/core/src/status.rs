@@ -20,8 +20,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 
-/// The cluster the filter polls. `llmroute render` points it at the admin address; backends may not use the name.
-pub const ADMIN_CLUSTER: &str = "llmroute_admin";
+pub use crate::envoy_contract::ADMIN_CLUSTER;
 /// What the filter asks the admin API for.
 pub const ADMIN_PATH: &str = "/clusters?format=json";
 /// How often the process polls the admin API.

@@ -571,7 +571,10 @@ fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
             format!("{name:?}"),
             format!("must be 1 to {NAME_MAX} printable ASCII characters without spaces (an Envoy cluster name)"),
         );
-    } else if name.to_ascii_lowercase().starts_with("llmroute") {
+    } else if name
+        .to_ascii_lowercase()
+        .starts_with(crate::envoy_contract::RESERVED_CLUSTER_PREFIX)
+    {
         // The gateway's own clusters: `llmroute_admin` (status polling), `llmroute-probe-*` (`/props` checks),
         // `llmroute-failover-*` (priority failover).
         errs.push(
