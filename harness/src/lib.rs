@@ -11,5 +11,5 @@ pub mod fleet;
 pub mod gguf;
 pub mod llama;
 pub use llmroute_envoy::render;
-pub mod rng;
+pub use llmroute_synth::rng;
 pub mod sdk_clients;

@@ -7,12 +7,7 @@
 //!
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench alloc`.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../../harness/src/bench/body.rs"]
-mod body;
-#[allow(dead_code, unused_imports)]
-#[path = "../../../harness/src/rng.rs"]
-mod rng;
+use llmroute_synth::body;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write;

@@ -9,12 +9,7 @@
 //! The bodies are the overhead bench's (`harness/src/bench/body.rs`, included below), so the figures compare.
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench core`.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../../harness/src/bench/body.rs"]
-mod body;
-#[allow(dead_code, unused_imports)]
-#[path = "../../../harness/src/rng.rs"]
-mod rng;
+use llmroute_synth::body;
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
 //! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`.
 
-pub mod body;
+pub use llmroute_synth::body;
 pub mod engines;
 pub mod goals;
 pub mod load;

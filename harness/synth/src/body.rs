@@ -5,8 +5,7 @@
 //! pseudo-random lower-case words until the serialized body is exactly the requested size. Only ASCII letters and
 //! spaces are used, so nothing is escaped and the size is exact.
 //!
-//! This file uses only `std` and `serde_json`: the core's criterion bench includes it with `#[path]`, so both
-//! benches measure the same bodies.
+//! The core's criterion benches use the same bodies, through this crate, so both benches measure alike.
 
 use crate::rng::SplitMix64;
 use serde_json::json;
