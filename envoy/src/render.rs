@@ -15,6 +15,7 @@ mod admin;
 mod cluster;
 mod credentials;
 mod failover;
+pub mod istio;
 mod probe;
 mod tls;
 

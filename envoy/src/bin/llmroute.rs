@@ -28,13 +28,62 @@ enum Command {
     Render {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
-        /// Path of llmroute_filter.wasm as Envoy will see it.
+        /// Path of llmroute_filter.wasm as Envoy will see it (inside the proxy's container for istio).
         #[arg(long)]
-        wasm: String,
-        /// Output file; standard output when absent.
+        wasm: Option<String>,
+        /// Output file (a directory for `--target istio`); standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// What to render: `envoy` (a complete bootstrap) or `istio` (Kubernetes manifests into the -o directory).
+        #[arg(long, default_value = "envoy")]
+        target: String,
+        #[command(flatten)]
+        istio: IstioArgs,
     },
+}
+
+/// Options of `--target istio` (see docs/deploy-istio.md).
+#[derive(clap::Args)]
+struct IstioArgs {
+    /// istio: fetch the module from this `https://` or `oci://` URL instead of --wasm (needs --sha256).
+    #[arg(long)]
+    wasm_url: Option<String>,
+    /// istio: sha256 of the module fetched from --wasm-url (64 lowercase hex digits).
+    #[arg(long)]
+    sha256: Option<String>,
+    /// istio: namespace of the manifests.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of the sidecars.
+    #[arg(long)]
+    gateway: Option<String>,
+    /// istio: with --gateway, the host clients call.
+    #[arg(long, default_value = "*")]
+    gateway_host: String,
+    /// istio: with --gateway, the value of the gateway pods' `istio` label.
+    #[arg(long, default_value = "ingressgateway")]
+    gateway_selector: String,
+}
+
+fn render_istio(config: &PathBuf, wasm: Option<String>, a: IstioArgs, out: Option<PathBuf>) -> Result<(), String> {
+    use llmroute_envoy::render::istio::{manifests, Deployment, IstioOptions, WasmSource};
+    let out = out.ok_or("--target istio needs -o DIR")?;
+    let (cfg, text) = load(config)?;
+    let mut opts = IstioOptions::sidecar(WasmSource::from_args(wasm, a.wasm_url, a.sha256)?, a.namespace);
+    if let Some(gateway) = a.gateway {
+        opts.deployment = Deployment::Gateway {
+            gateway,
+            host: a.gateway_host,
+            selector: a.gateway_selector,
+        };
+    }
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for (name, yaml) in manifests(&cfg, &text, &opts)? {
+        let path = out.join(name);
+        std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -63,7 +112,19 @@ fn run(command: Command) -> Result<(), String> {
             );
             Ok(())
         }
-        Command::Render { config, wasm, output } => {
+        Command::Render {
+            config,
+            wasm,
+            output,
+            target,
+            istio,
+        } => {
+            match target.as_str() {
+                "envoy" => {}
+                "istio" => return render_istio(&config, wasm, istio, output),
+                other => return Err(format!("--target: {other:?} is not one of envoy, istio")),
+            }
+            let wasm = wasm.ok_or("--wasm PATH is required")?;
             let (cfg, text) = load(&config)?;
             let yaml = bootstrap_yaml(&cfg, &text, &RenderOptions::new(wasm))?;
             match output {
