@@ -120,6 +120,33 @@ impl Envoy {
         let mut render = RenderOptions::new(wasm.display().to_string());
         render.with_filter = opts.with_filter;
         let yaml = bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?;
+        Self::spawn(dir, &yaml, cfg.listen, cfg.admin, opts).await
+    }
+
+    /// Starts Envoy on a bootstrap built elsewhere (JSON or YAML text) that listens on `listen` and serves its
+    /// admin on `admin`; for example the Istio-shaped bootstrap of the Istio tests. No port retry: the caller
+    /// picks the ports.
+    pub async fn start_bootstrap(
+        bootstrap: &str,
+        listen: SocketAddr,
+        admin: SocketAddr,
+        opts: &EnvoyOptions,
+    ) -> Result<Envoy, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        match Self::spawn(dir, bootstrap, listen, admin, opts).await {
+            Ok(envoy) => Ok(envoy),
+            Err(StartError::PortTaken(log) | StartError::Failed(log)) => Err(log),
+        }
+    }
+
+    async fn spawn(
+        dir: tempfile::TempDir,
+        yaml: &str,
+        listen: SocketAddr,
+        admin: SocketAddr,
+        opts: &EnvoyOptions,
+    ) -> Result<Envoy, StartError> {
+        let envoy = envoy_binary();
         let bootstrap = dir.path().join("envoy.yaml");
         let log_path = dir.path().join("envoy.log");
         std::fs::write(&bootstrap, yaml).map_err(|e| StartError::Failed(e.to_string()))?;
@@ -141,8 +168,8 @@ impl Envoy {
             .map_err(|e| StartError::Failed(format!("starting {}: {e}", envoy.display())))?;
         let mut envoy = Envoy {
             child,
-            listen: cfg.listen,
-            admin: cfg.admin,
+            listen,
+            admin,
             log_path,
             bootstrap_path: bootstrap,
             _dir: dir,

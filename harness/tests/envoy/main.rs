@@ -11,6 +11,7 @@ mod corpus;
 mod credentials;
 mod discovery;
 mod fleet_check;
+mod istio;
 mod placement;
 mod resilience;
 mod status;
