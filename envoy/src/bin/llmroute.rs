@@ -38,7 +38,7 @@ enum Command {
         #[arg(long, default_value = "envoy")]
         target: String,
         #[command(flatten)]
-        istio: IstioArgs,
+        istio: Box<IstioArgs>,
     },
 }
 
@@ -121,10 +121,18 @@ fn run(command: Command) -> Result<(), String> {
         } => {
             match target.as_str() {
                 "envoy" => {}
-                "istio" => return render_istio(&config, wasm, istio, output),
+                "istio" => return render_istio(&config, wasm, *istio, output),
                 other => return Err(format!("--target: {other:?} is not one of envoy, istio")),
             }
-            let wasm = wasm.ok_or("--wasm PATH is required")?;
+            let Some(wasm) = wasm else {
+                use clap::CommandFactory;
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--wasm PATH is required",
+                    )
+                    .exit()
+            };
             let (cfg, text) = load(&config)?;
             let yaml = bootstrap_yaml(&cfg, &text, &RenderOptions::new(wasm))?;
             match output {

@@ -403,3 +403,109 @@ fn envoy_filter(
     }
     json!({ "apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": metadata("llmroute", opts), "spec": spec })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = include_str!("../../../testdata/istio/llmroute.yaml");
+
+    fn render(wasm: WasmSource) -> Vec<(String, Value)> {
+        let cfg = llmroute_core::load_config(DOC).unwrap();
+        manifests(&cfg, DOC, &IstioOptions::sidecar(wasm, "models"))
+            .unwrap()
+            .into_iter()
+            .map(|(n, y)| (n, serde_yaml_ng::from_str(&y).unwrap()))
+            .collect()
+    }
+
+    fn patches(docs: &[(String, Value)]) -> Vec<Value> {
+        docs[0].1["spec"]["configPatches"].as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn destination_rules_hash_on_affinity_eject_and_turn_locality_off() {
+        let docs = render(WasmSource::Local("/w.wasm".into()));
+        let dr = &docs
+            .iter()
+            .find(|(n, _)| n == "destinationrule-llama-models-8080.yaml")
+            .unwrap()
+            .1;
+        assert_eq!(dr["spec"]["host"], "llama.models.svc.cluster.local");
+        let p = &dr["spec"]["trafficPolicy"];
+        assert_eq!(p["loadBalancer"]["consistentHash"]["httpHeaderName"], headers::AFFINITY);
+        assert_eq!(p["loadBalancer"]["localityLbSetting"]["enabled"], false);
+        assert_eq!(p["outlierDetection"]["consecutive5xxErrors"], 3);
+        let vllm = &docs
+            .iter()
+            .find(|(n, _)| n == "destinationrule-vllm-models-8000.yaml")
+            .unwrap()
+            .1;
+        assert_eq!(vllm["spec"]["trafficPolicy"]["loadBalancer"]["simple"], "LEAST_REQUEST");
+    }
+
+    #[test]
+    fn the_filter_patch_pauses_and_the_cluster_patch_bounds_the_load() {
+        let p = patches(&render(WasmSource::Local("/w.wasm".into())));
+        let f = &p[0];
+        assert_eq!(
+            (f["applyTo"].as_str(), f["patch"]["operation"].as_str()),
+            (Some("HTTP_FILTER"), Some("INSERT_BEFORE"))
+        );
+        assert_eq!(
+            f["patch"]["value"]["typed_config"]["config"]["allow_on_headers_stop_iteration"],
+            true
+        );
+        let chwbl = p
+            .iter()
+            .find(|x| x["match"]["cluster"]["name"] == "outbound|8080||llama.models.svc.cluster.local")
+            .unwrap();
+        assert_eq!(
+            chwbl["patch"]["value"]["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"],
+            150
+        );
+        let l = p.iter().find(|x| x["applyTo"] == "LISTENER").unwrap();
+        assert!(
+            l["patch"]["value"]["per_connection_buffer_limit_bytes"]
+                .as_u64()
+                .unwrap()
+                > 8 << 20
+        );
+        assert!(p.iter().any(|x| x["patch"]["value"]["name"] == "llmroute_admin"));
+    }
+
+    #[test]
+    fn a_remote_module_goes_through_ecds() {
+        let sha = "a".repeat(64);
+        let p = patches(&render(WasmSource::Remote {
+            url: "oci://r.example/f:1".into(),
+            sha256: sha.clone(),
+        }));
+        assert_eq!(p[0]["applyTo"], "EXTENSION_CONFIG");
+        let remote = &p[0]["patch"]["value"]["typed_config"]["config"]["vm_config"]["code"]["remote"];
+        assert_eq!(
+            (remote["http_uri"]["uri"].as_str(), remote["sha256"].as_str()),
+            (Some("oci://r.example/f:1"), Some(sha.as_str()))
+        );
+        assert_eq!(
+            p[1]["patch"]["value"]["config_discovery"]["type_urls"][0],
+            WASM_TYPE_URL
+        );
+    }
+
+    #[test]
+    fn non_istio_backends_and_bad_sources_are_refused() {
+        let doc = "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\n";
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let err = manifests(&cfg, doc, &IstioOptions::sidecar(WasmSource::Local("/w".into()), "d")).unwrap_err();
+        assert!(
+            err.contains("backends[a].name") && err.contains("outbound|PORT||"),
+            "{err}"
+        );
+        assert!(WasmSource::from_args(Some("rel.wasm".into()), None, None).is_err());
+        assert!(WasmSource::from_args(None, Some("http://x".into()), Some("a".repeat(64))).is_err());
+        assert!(WasmSource::from_args(None, Some("https://x".into()), Some("A".repeat(64))).is_err());
+        assert!(WasmSource::from_args(None, Some("https://x".into()), None).is_err());
+        assert_eq!(parse_cluster("outbound|8000|v1|h.ns.svc.cluster.local"), None);
+    }
+}
