@@ -58,7 +58,7 @@ DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
 demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients engines lint docs-check unit validate-configs e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
@@ -147,3 +147,28 @@ $(VENV)/.bench-peers: | $(PYTHON)
 
 sdk: build envoy sdk-clients ## The real openai and anthropic Python SDKs against one emulated engine, and through Envoy + the filter
 	$(CARGO) test -p llmroute-harness --test sdk -- --nocapture
+
+.PHONY: istio-check oci oci-check
+
+ISTIO_CHECK := scripts/istio-check
+ISTIO_OUT   := target/istio
+
+$(ISTIO_CHECK)/node_modules/.installed: $(ISTIO_CHECK)/package.json $(ISTIO_CHECK)/package-lock.json
+	cd $(ISTIO_CHECK) && npm ci --silent --no-audit --no-fund
+	@touch $@
+
+istio-check: cli $(ISTIO_CHECK)/node_modules/.installed ## Render testdata/istio/llmroute.yaml for Istio (sidecar, gateway, remote wasm) and validate every manifest against Istio's CRD schemas; the bad fixtures must be refused
+	rm -rf $(ISTIO_OUT) && mkdir -p $(ISTIO_OUT)
+	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace models --wasm /var/local/wasm/llmroute_filter.wasm -o $(ISTIO_OUT)/sidecar
+	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace istio-ingress --gateway istio-ingress/llm --gateway-host llm.example.com \
+		--wasm-url oci://registry.example.com/llmroute/filter:0.1.0 --sha256 $$(printf '%064d' 0) -o $(ISTIO_OUT)/gateway
+	node $(ISTIO_CHECK)/check.mjs $(ISTIO_OUT)/sidecar $(ISTIO_OUT)/gateway
+	node $(ISTIO_CHECK)/check.mjs --expect-refused testdata/istio/bad-*.yaml
+
+OCI_OUT := target/oci
+
+oci: build ## Pack the release .wasm as an OCI image layout in target/oci (the Wasm "oci" variant Istio and Envoy Gateway pull); push it with oras or crane
+	python3 scripts/oci-pack.py $(WASM) $(OCI_OUT)
+
+oci-check: oci ## Check target/oci: digests, sizes and media types of the index, manifest, config and layer
+	python3 scripts/oci-pack.py --check $(WASM) $(OCI_OUT)

@@ -19,6 +19,7 @@ mod credentials;
 pub mod ecds;
 mod edge;
 mod failover;
+pub mod istio;
 mod probe;
 pub mod target;
 mod tls;

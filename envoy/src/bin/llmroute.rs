@@ -26,13 +26,14 @@ enum Command {
         config: PathBuf,
     },
     /// Write Envoy configuration for a config file: a complete bootstrap (default), the pieces for an Envoy you
-    /// already run, or the filter's ECDS resource.
+    /// already run, the filter's ECDS resource, or Istio manifests.
     Render {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
-        /// Path of llmroute_filter.wasm as Envoy will see it.
+        /// Path of llmroute_filter.wasm as Envoy will see it (inside the proxy's container for istio). Required,
+        /// except with --target istio and --wasm-url.
         #[arg(long)]
-        wasm: String,
+        wasm: Option<String>,
         /// What to write.
         #[arg(long, value_enum, default_value_t = Target::Envoy)]
         target: Target,
@@ -40,9 +41,11 @@ enum Command {
         /// it with --target ecds) instead of inline.
         #[arg(long, value_name = "PATH")]
         ecds_path: Option<String>,
-        /// Output file; standard output when absent.
+        /// Output file (a directory for `--target istio`); standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        #[command(flatten)]
+        istio: Box<IstioArgs>,
     },
 }
 
@@ -55,6 +58,52 @@ enum Target {
     Filter,
     /// The `DiscoveryResponse` holding the filter's extension config, for a watched ECDS file.
     Ecds,
+    /// Istio manifests (EnvoyFilter patches, DestinationRules, a VirtualService) into the -o directory.
+    Istio,
+}
+
+/// Options of `--target istio` (see docs/deploy-istio.md).
+#[derive(clap::Args)]
+struct IstioArgs {
+    /// istio: fetch the module from this `https://` or `oci://` URL instead of --wasm (needs --sha256).
+    #[arg(long)]
+    wasm_url: Option<String>,
+    /// istio: sha256 of the module fetched from --wasm-url (64 lowercase hex digits).
+    #[arg(long)]
+    sha256: Option<String>,
+    /// istio: namespace of the manifests.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of the sidecars.
+    #[arg(long)]
+    gateway: Option<String>,
+    /// istio: with --gateway, the host clients call.
+    #[arg(long, default_value = "*")]
+    gateway_host: String,
+    /// istio: with --gateway, the value of the gateway pods' `istio` label.
+    #[arg(long, default_value = "ingressgateway")]
+    gateway_selector: String,
+}
+
+fn render_istio(config: &PathBuf, wasm: Option<String>, a: IstioArgs, out: Option<PathBuf>) -> Result<(), String> {
+    use llmroute_envoy::render::istio::{manifests, Deployment, IstioOptions, WasmSource};
+    let out = out.ok_or("--target istio needs -o DIR")?;
+    let (cfg, text) = load(config)?;
+    let mut opts = IstioOptions::sidecar(WasmSource::from_args(wasm, a.wasm_url, a.sha256)?, a.namespace);
+    if let Some(gateway) = a.gateway {
+        opts.deployment = Deployment::Gateway {
+            gateway,
+            host: a.gateway_host,
+            selector: a.gateway_selector,
+        };
+    }
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for (name, yaml) in manifests(&cfg, &text, &opts)? {
+        let path = out.join(name);
+        std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -89,7 +138,21 @@ fn run(command: Command) -> Result<(), String> {
             target,
             ecds_path,
             output,
+            istio,
         } => {
+            let wasm = match (target, wasm) {
+                (Target::Istio, wasm) => return render_istio(&config, wasm, *istio, output),
+                (_, Some(wasm)) => wasm,
+                (_, None) => {
+                    use clap::CommandFactory;
+                    Cli::command()
+                        .error(
+                            clap::error::ErrorKind::MissingRequiredArgument,
+                            "--wasm PATH is required",
+                        )
+                        .exit()
+                }
+            };
             let (cfg, text) = load(&config)?;
             let mut opts = RenderOptions::new(wasm);
             opts.ecds_path = ecds_path;
@@ -105,6 +168,8 @@ fn run(command: Command) -> Result<(), String> {
                     return Err("--ecds-path goes with --target envoy or filter, not ecds".into());
                 }
                 Target::Ecds => ecds::ecds_yaml(&cfg, &text, &opts)?,
+                // Written as a directory of manifests by `render_istio`, above.
+                Target::Istio => return Err("--target istio writes a directory: give -o DIR".into()),
             };
             match output {
                 Some(path) => std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display())),

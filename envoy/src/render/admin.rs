@@ -39,7 +39,7 @@ pub fn target(admin: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, admin.port())
 }
 
-fn cluster(admin: SocketAddr) -> Value {
+pub(crate) fn cluster(admin: SocketAddr) -> Value {
     let to = target(admin);
     json!({
         "name": ADMIN_CLUSTER,

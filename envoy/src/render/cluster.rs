@@ -99,7 +99,7 @@ fn circuit_breaker(max_inflight: u32, retries: u32) -> Value {
     })
 }
 
-fn health_check(h: &Health) -> Value {
+pub(crate) fn health_check(h: &Health) -> Value {
     json!({
         "timeout": duration_ms(h.timeout_ms),
         "interval": duration_ms(h.interval_ms),

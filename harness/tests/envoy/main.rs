@@ -14,6 +14,7 @@ mod discovery;
 mod edge;
 mod failure;
 mod fleet_check;
+mod istio;
 mod placement;
 mod resilience;
 mod status;
