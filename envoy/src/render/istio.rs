@@ -20,7 +20,7 @@
 //! Every builder the standalone bootstrap uses is reused, so both targets route the same way.
 
 use llmroute_core::config::{Backend, Config, LbPolicy};
-use llmroute_core::headers;
+use llmroute_core::envoy_contract as contract;
 use llmroute_core::placement::has_failover;
 use serde_json::{json, Value};
 
@@ -263,7 +263,7 @@ fn virtual_service(cfg: &Config, opts: &IstioOptions, first: &IstioCluster) -> V
 
 fn destination_rule(b: &Backend, c: &IstioCluster, opts: &IstioOptions) -> Value {
     let mut lb = match b.lb {
-        LbPolicy::Chwbl => json!({ "consistentHash": { "httpHeaderName": headers::AFFINITY } }),
+        LbPolicy::Chwbl => json!({ "consistentHash": { "httpHeaderName": contract::AFFINITY } }),
         LbPolicy::LeastRequest => json!({ "simple": "LEAST_REQUEST" }),
         LbPolicy::RoundRobin => json!({ "simple": "ROUND_ROBIN" }),
     };
@@ -315,7 +315,7 @@ fn envoy_filter(
     };
     let render = RenderOptions::new(local_path);
     let mut patches = Vec::new();
-    let mut filter = wasm_plugin("llmroute", "llmroute", plugin_config, &render);
+    let mut filter = wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, plugin_config, &render);
     if let WasmSource::Remote { url, sha256 } = &opts.wasm {
         // istio-agent fetches remote modules only on ECDS: it rewrites this `remote` source to a local file before
         // Envoy sees it, for oci:// as for https://. The cluster name is required by Envoy's schema, unused here.
@@ -349,8 +349,8 @@ fn envoy_filter(
     }
     let route_match = json!({ "context": ctx, "routeConfiguration": { "vhost": { "route": { "name": ROUTE_NAME } } } });
     if cfg.models.iter().any(has_failover) {
-        let mut plain = json!({ "cluster_header": headers::CLUSTER, "timeout": duration_ms(cfg.limits.request_timeout_ms),
-            "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }] });
+        let mut plain = json!({ "cluster_header": contract::CLUSTER, "timeout": duration_ms(cfg.limits.request_timeout_ms),
+            "hash_policy": [{ "header": { "header_name": contract::AFFINITY } }] });
         if let Some(r) = cluster::retry_policy(cfg) {
             plain["retry_policy"] = r;
         }
@@ -366,8 +366,8 @@ fn envoy_filter(
         "applyTo": "HTTP_ROUTE",
         "match": route_match,
         "patch": { "operation": "MERGE", "value": { "route": {
-            "cluster_header": headers::CLUSTER,
-            "hash_policy": [{ "header": { "header_name": headers::AFFINITY } }],
+            "cluster_header": contract::CLUSTER,
+            "hash_policy": [{ "header": { "header_name": contract::AFFINITY } }],
         } } },
     }));
     patches.push(json!({
@@ -433,7 +433,10 @@ mod tests {
             .1;
         assert_eq!(dr["spec"]["host"], "llama.models.svc.cluster.local");
         let p = &dr["spec"]["trafficPolicy"];
-        assert_eq!(p["loadBalancer"]["consistentHash"]["httpHeaderName"], headers::AFFINITY);
+        assert_eq!(
+            p["loadBalancer"]["consistentHash"]["httpHeaderName"],
+            contract::AFFINITY
+        );
         assert_eq!(p["loadBalancer"]["localityLbSetting"]["enabled"], false);
         assert_eq!(p["outlierDetection"]["consecutive5xxErrors"], 3);
         let vllm = &docs
