@@ -59,9 +59,12 @@ async fn a_trapped_vm_is_reloaded_and_routes_again() {
     assert_eq!((status, backend.as_str()), (200, "llama-a-0"));
 
     let resp = trap_request(&envoy).await;
-    // Envoy answers the trapping request itself: 503 with an empty body (not JSON; see the docs page).
+    // Envoy answers the trapping request itself with a 503, which its local_reply_config puts in the envelope.
     assert_eq!(resp.status(), 503);
-    assert_eq!(resp.text().await.unwrap(), "");
+    let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    let body: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "upstream_unavailable", "{body}");
+    assert_eq!(body["request_id"], request_id.as_str(), "{body}");
     assert_eq!(fleet.chat_counts(), vec![1], "the trapping request reaches no engine");
 
     // FAIL_RELOAD: after a short backoff (503s meanwhile), a fresh VM routes again, on the same worker.
