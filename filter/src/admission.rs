@@ -8,7 +8,14 @@
 use llmroute_core::auth::{self, AuthRefusal, Keys};
 use llmroute_core::config::stat_token;
 use llmroute_core::key_placement::in_flight::SharedStore;
-use llmroute_core::limits::{self, Charge, Denied};
+use llmroute_core::limits::{self, Charge, Denied, Kind};
+
+/// The fewest requests and tokens left in the buckets a request was charged to.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Remaining {
+    pub requests: Option<u64>,
+    pub tokens: Option<u64>,
+}
 use llmroute_core::{Config, GatewayError};
 
 use crate::host;
@@ -64,13 +71,27 @@ pub fn count_key_request(key: &str) {
 }
 
 /// Takes every charge or none. A refusal is counted by scope, name and reason, and becomes the 429 (or the 503
-/// of contention) to send.
-pub fn admit(charges: &[Charge]) -> Result<(), GatewayError> {
+/// of contention) to send. `Ok` holds the fewest requests and tokens left in any bucket charged, for the debug
+/// headers.
+pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
-        return Ok(());
+        return Ok(Remaining::default());
     }
     match limits::admit(&mut Store, charges, host::now_ms()) {
-        Ok(()) => Ok(()),
+        Ok(left) => {
+            let least = |kind| {
+                charges
+                    .iter()
+                    .zip(&left)
+                    .filter(|(c, _)| c.kind == kind)
+                    .map(|(_, &n)| n)
+                    .min()
+            };
+            Ok(Remaining {
+                requests: least(Kind::Requests),
+                tokens: least(Kind::Tokens),
+            })
+        }
         Err(Denied::Limited {
             scope,
             name,

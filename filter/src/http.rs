@@ -29,6 +29,8 @@ pub struct Http {
     key: Option<String>,
     /// What the request took from the limit buckets, settled in the log phase.
     charges: Vec<Charge>,
+    /// What the buckets had left after this request was admitted (debug headers).
+    remaining: crate::admission::Remaining,
     metrics: Metrics,
     context_id: u32,
     /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
@@ -52,6 +54,7 @@ impl Http {
             keys,
             key: None,
             charges: Vec::new(),
+            remaining: Default::default(),
             metrics,
             context_id,
             replacing_overflow: false,
@@ -137,8 +140,9 @@ impl Http {
             decision.input_tokens,
             decision.max_output_tokens,
         );
-        if let Err(e) = crate::admission::admit(&charges) {
-            return self.refuse(&e, api.envelope());
+        match crate::admission::admit(&charges) {
+            Ok(left) => self.remaining = left,
+            Err(e) => return self.refuse(&e, api.envelope()),
         }
         self.charges = charges;
         if let Some(k) = &self.key {
@@ -287,6 +291,14 @@ impl HttpContext for Http {
                 host::set_response_header(headers::PLACEMENT, p.choice.reason.as_str());
             }
             host::set_response_header(headers::CLUSTER, &d.cluster);
+            for (name, left) in [
+                (headers::REQUESTS_REMAINING, self.remaining.requests),
+                (headers::TOKENS_REMAINING, self.remaining.tokens),
+            ] {
+                if let Some(n) = left {
+                    host::set_response_header(name, &n.to_string());
+                }
+            }
             if let Some(addr) = host::property_string(&["upstream", "address"]) {
                 host::set_response_header(headers::UPSTREAM, &addr);
             }

@@ -265,7 +265,7 @@ fn cas_step<E>(
     rate: Rate,
     now_ms: u64,
     f: impl Fn(Bucket) -> Result<Bucket, E>,
-) -> Result<Option<()>, E> {
+) -> Result<Option<Bucket>, E> {
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = store.get(key);
         let current = bytes
@@ -274,18 +274,23 @@ fn cas_step<E>(
             .unwrap_or_else(|| Bucket::full(rate, now_ms));
         let next = f(current)?;
         if store.set(key, &next.encode(), cas) {
-            return Ok(Some(()));
+            return Ok(Some(next));
         }
     }
     Ok(None)
 }
 
-/// Takes every charge, or none: on a refusal what was taken is given back.
-pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> Result<(), Denied> {
+/// Takes every charge, or none: on a refusal what was taken is given back. `Ok` holds the whole tokens each
+/// bucket has left, in the order of `charges`.
+pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> Result<Vec<u64>, Denied> {
+    let mut left = Vec::with_capacity(charges.len());
     for (i, c) in charges.iter().enumerate() {
         let step = cas_step(store, &c.key(), c.rate, now_ms, |b| b.take(c.rate, now_ms, c.amount));
         let denied = match step {
-            Ok(Some(())) => continue,
+            Ok(Some(b)) => {
+                left.push(b.level / c.rate.unit.period_ms());
+                continue;
+            }
             Ok(None) => Denied::Contention,
             Err(retry_after_ms) => Denied::Limited {
                 scope: c.scope,
@@ -299,7 +304,7 @@ pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> R
         }
         return Err(denied);
     }
-    Ok(())
+    Ok(left)
 }
 
 /// Moves one bucket by `n` tokens: back (`charge` false) or further down. False on contention (the adjustment
@@ -309,7 +314,7 @@ pub fn give(store: &mut impl SharedStore, c: &Charge, n: u64, charge: bool, now_
         return true;
     }
     let step = cas_step::<()>(store, &c.key(), c.rate, now_ms, |b| Ok(b.adjust(c.rate, now_ms, n, charge)));
-    matches!(step, Ok(Some(())))
+    matches!(step, Ok(Some(_)))
 }
 
 /// Settles the token charges of an admitted request on the `used` tokens the engine reported.
