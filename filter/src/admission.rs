@@ -62,12 +62,18 @@ pub fn seed(cfg: &Config, keys: Option<&Keys>) {
 
 /// Counts an auth refusal by reason.
 pub fn count_auth_refusal(r: AuthRefusal) {
-    host::increment(host::define_counter(&format!("llmroute_auth_refused_{}_total", r.as_str())));
+    host::increment(host::define_counter(&format!(
+        "llmroute_auth_refused_{}_total",
+        r.as_str()
+    )));
 }
 
 /// Counts an admitted request for its key.
 pub fn count_key_request(key: &str) {
-    host::increment(host::define_counter(&format!("llmroute.key.{}.requests_total", stat_token(key))));
+    host::increment(host::define_counter(&format!(
+        "llmroute.key.{}.requests_total",
+        stat_token(key)
+    )));
 }
 
 /// Takes every charge or none. A refusal is counted by scope, name and reason, and becomes the 429 (or the 503

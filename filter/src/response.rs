@@ -79,7 +79,11 @@ impl ResponseWatch {
             }
             _ => return None,
         };
-        Some(usage.prompt_tokens?.saturating_add(usage.completion_tokens.unwrap_or(0)))
+        Some(
+            usage
+                .prompt_tokens?
+                .saturating_add(usage.completion_tokens.unwrap_or(0)),
+        )
     }
 
     /// Counts the outcome and the usage once the exchange is over.

@@ -35,6 +35,8 @@ mod tests {
         );
         let mut plain = json!({"typed_config": {"config": {"vm_config": {"vm_id": "x"}}}});
         expose_keys(&mut plain, "{}");
-        assert!(plain["typed_config"]["config"]["vm_config"].get("environment_variables").is_none());
+        assert!(plain["typed_config"]["config"]["vm_config"]
+            .get("environment_variables")
+            .is_none());
     }
 }

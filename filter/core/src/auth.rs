@@ -256,12 +256,25 @@ mod tests {
         assert_eq!(check(&k, &[a], &[b"junk"], true), Ok("alice"));
         // Two headers, other schemes, bad tokens.
         assert_eq!(check(&k, &[a, a], &[], false), Err(AuthRefusal::Malformed));
-        assert_eq!(check(&k, &[], &[A.as_bytes(), A.as_bytes()], true), Err(AuthRefusal::Malformed));
-        for bad in [&b"Basic YWxpY2U6eA=="[..], b"Bearer", b"Bearer ", b"Bearertok", b"Bearer a b", b"Bearer a,b"] {
+        assert_eq!(
+            check(&k, &[], &[A.as_bytes(), A.as_bytes()], true),
+            Err(AuthRefusal::Malformed)
+        );
+        for bad in [
+            &b"Basic YWxpY2U6eA=="[..],
+            b"Bearer",
+            b"Bearer ",
+            b"Bearertok",
+            b"Bearer a b",
+            b"Bearer a,b",
+        ] {
             assert_eq!(check(&k, &[bad], &[], false), Err(AuthRefusal::Malformed), "{bad:?}");
         }
         assert_eq!(check(&k, &[], &[], true), Err(AuthRefusal::Missing));
-        assert_eq!(check(&k, &[b"Bearer tok-wrong-but-well-formed"], &[], false), Err(AuthRefusal::Unknown));
+        assert_eq!(
+            check(&k, &[b"Bearer tok-wrong-but-well-formed"], &[], false),
+            Err(AuthRefusal::Unknown)
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use serde_json::json;
 
 use crate::auth::AuthRefusal;
 use crate::endpoint::{Api, Envelope};
-use crate::limits::{Kind, Scope};
 use crate::json::JsonError;
+use crate::limits::{Kind, Scope};
 
 /// The longest client-sent string quoted back in an error message.
 const QUOTE_MAX: usize = 128;

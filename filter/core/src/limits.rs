@@ -313,7 +313,9 @@ pub fn give(store: &mut impl SharedStore, c: &Charge, n: u64, charge: bool, now_
     if n == 0 {
         return true;
     }
-    let step = cas_step::<()>(store, &c.key(), c.rate, now_ms, |b| Ok(b.adjust(c.rate, now_ms, n, charge)));
+    let step = cas_step::<()>(store, &c.key(), c.rate, now_ms, |b| {
+        Ok(b.adjust(c.rate, now_ms, n, charge))
+    });
     matches!(step, Ok(Some(_)))
 }
 
@@ -358,7 +360,13 @@ pub fn charges(limits: &RateLimits, scope: Scope, name: &str, input: u64, max_ou
 
 /// Every charge an admitted inference request for `alias` by `key` (when auth is on) puts on the buckets: the
 /// alias's limits, then the key's. `input` is the gateway's estimate; `max_output` what the request asks for.
-pub fn request_charges(cfg: &Config, alias: &str, key: Option<&str>, input: u64, max_output: Option<u64>) -> Vec<Charge> {
+pub fn request_charges(
+    cfg: &Config,
+    alias: &str,
+    key: Option<&str>,
+    input: u64,
+    max_output: Option<u64>,
+) -> Vec<Charge> {
     let mut out = Vec::new();
     if let Some(l) = cfg.alias(alias).and_then(|a| a.limits.as_ref()) {
         out.extend(charges(l, Scope::Alias, alias, input, max_output));
@@ -395,13 +403,22 @@ pub fn all_buckets<'a>(cfg: &Config, keys: impl Iterator<Item = &'a str>) -> Vec
 mod tests {
     use super::*;
 
-    const PER_S: Rate = Rate { amount: 10, unit: Unit::S };
+    const PER_S: Rate = Rate {
+        amount: 10,
+        unit: Unit::S,
+    };
 
     #[test]
     fn syntax() {
         assert_eq!(
             parse_rates("10-S, 600-M").unwrap(),
-            vec![PER_S, Rate { amount: 600, unit: Unit::M }]
+            vec![
+                PER_S,
+                Rate {
+                    amount: 600,
+                    unit: Unit::M
+                }
+            ]
         );
         for bad in ["", "10", "10-s", "0-S", "x-S", "10-S,5-S", "-1-S", "10000000001-D"] {
             assert!(parse_rates(bad).is_err(), "{bad}");
@@ -421,7 +438,10 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        let b = Bucket { level: 7, updated_ms: 9 };
+        let b = Bucket {
+            level: 7,
+            updated_ms: 9,
+        };
         assert_eq!(Bucket::decode(&b.encode()), Some(b));
         assert_eq!(Bucket::decode(&[0; 15]), None);
         assert_eq!(Bucket::decode(&[0; 17]), None);

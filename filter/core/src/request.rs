@@ -66,7 +66,12 @@ pub fn start<'h>(
 /// The API-key check of the headers phase, before anything else is decided. `Ok(None)`: the path is open
 /// (`/healthz`, `/readyz`) and no key is asked for; `Ok(Some(name))`: the key's name. `headers` are every request
 /// header as sent (lower-case names), duplicates included. A refusal is a 401 in the path's dialect.
-pub fn authenticate(keys: &Keys, method: &str, path: &str, headers: &[(String, Vec<u8>)]) -> Result<Option<String>, Refusal> {
+pub fn authenticate(
+    keys: &Keys,
+    method: &str,
+    path: &str,
+    headers: &[(String, Vec<u8>)],
+) -> Result<Option<String>, Refusal> {
     let bare = path.split(['?', '#']).next().unwrap_or_default();
     if let Ok(Endpoint::Status(StatusPage::Healthz | StatusPage::Readyz)) = classify(method, path) {
         return Ok(None);
@@ -85,7 +90,11 @@ pub fn authenticate(keys: &Keys, method: &str, path: &str, headers: &[(String, V
             let anthropic = messages || headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("anthropic-version"));
             Err(Refusal {
                 error: GatewayError::Unauthorized(reason),
-                envelope: if anthropic { Envelope::Anthropic } else { Envelope::OpenAi },
+                envelope: if anthropic {
+                    Envelope::Anthropic
+                } else {
+                    Envelope::OpenAi
+                },
             })
         }
     }

@@ -18,6 +18,8 @@ use crate::support::*;
 
 const VAR: &str = "LLMROUTE_TEST_CLIENT_KEYS";
 
+type Headers<'a> = Vec<(&'a str, &'a str)>;
+
 /// Tokens unlike anything else in the test, so finding one anywhere means it leaked.
 fn tokens() -> (String, String) {
     let nanos = std::time::SystemTime::now()
@@ -52,7 +54,14 @@ impl Reply {
     }
 }
 
-async fn send(c: &reqwest::Client, envoy: &Envoy, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&Value>) -> Reply {
+async fn send(
+    c: &reqwest::Client,
+    envoy: &Envoy,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Reply {
     let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
     let mut req = c.request(method, envoy.url(path));
     for (k, v) in headers {
@@ -104,25 +113,62 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     let av = ("anthropic-version", "2023-06-01");
 
     // Refusals: none may reach the engine.
-    let refused: Vec<(&str, &str, Vec<(&str, &str)>, &Value, bool)> = vec![
+    let refused: Vec<(&str, &str, Headers, &Value, bool)> = vec![
         ("no credential", "/v1/chat/completions", vec![], &chat_body, false),
-        ("wrong key", "/v1/chat/completions", vec![("authorization", "Bearer not-a-configured-key-123")], &chat_body, false),
-        ("x-api-key on chat", "/v1/chat/completions", vec![("x-api-key", ka.as_str())], &chat_body, false),
-        ("malformed scheme", "/v1/chat/completions", vec![("authorization", "Basic YWxpY2U6eA==")], &chat_body, false),
-        ("bearer without token", "/v1/chat/completions", vec![("authorization", "Bearer ")], &chat_body, false),
+        (
+            "wrong key",
+            "/v1/chat/completions",
+            vec![("authorization", "Bearer not-a-configured-key-123")],
+            &chat_body,
+            false,
+        ),
+        (
+            "x-api-key on chat",
+            "/v1/chat/completions",
+            vec![("x-api-key", ka.as_str())],
+            &chat_body,
+            false,
+        ),
+        (
+            "malformed scheme",
+            "/v1/chat/completions",
+            vec![("authorization", "Basic YWxpY2U6eA==")],
+            &chat_body,
+            false,
+        ),
+        (
+            "bearer without token",
+            "/v1/chat/completions",
+            vec![("authorization", "Bearer ")],
+            &chat_body,
+            false,
+        ),
         (
             "two authorization headers",
             "/v1/chat/completions",
-            vec![("authorization", bearer_a.as_str()), ("authorization", bearer_a.as_str())],
+            vec![
+                ("authorization", bearer_a.as_str()),
+                ("authorization", bearer_a.as_str()),
+            ],
             &chat_body,
             false,
         ),
         ("no credential on messages", "/v1/messages", vec![av], &msg_body, true),
-        ("wrong x-api-key on messages", "/v1/messages", vec![av, ("x-api-key", "not-a-configured-key-123")], &msg_body, true),
+        (
+            "wrong x-api-key on messages",
+            "/v1/messages",
+            vec![av, ("x-api-key", "not-a-configured-key-123")],
+            &msg_body,
+            true,
+        ),
         (
             "wrong authorization wins over a right x-api-key",
             "/v1/messages",
-            vec![av, ("authorization", "Bearer not-a-configured-key-123"), ("x-api-key", ka.as_str())],
+            vec![
+                av,
+                ("authorization", "Bearer not-a-configured-key-123"),
+                ("x-api-key", ka.as_str()),
+            ],
             &msg_body,
             true,
         ),
@@ -135,13 +181,32 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
         let r = send(&c, &envoy, "GET", path, &[], None).await;
         assert_401(&r, false, what);
     }
-    assert_eq!(fleet.inference_counts(), vec![0], "a refused request reached the engine");
+    assert_eq!(
+        fleet.inference_counts(),
+        vec![0],
+        "a refused request reached the engine"
+    );
 
     // Accepted.
-    let ok: Vec<(&str, &str, Vec<(&str, &str)>, &Value)> = vec![
-        ("bearer", "/v1/chat/completions", vec![("authorization", bearer_a.as_str())], &chat_body),
-        ("lower-case scheme", "/v1/chat/completions", vec![("authorization", lower_b.as_str())], &chat_body),
-        ("x-api-key on messages", "/v1/messages", vec![av, ("x-api-key", kb.as_str())], &msg_body),
+    let ok: Vec<(&str, &str, Headers, &Value)> = vec![
+        (
+            "bearer",
+            "/v1/chat/completions",
+            vec![("authorization", bearer_a.as_str())],
+            &chat_body,
+        ),
+        (
+            "lower-case scheme",
+            "/v1/chat/completions",
+            vec![("authorization", lower_b.as_str())],
+            &chat_body,
+        ),
+        (
+            "x-api-key on messages",
+            "/v1/messages",
+            vec![av, ("x-api-key", kb.as_str())],
+            &msg_body,
+        ),
         (
             "authorization wins over a wrong x-api-key",
             "/v1/messages",
@@ -180,17 +245,43 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
 
     // No key value anywhere Envoy writes or serves.
     tokio::time::sleep(Duration::from_millis(400)).await; // the launcher flushes Envoy's log every 100 ms
-    // At debug level Envoy's connection manager prints every request header itself, the client's own
-    // `authorization` included; that is Envoy's, not the filter's, and absent at the default level. The filter's
-    // lines (the `wasm` logger) must never hold a key.
-    let log: String = envoy.log().lines().filter(|l| l.contains("[wasm]")).collect::<Vec<_>>().join("\n");
+                                                          // At debug level Envoy's connection manager prints every request header itself, the client's own
+                                                          // `authorization` included; that is Envoy's, not the filter's, and absent at the default level. The filter's
+                                                          // lines (the `wasm` logger) must never hold a key.
+    let log: String = envoy
+        .log()
+        .lines()
+        .filter(|l| l.contains("[wasm]"))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(log.contains("llmroute"), "the filter's log lines were not found");
-    let stats = reqwest::get(envoy.admin_url("/stats")).await.unwrap().text().await.unwrap();
-    let prom = reqwest::get(envoy.admin_url("/stats/prometheus")).await.unwrap().text().await.unwrap();
-    let dump = reqwest::get(envoy.admin_url("/config_dump")).await.unwrap().text().await.unwrap();
+    let stats = reqwest::get(envoy.admin_url("/stats"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prom = reqwest::get(envoy.admin_url("/stats/prometheus"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dump = reqwest::get(envoy.admin_url("/config_dump"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains(VAR), "the VM must be given the variable's name");
-    for (what, text) in [("log", &log), ("stats", &stats), ("prometheus", &prom), ("config_dump", &dump), ("bootstrap", &bootstrap)] {
+    for (what, text) in [
+        ("log", &log),
+        ("stats", &stats),
+        ("prometheus", &prom),
+        ("config_dump", &dump),
+        ("bootstrap", &bootstrap),
+    ] {
         for secret in [&ka, &kb] {
             assert!(!text.contains(secret.as_str()), "a key value is in Envoy's {what}");
         }
@@ -202,7 +293,10 @@ async fn envoy_refuses_to_start_without_the_keys_variable() {
     let fleet = Fleet::start("nokeys", 1).await.unwrap();
     let mut cfg = alias_config(&fleet, None);
     cfg["auth"] = json!({ "keys_env": "LLMROUTE_TEST_UNSET_KEYS_VAR" });
-    let err = Envoy::start(cfg).await.err().expect("Envoy started without the keys variable");
+    let err = Envoy::start(cfg)
+        .await
+        .err()
+        .expect("Envoy started without the keys variable");
     assert!(err.contains("LLMROUTE_TEST_UNSET_KEYS_VAR"), "{err}");
 }
 
@@ -219,9 +313,19 @@ async fn a_request_limit_is_exact_across_workers_under_64_clients() {
         tasks.push(tokio::spawn(async move {
             // One client each: separate connections, spread over Envoy's two workers.
             let c = client();
-            let r = c.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
+            let r = c
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
-            let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let body: Value = r.json().await.unwrap_or(Value::Null);
             (status, retry, body)
         }));
@@ -244,7 +348,9 @@ async fn a_request_limit_is_exact_across_workers_under_64_clients() {
     assert_eq!(admitted, 20);
     assert_eq!(fleet.inference_counts().iter().sum::<usize>(), 20);
     let refused = envoy
-        .stat(&format!("wasmcustom.llmroute.limit.alias.{ALIAS}.requests_refused_total"))
+        .stat(&format!(
+            "wasmcustom.llmroute.limit.alias.{ALIAS}.requests_refused_total"
+        ))
         .await;
     assert_eq!(refused, Some(44));
 }
@@ -252,14 +358,15 @@ async fn a_request_limit_is_exact_across_workers_under_64_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_second_bucket_refills() {
     let fleet = Fleet::start("refill", 1).await.unwrap();
-    let envoy = Envoy::start(alias_config(&fleet, Some(json!({ "requests": "2-S" })))).await.unwrap();
+    let envoy = Envoy::start(alias_config(&fleet, Some(json!({ "requests": "2-S" }))))
+        .await
+        .unwrap();
     let c = client();
     let body = chat(None, "refill");
     let mut statuses = Vec::new();
     for _ in 0..3 {
         statuses.push(send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await);
     }
-    let refused_at = Instant::now();
     assert_eq!(statuses[0].status, 200);
     // The first two may straddle a refill; the bucket holds two, so at most one of three is refused.
     let refused: Vec<&Reply> = statuses.iter().filter(|r| r.status == 429).collect();
@@ -268,15 +375,20 @@ async fn a_per_second_bucket_refills() {
         assert_eq!(r.header("retry-after"), Some("1"));
     }
     // Drain, then one token comes back after about 500 ms, not before.
-    while send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await.status == 200 {}
-    let drained = Instant::now();
+    while send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body))
+        .await
+        .status
+        == 200
+    {}
     let back = wait_for(Duration::from_secs(3), || async {
-        send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await.status == 200
+        send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body))
+            .await
+            .status
+            == 200
     })
     .await
     .expect("the bucket never refilled");
     assert!(back >= Duration::from_millis(300), "refilled after {back:?}");
-    let _ = (refused_at, drained);
 }
 
 /// One inference request of `api`, asking for at most `max` output tokens.
@@ -341,7 +453,10 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
     let mut used = 0u64;
     let mut held = 0u64;
     let check = |r: &Reply, used: u64, held: u64, what: &str, estimate: u64| {
-        let left: u64 = r.header("x-llmroute-tokens-remaining").and_then(|v| v.parse().ok()).expect("no remaining header");
+        let left: u64 = r
+            .header("x-llmroute-tokens-remaining")
+            .and_then(|v| v.parse().ok())
+            .expect("no remaining header");
         let expected = BUDGET - used - held - (estimate + MAX);
         let d = drift();
         assert!(
@@ -351,7 +466,10 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
     };
     let last_estimate = |f: &Fleet| -> u64 {
         let reqs = f.engines[0].inference_requests();
-        reqs.last().and_then(|r| r.header("x-input-tokens")).and_then(|v| v.parse().ok()).expect("no estimate")
+        reqs.last()
+            .and_then(|r| r.header("x-input-tokens"))
+            .and_then(|v| v.parse().ok())
+            .expect("no estimate")
     };
     for api in ["chat", "completions", "responses", "messages"] {
         for stream in [false, true] {
@@ -372,7 +490,10 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
     let r = send(&c, &envoy, "POST", path, &headers, Some(&body)).await;
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.json()["error"]["type"], "tokens", "{}", r.body);
-    assert!(r.header("retry-after").and_then(|v| v.parse::<u64>().ok()).is_some_and(|s| s > 0));
+    assert!(r
+        .header("retry-after")
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|s| s > 0));
     // A cut stream keeps its reservation.
     let outcomes_before = outcomes().await;
     let (path, body, _) = request_for("chat", true, MAX);
@@ -393,5 +514,11 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
     let (path, body, headers) = request_for("chat", false, MAX);
     let r = send(&c, &envoy, "POST", path, &headers, Some(&body)).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    check(&r, used, held, "after a refusal and a cut stream", last_estimate(&fleet));
+    check(
+        &r,
+        used,
+        held,
+        "after a refusal and a cut stream",
+        last_estimate(&fleet),
+    );
 }

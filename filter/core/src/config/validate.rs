@@ -385,7 +385,11 @@ fn rate_limits(errs: &mut Errors, field: &str, raw: Option<&RawRateLimits>) -> O
     let requests = parse("requests", raw.requests.as_ref());
     let tokens = parse("tokens", raw.tokens.as_ref());
     if raw.requests.is_none() && raw.tokens.is_none() {
-        errs.push(field, "{}", "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"");
+        errs.push(
+            field,
+            "{}",
+            "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"",
+        );
     }
     let default_max_tokens = raw.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
