@@ -64,6 +64,9 @@ check_good() {
     creds=()
     while read -r var; do creds+=("$var=validate-configs-placeholder"); done < <(
         grep -oE 'credential_env"?: *"?[A-Za-z_][A-Za-z0-9_]*' "$path" | sed -E 's/.*[: "]//' || true)
+    # The filter refuses to start without its API keys (`auth.keys_env`): give it one placeholder `name:token`.
+    while read -r var; do creds+=("$var=validate:validate-configs-placeholder"); done < <(
+        grep -oE 'keys_env"?: *"?[A-Za-z_][A-Za-z0-9_]*' "$path" | sed -E 's/.*[: "]//' || true)
     out=$(env "${creds[@]}" "$ENVOY" --mode validate -c "$rendered" 2>&1) && rc=0 || rc=$?
     if [[ $rc -ne 0 ]]; then
         fail "$name" "envoy --mode validate rejected the rendered bootstrap (exit $rc)"

@@ -14,6 +14,7 @@
 //! names the first backend's cluster statically (the hash policy stays). The overhead bench compares the two.
 
 mod admin;
+mod admission;
 mod cluster;
 mod credentials;
 pub mod ecds;
@@ -176,7 +177,9 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Valu
 }
 
 pub(crate) fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
-    wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, &plugin_config, opts)
+    let mut filter = wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, &plugin_config, opts);
+    admission::expose_keys(&mut filter, &plugin_config);
+    filter
 }
 
 /// How Envoy treats a VM that trapped: it is replaced by a fresh one (see `docs/failure-policy-and-tls.md`).

@@ -9,6 +9,8 @@
 
 use std::rc::Rc;
 
+use llmroute_core::auth::Keys;
+use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
 use llmroute_core::{headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -21,6 +23,14 @@ use crate::response::ResponseWatch;
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
+    /// The API keys, when `auth` is on.
+    keys: Option<Rc<Keys>>,
+    /// The name of the key the request presented.
+    key: Option<String>,
+    /// What the request took from the limit buckets, settled in the log phase.
+    charges: Vec<Charge>,
+    /// What the buckets had left after this request was admitted (debug headers).
+    remaining: crate::admission::Remaining,
     metrics: Metrics,
     context_id: u32,
     /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
@@ -38,9 +48,13 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(cfg: Option<Rc<Config>>, metrics: Metrics, context_id: u32) -> Self {
+    pub fn new(cfg: Option<Rc<Config>>, keys: Option<Rc<Keys>>, metrics: Metrics, context_id: u32) -> Self {
         Http {
             cfg,
+            keys,
+            key: None,
+            charges: Vec::new(),
+            remaining: Default::default(),
             metrics,
             context_id,
             replacing_overflow: false,
@@ -63,6 +77,10 @@ impl Http {
         host::increment(counter);
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
+        let retry_after = e.retry_after().map(|s| s.to_string());
+        if let Some(s) = &retry_after {
+            hdrs.push(("retry-after", s));
+        }
         if let Some(id) = &self.request_id {
             hdrs.push((headers::REQUEST_ID, id));
         }
@@ -115,6 +133,21 @@ impl Http {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
+        let charges = limits::request_charges(
+            cfg,
+            &decision.alias,
+            self.key.as_deref(),
+            decision.input_tokens,
+            decision.max_output_tokens,
+        );
+        match crate::admission::admit(&charges) {
+            Ok(left) => self.remaining = left,
+            Err(e) => return self.refuse(&e, api.envelope()),
+        }
+        self.charges = charges;
+        if let Some(k) = &self.key {
+            crate::admission::count_key_request(k);
+        }
         if let Some(patch) = &decision.patch {
             if !host::replace_request_body(body.len(), &patch.apply(&body)) {
                 return self.unavailable();
@@ -175,6 +208,17 @@ impl HttpContext for Http {
         self.settle_request_id(find(headers::REQUEST_ID));
         let text = |name: &str| find(name).and_then(|v| std::str::from_utf8(v).ok()).unwrap_or_default();
         let path = text(":path");
+        if let Some(keys) = self.keys.clone() {
+            match request::authenticate(&keys, text(":method"), path, &all) {
+                Ok(name) => self.key = name,
+                Err(Refusal { error, envelope }) => {
+                    if let GatewayError::Unauthorized(r) = error {
+                        crate::admission::count_auth_refusal(r);
+                    }
+                    return self.refuse(&error, envelope);
+                }
+            }
+        }
         let start = match request::start(&cfg, text(":method"), path, find) {
             Ok(s) => s,
             Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
@@ -247,6 +291,14 @@ impl HttpContext for Http {
                 host::set_response_header(headers::PLACEMENT, p.choice.reason.as_str());
             }
             host::set_response_header(headers::CLUSTER, &d.cluster);
+            for (name, left) in [
+                (headers::REQUESTS_REMAINING, self.remaining.requests),
+                (headers::TOKENS_REMAINING, self.remaining.tokens),
+            ] {
+                if let Some(n) = left {
+                    host::set_response_header(name, &n.to_string());
+                }
+            }
             if let Some(addr) = host::property_string(&["upstream", "address"]) {
                 host::set_response_header(headers::UPSTREAM, &addr);
             }
@@ -289,6 +341,12 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         if let Some(p) = self.pin.take() {
             p.release();
+        }
+        if !self.charges.is_empty() {
+            // Without reported usage (a cut stream, an error) the reservation stands.
+            if let Some(used) = self.watch.as_ref().and_then(ResponseWatch::used_tokens) {
+                crate::admission::settle(&self.charges, used);
+            }
         }
         let (Some(w), Some(d)) = (&self.watch, &self.routed) else {
             return;

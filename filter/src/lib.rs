@@ -3,6 +3,7 @@
 //! The contexts here only read from the host and apply decisions made by the core crate. Nothing in this crate
 //! decides anything that a native test could not check on the core crate directly.
 
+mod admission;
 mod host;
 mod http;
 mod key_placement;

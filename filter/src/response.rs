@@ -69,6 +69,23 @@ impl ResponseWatch {
         }
     }
 
+    /// The tokens the engine reported for a response that ended whole: prompt plus completion. `None` when the
+    /// response was cut, or reported no prompt count.
+    pub fn used_tokens(&self) -> Option<u64> {
+        let usage = match self {
+            ResponseWatch::Stream { tracker, eos: true } => tracker.usage(),
+            ResponseWatch::Json { copy, eos: true } => {
+                usage::from_value(&usage::parse_doc(std::str::from_utf8(copy).ok()?)?)
+            }
+            _ => return None,
+        };
+        Some(
+            usage
+                .prompt_tokens?
+                .saturating_add(usage.completion_tokens.unwrap_or(0)),
+        )
+    }
+
     /// Counts the outcome and the usage once the exchange is over.
     pub fn on_log(&self, metrics: &Metrics, backend: Option<&str>, code_details: &str) {
         let usage = match self {

@@ -7,6 +7,7 @@
 
 use std::rc::Rc;
 
+use llmroute_core::auth::Keys;
 use llmroute_core::Config;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -23,6 +24,8 @@ use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 #[derive(Default)]
 pub struct Root {
     config: Option<Rc<Config>>,
+    /// The API keys, when `auth` is on.
+    keys: Option<Rc<Keys>>,
     metrics: Metrics,
     /// True when this plugin instance is the failover clusters' upstream filter.
     upstream: bool,
@@ -64,6 +67,14 @@ impl RootContext for Root {
                 self.config = Some(cfg.clone());
                 self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
                 if !self.upstream {
+                    match crate::admission::load_keys(&cfg) {
+                        Ok(keys) => self.keys = keys.map(Rc::new),
+                        Err(e) => {
+                            log::error!("llmroute config: {e}");
+                            return false;
+                        }
+                    }
+                    crate::admission::seed(&cfg, self.keys.as_deref());
                     self.metrics = Metrics::define(&cfg);
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
@@ -96,6 +107,7 @@ impl RootContext for Root {
         }
         Some(Box::new(Http::new(
             self.config.clone(),
+            self.keys.clone(),
             self.metrics.clone(),
             context_id,
         )))

@@ -24,7 +24,7 @@ use llmroute_core::envoy_contract as contract;
 use llmroute_core::placement::has_failover;
 use serde_json::{json, Value};
 
-use super::{admin, cluster, config_json, duration_ms, failover, stateful_session, wasm_plugin, RenderOptions};
+use super::{admin, cluster, config_json, duration_ms, failover, stateful_session, RenderOptions};
 
 /// The `VirtualService` route the `HTTP_ROUTE` patch finds by name.
 pub const ROUTE_NAME: &str = "llmroute";
@@ -315,7 +315,7 @@ fn envoy_filter(
     };
     let render = RenderOptions::new(local_path);
     let mut patches = Vec::new();
-    let mut filter = wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, plugin_config, &render);
+    let mut filter = super::wasm_filter(plugin_config.to_string(), &render);
     if let WasmSource::Remote { url, sha256 } = &opts.wasm {
         // istio-agent fetches remote modules only on ECDS: it rewrites this `remote` source to a local file before
         // Envoy sees it, for oci:// as for https://. The cluster name is required by Envoy's schema, unused here.

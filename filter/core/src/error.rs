@@ -8,8 +8,10 @@ use std::fmt;
 
 use serde_json::json;
 
+use crate::auth::AuthRefusal;
 use crate::endpoint::{Api, Envelope};
 use crate::json::JsonError;
+use crate::limits::{Kind, Scope};
 
 /// The longest client-sent string quoted back in an error message.
 const QUOTE_MAX: usize = 128;
@@ -46,6 +48,17 @@ pub enum GatewayError {
     },
     /// No such endpoint.
     NotFound { method: String, path: String },
+    /// `auth` is on and the request has no valid key.
+    Unauthorized(AuthRefusal),
+    /// A request or token limit is spent: whose (`scope`, `name`), which (`kind`), and when to retry.
+    RateLimited {
+        scope: Scope,
+        name: String,
+        kind: Kind,
+        retry_after_s: u64,
+    },
+    /// The limit buckets could not be updated (compare-and-swap lost too often); refused, fail closed.
+    LimitContention,
 }
 
 impl GatewayError {
@@ -62,6 +75,9 @@ impl GatewayError {
             Self::MethodNotAllowed { .. } => 405,
             Self::BodyTooLarge { .. } => 413,
             Self::UnsupportedMediaType { .. } => 415,
+            Self::Unauthorized(_) => 401,
+            Self::RateLimited { .. } => 429,
+            Self::LimitContention => 503,
         }
     }
 
@@ -83,6 +99,9 @@ impl GatewayError {
             Self::ContextLengthExceeded { .. } => "context_length_exceeded",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::NotFound { .. } => "unknown_url",
+            Self::Unauthorized(_) => "invalid_api_key",
+            Self::RateLimited { .. } => "rate_limit_exceeded",
+            Self::LimitContention => "limit_contention",
         }
     }
 
@@ -103,6 +122,9 @@ impl GatewayError {
     /// The Anthropic `error.type` for this refusal.
     pub fn anthropic_type(&self) -> &'static str {
         match self.status() {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            503 => "api_error",
             404 => "not_found_error",
             413 => "request_too_large",
             _ => "invalid_request_error",
@@ -113,7 +135,26 @@ impl GatewayError {
     pub fn headers(&self) -> Vec<(&'static str, &'static str)> {
         match self {
             Self::MethodNotAllowed { allow, .. } => vec![("allow", allow)],
+            Self::Unauthorized(_) => vec![("www-authenticate", "Bearer")],
             _ => Vec::new(),
+        }
+    }
+
+    /// The `Retry-After` a refusal carries, in seconds.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
+            Self::LimitContention => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI `type` field.
+    pub fn openai_type(&self) -> &'static str {
+        match self {
+            Self::RateLimited { kind, .. } => kind.as_str(),
+            Self::LimitContention => "server_error",
+            _ => "invalid_request_error",
         }
     }
 
@@ -123,7 +164,7 @@ impl GatewayError {
             Envelope::OpenAi => json!({
                 "error": {
                     "message": self.to_string(),
-                    "type": "invalid_request_error",
+                    "type": self.openai_type(),
                     "param": self.param(),
                     "code": self.code(),
                 },
@@ -188,6 +229,30 @@ impl fmt::Display for GatewayError {
                 )
             }
             Self::NotFound { method, path } => write!(f, "Invalid URL ({} {}).", quote(method), quote(path)),
+            Self::Unauthorized(AuthRefusal::Missing) => write!(
+                f,
+                "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key` on /v1/messages)."
+            ),
+            Self::Unauthorized(AuthRefusal::Malformed) => write!(
+                f,
+                "Malformed credential: send exactly one `Authorization: Bearer <key>` header."
+            ),
+            Self::Unauthorized(AuthRefusal::Unknown) => write!(f, "Invalid API key."),
+            Self::RateLimited {
+                scope,
+                name,
+                kind,
+                retry_after_s,
+            } => write!(
+                f,
+                "The {} limit of {} `{name}` is reached; retry after {retry_after_s} s.",
+                kind.as_str().trim_end_matches('s'),
+                match scope {
+                    Scope::Alias => "model",
+                    Scope::Key => "API key",
+                }
+            ),
+            Self::LimitContention => write!(f, "The gateway could not update its rate limits; retry after a second."),
         }
     }
 }

@@ -14,6 +14,10 @@ pub const AFFINITY: &str = "x-llmroute-affinity";
 pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
 /// Debug response header: why bounded-keys placement chose the host (`pinned`, `placed`, `moved`, `spilled`).
 pub const PLACEMENT: &str = "x-llmroute-placement";
+/// Debug response headers: the fewest requests and tokens left, right after admission, in the limit buckets
+/// the request was charged to.
+pub const REQUESTS_REMAINING: &str = "x-llmroute-requests-remaining";
+pub const TOKENS_REMAINING: &str = "x-llmroute-tokens-remaining";
 /// Debug response header: the upstream host that answered.
 pub const UPSTREAM: &str = "x-llmroute-upstream";
 /// Upstream request header naming the alias, for the failover cluster's upstream filter.

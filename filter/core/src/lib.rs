@@ -6,6 +6,7 @@
 
 pub mod affinity;
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod content;
 pub mod endpoint;
@@ -17,6 +18,7 @@ pub mod fleet_check;
 pub mod headers;
 pub mod json;
 pub mod key_placement;
+pub mod limits;
 pub mod models;
 pub mod placement;
 pub mod request;

@@ -4,10 +4,12 @@
 //! Content-Type must be JSON and Content-Encoding absent or `identity`: the gateway reads the body, and it
 //! must read exactly what the engine will read, so compressed or non-JSON bodies are refused with 415.
 
+use crate::auth::{self, Keys};
 use crate::config::Config;
 use crate::endpoint::{classify, Api, Endpoint, Envelope};
 use crate::error::GatewayError;
 use crate::route::{session_from_headers, SessionKey};
+use crate::status::StatusPage;
 
 /// A request the filter will handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +61,43 @@ pub fn start<'h>(
         envelope,
         session,
     })
+}
+
+/// The API-key check of the headers phase, before anything else is decided. `Ok(None)`: the path is open
+/// (`/healthz`, `/readyz`) and no key is asked for; `Ok(Some(name))`: the key's name. `headers` are every request
+/// header as sent (lower-case names), duplicates included. A refusal is a 401 in the path's dialect.
+pub fn authenticate(
+    keys: &Keys,
+    method: &str,
+    path: &str,
+    headers: &[(String, Vec<u8>)],
+) -> Result<Option<String>, Refusal> {
+    let bare = path.split(['?', '#']).next().unwrap_or_default();
+    if let Ok(Endpoint::Status(StatusPage::Healthz | StatusPage::Readyz)) = classify(method, path) {
+        return Ok(None);
+    }
+    let values = |name: &str| -> Vec<&[u8]> {
+        headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+            .collect()
+    };
+    let messages = bare == Api::Messages.path();
+    match auth::check(keys, &values("authorization"), &values("x-api-key"), messages) {
+        Ok(name) => Ok(Some(name.to_string())),
+        Err(reason) => {
+            let anthropic = messages || headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("anthropic-version"));
+            Err(Refusal {
+                error: GatewayError::Unauthorized(reason),
+                envelope: if anthropic {
+                    Envelope::Anthropic
+                } else {
+                    Envelope::OpenAi
+                },
+            })
+        }
+    }
 }
 
 /// Content-Type must be `application/json` (parameters allowed); Content-Encoding absent or `identity`.

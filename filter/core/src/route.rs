@@ -68,6 +68,8 @@ pub struct RouteDecision {
     pub model_from_client: bool,
     /// The gateway's estimate of input tokens.
     pub input_tokens: u64,
+    /// The output tokens the request asks for at most, when it names a bound.
+    pub max_output_tokens: Option<u64>,
     /// `None` when the body goes upstream untouched.
     pub patch: Option<BodyPatch>,
     /// The gateway added `stream_options.include_usage`, so the stream's usage chunk is not the client's.
@@ -144,7 +146,8 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         (true, None) => (None, inspection.content),
     };
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
-    let needed = input_tokens.saturating_add(requested_output(body, &fields)?);
+    let max_output_tokens = requested_output(body, &fields)?;
+    let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
     let placement = placement::place(cfg, alias, needed)?;
     let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
     Ok(RouteDecision {
@@ -159,6 +162,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         affinity,
         echo_session,
         input_tokens,
+        max_output_tokens,
     })
 }
 
@@ -231,12 +235,12 @@ fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usiz
     }
 }
 
-/// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, else 0.
+/// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, if any.
 ///
 /// Each must be `null` or a non-negative whole number: engines coerce `"4096"` or `4096.0` to 4096, so reading
 /// those as 0 would let a request slip past the context-length check. An integral float counts as its value
 /// (saturating); anything else is refused, with a 400 in the API's envelope.
-fn requested_output(body: &[u8], fields: &Fields) -> Result<u64, GatewayError> {
+fn requested_output(body: &[u8], fields: &Fields) -> Result<Option<u64>, GatewayError> {
     let mut asked = None;
     for field in ["max_completion_tokens", "max_output_tokens", "max_tokens"] {
         let Some(m) = fields.get(field) else { continue };
@@ -251,7 +255,7 @@ fn requested_output(body: &[u8], fields: &Fields) -> Result<u64, GatewayError> {
             })?;
         asked = asked.or(Some(n));
     }
-    Ok(asked.unwrap_or(0))
+    Ok(asked)
 }
 
 /// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).

@@ -5,6 +5,7 @@
 //! answer with the header `x-emu-backend`, so each assertion is about what really crossed Envoy.
 //! One test binary, one module per capability.
 
+mod admission;
 mod apis;
 mod chat;
 mod corpus;

@@ -14,10 +14,14 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
-pub use raw::{RawAffinity, RawBackend, RawConfig, RawDiscovery, RawLimits, RawModel, RawRoute, RawTokens, RawUsage};
+pub use raw::{
+    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawLimits, RawModel, RawRateLimits, RawRoute, RawTokens,
+    RawUsage,
+};
 pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
 use crate::endpoint::ApiSet;
+use crate::limits::RateLimits;
 
 /// The only schema version.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -211,6 +215,15 @@ pub struct ModelAlias {
     pub routes: Vec<Route>,
     pub endpoints: ApiSet,
     pub model_prefix_routing: bool,
+    pub limits: Option<RateLimits>,
+}
+
+/// Inbound API keys: where they are, and the limits each key has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The environment variable holding the keys (read by the filter at start, never by the renderer).
+    pub keys_env: String,
+    pub limits: Option<RateLimits>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +303,8 @@ pub struct Config {
     pub retries: Retries,
     /// Ask streamed chat/completions for usage on the client's behalf.
     pub stream_include_usage: bool,
+    /// `None`: no key is asked for.
+    pub auth: Option<Auth>,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

@@ -45,6 +45,36 @@ pub struct RawConfig {
     /// Usage accounting.
     #[serde(default)]
     pub usage: Option<RawUsage>,
+    /// Inbound API keys. Without it, anyone who reaches the listener is served.
+    #[serde(default)]
+    pub auth: Option<RawAuth>,
+}
+
+/// Inbound API keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    /// The environment variable, in Envoy's environment, holding `name:token` pairs separated by commas. The
+    /// tokens never appear in config or rendered files; the names identify clients in limits and metrics.
+    pub keys_env: String,
+    /// Limits applied to each key alone.
+    #[serde(default)]
+    pub limits: Option<RawRateLimits>,
+}
+
+/// Request and token rates, such as `requests: "10-S,600-M"`: amounts per S, M, H or D, refilled continuously.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimits {
+    /// Requests per unit, e.g. `"10-S,600-M"`.
+    #[serde(default)]
+    pub requests: Option<String>,
+    /// Tokens (input estimate plus output) per unit, e.g. `"1000-S,50000-M"`.
+    #[serde(default)]
+    pub tokens: Option<String>,
+    /// Output tokens reserved for a request without `max_tokens` (or its variants). Default 1024.
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
 }
 
 /// Usage accounting.
@@ -141,6 +171,9 @@ pub struct RawModel {
     /// Accept `model: "<alias>/<upstream-name>"`: the prefix picks this alias and the rest goes upstream as is.
     #[serde(default)]
     pub model_prefix_routing: Option<bool>,
+    /// Request and token limits for this alias, shared by all its clients.
+    #[serde(default)]
+    pub limits: Option<RawRateLimits>,
 }
 
 /// One way to serve an alias.

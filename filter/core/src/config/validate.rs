@@ -99,6 +99,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         errs.push("tokens.image_tokens", image_tokens, "must be at most 100000");
     }
 
+    let auth = raw.auth.as_ref().map(|a| auth(&mut errs, a));
+
     match (errs.0.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
             let alias_index = models.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
@@ -114,6 +116,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 listen_tls,
                 retries,
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
+                auth,
                 warnings: errs.1,
                 alias_index,
             })
@@ -335,11 +338,71 @@ fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usi
     }
     routes.sort_by_key(|r| r.priority);
     let endpoints = endpoint_set(errs, i, m.endpoints.as_deref());
+    let limits = rate_limits(errs, &format!("models[{i}].limits"), m.limits.as_ref());
     (errs.0.len() == before).then(|| ModelAlias {
         name: m.name.clone(),
         routes,
         endpoints,
         model_prefix_routing: m.model_prefix_routing.unwrap_or(false),
+        limits,
+    })
+}
+
+fn auth(errs: &mut Errors, a: &RawAuth) -> Auth {
+    let name = &a.keys_env;
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if !ok {
+        errs.push(
+            "auth.keys_env",
+            name,
+            "must be an environment variable name: A-Z a-z 0-9 _, not starting with a digit, at most 128 bytes; \
+             the variable holds `name:token` pairs separated by commas",
+        );
+    }
+    Auth {
+        keys_env: name.clone(),
+        limits: rate_limits(errs, "auth.limits", a.limits.as_ref()),
+    }
+}
+
+/// A limits block: at least one of `requests` and `tokens`, each in the `AMOUNT-UNIT,...` syntax.
+fn rate_limits(errs: &mut Errors, field: &str, raw: Option<&RawRateLimits>) -> Option<RateLimits> {
+    let raw = raw?;
+    let mut parse = |f: &str, text: Option<&String>| match text {
+        None => Vec::new(),
+        Some(t) => crate::limits::parse_rates(t).unwrap_or_else(|reason| {
+            errs.push(
+                format!("{field}.{f}"),
+                t,
+                format!("{reason}; write rates such as \"10-S,600-M\" (units S, M, H, D, each once)"),
+            );
+            Vec::new()
+        }),
+    };
+    let requests = parse("requests", raw.requests.as_ref());
+    let tokens = parse("tokens", raw.tokens.as_ref());
+    if raw.requests.is_none() && raw.tokens.is_none() {
+        errs.push(
+            field,
+            "{}",
+            "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"",
+        );
+    }
+    let default_max_tokens = raw.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    if !(1..=10_000_000).contains(&default_max_tokens) {
+        errs.push(
+            format!("{field}.default_max_tokens"),
+            default_max_tokens,
+            "must be between 1 and 10000000 (output tokens reserved when a request names no max_tokens)",
+        );
+    }
+    Some(RateLimits {
+        requests,
+        tokens,
+        default_max_tokens,
     })
 }
 

@@ -1,0 +1,449 @@
+//! Request and token limits: the rate syntax, token buckets with continuous refill, and all-or-nothing admission
+//! over several buckets kept in Envoy's shared data.
+//!
+//! **Syntax.** `"10-S,600-M"`: amounts per second, minute, hour or day, each unit at most once. Every rate is its
+//! own bucket, and a request must fit all of them.
+//!
+//! **Arithmetic.** A bucket of `amount` per `period` ms holds up to `amount × period` *units*; one token costs
+//! `period` units, and every elapsed millisecond adds `amount` units. So refill is continuous and exact in
+//! integers: no rounding ever gives away or loses a token. A bucket's state is 16 bytes, the level in units and
+//! the time of the last update in ms; a clock that goes back refills nothing. [`Bucket::take`] refuses when the
+//! level is short and says how long until it is not (`retry_after_ms`).
+//!
+//! **Exactness across workers.** Each bucket is one shared-data entry written with compare-and-swap: read the
+//! state and its version, compute, write with that version. A mismatch means another worker wrote in between,
+//! so the step is redone from a fresh read; nothing is applied twice or lost. [`CAS_ATTEMPTS`] bounds the
+//! retries: every mismatch is another writer's success, and with a handful of workers per Envoy losing that many
+//! races in a row does not happen in practice. If it ever does, the request is refused as `limit_contention`
+//! (fail closed) after giving back what it took, and counted.
+//!
+//! **Several buckets.** [`admit`] takes from each bucket in order; when one refuses, what was taken from the
+//! others is given back, so a refused request holds nothing. Meanwhile another request may briefly see those
+//! buckets lower and be refused; it is never admitted beyond a budget.
+//!
+//! **Tokens.** Admission reserves `input estimate + max_tokens` (or the block's `default_max_tokens`). When the
+//! engine reports usage, [`settle`] moves each token bucket by `reserved − used`: unused tokens go back, an
+//! overrun is charged (down to an empty bucket, never below). Without usage (a cut stream) the reservation stays.
+
+use crate::config::Config;
+use crate::key_placement::in_flight::SharedStore;
+
+/// Compare-and-swap tries for one bucket step before the request is refused as contention.
+pub const CAS_ATTEMPTS: usize = 1000;
+/// The largest amount one rate may name: 10^10, so `amount × period` fits in 64 bits for a day.
+pub const AMOUNT_MAX: u64 = 10_000_000_000;
+
+/// The period of a rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    S,
+    M,
+    H,
+    D,
+}
+
+impl Unit {
+    pub fn period_ms(self) -> u64 {
+        match self {
+            Unit::S => 1_000,
+            Unit::M => 60_000,
+            Unit::H => 3_600_000,
+            Unit::D => 86_400_000,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::S => "S",
+            Unit::M => "M",
+            Unit::H => "H",
+            Unit::D => "D",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Unit> {
+        Some(match s {
+            "S" => Unit::S,
+            "M" => Unit::M,
+            "H" => Unit::H,
+            "D" => Unit::D,
+            _ => return None,
+        })
+    }
+}
+
+/// `amount` per `unit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub amount: u64,
+    pub unit: Unit,
+}
+
+impl Rate {
+    fn capacity(self) -> u64 {
+        self.amount.saturating_mul(self.unit.period_ms())
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.amount, self.unit.as_str())
+    }
+}
+
+/// Parses `"10-S,600-M"`. The error says what is wrong with which part.
+pub fn parse_rates(text: &str) -> Result<Vec<Rate>, String> {
+    let mut rates: Vec<Rate> = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let Some((n, u)) = part.split_once('-') else {
+            return Err(format!("`{part}` is not AMOUNT-UNIT, such as 10-S or 600-M"));
+        };
+        let unit = Unit::parse(u.trim()).ok_or_else(|| format!("`{part}`: the unit must be S, M, H or D"))?;
+        let amount = n
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|a| (1..=AMOUNT_MAX).contains(a))
+            .ok_or_else(|| format!("`{part}`: the amount must be a whole number from 1 to {AMOUNT_MAX}"))?;
+        if rates.iter().any(|r| r.unit == unit) {
+            return Err(format!("the unit {} appears twice", unit.as_str()));
+        }
+        rates.push(Rate { amount, unit });
+    }
+    Ok(rates)
+}
+
+/// One bucket's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    /// In units: a token is `period_ms` units.
+    pub level: u64,
+    pub updated_ms: u64,
+}
+
+impl Bucket {
+    /// A full bucket at `now_ms`.
+    pub fn full(rate: Rate, now_ms: u64) -> Bucket {
+        Bucket {
+            level: rate.capacity(),
+            updated_ms: now_ms,
+        }
+    }
+
+    pub fn encode(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.level.to_le_bytes());
+        out[8..].copy_from_slice(&self.updated_ms.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Bucket> {
+        let level = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let updated_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        (bytes.len() == 16).then_some(Bucket { level, updated_ms })
+    }
+
+    /// The state at `now_ms`, refilled; never past capacity (also after the rate was lowered).
+    pub fn refilled(self, rate: Rate, now_ms: u64) -> Bucket {
+        let elapsed = now_ms.saturating_sub(self.updated_ms);
+        Bucket {
+            level: self
+                .level
+                .saturating_add(elapsed.saturating_mul(rate.amount))
+                .min(rate.capacity()),
+            updated_ms: self.updated_ms.max(now_ms),
+        }
+    }
+
+    /// Whole tokens available at `now_ms`.
+    pub fn tokens(self, rate: Rate, now_ms: u64) -> u64 {
+        self.refilled(rate, now_ms).level / rate.unit.period_ms()
+    }
+
+    /// Takes `n` tokens at `now_ms`, or says in how many ms they will be there (more than a period when `n`
+    /// exceeds the whole bucket).
+    pub fn take(self, rate: Rate, now_ms: u64, n: u64) -> Result<Bucket, u64> {
+        let b = self.refilled(rate, now_ms);
+        let cost = n.saturating_mul(rate.unit.period_ms());
+        match b.level.checked_sub(cost) {
+            Some(level) => Ok(Bucket { level, ..b }),
+            None => Err((cost - b.level).div_ceil(rate.amount.max(1))),
+        }
+    }
+
+    /// Gives `n` tokens back (up to capacity) or, with `charge`, takes `n` more (down to empty).
+    pub fn adjust(self, rate: Rate, now_ms: u64, n: u64, charge: bool) -> Bucket {
+        let b = self.refilled(rate, now_ms);
+        let units = n.saturating_mul(rate.unit.period_ms());
+        let level = if charge {
+            b.level.saturating_sub(units)
+        } else {
+            b.level.saturating_add(units).min(rate.capacity())
+        };
+        Bucket { level, ..b }
+    }
+}
+
+/// What a bucket counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Requests,
+    Tokens,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Requests => "requests",
+            Kind::Tokens => "tokens",
+        }
+    }
+}
+
+/// Whose budget a bucket is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Alias,
+    Key,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Alias => "alias",
+            Scope::Key => "key",
+        }
+    }
+}
+
+/// One bucket a request must fit, with what it takes from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub scope: Scope,
+    /// The alias or key name (config-defined).
+    pub name: String,
+    pub kind: Kind,
+    pub rate: Rate,
+    pub amount: u64,
+}
+
+impl Charge {
+    /// The shared-data key: `llmroute.limit.<scope>.<name>.<kind>.<unit>`, config-defined names only.
+    pub fn key(&self) -> String {
+        bucket_key(self.scope, &self.name, self.kind, self.rate.unit)
+    }
+}
+
+pub fn bucket_key(scope: Scope, name: &str, kind: Kind, unit: Unit) -> String {
+    format!(
+        "llmroute.limit.{}.{name}.{}.{}",
+        scope.as_str(),
+        kind.as_str(),
+        unit.as_str()
+    )
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// A bucket is short: which one, and in how many ms it will not be.
+    Limited {
+        scope: Scope,
+        name: String,
+        kind: Kind,
+        retry_after_ms: u64,
+    },
+    /// [`CAS_ATTEMPTS`] writes in a row lost their race.
+    Contention,
+}
+
+/// One compare-and-swap step on a bucket: `f` maps the current state (a full bucket when the entry is absent or
+/// unreadable) to the new state or a refusal. `Ok(None)` is contention.
+fn cas_step<E>(
+    store: &mut impl SharedStore,
+    key: &str,
+    rate: Rate,
+    now_ms: u64,
+    f: impl Fn(Bucket) -> Result<Bucket, E>,
+) -> Result<Option<Bucket>, E> {
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = store.get(key);
+        let current = bytes
+            .as_deref()
+            .and_then(Bucket::decode)
+            .unwrap_or_else(|| Bucket::full(rate, now_ms));
+        let next = f(current)?;
+        if store.set(key, &next.encode(), cas) {
+            return Ok(Some(next));
+        }
+    }
+    Ok(None)
+}
+
+/// Takes every charge, or none: on a refusal what was taken is given back. `Ok` holds the whole tokens each
+/// bucket has left, in the order of `charges`.
+pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> Result<Vec<u64>, Denied> {
+    let mut left = Vec::with_capacity(charges.len());
+    for (i, c) in charges.iter().enumerate() {
+        let step = cas_step(store, &c.key(), c.rate, now_ms, |b| b.take(c.rate, now_ms, c.amount));
+        let denied = match step {
+            Ok(Some(b)) => {
+                left.push(b.level / c.rate.unit.period_ms());
+                continue;
+            }
+            Ok(None) => Denied::Contention,
+            Err(retry_after_ms) => Denied::Limited {
+                scope: c.scope,
+                name: c.name.clone(),
+                kind: c.kind,
+                retry_after_ms,
+            },
+        };
+        for taken in charges.get(..i).unwrap_or_default() {
+            give(store, taken, taken.amount, false, now_ms);
+        }
+        return Err(denied);
+    }
+    Ok(left)
+}
+
+/// Moves one bucket by `n` tokens: back (`charge` false) or further down. False on contention (the adjustment
+/// is then lost; see the module doc for why that does not happen in practice).
+pub fn give(store: &mut impl SharedStore, c: &Charge, n: u64, charge: bool, now_ms: u64) -> bool {
+    if n == 0 {
+        return true;
+    }
+    let step = cas_step::<()>(store, &c.key(), c.rate, now_ms, |b| {
+        Ok(b.adjust(c.rate, now_ms, n, charge))
+    });
+    matches!(step, Ok(Some(_)))
+}
+
+/// Settles the token charges of an admitted request on the `used` tokens the engine reported.
+pub fn settle(store: &mut impl SharedStore, charges: &[Charge], used: u64, now_ms: u64) {
+    for c in charges.iter().filter(|c| c.kind == Kind::Tokens) {
+        if used < c.amount {
+            give(store, c, c.amount - used, false, now_ms);
+        } else {
+            give(store, c, used - c.amount, true, now_ms);
+        }
+    }
+}
+
+/// A request's limits, as configured on an alias or for every key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimits {
+    pub requests: Vec<Rate>,
+    pub tokens: Vec<Rate>,
+    /// Output tokens reserved for a request that names no `max_tokens`.
+    pub default_max_tokens: u64,
+}
+
+/// Default `default_max_tokens`.
+pub const DEFAULT_MAX_TOKENS: u64 = 1024;
+
+/// The charges `limits` puts on a request for `name` in `scope` that reserves `tokens`.
+pub fn charges(limits: &RateLimits, scope: Scope, name: &str, input: u64, max_output: Option<u64>) -> Vec<Charge> {
+    let tokens = input.saturating_add(max_output.unwrap_or(limits.default_max_tokens));
+    let one = |kind, rate, amount| Charge {
+        scope,
+        name: name.to_string(),
+        kind,
+        rate,
+        amount,
+    };
+    let requests = limits.requests.iter().map(|&r| one(Kind::Requests, r, 1));
+    requests
+        .chain(limits.tokens.iter().map(|&r| one(Kind::Tokens, r, tokens)))
+        .collect()
+}
+
+/// Every charge an admitted inference request for `alias` by `key` (when auth is on) puts on the buckets: the
+/// alias's limits, then the key's. `input` is the gateway's estimate; `max_output` what the request asks for.
+pub fn request_charges(
+    cfg: &Config,
+    alias: &str,
+    key: Option<&str>,
+    input: u64,
+    max_output: Option<u64>,
+) -> Vec<Charge> {
+    let mut out = Vec::new();
+    if let Some(l) = cfg.alias(alias).and_then(|a| a.limits.as_ref()) {
+        out.extend(charges(l, Scope::Alias, alias, input, max_output));
+    }
+    if let (Some(l), Some(k)) = (cfg.auth.as_ref().and_then(|a| a.limits.as_ref()), key) {
+        out.extend(charges(l, Scope::Key, k, input, max_output));
+    }
+    out
+}
+
+/// Every bucket `cfg` can use, for the key names in `keys`: seeded full at start so later writes can all use
+/// compare-and-swap (a first write to a missing entry cannot).
+pub fn all_buckets<'a>(cfg: &Config, keys: impl Iterator<Item = &'a str>) -> Vec<(String, Rate)> {
+    let mut out = Vec::new();
+    let mut add = |scope, name: &str, l: &RateLimits| {
+        for (kind, rates) in [(Kind::Requests, &l.requests), (Kind::Tokens, &l.tokens)] {
+            out.extend(rates.iter().map(|r| (bucket_key(scope, name, kind, r.unit), *r)));
+        }
+    };
+    for a in &cfg.models {
+        if let Some(l) = &a.limits {
+            add(Scope::Alias, &a.name, l);
+        }
+    }
+    if let Some(l) = cfg.auth.as_ref().and_then(|a| a.limits.as_ref()) {
+        for k in keys {
+            add(Scope::Key, k, l);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PER_S: Rate = Rate {
+        amount: 10,
+        unit: Unit::S,
+    };
+
+    #[test]
+    fn syntax() {
+        assert_eq!(
+            parse_rates("10-S, 600-M").unwrap(),
+            vec![
+                PER_S,
+                Rate {
+                    amount: 600,
+                    unit: Unit::M
+                }
+            ]
+        );
+        for bad in ["", "10", "10-s", "0-S", "x-S", "10-S,5-S", "-1-S", "10000000001-D"] {
+            assert!(parse_rates(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn refill_is_continuous_and_capped() {
+        let b = Bucket::full(PER_S, 0);
+        let b = b.take(PER_S, 0, 10).unwrap();
+        assert_eq!(b.take(PER_S, 0, 1), Err(100));
+        assert_eq!(b.tokens(PER_S, 99), 0);
+        assert_eq!(b.tokens(PER_S, 100), 1);
+        assert_eq!(b.tokens(PER_S, 10_000), 10);
+        assert_eq!(b.take(PER_S, 0, 11), Err(1100));
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        let b = Bucket {
+            level: 7,
+            updated_ms: 9,
+        };
+        assert_eq!(Bucket::decode(&b.encode()), Some(b));
+        assert_eq!(Bucket::decode(&[0; 15]), None);
+        assert_eq!(Bucket::decode(&[0; 17]), None);
+    }
+}

@@ -1,0 +1,200 @@
+//! Admission arithmetic with a fake clock and a fake shared store: refill, all-or-nothing, settlement, lost
+//! compare-and-swap races, and the constant-time key check.
+
+// Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+
+use llmroute_core::auth::{ct_eq, parse_keys};
+use llmroute_core::key_placement::in_flight::SharedStore;
+use llmroute_core::limits::{admit, settle, Bucket, Charge, Denied, Kind, Rate, Scope, Unit};
+use proptest::prelude::*;
+
+/// Shared data with versions. `rival` takes this many tokens from every bucket between our read and our write,
+/// `races` times, as another worker would.
+#[derive(Default)]
+struct Store {
+    map: HashMap<String, (Vec<u8>, u32)>,
+    races: usize,
+    rival: Option<(Rate, u64)>,
+}
+
+impl SharedStore for Store {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.map.get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        if self.races > 0 {
+            self.races -= 1;
+            if let (Some((rate, n)), Some((v, version))) = (self.rival, self.map.get_mut(key)) {
+                let b = Bucket::decode(v).unwrap().take(rate, 0, n).unwrap();
+                *v = b.encode().to_vec();
+                *version += 1;
+            }
+        }
+        let version = self.map.get(key).map(|(_, c)| *c);
+        if cas.is_some() && cas != version {
+            return false;
+        }
+        self.map
+            .insert(key.to_string(), (value.to_vec(), version.unwrap_or(0) + 1));
+        true
+    }
+}
+
+fn charge(name: &str, kind: Kind, rate: Rate, amount: u64) -> Charge {
+    Charge {
+        scope: Scope::Alias,
+        name: name.into(),
+        kind,
+        rate,
+        amount,
+    }
+}
+
+fn left(store: &Store, c: &Charge, now: u64) -> u64 {
+    let (v, _) = store.get(&c.key());
+    v.map_or(c.rate.amount, |v| Bucket::decode(&v).unwrap().tokens(c.rate, now))
+}
+
+const UNITS: [Unit; 4] = [Unit::S, Unit::M, Unit::H, Unit::D];
+
+proptest! {
+    /// Attempting one request every `step` ms from a full bucket admits exactly the capacity plus what the
+    /// elapsed time refilled, in whole tokens.
+    #[test]
+    fn refill_admits_exactly_the_budget(amount in 1u64..50, unit in 0usize..4, step in 1u64..2000, n in 1usize..400) {
+        let rate = Rate { amount, unit: UNITS[unit] };
+        let mut b = Bucket::full(rate, 1_000);
+        let mut admitted = 0u64;
+        let mut now = 1_000;
+        for _ in 0..n {
+            if let Ok(next) = b.take(rate, now, 1) {
+                b = next;
+                admitted += 1;
+            }
+            now += step;
+        }
+        let last = now - step - 1_000;
+        let period = rate.unit.period_ms();
+        // Greedy taking never leaves a whole token unused for longer than one step.
+        let ceiling = amount + last * amount / period;
+        prop_assert!(admitted <= ceiling, "{admitted} > {ceiling}");
+        prop_assert!(admitted + 1 + step * amount / period >= ceiling.min(n as u64), "{admitted} vs {ceiling}");
+    }
+
+    /// A refused request holds nothing: every bucket reads as before.
+    #[test]
+    fn admission_is_all_or_nothing(big in 1u64..100, small in 1u64..100, want in 1u64..200) {
+        let a = charge("a", Kind::Tokens, Rate { amount: big, unit: Unit::M }, want);
+        let b = charge("b", Kind::Tokens, Rate { amount: small, unit: Unit::M }, want);
+        let mut store = Store::default();
+        let result = admit(&mut store, &[a.clone(), b.clone()], 0);
+        if want <= big && want <= small {
+            prop_assert_eq!(result, Ok(vec![big - want, small - want]));
+        } else {
+            prop_assert!(
+                matches!(result, Err(Denied::Limited { .. })),
+                "{:?}",
+                result
+            );
+            prop_assert_eq!((left(&store, &a, 0), left(&store, &b, 0)), (big, small));
+        }
+    }
+
+    /// After settlement the bucket holds the budget minus what was used, whatever was reserved.
+    #[test]
+    fn settlement_charges_exactly_the_usage(reserve in 1u64..5000, used in 0u64..8000) {
+        let budget = 5000;
+        let c = charge("m", Kind::Tokens, Rate { amount: budget, unit: Unit::D }, reserve);
+        let mut store = Store::default();
+        admit(&mut store, std::slice::from_ref(&c), 0).unwrap();
+        settle(&mut store, std::slice::from_ref(&c), used, 0);
+        prop_assert_eq!(left(&store, &c, 0), budget.saturating_sub(used));
+    }
+
+    /// Lost races are redone from a fresh read: the rival's takes and ours all count.
+    #[test]
+    fn lost_races_lose_no_update(races in 0usize..50, rival in 1u64..10) {
+        let rate = Rate { amount: 1000, unit: Unit::M };
+        let c = charge("m", Kind::Requests, rate, 3);
+        let mut store = Store::default();
+        store.set(&c.key(), &Bucket::full(rate, 0).encode(), None);
+        store.races = races;
+        store.rival = Some((rate, rival));
+        admit(&mut store, std::slice::from_ref(&c), 0).unwrap();
+        prop_assert_eq!(left(&store, &c, 0), 1000 - 3 - races as u64 * rival);
+    }
+
+    #[test]
+    fn ct_eq_is_plain_equality(a in proptest::collection::vec(any::<u8>(), 0..300), b in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let within = a.len() <= 256 && b.len() <= 256;
+        prop_assert_eq!(ct_eq(&a, &b), within && a == b);
+        prop_assert_eq!(ct_eq(&a, &a), a.len() <= 256);
+    }
+}
+
+#[test]
+fn refill_is_exact_over_a_fake_clock() {
+    // 3 per second: one token every 333.3 ms, exactly 3 per 1000 ms, no drift over an hour.
+    let rate = Rate {
+        amount: 3,
+        unit: Unit::S,
+    };
+    let mut b = Bucket::full(rate, 0);
+    for _ in 0..3 {
+        b = b.take(rate, 0, 1).unwrap();
+    }
+    assert_eq!(b.take(rate, 0, 1), Err(334));
+    assert_eq!(b.tokens(rate, 333), 0);
+    assert_eq!(b.tokens(rate, 334), 1);
+    assert_eq!(b.tokens(rate, 1_000), 3);
+    let mut taken = 0;
+    for ms in 1..=3_600_000u64 {
+        if let Ok(next) = b.take(rate, ms, 1) {
+            b = next;
+            taken += 1;
+        }
+    }
+    assert_eq!(taken, 3 * 3_600);
+    // A clock that goes back refills nothing.
+    let drained = Bucket {
+        level: 0,
+        updated_ms: 10_000,
+    };
+    assert_eq!(drained.tokens(rate, 5_000), 0);
+}
+
+#[test]
+fn contention_past_the_bound_refuses_and_holds_nothing() {
+    let rate = Rate {
+        amount: 1_000_000,
+        unit: Unit::M,
+    };
+    let first = charge("a", Kind::Requests, rate, 1);
+    let second = charge("b", Kind::Requests, rate, 1);
+    let mut store = Store::default();
+    for c in [&first, &second] {
+        store.set(&c.key(), &Bucket::full(rate, 0).encode(), None);
+    }
+    admit(&mut store, std::slice::from_ref(&first), 0).unwrap();
+    // From here every write loses its race.
+    store.races = usize::MAX;
+    store.rival = Some((rate, 0));
+    let r = admit(&mut store, &[first.clone(), second.clone()], 0);
+    assert_eq!(r, Err(Denied::Contention));
+    store.races = 0;
+    assert_eq!(left(&store, &first, 0), 1_000_000 - 1);
+    assert_eq!(left(&store, &second, 0), 1_000_000);
+}
+
+#[test]
+fn key_variable_errors_name_no_token() {
+    let e = parse_keys("alice:short-secret").unwrap_err();
+    assert!(e.contains("alice") && !e.contains("short-secret"), "{e}");
+}

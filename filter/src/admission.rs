@@ -1,0 +1,132 @@
+//! Admission glue: the API keys, read once per VM from the environment, and the limit buckets, kept in Envoy's
+//! shared data through compare-and-swap. The decisions are `llmroute_core::auth` and `llmroute_core::limits`.
+//!
+//! The keys reach the VM through the Wasm VM's `environment_variables.host_env_keys` (see `llmroute render`),
+//! which Envoy serves to WASI's `environ_get`, so `std::env::var` reads them. Only key *names* are ever logged
+//! or used in metric names.
+
+use llmroute_core::auth::{self, AuthRefusal, Keys};
+use llmroute_core::config::stat_token;
+use llmroute_core::key_placement::in_flight::SharedStore;
+use llmroute_core::limits::{self, Charge, Denied, Kind};
+
+/// The fewest requests and tokens left in the buckets a request was charged to.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Remaining {
+    pub requests: Option<u64>,
+    pub tokens: Option<u64>,
+}
+use llmroute_core::{Config, GatewayError};
+
+use crate::host;
+
+/// Envoy shared data.
+struct Store;
+
+impl SharedStore for Store {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        host::shared_data(key)
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        host::set_shared_data(key, value, cas)
+    }
+}
+
+/// The configured keys, from the variable `auth.keys_env` names. The error names the variable, never a value.
+pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
+    let Some(a) = &cfg.auth else { return Ok(None) };
+    let var = &a.keys_env;
+    let text = std::env::var(var).map_err(|_| {
+        format!(
+            "auth.keys_env: the variable {var} is not set in the VM's environment (or not UTF-8); set it in Envoy's \
+             environment and list it in the wasm vm_config's environment_variables.host_env_keys (`llmroute \
+             render` does)"
+        )
+    })?;
+    auth::parse_keys(&text)
+        .map(Some)
+        .map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))
+}
+
+/// Seeds every bucket full, once per process (an entry already there is kept).
+pub fn seed(cfg: &Config, keys: Option<&Keys>) {
+    let now = host::now_ms();
+    let names: Vec<&str> = keys.map(|k| k.names().collect()).unwrap_or_default();
+    for (key, rate) in limits::all_buckets(cfg, names.into_iter()) {
+        if host::shared_data(&key).0.is_none() {
+            host::set_shared_data(&key, &limits::Bucket::full(rate, now).encode(), None);
+        }
+    }
+}
+
+/// Counts an auth refusal by reason.
+pub fn count_auth_refusal(r: AuthRefusal) {
+    host::increment(host::define_counter(&format!(
+        "llmroute_auth_refused_{}_total",
+        r.as_str()
+    )));
+}
+
+/// Counts an admitted request for its key.
+pub fn count_key_request(key: &str) {
+    host::increment(host::define_counter(&format!(
+        "llmroute.key.{}.requests_total",
+        stat_token(key)
+    )));
+}
+
+/// Takes every charge or none. A refusal is counted by scope, name and reason, and becomes the 429 (or the 503
+/// of contention) to send. `Ok` holds the fewest requests and tokens left in any bucket charged, for the debug
+/// headers.
+pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
+    if charges.is_empty() {
+        return Ok(Remaining::default());
+    }
+    match limits::admit(&mut Store, charges, host::now_ms()) {
+        Ok(left) => {
+            let least = |kind| {
+                charges
+                    .iter()
+                    .zip(&left)
+                    .filter(|(c, _)| c.kind == kind)
+                    .map(|(_, &n)| n)
+                    .min()
+            };
+            Ok(Remaining {
+                requests: least(Kind::Requests),
+                tokens: least(Kind::Tokens),
+            })
+        }
+        Err(Denied::Limited {
+            scope,
+            name,
+            kind,
+            retry_after_ms,
+        }) => {
+            let metric = format!(
+                "llmroute.limit.{}.{}.{}_refused_total",
+                scope.as_str(),
+                stat_token(&name),
+                kind.as_str()
+            );
+            host::increment(host::define_counter(&metric));
+            Err(GatewayError::RateLimited {
+                scope,
+                name,
+                kind,
+                retry_after_s: retry_after_ms.div_ceil(1000).max(1),
+            })
+        }
+        Err(Denied::Contention) => {
+            log::warn!("llmroute: limit buckets under contention; request refused");
+            host::increment(host::define_counter("llmroute_limit_contention_total"));
+            Err(GatewayError::LimitContention)
+        }
+    }
+}
+
+/// Settles an admitted request's token charges on the tokens the engine reported.
+pub fn settle(charges: &[Charge], used: u64) {
+    limits::settle(&mut Store, charges, used, host::now_ms());
+}
