@@ -86,6 +86,7 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         self.poller.on_tick();
         self.props.on_tick();
+        self.metrics.vm_memory_tick();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -88,6 +88,7 @@ fn outlier_detection(o: &Outlier) -> Value {
         "interval": "1s",
         "base_ejection_time": duration_ms(o.base_ejection_ms),
         "max_ejection_percent": o.max_ejection_percent,
+        "successful_active_health_check_uneject_host": false,
     })
 }
 
