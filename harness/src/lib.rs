@@ -3,8 +3,8 @@
 //! run by `llmroute-bench`), and the chaos and soak runs (`chaos`).
 
 pub mod bench;
-pub mod chaos;
 pub mod certs;
+pub mod chaos;
 pub mod demo;
 pub mod emulator;
 pub mod envoy;

@@ -151,7 +151,11 @@ pub type HostSample = (Duration, bool, u64);
 /// around `at`: the panic counter rose between the last sample `window` before and the first `window` after.
 fn panicking(samples: &[HostSample], at: Duration, window: Duration) -> bool {
     let before = samples.iter().rev().find(|s| s.0 + window <= at).map_or(0, |s| s.2);
-    let after = samples.iter().find(|s| s.0 >= at + window).or(samples.last()).map_or(0, |s| s.2);
+    let after = samples
+        .iter()
+        .find(|s| s.0 >= at + window)
+        .or(samples.last())
+        .map_or(0, |s| s.2);
     after > before
 }
 
@@ -197,7 +201,11 @@ pub fn ejected_host_stays_out(
              panic mode",
             e.first_seen.as_secs_f64(),
             e.last_seen.as_secs_f64(),
-            if e.back_at.is_some() { "then back" } else { "until the end" },
+            if e.back_at.is_some() {
+                "then back"
+            } else {
+                "until the end"
+            },
             until.saturating_sub(e.first_seen).as_secs_f64(),
         ));
         if inside > 0 {
@@ -254,21 +262,39 @@ mod tests {
     #[test]
     fn a_retry_before_any_forwarded_byte_is_fine_and_one_after_is_not() {
         let mut attempts = HashMap::new();
-        attempts.insert("a".to_string(), vec![attempt("e1", 5, Some(200)), attempt("e0", 1, None)]);
-        attempts.insert("b".to_string(), vec![attempt("e0", 1, Some(503)), attempt("e1", 2, Some(200))]);
+        attempts.insert(
+            "a".to_string(),
+            vec![attempt("e1", 5, Some(200)), attempt("e0", 1, None)],
+        );
+        attempts.insert(
+            "b".to_string(),
+            vec![attempt("e0", 1, Some(503)), attempt("e1", 2, Some(200))],
+        );
         assert!(no_retry_after_first_byte(&attempts).passed);
-        attempts.insert("c".to_string(), vec![attempt("e0", 1, Some(200)), attempt("e1", 2, Some(200))]);
+        attempts.insert(
+            "c".to_string(),
+            vec![attempt("e0", 1, Some(200)), attempt("e1", 2, Some(200))],
+        );
         let check = no_retry_after_first_byte(&attempts);
         assert!(!check.passed);
         assert!(check.detail.contains("c: e0@1ms"), "{}", check.detail);
         attempts.remove("c");
-        attempts.insert("d".to_string(), vec![attempt("e0", 1, Some(500)), attempt("e0", 9, Some(200))]);
+        attempts.insert(
+            "d".to_string(),
+            vec![attempt("e0", 1, Some(500)), attempt("e0", 9, Some(200))],
+        );
         assert!(!no_retry_after_first_byte(&attempts).passed);
     }
 
     #[test]
     fn episodes_are_runs_of_ejected_samples() {
-        let samples = [(ms(0), false), (ms(100), true), (ms(200), true), (ms(300), false), (ms(400), true)];
+        let samples = [
+            (ms(0), false),
+            (ms(100), true),
+            (ms(200), true),
+            (ms(300), false),
+            (ms(400), true),
+        ];
         let found = episodes(&samples);
         assert_eq!(found.len(), 2);
         assert_eq!(found[0].first_seen, ms(100));
@@ -297,7 +323,11 @@ mod tests {
             .collect();
         let check = ejected_host_stays_out(&panic, &[ms(2950)], 1, cool, grace, slack);
         assert!(check.passed, "{}", check.detail);
-        assert!(check.detail.contains("1 more in Envoy's panic mode"), "{}", check.detail);
+        assert!(
+            check.detail.contains("1 more in Envoy's panic mode"),
+            "{}",
+            check.detail
+        );
         assert!(!ejected_host_stays_out(&samples, &[ms(2950)], 1, cool, grace, slack).passed);
     }
 

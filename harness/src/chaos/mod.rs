@@ -82,7 +82,11 @@ pub struct Stack {
 
 impl Stack {
     /// Starts `n` engines (`tune` adjusts each one's options) sharing one journal, and Envoy in front.
-    pub async fn start(n: usize, base_ejection: Duration, tune: impl Fn(usize, &mut EmulatorOptions)) -> Result<Stack, String> {
+    pub async fn start(
+        n: usize,
+        base_ejection: Duration,
+        tune: impl Fn(usize, &mut EmulatorOptions),
+    ) -> Result<Stack, String> {
         let journal = Arc::new(Journal::default());
         let mut engines = Vec::new();
         let mut options = Vec::new();
@@ -92,7 +96,9 @@ impl Stack {
             opts.journal = Some(journal.clone());
             opts.chunk_delay_ms = 10;
             tune(i, &mut opts);
-            let emulator = Emulator::spawn_with(opts).await.map_err(|e| format!("starting an engine: {e}"))?;
+            let emulator = Emulator::spawn_with(opts)
+                .await
+                .map_err(|e| format!("starting an engine: {e}"))?;
             addrs.push(emulator.addr().to_string());
             options.push(emulator.options());
             engines.push(Arc::new(tokio::sync::Mutex::new(Some(emulator))));
@@ -281,11 +287,7 @@ pub struct Load {
 
 /// Sends `rps` requests a second for `duration`, open loop (at most [`MAX_INFLIGHT`] in flight), and prints
 /// progress every `progress_every`, with `extra()`'s line appended. Returns once every answer is in.
-pub async fn drive(
-    url_base: &str,
-    settings: &Settings,
-    mut extra: impl FnMut() -> String,
-) -> Result<Load, String> {
+pub async fn drive(url_base: &str, settings: &Settings, mut extra: impl FnMut() -> String) -> Result<Load, String> {
     let client = reqwest::Client::builder()
         .http1_only()
         .tcp_nodelay(true)
@@ -353,7 +355,7 @@ enum Action {
 /// The fault schedule over `duration`, from `seed`: four 5xx bursts on engine 1, two kills of engine 2 for a
 /// few seconds each. Times jitter by up to a second.
 fn schedule(seed: u64, duration: Duration) -> Vec<(Duration, Action)> {
-    let mut rng = SplitMix64::new(seed ^ 0x5eed_c4a0_5);
+    let mut rng = SplitMix64::new(seed ^ 0x0005_eedc_4a05);
     let d = duration.as_secs_f64();
     let mut at = |frac: f64| Duration::from_secs_f64((d * frac + rng.unit()).max(0.5));
     let down = Duration::from_secs_f64((d / 12.0).clamp(1.0, 5.0));
@@ -404,7 +406,11 @@ impl ChaosReport {
         out.push_str("\n| invariant | result | detail |\n|---|---|---|\n");
         for c in &self.checks {
             let verdict = if c.passed { "pass" } else { "**FAIL**" };
-            out.push_str(&format!("| {} | {verdict} | {} |\n", c.name, c.detail.replace('\n', "<br>")));
+            out.push_str(&format!(
+                "| {} | {verdict} | {} |\n",
+                c.name,
+                c.detail.replace('\n', "<br>")
+            ));
         }
         out
     }
@@ -483,8 +489,15 @@ pub async fn run_chaos(settings: Settings) -> Result<ChaosReport, String> {
                 let at = epoch.elapsed();
                 let flags = stack.envoy.host_health(BACKEND).await;
                 let ejected = flags.get(&addr).is_some_and(|f| f.contains("failed_outlier_check"));
-                let panic = stack.envoy.stat(&format!("cluster.{BACKEND}.lb_healthy_panic")).await.unwrap_or(0);
-                samples.lock().unwrap_or_else(|p| p.into_inner()).push((at, ejected, panic));
+                let panic = stack
+                    .envoy
+                    .stat(&format!("cluster.{BACKEND}.lb_healthy_panic"))
+                    .await
+                    .unwrap_or(0);
+                samples
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((at, ejected, panic));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -555,21 +568,48 @@ pub fn equations(load: &Load, stats: &HashMap<String, u64>) -> Vec<Equation> {
     let class = |lo: u16| count(&|r: &Record| r.status.is_some_and(|s| (lo..lo + 100).contains(&s)));
     let streams_200 = count(&|r: &Record| r.streamed && r.outcome.had_200_head());
     let stream_stat = |o: &str| stat(&format!("wasmcustom.llmroute_stream_{o}_total"));
-    let stream_sum: u64 = ["complete", "missing_terminal", "upstream_error", "upstream_cut", "client_cancel", "timeout"]
-        .iter()
-        .map(|o| stream_stat(o))
-        .sum();
+    let stream_sum: u64 = [
+        "complete",
+        "missing_terminal",
+        "upstream_error",
+        "upstream_cut",
+        "client_cancel",
+        "timeout",
+    ]
+    .iter()
+    .map(|o| stream_stat(o))
+    .sum();
     vec![
-        Equation::new("http.llmroute.downstream_rq_total = requests sent", stat("http.llmroute.downstream_rq_total"), load.sent),
-        Equation::new("downstream_rq_2xx = client answers with a 200 head", stat("http.llmroute.downstream_rq_2xx"), class(200)),
-        Equation::new("downstream_rq_4xx = client 4xx", stat("http.llmroute.downstream_rq_4xx"), class(400)),
-        Equation::new("downstream_rq_5xx = client 5xx", stat("http.llmroute.downstream_rq_5xx"), class(500)),
+        Equation::new(
+            "http.llmroute.downstream_rq_total = requests sent",
+            stat("http.llmroute.downstream_rq_total"),
+            load.sent,
+        ),
+        Equation::new(
+            "downstream_rq_2xx = client answers with a 200 head",
+            stat("http.llmroute.downstream_rq_2xx"),
+            class(200),
+        ),
+        Equation::new(
+            "downstream_rq_4xx = client 4xx",
+            stat("http.llmroute.downstream_rq_4xx"),
+            class(400),
+        ),
+        Equation::new(
+            "downstream_rq_5xx = client 5xx",
+            stat("http.llmroute.downstream_rq_5xx"),
+            class(500),
+        ),
         Equation::new(
             "wasmcustom.llmroute_requests_routed_total + refused_total = requests sent",
             stat("wasmcustom.llmroute_requests_routed_total") + stat("wasmcustom.llmroute_requests_refused_total"),
             load.sent,
         ),
-        Equation::new("sum of wasmcustom.llmroute_stream_*_total = client streams with a 200 head", stream_sum, streams_200),
+        Equation::new(
+            "sum of wasmcustom.llmroute_stream_*_total = client streams with a 200 head",
+            stream_sum,
+            streams_200,
+        ),
         Equation::new(
             "llmroute_stream_complete_total = client streams complete",
             stream_stat("complete"),
@@ -601,12 +641,16 @@ pub fn today() -> String {
 /// A one-line description of the machine.
 pub fn machine_line() -> String {
     let m = crate::bench::machine::Machine::probe();
-    format!("{} CPUs ({}), Linux {}, Envoy {}", m.nproc, m.cpu_model, m.kernel, m.envoy)
+    format!(
+        "{} CPUs ({}), Linux {}, Envoy {}",
+        m.nproc, m.cpu_model, m.kernel, m.envoy
+    )
 }
 
 /// Writes the section `name` of `docs/chaos-and-soak.md` (replacing a section of the same name).
 pub fn write_doc_section(name: &str, body: &str) -> Result<std::path::PathBuf, String> {
-    let path = crate::envoy::repo_root().join("docs/chaos-and-soak.md");
+    let root = crate::envoy::repo_root();
+    let path = root.canonicalize().unwrap_or(root).join("docs/chaos-and-soak.md");
     let doc = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let text = crate::bench::sections::upsert(&doc, name, body);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;

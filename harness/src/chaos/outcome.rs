@@ -37,10 +37,7 @@ impl Outcome {
 
     /// Whether the client saw a 200 head.
     pub fn had_200_head(&self) -> bool {
-        matches!(
-            self,
-            Outcome::Complete | Outcome::StreamErrorEvent | Outcome::StreamCut
-        )
+        matches!(self, Outcome::Complete | Outcome::StreamErrorEvent | Outcome::StreamCut)
     }
 }
 
@@ -93,7 +90,10 @@ fn is_envelope(seen: &Seen) -> bool {
     };
     let error = doc.get("error").filter(|e| e.is_object());
     let has_message = error.and_then(|e| e.get("message")).is_some_and(Value::is_string);
-    let body_id = doc.get("request_id").and_then(Value::as_str).is_some_and(|id| !id.is_empty());
+    let body_id = doc
+        .get("request_id")
+        .and_then(Value::as_str)
+        .is_some_and(|id| !id.is_empty());
     let header_id = seen.request_id.as_deref().is_some_and(|id| !id.is_empty());
     has_message && (body_id || header_id)
 }
@@ -107,7 +107,10 @@ pub fn classify(seen: &Seen) -> Outcome {
         return match well_formed_error(seen) {
             Some(ErrorForm::Envelope) => Outcome::ErrorEnvelope,
             Some(ErrorForm::PlainText) => Outcome::ErrorPlainText,
-            None => Outcome::Malformed(format!("status {status} without an error envelope: {}", snippet(&seen.body))),
+            None => Outcome::Malformed(format!(
+                "status {status} without an error envelope: {}",
+                snippet(&seen.body)
+            )),
         };
     }
     if status != 200 {
@@ -199,9 +202,18 @@ mod tests {
 
     #[test]
     fn answers_and_streams() {
-        assert_eq!(classify(&seen(200, "application/json", r#"{"choices":[]}"#)), Outcome::Complete);
-        assert_eq!(classify(&seen(200, "application/json", r#"{"content":[]}"#)), Outcome::Complete);
-        assert!(matches!(classify(&seen(200, "application/json", "{not")), Outcome::Malformed(_)));
+        assert_eq!(
+            classify(&seen(200, "application/json", r#"{"choices":[]}"#)),
+            Outcome::Complete
+        );
+        assert_eq!(
+            classify(&seen(200, "application/json", r#"{"content":[]}"#)),
+            Outcome::Complete
+        );
+        assert!(matches!(
+            classify(&seen(200, "application/json", "{not")),
+            Outcome::Malformed(_)
+        ));
         let done = "data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
         assert_eq!(classify(&stream(done, false)), Outcome::Complete);
         let closed = "data: {\"choices\":[]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n";
@@ -234,9 +246,19 @@ mod tests {
             ..seen(503, "application/json", r#"{"error":{"message":"m"},"request_id":"r"}"#)
         };
         assert_eq!(classify(&in_body), Outcome::ErrorEnvelope);
-        let text = seen(503, "text/plain", "upstream connect error or disconnect/reset before headers");
+        let text = seen(
+            503,
+            "text/plain",
+            "upstream connect error or disconnect/reset before headers",
+        );
         assert_eq!(classify(&text), Outcome::ErrorPlainText);
-        assert!(matches!(classify(&seen(502, "text/html", "<html>")), Outcome::Malformed(_)));
-        assert!(matches!(classify(&seen(500, "application/json", "{}")), Outcome::Malformed(_)));
+        assert!(matches!(
+            classify(&seen(502, "text/html", "<html>")),
+            Outcome::Malformed(_)
+        ));
+        assert!(matches!(
+            classify(&seen(500, "application/json", "{}")),
+            Outcome::Malformed(_)
+        ));
     }
 }

@@ -160,6 +160,9 @@ fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
+/// Each sample: its time since the start and the value of each of [`SERIES`].
+type Samples = std::sync::Arc<std::sync::Mutex<Vec<(Duration, Vec<u64>)>>>;
+
 /// Runs the soak: a healthy 3-engine fleet, the load, and a sample of each series every `sample_every`.
 pub async fn run_soak(settings: Settings, sample_every: Duration) -> Result<SoakReport, String> {
     let stack = std::sync::Arc::new(Stack::start(3, settings.base_ejection, |_, _| {}).await?);
@@ -172,15 +175,21 @@ pub async fn run_soak(settings: Settings, sample_every: Duration) -> Result<Soak
         stack.envoy.listen
     );
     let start = Instant::now();
-    let samples: std::sync::Arc<std::sync::Mutex<Vec<(Duration, Vec<u64>)>>> = Default::default();
+    let samples: Samples = Default::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sampler = {
         let (stack, samples) = (stack.clone(), samples.clone());
         tokio::spawn(async move {
             while !*stop_rx.borrow() {
                 let stats = stack.stats().await;
-                let values = SERIES.iter().map(|(n, _)| stats.get(*n).copied().unwrap_or(0)).collect();
-                samples.lock().unwrap_or_else(|p| p.into_inner()).push((start.elapsed(), values));
+                let values = SERIES
+                    .iter()
+                    .map(|(n, _)| stats.get(*n).copied().unwrap_or(0))
+                    .collect();
+                samples
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((start.elapsed(), values));
                 tokio::time::sleep(sample_every).await;
             }
         })
@@ -189,7 +198,11 @@ pub async fn run_soak(settings: Settings, sample_every: Duration) -> Result<Soak
     let load = drive(&stack.envoy.url(""), &settings, move || {
         let s = latest.lock().unwrap_or_else(|p| p.into_inner());
         let Some((_, v)) = s.last() else { return String::new() };
-        let parts: Vec<String> = SERIES.iter().zip(v).map(|((n, _), v)| format!("{n} {}", mib(*v))).collect();
+        let parts: Vec<String> = SERIES
+            .iter()
+            .zip(v)
+            .map(|((n, _), v)| format!("{n} {}", mib(*v)))
+            .collect();
         format!("; {}", parts.join(", "))
     })
     .await?;
@@ -208,7 +221,12 @@ pub async fn run_soak(settings: Settings, sample_every: Duration) -> Result<Soak
                 .collect();
             let first = points.first().map_or(0, |p| p.1);
             let last = points.last().map_or(0, |p| p.1);
-            (name.to_string(), growth(&points, settings.duration, *limits), first, last)
+            (
+                name.to_string(),
+                growth(&points, settings.duration, *limits),
+                first,
+                last,
+            )
         })
         .collect();
     let outcomes = checks::tally(load.records.iter().map(|r| &r.outcome));

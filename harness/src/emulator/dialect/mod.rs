@@ -26,9 +26,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 pub use engine::{health_body, models_body, props_body};
-pub use plan::{stream_plan, End, Frame, LineEnding, Stop, StreamFaults, StreamPlan};
 #[cfg(test)]
 pub use plan::GARBAGE;
+pub use plan::{stream_plan, End, Frame, LineEnding, Stop, StreamFaults, StreamPlan};
 use prompt::{conversation_text, prompt_parts};
 use stream::with_fields;
 pub use stream::{data_event, delta_text, named_event, streamed_text, EventStream};

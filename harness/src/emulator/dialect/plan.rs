@@ -29,7 +29,8 @@ pub enum Stop {
 
 /// What a garbage stream sends after its deltas: a `data:` line that is not JSON, a line with control bytes and
 /// invalid UTF-8, and a field no SSE reader knows, each ending its event.
-pub const GARBAGE: &[u8] = b"data: {\"choices\": [{\"delta\": tok\n\n\x00\x01\xff\xfe garbage \x7f\n\nbogus-field: 42\n\n";
+pub const GARBAGE: &[u8] =
+    b"data: {\"choices\": [{\"delta\": tok\n\n\x00\x01\xff\xfe garbage \x7f\n\nbogus-field: 42\n\n";
 
 impl Stop {
     fn deltas(self) -> u32 {

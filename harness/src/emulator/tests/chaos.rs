@@ -27,7 +27,9 @@ async fn raw_chat(emulator: &Emulator, extra: &str) -> Vec<u8> {
     tcp.write_all(head.as_bytes()).await.unwrap();
     tcp.write_all(body.as_bytes()).await.unwrap();
     let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got)).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
+        .await
+        .unwrap();
     got
 }
 
@@ -62,7 +64,10 @@ async fn garbage_after_one_delta_ends_cleanly_without_the_terminal_event() {
         assert!(got.bytes.ends_with(GARBAGE), "{dialect:?}");
         let text = String::from_utf8_lossy(&got.bytes);
         assert!(text.contains("tok0") && !text.contains("tok1"), "{dialect:?}: {text}");
-        assert!(!text.contains("[DONE]") && !text.contains("message_stop"), "{dialect:?}: {text}");
+        assert!(
+            !text.contains("[DONE]") && !text.contains("message_stop"),
+            "{dialect:?}: {text}"
+        );
     }
 }
 
@@ -82,7 +87,9 @@ async fn a_burst_fails_exactly_n_requests_then_heals() {
 async fn health_passes_while_inference_fails() {
     let emulator = Emulator::spawn("z").await.unwrap();
     emulator.set_fault_status(Some(500));
-    let health = reqwest::get(format!("http://{}/health", emulator.addr())).await.unwrap();
+    let health = reqwest::get(format!("http://{}/health", emulator.addr()))
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     let response = post(&emulator, Dialect::Chat, &request(Dialect::Chat, "x", false), &[]).await;
     assert_eq!(response.status(), 500);
@@ -120,7 +127,10 @@ fn the_fault_plan_is_a_function_of_seed_engine_id_and_arrival() {
         (0..2000).map(|i| plan.pick("e-1", &format!("id-{i}"), 0)).collect()
     };
     assert_eq!(picks(&plan), picks(&plan.clone()));
-    let reseeded = FaultPlan { seed: 8, ..plan.clone() };
+    let reseeded = FaultPlan {
+        seed: 8,
+        ..plan.clone()
+    };
     assert_ne!(picks(&plan), picks(&reseeded));
     let other_engine: Vec<_> = (0..2000).map(|i| plan.pick("e-2", &format!("id-{i}"), 0)).collect();
     assert_ne!(picks(&plan), other_engine);
