@@ -58,7 +58,7 @@ DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
 demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
@@ -172,3 +172,22 @@ oci: build ## Pack the release .wasm as an OCI image layout in target/oci (the W
 
 oci-check: oci ## Check target/oci: digests, sizes and media types of the index, manifest, config and layer
 	python3 scripts/oci-pack.py --check $(WASM) $(OCI_OUT)
+
+.PHONY: chaos soak soak-short
+
+CHAOS_RPS     ?= 200
+CHAOS_SECONDS ?= 60
+SOAK_RPS      ?= 200
+SOAK_SECONDS  ?= 1800
+
+chaos: build envoy ## Faults under load: CHAOS_RPS (200) requests/s for CHAOS_SECONDS (60) at emulated engines that crash, burst 5xx, cut, reset and lie about health; checks four invariants and writes docs/chaos-and-soak.md
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) chaos --rps $(CHAOS_RPS) --seconds $(CHAOS_SECONDS)
+
+soak: build envoy ## Memory soak: SOAK_RPS (200) requests/s for SOAK_SECONDS (1800); fails when the filter's VM memory or Envoy's heap grows; writes docs/chaos-and-soak.md
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) soak --rps $(SOAK_RPS) --seconds $(SOAK_SECONDS)
+
+soak-short: build envoy ## The soak for 60 s at 200 requests/s (part of make test); prints its result only
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) soak --rps 200 --seconds 60 --no-doc

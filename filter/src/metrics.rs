@@ -27,6 +27,8 @@ pub struct Metrics {
     outcomes: [Option<u32>; 6],
     /// Bounded-keys placements by reason, indexed like [`PlacementReason::ALL`].
     placements: [Option<u32>; 4],
+    /// The largest wasm linear memory of the VMs, in bytes (see [`Metrics::vm_memory_tick`]).
+    vm_memory: Option<u32>,
     backends: Rc<HashMap<String, BackendMetrics>>,
 }
 
@@ -64,6 +66,7 @@ impl Metrics {
             outcomes: Outcome::ALL.map(|o| host::define_counter(&format!("llmroute_stream_{}_total", o.as_str()))),
             placements: PlacementReason::ALL
                 .map(|r| host::define_counter(&format!("llmroute_placement_{}_total", r.as_str()))),
+            vm_memory: host::define_gauge("llmroute_vm_memory_bytes"),
             backends: Rc::new(backends),
         }
     }
@@ -76,6 +79,17 @@ impl Metrics {
     pub fn placement(&self, r: PlacementReason) {
         let i = PlacementReason::ALL.iter().position(|x| *x == r);
         host::increment(i.and_then(|i| self.placements.get(i).copied().flatten()));
+    }
+
+    /// Raises `llmroute_vm_memory_bytes` to this VM's linear memory size, if that is larger. Every VM (the main
+    /// thread's and each worker's) shares the one gauge, so it holds the largest of them. A wasm memory never
+    /// shrinks, so the largest VM's size only rises: a soak that sees it grow after its warm-up sees a VM that
+    /// keeps allocating. Native builds (tests) have no linear memory and leave the gauge alone.
+    pub fn vm_memory_tick(&self) {
+        let Some(bytes) = linear_memory_bytes() else { return };
+        if host::metric_value(self.vm_memory).is_none_or(|now| bytes > now) {
+            host::set_gauge(self.vm_memory, bytes);
+        }
     }
 
     /// Adds a response's usage to its backend and refreshes the backend's hit rate.
@@ -91,4 +105,16 @@ impl Metrics {
             }
         }
     }
+}
+
+/// This VM's linear memory (memory 0) in bytes: pages of 64 KiB.
+#[cfg(target_arch = "wasm32")]
+fn linear_memory_bytes() -> Option<u64> {
+    let pages = u64::try_from(core::arch::wasm32::memory_size(0)).ok()?;
+    pages.checked_mul(65_536)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn linear_memory_bytes() -> Option<u64> {
+    None
 }

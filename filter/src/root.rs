@@ -97,6 +97,7 @@ impl RootContext for Root {
         crate::key_placement::settle();
         self.poller.on_tick();
         self.props.on_tick();
+        self.metrics.vm_memory_tick();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -5,6 +5,10 @@
 //! On a machine with two or more CPUs it pins the proxies to CPU 0 and itself (load generator and upstreams, one
 //! tokio thread) to CPU 1, so the two never compete for a core.
 //!
+//! `llmroute-bench chaos` drives load through Envoy and the filter at an emulated fleet under a fault schedule and
+//! checks the invariants; `llmroute-bench soak` drives it at a healthy fleet and fails when memory grows. Both
+//! write a dated section of `docs/chaos-and-soak.md` unless told not to.
+//!
 //! `llmroute-bench routing` replays workloads through llmroute and the peer routers' policies in front of emulated
 //! engines with a cost model, against the oracle, and writes `bench/ROUTING.md` and `bench/routing.png`.
 
@@ -16,6 +20,7 @@ use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
 use llmroute_harness::bench::{goals, micro, plot, replicas, sections};
+use llmroute_harness::chaos;
 use llmroute_harness::envoy::repo_root;
 
 #[derive(Parser)]
@@ -35,6 +40,46 @@ enum Cmd {
     /// How often two replicas with `placement: bounded_keys` disagree when their traffic differs (a simulation
     /// with the filter's own placement function); writes its section of RESULTS.md.
     Replicas(ReplicasArgs),
+    /// Faults under load: ~200 requests/s at an emulated fleet that fails in every way, then the invariants.
+    Chaos(ChaosArgs),
+    /// Memory soak: load at a healthy fleet; fails when the filter's VM memory or Envoy's heap grows.
+    Soak(SoakArgs),
+}
+
+#[derive(clap::Args)]
+struct ChaosArgs {
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Requests per second.
+    #[arg(long, env = "CHAOS_RPS", default_value_t = 200)]
+    rps: u32,
+    /// Length of the load, in seconds.
+    #[arg(long, env = "CHAOS_SECONDS", default_value_t = 60)]
+    seconds: u64,
+    /// Outlier ejection's base time, in ms.
+    #[arg(long, default_value_t = 5000)]
+    base_ejection_ms: u64,
+    /// Print the result only; do not write docs/chaos-and-soak.md.
+    #[arg(long)]
+    no_doc: bool,
+}
+
+#[derive(clap::Args)]
+struct SoakArgs {
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Requests per second.
+    #[arg(long, env = "SOAK_RPS", default_value_t = 200)]
+    rps: u32,
+    /// Length of the load, in seconds (default 30 minutes).
+    #[arg(long, env = "SOAK_SECONDS", default_value_t = 1800)]
+    seconds: u64,
+    /// Seconds between memory samples (default: the run's length / 120, from 1 to 15).
+    #[arg(long)]
+    sample_seconds: Option<u64>,
+    /// Print the result only; do not write docs/chaos-and-soak.md.
+    #[arg(long)]
+    no_doc: bool,
 }
 
 #[derive(clap::Args)]
@@ -73,6 +118,8 @@ fn main() -> ExitCode {
         Cmd::Overhead(args) => args,
         Cmd::Routing(args) => return llmroute_harness::bench::routing::cli::main(args),
         Cmd::Replicas(args) => return replicas(&args),
+        Cmd::Chaos(args) => return chaos(&args),
+        Cmd::Soak(args) => return soak(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -115,6 +162,75 @@ fn replicas(args: &ReplicasArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn chaos_settings(seed: u64, rps: u32, seconds: u64, base_ejection_ms: u64) -> chaos::Settings {
+    chaos::Settings {
+        seed,
+        rps: rps.max(1),
+        duration: std::time::Duration::from_secs(seconds.max(1)),
+        base_ejection: std::time::Duration::from_millis(base_ejection_ms),
+        progress_every: std::time::Duration::from_secs(5),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Prints `text`, writes it to the doc's section `name` unless `no_doc`, and exits by `passed`.
+fn finish(text: &str, name: &str, no_doc: bool, passed: bool) -> ExitCode {
+    println!("\n{text}");
+    if !no_doc {
+        match chaos::write_doc_section(name, text) {
+            Ok(path) => println!("wrote the section {name} of {}", path.display()),
+            Err(e) => {
+                eprintln!("llmroute-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if passed {
+        println!("PASS");
+        ExitCode::SUCCESS
+    } else {
+        println!("FAIL: an invariant does not hold (see above)");
+        ExitCode::FAILURE
+    }
+}
+
+fn chaos(args: &ChaosArgs) -> ExitCode {
+    let settings = chaos_settings(args.seed, args.rps, args.seconds, args.base_ejection_ms);
+    let report = match runtime().and_then(|rt| rt.block_on(chaos::run_chaos(settings))) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("llmroute-bench chaos: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let date = chaos::today();
+    let text = report.markdown(&date, &chaos::machine_line());
+    finish(&text, &format!("chaos-{date}"), args.no_doc, report.passed())
+}
+
+fn soak(args: &SoakArgs) -> ExitCode {
+    let settings = chaos_settings(args.seed, args.rps, args.seconds, 5000);
+    let every = args.sample_seconds.unwrap_or(args.seconds / 120).clamp(1, 15);
+    let run = chaos::soak::run_soak(settings, std::time::Duration::from_secs(every));
+    let report = match runtime().and_then(|rt| rt.block_on(run)) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("llmroute-bench soak: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let date = chaos::today();
+    let text = report.markdown(&date, &chaos::machine_line());
+    finish(&text, &format!("soak-{date}"), args.no_doc, report.passed())
 }
 
 /// Pins this process (its only thread, so far) to `cpus`; threads started later inherit it.

@@ -23,6 +23,8 @@
 //! | `x-emu-cut-mid: N` | N deltas, the first half of the next event's bytes, then abort |
 //! | `x-emu-end-mid: N` | N deltas, the first half of the next event, then a clean end |
 //! | `x-emu-error-after: N` | N deltas, the dialect's error event, then a clean end without the terminal event |
+//! | `x-emu-garbage-after: N` | N deltas, bytes that are no event (`GARBAGE`), then a clean end without the terminal event |
+//! | `x-emu-reset: 1` | drop the connection before any response byte |
 //! | `x-emu-no-terminal: 1` | the whole stream but its terminal event, then a clean end |
 //! | `x-emu-trickle-ms: M` | every byte its own body chunk, M ms after the one before |
 //! | `x-emu-stall: 1` | the response head, then nothing until the client goes or the emulator stops |
@@ -30,15 +32,19 @@
 //! | `x-emu-close-delimited: 1` | no length, no chunking: the body ends when the connection closes |
 //! | `x-emu-expect-model: M`, `x-emu-expect-backend: B` | answer 500 unless the model or backend match |
 //!
-//! At most one of the four that stop a stream early may be sent. A stream carries a separate usage chunk
+//! At most one of the five that stop a stream early may be sent. A stream carries a separate usage chunk
 //! (chat, completions) only when the request sets `stream_options.include_usage`. Every byte of an answer is a
 //! function of the request, the emulator's options, its prefix cache and its answer counter (both restarted by
 //! [`Emulator::reset`]).
+//!
+//! Engine-wide faults for chaos runs (a seeded [`chaos::FaultPlan`], 5xx bursts, kill and restart) and the
+//! per-`x-request-id` [`chaos::Journal`] of attempts are in [`chaos`].
 //!
 //! Dropping an [`Emulator`] stops it: the listener closes, idle connections close, and in-flight delays and
 //! streams end by aborting the connection.
 
 mod cache;
+pub mod chaos;
 pub mod cost;
 mod dialect;
 mod serve;
@@ -48,7 +54,7 @@ mod tests;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -86,6 +92,11 @@ pub struct EmulatorOptions {
     /// Opt-in engine cost model: slots, queueing, prefill and decode time (see [`cost`]). Default `None`: answer
     /// at once.
     pub cost: Option<cost::CostModel>,
+    /// Engine-wide seeded faults (see [`chaos`]). Default `None`.
+    pub faults: Option<chaos::FaultPlan>,
+    /// The journal inference attempts are recorded in; `None` (the default) gives the emulator its own. Share one
+    /// across a fleet, and across restarts, to check retries fleet-wide.
+    pub journal: Option<Arc<chaos::Journal>>,
 }
 
 impl EmulatorOptions {
@@ -100,6 +111,8 @@ impl EmulatorOptions {
             port: 0,
             close_delimited: false,
             cost: None,
+            faults: None,
+            journal: None,
         }
     }
 }
@@ -246,6 +259,25 @@ impl Emulator {
         self.shared.fault.store(status.unwrap_or(0), Ordering::SeqCst);
     }
 
+    /// Makes the next `n` inference requests answer `status` (an error envelope), then heals: a 5xx burst.
+    pub fn fail_next(&self, n: u32, status: u16) {
+        self.shared.burst_status.store(status, Ordering::SeqCst);
+        self.shared.burst_left.store(n, Ordering::SeqCst);
+    }
+
+    /// The journal this emulator records its inference attempts in.
+    pub fn journal(&self) -> Arc<chaos::Journal> {
+        self.shared.journal.clone()
+    }
+
+    /// The options to start this emulator again after a kill: the same port and the same journal.
+    pub fn options(&self) -> EmulatorOptions {
+        let mut opts = self.shared.opts.clone();
+        opts.port = self.addr.port();
+        opts.journal = Some(self.shared.journal.clone());
+        opts
+    }
+
     /// Status that `GET /health` answers from now on.
     pub fn set_health_status(&self, status: u16) {
         self.shared.health.store(status, Ordering::SeqCst);
@@ -311,6 +343,10 @@ struct Shared {
     health: AtomicU16,
     /// Status every inference request answers with (0: none), set by `set_fault_status`.
     fault: AtomicU16,
+    /// Inference requests left in the current 5xx burst, and its status (see `fail_next`).
+    burst_left: AtomicU32,
+    burst_status: AtomicU16,
+    journal: Arc<chaos::Journal>,
     inflight: AtomicUsize,
     max_inflight: AtomicUsize,
     next_id: AtomicU64,
@@ -322,9 +358,18 @@ impl Shared {
         Some(self.fault.load(Ordering::SeqCst)).filter(|&s| s != 0)
     }
 
+    /// The status of the current 5xx burst, taking one request off it; `None` when no burst is on.
+    fn burst_status(&self) -> Option<u16> {
+        let took = self
+            .burst_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1));
+        took.ok().map(|_| self.burst_status.load(Ordering::SeqCst))
+    }
+
     fn new(opts: EmulatorOptions, backend_header: HeaderValue, stopped: watch::Receiver<bool>) -> Self {
         let cache = PrefixCache::new(opts.cache_blocks);
         let cost = opts.cost.clone().map(cost::CostState::new);
+        let journal = opts.journal.clone().unwrap_or_default();
         Shared {
             opts,
             backend_header,
@@ -334,6 +379,9 @@ impl Shared {
             cost,
             health: AtomicU16::new(200),
             fault: AtomicU16::new(0),
+            burst_left: AtomicU32::new(0),
+            burst_status: AtomicU16::new(503),
+            journal,
             inflight: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),

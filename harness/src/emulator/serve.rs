@@ -9,7 +9,7 @@ use std::io;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::chaos::EngineFault;
 use super::dialect::{self, Answer, Dialect, Envelope, LineEnding, Stop, StreamFaults};
 use super::{cache, cost, pause, sse, InflightGuard, RecordedRequest, Shared};
 
@@ -102,11 +103,17 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// A response whose body fails at once, so hyper drops the connection, normally before the head is written;
-/// used when the emulator stops while a request waits.
+/// Marks a response that drops the connection before its head is written; the journal records no status.
+#[derive(Clone, Copy, Debug)]
+struct NoHead;
+
+/// A response whose body fails at once, so hyper drops the connection before the head is written; used when
+/// the emulator stops while a request waits, and for `x-emu-reset`.
 fn aborted_response() -> Response {
     let failure = futures_util::stream::once(async { Err::<Bytes, io::Error>(io::Error::other("emulator stopped")) });
-    Response::new(Body::from_stream(failure))
+    let mut response = Response::new(Body::from_stream(failure));
+    response.extensions_mut().insert(NoHead);
+    response
 }
 
 /// Per-request behaviour chosen by `x-emu-*` headers.
@@ -117,17 +124,20 @@ struct Faults {
     chunk_delay_ms: Option<u64>,
     stream: StreamFaults,
     close_delimited: bool,
+    /// Drop the connection before any response byte.
+    reset: bool,
 }
 
 /// Makes a [`Stop`] from a header's delta count.
 type MakeStop = fn(u32) -> Stop;
 
 /// The headers that stop a stream early; a request may carry one of them.
-const STOPS: [(&str, MakeStop); 4] = [
+const STOPS: [(&str, MakeStop); 5] = [
     ("x-emu-cut-after", Stop::CutAfter),
     ("x-emu-cut-mid", Stop::CutMid),
     ("x-emu-end-mid", Stop::EndMid),
     ("x-emu-error-after", Stop::ErrorAfter),
+    ("x-emu-garbage-after", Stop::GarbageAfter),
 ];
 
 impl Faults {
@@ -147,7 +157,23 @@ impl Faults {
             chunk_delay_ms: control(headers, "x-emu-chunk-delay-ms", envelope)?,
             stream,
             close_delimited: flag(headers, "x-emu-close-delimited", envelope)?,
+            reset: flag(headers, "x-emu-reset", envelope)?,
         })
+    }
+
+    /// Adds an engine-wide fault (see `chaos`). Stream faults apply only where the request sets none of its own.
+    fn add(&mut self, fault: EngineFault) {
+        match fault {
+            EngineFault::SlowHeaders(delay) => {
+                let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                self.delay_ms = self.delay_ms.saturating_add(ms);
+            }
+            EngineFault::Reset => self.reset = true,
+            EngineFault::Garbage => {
+                self.stream.stop = self.stream.stop.or(Some(Stop::GarbageAfter(1)));
+            }
+            EngineFault::Cut => self.stream.stop = self.stream.stop.or(Some(Stop::CutMid(1))),
+        }
     }
 }
 
@@ -231,13 +257,31 @@ fn check_expectations(
     Ok(())
 }
 
-/// Serves one inference request, counted as in flight until its answer (or stream) ends.
+/// Serves one inference request, counted as in flight until its answer (or stream) ends, and records the attempt
+/// in the journal by its `x-request-id`, with the status of the head it sent (none for a dropped connection).
 async fn infer(shared: &Arc<Shared>, dialect: Dialect, headers: &HeaderMap, body: &[u8]) -> Response {
+    let arrived = Instant::now();
     let guard = InflightGuard::enter(shared);
-    match answer(shared, dialect, headers, body, guard).await {
+    let response = match answer(shared, dialect, headers, body, guard).await {
         Ok(response) => response,
         Err(refusal) => refusal.into_response(),
+    };
+    if let Some(id) = text_header(headers, "x-request-id") {
+        let head = match response.extensions().get::<NoHead>() {
+            Some(NoHead) => None,
+            None => Some(response.status().as_u16()),
+        };
+        shared.journal.record(id, &shared.opts.name, arrived, head);
     }
+    response
+}
+
+/// The engine-wide fault of this request, if the engine has a fault plan and the request an id.
+fn engine_fault(shared: &Shared, headers: &HeaderMap) -> Option<EngineFault> {
+    let plan = shared.opts.faults.as_ref()?;
+    let id = text_header(headers, "x-request-id")?;
+    let name = &shared.opts.name;
+    plan.pick(name, id, shared.journal.seen(name, id))
 }
 
 /// The answer to one inference request; `Err` is the error it ends with.
@@ -249,14 +293,21 @@ async fn answer(
     mut guard: InflightGuard,
 ) -> Result<Response, Refusal> {
     let envelope = dialect.envelope();
-    let faults = Faults::from_headers(headers, envelope)?;
+    let mut faults = Faults::from_headers(headers, envelope)?;
+    if let Some(fault) = engine_fault(shared, headers) {
+        faults.add(fault);
+    }
+    if faults.reset {
+        return Ok(aborted_response());
+    }
     if !pause(&shared.stopped, Duration::from_millis(faults.delay_ms)).await {
         return Ok(aborted_response());
     }
     let request: Value = serde_json::from_slice(body)
         .map_err(|err| Refusal::error(envelope, 400, &format!("request body is not valid JSON: {err}")))?;
     check_expectations(shared, headers, &request, envelope)?;
-    if let Some(status) = faults.status.or_else(|| shared.fault_status()) {
+    let engine_status = || shared.fault_status().or_else(|| shared.burst_status());
+    if let Some(status) = faults.status.or_else(engine_status) {
         let message = format!("emulated failure with status {status}");
         return Err(Refusal::error(envelope, status, &message));
     }

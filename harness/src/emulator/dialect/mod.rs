@@ -26,6 +26,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 pub use engine::{health_body, models_body, props_body};
+#[cfg(test)]
+pub use plan::GARBAGE;
 pub use plan::{stream_plan, End, Frame, LineEnding, Stop, StreamFaults, StreamPlan};
 use prompt::{conversation_text, prompt_parts};
 use stream::with_fields;

@@ -22,12 +22,20 @@ pub enum Stop {
     EndMid(u32),
     /// N deltas, the dialect's error event, then a clean end without the terminal event.
     ErrorAfter(u32),
+    /// N deltas, then [`GARBAGE`] (bytes that are no SSE event an API knows), then a clean end without the
+    /// terminal event: an engine that lost its mind mid-answer.
+    GarbageAfter(u32),
 }
+
+/// What a garbage stream sends after its deltas: a `data:` line that is not JSON, a line with control bytes and
+/// invalid UTF-8, and a field no SSE reader knows, each ending its event.
+pub const GARBAGE: &[u8] =
+    b"data: {\"choices\": [{\"delta\": tok\n\n\x00\x01\xff\xfe garbage \x7f\n\nbogus-field: 42\n\n";
 
 impl Stop {
     fn deltas(self) -> u32 {
         match self {
-            Stop::CutAfter(n) | Stop::CutMid(n) | Stop::EndMid(n) | Stop::ErrorAfter(n) => n,
+            Stop::CutAfter(n) | Stop::CutMid(n) | Stop::EndMid(n) | Stop::ErrorAfter(n) | Stop::GarbageAfter(n) => n,
         }
     }
 }
@@ -184,6 +192,7 @@ pub fn stream_plan(events: &dyn EventStream, answer: &Answer, faults: &StreamFau
         match stop {
             Stop::CutAfter(_) => end = End::Abort,
             Stop::ErrorAfter(_) => frames.push(Frame::now(ending.apply(events.error(answer, deltas)))),
+            Stop::GarbageAfter(_) => frames.push(Frame::now(Bytes::from_static(GARBAGE))),
             Stop::CutMid(_) | Stop::EndMid(_) => {
                 frames.extend(rest.next().map(Frame::first_half));
                 if matches!(stop, Stop::CutMid(_)) {

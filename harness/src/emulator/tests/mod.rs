@@ -3,6 +3,7 @@
 //! and `faults`, close-delimited framing in `close_delimited`, the usage chunk in `usage`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod chaos;
 mod close_delimited;
 mod dialects;
 mod faults;
