@@ -7,6 +7,7 @@ pub mod certs;
 pub mod demo;
 pub mod emulator;
 pub mod envoy;
+pub mod etcd;
 pub mod fleet;
 pub mod gguf;
 pub mod llama;
