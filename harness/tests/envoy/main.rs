@@ -12,6 +12,7 @@ mod credentials;
 mod deployments;
 mod discovery;
 mod edge;
+mod etcd_discovery;
 mod failure;
 mod fleet_check;
 mod placement;
