@@ -60,7 +60,10 @@ $(VENV)/.sdk-clients: | $(PYTHON)
 # DEMO_ENGINE=emulator needs no llama-server, so it does not build one.
 DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
 
-demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
+# DEMO_DISCOVERY=etcd registers the engines in a local etcd, so it needs etcd.
+DEMO_ETCD := $(if $(filter etcd,$(DEMO_DISCOVERY)),etcd,)
+
+demo: build cli envoy $(DEMO_ENGINES) $(DEMO_ETCD) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; DEMO_DISCOVERY=etcd: found through a local etcd; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
 test: build cli envoy etcd sdk-clients engines lint docs-check unit validate-configs e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
