@@ -65,7 +65,9 @@ pub fn membership(prefix: &str, kvs: &[Kv]) -> Membership {
         };
         match host(addr, &kv.value) {
             Ok(h) if m.hosts.len() < MAX_HOSTS => m.hosts.push(h),
-            Ok(_) => m.rejected.push((kv.key.clone(), format!("more than {MAX_HOSTS} hosts"))),
+            Ok(_) => m
+                .rejected
+                .push((kv.key.clone(), format!("more than {MAX_HOSTS} hosts"))),
             Err(why) => m.rejected.push((kv.key.clone(), why)),
         }
     }
@@ -239,7 +241,10 @@ fn follow(name: &str, source: &EtcdSource, path: &Path, stats: &Stats, stats_pat
                 eprintln!("llmroute discover: {name}: left out {key}: {why}");
             }
             if range.more {
-                eprintln!("llmroute discover: {name}: more than {} keys under {dir}; the rest are ignored", crate::etcd::RANGE_LIMIT);
+                eprintln!(
+                    "llmroute discover: {name}: more than {} keys under {dir}; the rest are ignored",
+                    crate::etcd::RANGE_LIMIT
+                );
             }
             let rejected = m.rejected.len() as u64;
             if last.as_ref() != Some(&m.hosts) {
@@ -281,8 +286,7 @@ fn follow(name: &str, source: &EtcdSource, path: &Path, stats: &Stats, stats_pat
 /// Writes the new membership and logs the difference.
 fn apply(name: &str, path: &Path, old: Option<&[Host]>, new: &[Host]) -> Result<(), crate::etcd::EtcdError> {
     let text = eds_document(name, new).to_string();
-    write_atomically(path, &text)
-        .map_err(|e| crate::etcd::EtcdError(format!("writing {}: {e}", path.display())))?;
+    write_atomically(path, &text).map_err(|e| crate::etcd::EtcdError(format!("writing {}: {e}", path.display())))?;
     let addr = |h: &Host| format!("{}:{}", h.ip, h.port);
     let old: Vec<String> = old.unwrap_or_default().iter().map(addr).collect();
     let now: Vec<String> = new.iter().map(addr).collect();
@@ -313,7 +317,10 @@ mod tests {
         let m = membership(
             "/p",
             &[
-                kv("/p/10.0.0.2:8080", r#"{"slots": 4, "model": "qwen", "zone": "a", "owner": "x"}"#),
+                kv(
+                    "/p/10.0.0.2:8080",
+                    r#"{"slots": 4, "model": "qwen", "zone": "a", "owner": "x"}"#,
+                ),
                 kv("/p/10.0.0.1:8080", ""),
                 kv("/p/[::1]:9000", r#"{"weight": 3, "slots": 8}"#),
             ],
@@ -369,6 +376,10 @@ mod tests {
         write_atomically(&path, "one").unwrap();
         write_atomically(&path, "two").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
     }
 }

@@ -174,7 +174,8 @@ impl Client {
 
     /// Ends the lease: every key attached to it goes at once.
     pub fn revoke(&mut self, id: i64) -> Result<(), EtcdError> {
-        self.json("/v3/lease/revoke", &json!({ "ID": id.to_string() })).map(drop)
+        self.json("/v3/lease/revoke", &json!({ "ID": id.to_string() }))
+            .map(drop)
     }
 
     /// Watches `prefix` from `start_revision` until something changes, the stream stays idle, or it fails.

@@ -153,7 +153,9 @@ pub fn check(reg: &Registration) -> Result<(), String> {
     }
     for e in &reg.etcd {
         if !e.starts_with("http://") {
-            return Err(format!("--etcd {e:?}: must be an http:// URL (TLS to etcd is not supported)"));
+            return Err(format!(
+                "--etcd {e:?}: must be an http:// URL (TLS to etcd is not supported)"
+            ));
         }
     }
     let prefix_ok = reg.prefix.starts_with('/') && !reg.prefix.ends_with('/') && reg.prefix.len() >= 2;
@@ -165,10 +167,18 @@ pub fn check(reg: &Registration) -> Result<(), String> {
     }
     match llmroute_core::config::parse_endpoint(&reg.addr) {
         Ok(ep) if ep.is_ip => {}
-        _ => return Err(format!("--addr {:?}: must be the engine's IP:PORT, as Envoy reaches it", reg.addr)),
+        _ => {
+            return Err(format!(
+                "--addr {:?}: must be the engine's IP:PORT, as Envoy reaches it",
+                reg.addr
+            ))
+        }
     }
     if !reg.health.starts_with("http://") {
-        return Err(format!("--health {:?}: must be an http:// URL, such as http://{}/health", reg.health, reg.addr));
+        return Err(format!(
+            "--health {:?}: must be an http:// URL, such as http://{}/health",
+            reg.health, reg.addr
+        ));
     }
     if !(1..=3600).contains(&reg.ttl_s) {
         return Err(format!("--ttl {}: must be 1 to 3600 seconds", reg.ttl_s));
@@ -182,7 +192,9 @@ pub fn check(reg: &Registration) -> Result<(), String> {
     }
     let meta = reg.metadata.trim();
     if !meta.is_empty() && !matches!(serde_json::from_str(meta), Ok(serde_json::Value::Object(_))) {
-        return Err(format!("--metadata {meta:?}: must be a JSON object, such as '{{\"slots\": 4}}'"));
+        return Err(format!(
+            "--metadata {meta:?}: must be a JSON object, such as '{{\"slots\": 4}}'"
+        ));
     }
     Ok(())
 }

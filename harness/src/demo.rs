@@ -88,7 +88,11 @@ pub async fn run(engine: &str, discovery: &str) -> Result<(), String> {
     let _etcd = match discovery {
         "" | "static" => None,
         "etcd" => Some(EtcdDemo::start(&cfg, &mut doc).await?),
-        other => return Err(format!("DEMO_DISCOVERY={other}: expected etcd, or nothing for the listed endpoints")),
+        other => {
+            return Err(format!(
+                "DEMO_DISCOVERY={other}: expected etcd, or nothing for the listed endpoints"
+            ))
+        }
     };
     let opts = EnvoyOptions {
         fixed_ports: true,
@@ -137,7 +141,17 @@ impl EtcdDemo {
         for e in &backend.endpoints {
             let addr = e.to_string();
             let health = format!("http://{addr}/health");
-            let args = ["register", "--etcd", &etcd.url(), "--prefix", &prefix, "--addr", &addr, "--health", &health];
+            let args = [
+                "register",
+                "--etcd",
+                &etcd.url(),
+                "--prefix",
+                &prefix,
+                "--addr",
+                &addr,
+                "--health",
+                &health,
+            ];
             registers.push(CliProcess::start(&args)?);
             println!("register {addr} under {prefix}/ while {health} answers");
         }
@@ -155,18 +169,27 @@ impl EtcdDemo {
         std::fs::write(&config, doc.to_string()).map_err(|e| e.to_string())?;
         let config_arg = config.display().to_string();
         let discover = CliProcess::start(&["discover", &config_arg])?;
-        println!("discover writes {} (log {})", eds.display(), discover.log_path().display());
+        println!(
+            "discover writes {} (log {})",
+            eds.display(),
+            discover.log_path().display()
+        );
         let want = backend.endpoints.len();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let text = std::fs::read_to_string(&eds).unwrap_or_default();
             let v: Value = serde_json::from_str(&text).unwrap_or_default();
-            let n = v["resources"][0]["endpoints"][0]["lb_endpoints"].as_array().map_or(0, Vec::len);
+            let n = v["resources"][0]["endpoints"][0]["lb_endpoints"]
+                .as_array()
+                .map_or(0, Vec::len);
             if n == want {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("discover found {n} of {want} engines in etcd within 20 s:\n{}", discover.log()));
+                return Err(format!(
+                    "discover found {n} of {want} engines in etcd within 20 s:\n{}",
+                    discover.log()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

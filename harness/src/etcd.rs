@@ -155,9 +155,7 @@ impl Drop for Etcd {
 
 fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// The `llmroute` CLI (`make cli`), or `LLMROUTE_CLI` when set.
@@ -224,7 +222,11 @@ impl Drop for CliProcess {
     fn drop(&mut self) {
         self.stop();
         if std::thread::panicking() {
-            eprintln!("----- llmroute {} log -----\n{}\n----- end -----", self.name, self.log());
+            eprintln!(
+                "----- llmroute {} log -----\n{}\n----- end -----",
+                self.name,
+                self.log()
+            );
         }
     }
 }

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use llmroute_envoy::discover;
 use llmroute_envoy::register::{self, Registration};
 use llmroute_envoy::render::{bootstrap_yaml, ecds, target, RenderOptions};
-use llmroute_envoy::discover;
 
 #[derive(Parser)]
 #[command(

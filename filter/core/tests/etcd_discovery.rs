@@ -56,9 +56,21 @@ fn etcd_needs_the_eds_file_it_fills() {
 fn bad_endpoints_and_prefixes_are_named() {
     let cases: &[(Value, &str, &str)] = &[
         (json!([]), "backends[0].discovery.etcd.endpoints", "needs 1 to 16"),
-        (json!(["https://10.0.0.1:2379"]), "backends[0].discovery.etcd.endpoints[0]", "TLS to etcd"),
-        (json!(["10.0.0.1"]), "backends[0].discovery.etcd.endpoints[0]", "HOST:PORT"),
-        (json!(["10.0.0.1:0"]), "backends[0].discovery.etcd.endpoints[0]", "HOST:PORT"),
+        (
+            json!(["https://10.0.0.1:2379"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "TLS to etcd",
+        ),
+        (
+            json!(["10.0.0.1"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "HOST:PORT",
+        ),
+        (
+            json!(["10.0.0.1:0"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "HOST:PORT",
+        ),
     ];
     for (endpoints, field, reason) in cases {
         let errs = errors(&doc(json!({
@@ -79,8 +91,15 @@ fn bad_endpoints_and_prefixes_are_named() {
         assert_eq!(errs[0].field, "backends[0].discovery.etcd.prefix", "{prefix:?}");
     }
     let long = format!("/{}", "a".repeat(EtcdSource::MAX_PREFIX));
-    let errs = errors(&doc(json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": long}})));
+    let errs = errors(&doc(
+        json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": long}}),
+    ));
     assert_eq!(errs[0].field, "backends[0].discovery.etcd.prefix");
-    let unknown = errors(&doc(json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p", "ttl": 5}})));
-    assert!(unknown[0].reason.contains("ttl") || unknown[0].value.contains("ttl"), "{unknown:?}");
+    let unknown = errors(&doc(
+        json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p", "ttl": 5}}),
+    ));
+    assert!(
+        unknown[0].reason.contains("ttl") || unknown[0].value.contains("ttl"),
+        "{unknown:?}"
+    );
 }

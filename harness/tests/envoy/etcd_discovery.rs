@@ -60,8 +60,13 @@ async fn setup(initial: usize) -> Setup {
     let addrs = fleet.endpoints();
     let lease = etcd.grant(60).unwrap();
     for a in &addrs[..initial] {
-        etcd.ctl(&["put", &format!("--lease={lease}"), &format!("{PREFIX}/{a}"), r#"{"slots": 2}"#])
-            .unwrap();
+        etcd.ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{a}"),
+            r#"{"slots": 2}"#,
+        ])
+        .unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
     let eds = dir.path().join("llama-etcd.eds.json");
@@ -76,7 +81,11 @@ async fn setup(initial: usize) -> Setup {
     ])
     .unwrap();
     let written = wait_for(Duration::from_secs(10), || async { eds_hosts(&eds).len() == initial }).await;
-    assert!(written.is_some(), "discover never wrote {initial} hosts:\n{}", discover.log());
+    assert!(
+        written.is_some(),
+        "discover never wrote {initial} hosts:\n{}",
+        discover.log()
+    );
     let envoy = Envoy::start(config(&etcd, &eds)).await.unwrap();
     wait_hosts(&envoy, initial as u64).await;
     Setup {
@@ -122,7 +131,11 @@ fn stats(path: &Path) -> Value {
 async fn backend_status(envoy: &Envoy) -> Value {
     let r = client().get(envoy.url("/llmroute/status")).send().await;
     match r {
-        Ok(r) => r.json::<Value>().await.map(|v| v["backends"][0].clone()).unwrap_or_default(),
+        Ok(r) => r
+            .json::<Value>()
+            .await
+            .map(|v| v["backends"][0].clone())
+            .unwrap_or_default(),
         Err(_) => Value::Null,
     }
 }
@@ -212,7 +225,11 @@ async fn finish(stop: &Arc<AtomicBool>, outcomes: &Outcomes, handles: Vec<JoinHa
     }
     let outcomes = outcomes.lock().unwrap();
     let failed: Vec<_> = outcomes.iter().filter(|(_, s)| *s != 200).collect();
-    assert!(outcomes.len() >= min, "the load was too light: {} requests", outcomes.len());
+    assert!(
+        outcomes.len() >= min,
+        "the load was too light: {} requests",
+        outcomes.len()
+    );
     assert!(
         failed.is_empty(),
         "{} of {} requests failed: {failed:?}",
@@ -239,7 +256,10 @@ async fn first_request_on(envoy: &Envoy, engine: &str, since: Instant, limit: Du
 async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load() {
     let s = setup(2).await;
     let addrs = s.fleet.endpoints();
-    let (e0, e2) = (s.fleet.engines[0].name().to_string(), s.fleet.engines[2].name().to_string());
+    let (e0, e2) = (
+        s.fleet.engines[0].name().to_string(),
+        s.fleet.engines[2].name().to_string(),
+    );
 
     // A third instance registers with plain etcdctl, its lease kept alive by `etcdctl lease keep-alive`.
     let lease = s.etcd.grant(2).unwrap();
@@ -252,7 +272,12 @@ async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load(
         .unwrap();
     let put = Instant::now();
     s.etcd
-        .ctl(&["put", &format!("--lease={lease}"), &format!("{PREFIX}/{}", addrs[2]), ""])
+        .ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{}", addrs[2]),
+            "",
+        ])
         .unwrap();
     let took = first_request_on(&s.envoy, &e2, put, Duration::from_secs(2)).await;
     assert!(
@@ -267,13 +292,21 @@ async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load(
     // Under load: the first instance's lease is revoked, then the third one's expires.
     let stop = Arc::new(AtomicBool::new(false));
     let (outcomes, handles) = load(&s.envoy, &stop, 4, 5000);
-    wait_for(Duration::from_secs(5), || async { outcomes.lock().unwrap().len() >= 20 }).await;
+    wait_for(Duration::from_secs(5), || async {
+        outcomes.lock().unwrap().len() >= 20
+    })
+    .await;
     let revoked = s.etcd.ctl(&["get", "--prefix", PREFIX, "--keys-only"]).unwrap();
     assert!(revoked.contains(&addrs[0]), "{revoked}");
     // The first two share one lease: move the second to its own lease first, so the revoke takes only the first.
     let own = s.etcd.grant(60).unwrap();
     s.etcd
-        .ctl(&["put", &format!("--lease={own}"), &format!("{PREFIX}/{}", addrs[1]), r#"{"slots": 2}"#])
+        .ctl(&[
+            "put",
+            &format!("--lease={own}"),
+            &format!("{PREFIX}/{}", addrs[1]),
+            r#"{"slots": 2}"#,
+        ])
         .unwrap();
     let shared = lease_of(&s.etcd, &format!("{PREFIX}/{}", addrs[0]));
     s.etcd.ctl(&["lease", "revoke", &shared]).unwrap();
@@ -283,19 +316,32 @@ async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load(
 
     let _ = keepalive.kill();
     let _ = keepalive.wait();
-    let expired = wait_for(Duration::from_secs(10), || async { eds_hosts(&s.eds) == [addrs[1].clone()] }).await;
-    assert!(expired.is_some(), "the expired lease's host stayed: {:?}", eds_hosts(&s.eds));
+    let expired = wait_for(Duration::from_secs(10), || async {
+        eds_hosts(&s.eds) == [addrs[1].clone()]
+    })
+    .await;
+    assert!(
+        expired.is_some(),
+        "the expired lease's host stayed: {:?}",
+        eds_hosts(&s.eds)
+    );
     wait_hosts(&s.envoy, 1).await;
     // More load after the expiry, all of it on the one host left.
     let after = outcomes.lock().unwrap().len();
-    let more = wait_for(Duration::from_secs(10), || async { outcomes.lock().unwrap().len() >= after + 40 }).await;
+    let more = wait_for(Duration::from_secs(10), || async {
+        outcomes.lock().unwrap().len() >= after + 40
+    })
+    .await;
     assert!(more.is_some(), "the load stopped early");
     {
         // A request in flight at a removal may still finish on the removed host; skip a few per worker.
         let o = outcomes.lock().unwrap();
         let late: Vec<_> = o[after + 8..].iter().filter(|(e, _)| *e == e0 || *e == e2).collect();
         assert!(late.is_empty(), "requests still reached a removed host: {late:?}");
-        assert!(!o[gone_at + 8..].iter().any(|(e, _)| *e == e0), "the revoked host still got traffic");
+        assert!(
+            !o[gone_at + 8..].iter().any(|(e, _)| *e == e0),
+            "the revoked host still got traffic"
+        );
     }
     finish(&stop, &outcomes, handles, 80).await;
     let st = stats(&s.stats);
@@ -324,13 +370,28 @@ async fn an_etcd_outage_changes_nothing_and_later_changes_flow_again() {
         stats(&s.stats)["connected"] == false && stats(&s.stats)["etcd_errors"].as_u64() >= Some(2)
     })
     .await;
-    assert!(noticed.is_some(), "discover never noticed etcd went away: {}", stats(&s.stats));
+    assert!(
+        noticed.is_some(),
+        "discover never noticed etcd went away: {}",
+        stats(&s.stats)
+    );
     // While etcd is down: the file, Envoy's hosts and the traffic stay as they were.
     let during = outcomes.lock().unwrap().len();
-    wait_for(Duration::from_secs(10), || async { outcomes.lock().unwrap().len() >= during + 40 }).await;
-    assert_eq!(std::fs::read_to_string(&s.eds).unwrap(), before, "the EDS file changed during the outage");
+    wait_for(Duration::from_secs(10), || async {
+        outcomes.lock().unwrap().len() >= during + 40
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&s.eds).unwrap(),
+        before,
+        "the EDS file changed during the outage"
+    );
     let b = backend_status(&s.envoy).await;
-    assert_eq!((b["total_hosts"].as_u64(), b["healthy_hosts"].as_u64()), (Some(2), Some(2)), "{b}");
+    assert_eq!(
+        (b["total_hosts"].as_u64(), b["healthy_hosts"].as_u64()),
+        (Some(2), Some(2)),
+        "{b}"
+    );
     assert!(s.discover.running(), "discover exited:\n{}", s.discover.log());
 
     // etcd comes back (same data): discover reconnects, and a new registration flows through.
@@ -339,15 +400,28 @@ async fn an_etcd_outage_changes_nothing_and_later_changes_flow_again() {
         stats(&s.stats)["connected"] == true && stats(&s.stats)["reconnects"].as_u64() >= Some(1)
     })
     .await;
-    assert!(back.is_some(), "discover never reconnected: {}\n{}", stats(&s.stats), s.discover.log());
+    assert!(
+        back.is_some(),
+        "discover never reconnected: {}\n{}",
+        stats(&s.stats),
+        s.discover.log()
+    );
     let lease = s.etcd.grant(60).unwrap();
     s.etcd
-        .ctl(&["put", &format!("--lease={lease}"), &format!("{PREFIX}/{}", addrs[2]), ""])
+        .ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{}", addrs[2]),
+            "",
+        ])
         .unwrap();
     wait_hosts(&s.envoy, 3).await;
     let e2 = s.fleet.engines[2].name().to_string();
     let reached = first_request_on(&s.envoy, &e2, Instant::now(), Duration::from_secs(5)).await;
-    assert!(reached.is_some(), "no request reached the instance registered after the outage");
+    assert!(
+        reached.is_some(),
+        "no request reached the instance registered after the outage"
+    );
     finish(&stop, &outcomes, handles, 60).await;
 }
 
@@ -364,8 +438,13 @@ async fn keys(etcd: &Etcd) -> Vec<(String, i64)> {
                 .map(|kv| {
                     let key = kv["key"].as_str().unwrap_or_default();
                     use base64::Engine;
-                    let key = base64::engine::general_purpose::STANDARD.decode(key).unwrap_or_default();
-                    (String::from_utf8_lossy(&key).into_owned(), kv["lease"].as_i64().unwrap_or(0))
+                    let key = base64::engine::general_purpose::STANDARD
+                        .decode(key)
+                        .unwrap_or_default();
+                    (
+                        String::from_utf8_lossy(&key).into_owned(),
+                        kv["lease"].as_i64().unwrap_or(0),
+                    )
                 })
                 .collect()
         })
@@ -407,7 +486,11 @@ async fn register_revokes_its_lease_when_the_health_url_fails() {
     // The health URL fails: the key goes long before the 30 s TTL could run out, so by revocation.
     fleet.engines[0].set_health_status(503);
     let gone = wait_for(Duration::from_secs(5), || async { keys(&etcd).await.is_empty() }).await;
-    assert!(gone.is_some(), "the key stayed after the health URL failed:\n{}", register.log());
+    assert!(
+        gone.is_some(),
+        "the key stayed after the health URL failed:\n{}",
+        register.log()
+    );
     assert!(gone.unwrap() < Duration::from_secs(3), "took {gone:?}");
     assert!(register.log().contains("revoked the lease"), "{}", register.log());
 

@@ -14,7 +14,9 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
-pub use raw::{RawAffinity, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawLimits, RawModel, RawRoute, RawTokens, RawUsage};
+pub use raw::{
+    RawAffinity, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawLimits, RawModel, RawRoute, RawTokens, RawUsage,
+};
 pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
 use crate::endpoint::ApiSet;
