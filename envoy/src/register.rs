@@ -218,7 +218,8 @@ mod tests {
     #[test]
     fn arguments_are_checked_with_the_flag_named() {
         assert_eq!(check(&reg()), Ok(()));
-        let cases: [(fn(&mut Registration), &str); 7] = [
+        type Change = fn(&mut Registration);
+        let cases: [(Change, &str); 7] = [
             (|r| r.etcd = vec!["https://x:1".into()], "--etcd"),
             (|r| r.prefix = "/a/".into(), "--prefix"),
             (|r| r.addr = "llama.local:8080".into(), "--addr"),

@@ -256,6 +256,17 @@ async fn first_request_on(envoy: &Envoy, engine: &str, since: Instant, limit: Du
 async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load() {
     let s = setup(2).await;
     let addrs = s.fleet.endpoints();
+    // The metadata's `slots` reaches Envoy as the host's weight.
+    let admin = reqwest::get(s.envoy.admin_url("/clusters"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        admin.contains(&format!("{BACKEND}::{}::weight::2", addrs[0])),
+        "{admin}"
+    );
     let (e0, e2) = (
         s.fleet.engines[0].name().to_string(),
         s.fleet.engines[2].name().to_string(),
