@@ -316,10 +316,10 @@ fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
         let bare = text.strip_prefix("http://").unwrap_or(text);
         match parse_endpoint(bare) {
             Ok(ep) => endpoints.push(format!("http://{ep}")),
-            Err(why) if text.starts_with("https://") => errs.push(
+            Err(_) if text.starts_with("https://") => errs.push(
                 format!("{at}.endpoints[{j}]"),
                 text,
-                format!("TLS to etcd is not supported ({why}); reach etcd over http:// on a trusted network"),
+                "TLS to etcd is not supported; reach etcd over http:// (or HOST:PORT) on a trusted network",
             ),
             Err(why) => errs.push(
                 format!("{at}.endpoints[{j}]"),
