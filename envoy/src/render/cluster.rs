@@ -180,6 +180,25 @@ mod discovery_tests {
     const DOC: &str = "version: 1\nbackends:\n  - name: 'outbound|8000||llama.ns.svc.cluster.local'\n    kind: llamacpp\n    discovery: { eds_path: /etc/llmroute/eds.yaml }\n  - name: external\n    kind: vllm\n    discovery: {}\n  - name: fixed\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\nmodels:\n  - name: m\n    routes: [{ backend: 'outbound|8000||llama.ns.svc.cluster.local' }, { backend: external, priority: 1 }]\n";
 
     #[test]
+    fn an_etcd_backend_is_an_eds_cluster_on_the_file_discover_writes() {
+        let doc = "version: 1\nbackends:\n  - name: llama-a\n    kind: llamacpp\n    discovery:\n      eds_path: /var/lib/llmroute/a.json\n      etcd: { endpoints: ['127.0.0.1:2379'], prefix: /llmroute/backends/llama-a }\nmodels:\n  - name: m\n    routes: [{ backend: llama-a }]\n";
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let c = &v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "llama-a")
+            .unwrap();
+        assert_eq!(c["type"], "EDS");
+        assert_eq!(
+            c["eds_cluster_config"]["eds_config"]["path_config_source"]["path"],
+            "/var/lib/llmroute/a.json"
+        );
+        assert!(c["health_checks"].is_array() && c["outlier_detection"].is_object());
+    }
+
+    #[test]
     fn an_eds_backend_is_an_eds_cluster_and_an_external_one_is_left_out() {
         let cfg = llmroute_core::load_config(DOC).unwrap();
         let v = bootstrap(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();

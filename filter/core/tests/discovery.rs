@@ -35,7 +35,13 @@ fn discovery_replaces_endpoints() {
     let cfg = load(&doc(json!({"name": "d", "kind": "llamacpp", "discovery": {}}))).unwrap();
     let b = &cfg.backends[0];
     assert!(b.discovered() && b.endpoints.is_empty());
-    assert_eq!(b.discovery, Some(Discovery { eds_path: None }));
+    assert_eq!(
+        b.discovery,
+        Some(Discovery {
+            eds_path: None,
+            etcd: None
+        })
+    );
     assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
 
     let cfg = load(&doc(

@@ -13,6 +13,7 @@ mod credentials;
 mod deployments;
 mod discovery;
 mod edge;
+mod etcd_discovery;
 mod failure;
 mod fleet_check;
 mod istio;

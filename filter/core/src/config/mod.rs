@@ -15,8 +15,8 @@ use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use raw::{
-    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawLimits, RawModel, RawRateLimits, RawRoute, RawTokens,
-    RawUsage,
+    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawLimits, RawModel, RawRateLimits, RawRoute,
+    RawTokens, RawUsage,
 };
 pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
 
@@ -148,6 +148,29 @@ impl LbPolicy {
 pub struct Discovery {
     /// The EDS file `llmroute render` points the cluster at; `None` when the cluster is defined elsewhere.
     pub eds_path: Option<String>,
+    /// Set when `llmroute discover` fills `eds_path` from etcd.
+    pub etcd: Option<EtcdSource>,
+}
+
+/// An etcd prefix holding a backend's instances, as `llmroute discover` and `llmroute register` use it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EtcdSource {
+    /// Base URLs, `http://HOST:PORT`, tried in order.
+    pub endpoints: Vec<String>,
+    /// Without a trailing `/`; an instance's key is `<prefix>/<IP:PORT>`.
+    pub prefix: String,
+}
+
+impl EtcdSource {
+    /// Most etcd endpoints one backend may list.
+    pub const MAX_ENDPOINTS: usize = 16;
+    /// Longest prefix, in bytes.
+    pub const MAX_PREFIX: usize = 256;
+
+    /// The key an instance at `addr` (`IP:PORT`) registers under.
+    pub fn key(&self, addr: &str) -> String {
+        format!("{}/{addr}", self.prefix)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -155,6 +155,22 @@ pub struct RawDiscovery {
     /// leaves the cluster out and it must come from elsewhere (CDS, Istio).
     #[serde(default)]
     pub eds_path: Option<String>,
+    /// The hosts are registered in etcd under `<prefix>/<IP:PORT>` with a lease; `llmroute discover` watches
+    /// the prefix and writes `eds_path`, which is then required.
+    #[serde(default)]
+    pub etcd: Option<RawEtcd>,
+}
+
+/// An etcd prefix that lists a backend's live instances.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEtcd {
+    /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, tried in order.
+    #[serde(default)]
+    pub endpoints: Option<Vec<String>>,
+    /// The key prefix: each instance registers as `<prefix>/<IP:PORT>`. Starts with `/`, no trailing `/`.
+    #[serde(default)]
+    pub prefix: Option<String>,
 }
 
 /// A model alias and its routes.

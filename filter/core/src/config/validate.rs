@@ -249,7 +249,7 @@ fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<
     let at = |f: &str| format!("backends[{i}].{f}");
     match (&b.endpoints, &b.discovery) {
         (Some(list), None) => (endpoints(errs, i, list), None),
-        (None, Some(d)) => (Vec::new(), Some(discovery(errs, &at("discovery.eds_path"), d))),
+        (None, Some(d)) => (Vec::new(), Some(discovery(errs, &at("discovery"), d))),
         (Some(list), Some(_)) => {
             errs.push(
                 at("endpoints"),
@@ -270,7 +270,8 @@ fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<
     }
 }
 
-fn discovery(errs: &mut Errors, field: &str, d: &RawDiscovery) -> Discovery {
+fn discovery(errs: &mut Errors, at: &str, d: &RawDiscovery) -> Discovery {
+    let field = format!("{at}.eds_path");
     if let Some(path) = &d.eds_path {
         let ok = (2..=PATH_MAX).contains(&path.len())
             && path.starts_with('/')
@@ -278,15 +279,75 @@ fn discovery(errs: &mut Errors, field: &str, d: &RawDiscovery) -> Discovery {
             && !path.chars().any(char::is_control);
         if !ok {
             errs.push(
-                field,
+                &field,
                 format!("{path:?}"),
                 format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
             );
         }
     }
+    let etcd = d.etcd.as_ref().map(|e| etcd(errs, &format!("{at}.etcd"), e));
+    if etcd.is_some() && d.eds_path.is_none() {
+        errs.push(
+            field,
+            "",
+            "missing: `llmroute discover` writes the hosts it finds in etcd to this file and the rendered cluster \
+             reads it; set an absolute path such as /var/lib/llmroute/<backend>.eds.json",
+        );
+    }
     Discovery {
         eds_path: d.eds_path.clone(),
+        etcd,
     }
+}
+
+/// The etcd source of a discovered backend: client addresses normalised to `http://HOST:PORT`, and a prefix
+/// that makes `<prefix>/<IP:PORT>` keys.
+fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
+    let list = e.endpoints.clone().unwrap_or_default();
+    if list.is_empty() || list.len() > EtcdSource::MAX_ENDPOINTS {
+        errs.push(
+            format!("{at}.endpoints"),
+            format!("{list:?}"),
+            format!(
+                "needs 1 to {} etcd client addresses, such as [\"127.0.0.1:2379\"]",
+                EtcdSource::MAX_ENDPOINTS
+            ),
+        );
+    }
+    let mut endpoints = Vec::new();
+    for (j, text) in list.iter().enumerate() {
+        let bare = text.strip_prefix("http://").unwrap_or(text);
+        match parse_endpoint(bare) {
+            Ok(ep) => endpoints.push(format!("http://{ep}")),
+            Err(_) if text.starts_with("https://") => errs.push(
+                format!("{at}.endpoints[{j}]"),
+                text,
+                "TLS to etcd is not supported; reach etcd over http:// (or HOST:PORT) on a trusted network",
+            ),
+            Err(why) => errs.push(
+                format!("{at}.endpoints[{j}]"),
+                text,
+                format!("{why}; write HOST:PORT or http://HOST:PORT"),
+            ),
+        }
+    }
+    let prefix = e.prefix.clone().unwrap_or_default();
+    let ok = (2..=EtcdSource::MAX_PREFIX).contains(&prefix.len())
+        && prefix.starts_with('/')
+        && !prefix.ends_with('/')
+        && !prefix.chars().any(|c| c.is_control() || c.is_whitespace());
+    if !ok {
+        errs.push(
+            format!("{at}.prefix"),
+            format!("{prefix:?}"),
+            format!(
+                "must start with `/`, not end with `/`, be at most {} bytes and hold no spaces or control \
+                 characters, such as /llmroute/backends/llama-a (instances register as <prefix>/<IP:PORT>)",
+                EtcdSource::MAX_PREFIX
+            ),
+        );
+    }
+    EtcdSource { endpoints, prefix }
 }
 
 fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {

@@ -1,0 +1,238 @@
+//! `llmroute register`: keeps an engine registered in etcd while its health URL answers.
+//!
+//! Every interval it asks the health URL (a 2xx within the interval is healthy). Healthy and not registered: it
+//! grants a lease of `ttl` seconds and puts `<prefix>/<IP:PORT>` with the metadata on it. Healthy and registered:
+//! it refreshes the lease. A failed health check revokes the lease, so the key goes at once and `discover`
+//! drops the host; a later passing check registers it again. When etcd cannot be reached the lease is not
+//! refreshed and expires after `ttl`, which takes the host out too: a registration never outlives its proof of
+//! life by more than `ttl`. The process holds no other state, so restarting it is safe; when it stops, its lease
+//! expires after `ttl` (revoke it with `etcdctl lease revoke` to drain at once).
+
+use std::time::{Duration, Instant};
+
+use crate::etcd::{Client, EtcdError};
+
+/// What `register` was told.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// etcd base URLs, `http://HOST:PORT`.
+    pub etcd: Vec<String>,
+    /// The key prefix, without a trailing `/`.
+    pub prefix: String,
+    /// The engine's `IP:PORT` as Envoy should reach it.
+    pub addr: String,
+    /// The engine's health URL (`http://`).
+    pub health: String,
+    /// The lease TTL, seconds.
+    pub ttl_s: u64,
+    /// The key's value: empty or a JSON object (`slots`, `weight`, `model`, `zone`).
+    pub metadata: String,
+    pub interval: Duration,
+}
+
+/// What one step did, for the log and for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Registered(i64),
+    Refreshed,
+    /// The engine failed its health check and the lease was revoked.
+    Dropped(String),
+    /// The engine is down and not registered.
+    StillDown,
+    /// etcd did not answer; the lease (if any) runs down meanwhile.
+    EtcdFailed(String),
+}
+
+pub struct Registrar {
+    reg: Registration,
+    client: Client,
+    health: ureq::Agent,
+    lease: Option<i64>,
+}
+
+impl Registrar {
+    pub fn new(reg: Registration) -> Self {
+        let timeout = reg.interval.clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let client = Client::new(reg.etcd.clone(), timeout, timeout);
+        let health = ureq::AgentBuilder::new().timeout(timeout).build();
+        Registrar {
+            reg,
+            client,
+            health,
+            lease: None,
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{}/{}", self.reg.prefix, self.reg.addr)
+    }
+
+    fn healthy(&self) -> Result<(), String> {
+        match self.health.get(&self.reg.health).call() {
+            Ok(r) if (200..300).contains(&r.status()) => Ok(()),
+            Ok(r) => Err(format!("health answered {}", r.status())),
+            Err(ureq::Error::Status(code, _)) => Err(format!("health answered {code}")),
+            Err(e) => Err(format!("health check failed: {e}")),
+        }
+    }
+
+    /// One round: check the engine, then register, refresh or drop.
+    pub fn step(&mut self) -> Step {
+        match (self.healthy(), self.lease) {
+            (Ok(()), None) => match self.register() {
+                Ok(id) => {
+                    self.lease = Some(id);
+                    Step::Registered(id)
+                }
+                Err(e) => Step::EtcdFailed(e.0),
+            },
+            (Ok(()), Some(id)) => match self.client.keepalive(id) {
+                Ok(ttl) if ttl > 0 => Step::Refreshed,
+                // The lease ran out (etcd unreachable for longer than the TTL): register again.
+                Ok(_) => {
+                    self.lease = None;
+                    match self.register() {
+                        Ok(id) => {
+                            self.lease = Some(id);
+                            Step::Registered(id)
+                        }
+                        Err(e) => Step::EtcdFailed(e.0),
+                    }
+                }
+                Err(e) => Step::EtcdFailed(e.0),
+            },
+            (Err(why), Some(id)) => match self.client.revoke(id) {
+                Ok(()) => {
+                    self.lease = None;
+                    Step::Dropped(why)
+                }
+                // Keep the id to try the revoke again; the lease is not refreshed, so it expires anyway.
+                Err(e) => Step::EtcdFailed(format!("{why}; revoking the lease: {}", e.0)),
+            },
+            (Err(_), None) => Step::StillDown,
+        }
+    }
+
+    fn register(&mut self) -> Result<i64, EtcdError> {
+        let id = self.client.grant(self.reg.ttl_s)?;
+        let key = self.key();
+        if let Err(e) = self.client.put(&key, &self.reg.metadata, id) {
+            let _ = self.client.revoke(id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Runs forever, logging each change of state.
+    pub fn run(mut self) -> ! {
+        let key = self.key();
+        let mut last = String::new();
+        loop {
+            let started = Instant::now();
+            let step = self.step();
+            let line = match &step {
+                Step::Registered(id) => format!("registered {key} with lease {id:x} (ttl {}s)", self.reg.ttl_s),
+                Step::Refreshed => "refreshing".into(),
+                Step::Dropped(why) => format!("{why}: revoked the lease; {key} is gone"),
+                Step::StillDown => "engine still down; not registered".into(),
+                Step::EtcdFailed(e) => format!("etcd: {e}"),
+            };
+            if line != last {
+                eprintln!("llmroute register: {line}");
+                last = line;
+            }
+            std::thread::sleep(self.reg.interval.saturating_sub(started.elapsed()));
+        }
+    }
+}
+
+/// Checks the arguments; the error names the flag, the value and the fix.
+pub fn check(reg: &Registration) -> Result<(), String> {
+    if reg.etcd.is_empty() {
+        return Err("--etcd: missing: give etcd's client URL, such as http://127.0.0.1:2379".into());
+    }
+    for e in &reg.etcd {
+        if !e.starts_with("http://") {
+            return Err(format!(
+                "--etcd {e:?}: must be an http:// URL (TLS to etcd is not supported)"
+            ));
+        }
+    }
+    let prefix_ok = reg.prefix.starts_with('/') && !reg.prefix.ends_with('/') && reg.prefix.len() >= 2;
+    if !prefix_ok || reg.prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "--prefix {:?}: must start with `/` and not end with `/`, as in the backend's discovery.etcd.prefix",
+            reg.prefix
+        ));
+    }
+    match llmroute_core::config::parse_endpoint(&reg.addr) {
+        Ok(ep) if ep.is_ip => {}
+        _ => {
+            return Err(format!(
+                "--addr {:?}: must be the engine's IP:PORT, as Envoy reaches it",
+                reg.addr
+            ))
+        }
+    }
+    if !reg.health.starts_with("http://") {
+        return Err(format!(
+            "--health {:?}: must be an http:// URL, such as http://{}/health",
+            reg.health, reg.addr
+        ));
+    }
+    if !(1..=3600).contains(&reg.ttl_s) {
+        return Err(format!("--ttl {}: must be 1 to 3600 seconds", reg.ttl_s));
+    }
+    if reg.interval.as_secs() >= reg.ttl_s {
+        return Err(format!(
+            "--interval-ms {}: must be shorter than --ttl ({}s), or the lease expires between refreshes",
+            reg.interval.as_millis(),
+            reg.ttl_s
+        ));
+    }
+    let meta = reg.metadata.trim();
+    if !meta.is_empty() && !matches!(serde_json::from_str(meta), Ok(serde_json::Value::Object(_))) {
+        return Err(format!(
+            "--metadata {meta:?}: must be a JSON object, such as '{{\"slots\": 4}}'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg() -> Registration {
+        Registration {
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/llmroute/backends/a".into(),
+            addr: "127.0.0.1:8080".into(),
+            health: "http://127.0.0.1:8080/health".into(),
+            ttl_s: 5,
+            metadata: String::new(),
+            interval: Duration::from_millis(500),
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_with_the_flag_named() {
+        assert_eq!(check(&reg()), Ok(()));
+        type Change = fn(&mut Registration);
+        let cases: [(Change, &str); 7] = [
+            (|r| r.etcd = vec!["https://x:1".into()], "--etcd"),
+            (|r| r.prefix = "/a/".into(), "--prefix"),
+            (|r| r.addr = "llama.local:8080".into(), "--addr"),
+            (|r| r.health = "localhost/health".into(), "--health"),
+            (|r| r.ttl_s = 0, "--ttl"),
+            (|r| r.interval = Duration::from_secs(5), "--interval-ms"),
+            (|r| r.metadata = "[1]".into(), "--metadata"),
+        ];
+        for (change, flag) in cases {
+            let mut r = reg();
+            change(&mut r);
+            let err = check(&r).unwrap_err();
+            assert!(err.starts_with(flag), "{flag}: {err}");
+        }
+    }
+}

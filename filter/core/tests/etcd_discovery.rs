@@ -1,0 +1,105 @@
+//! Backends whose hosts `llmroute discover` reads from etcd: `discovery: { eds_path, etcd: { endpoints, prefix } }`,
+//! its normalisation and its refusals.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use llmroute_core::config::EtcdSource;
+use llmroute_core::{load_config, ConfigError, ConfigErrors};
+use serde_json::{json, Value};
+
+fn doc(discovery: Value) -> Value {
+    json!({
+        "version": 1,
+        "backends": [{"name": "llama-a", "kind": "llamacpp", "discovery": discovery}],
+        "models": [{"name": "m", "routes": [{"backend": "llama-a"}]}],
+    })
+}
+
+fn errors(v: &Value) -> Vec<ConfigError> {
+    match load_config(&v.to_string()) {
+        Ok(_) => panic!("should be refused: {v:#}"),
+        Err(ConfigErrors(list)) => list,
+    }
+}
+
+#[test]
+fn an_etcd_source_is_normalised() {
+    let cfg = load_config(
+        &doc(json!({
+            "eds_path": "/var/lib/llmroute/a.eds.json",
+            "etcd": {"endpoints": ["127.0.0.1:2379", "http://etcd.local:2379"], "prefix": "/llmroute/backends/llama-a"},
+        }))
+        .to_string(),
+    )
+    .unwrap();
+    let d = cfg.backends[0].discovery.clone().unwrap();
+    assert_eq!(d.eds_path.as_deref(), Some("/var/lib/llmroute/a.eds.json"));
+    let etcd = d.etcd.unwrap();
+    assert_eq!(
+        etcd,
+        EtcdSource {
+            endpoints: vec!["http://127.0.0.1:2379".into(), "http://etcd.local:2379".into()],
+            prefix: "/llmroute/backends/llama-a".into(),
+        }
+    );
+    assert_eq!(etcd.key("10.0.0.5:8080"), "/llmroute/backends/llama-a/10.0.0.5:8080");
+}
+
+#[test]
+fn etcd_needs_the_eds_file_it_fills() {
+    let errs = errors(&doc(json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p"}})));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].field, "backends[0].discovery.eds_path");
+    assert!(errs[0].reason.contains("llmroute discover"), "{}", errs[0].reason);
+}
+
+#[test]
+fn bad_endpoints_and_prefixes_are_named() {
+    let cases: &[(Value, &str, &str)] = &[
+        (json!([]), "backends[0].discovery.etcd.endpoints", "needs 1 to 16"),
+        (
+            json!(["https://10.0.0.1:2379"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "TLS to etcd",
+        ),
+        (
+            json!(["10.0.0.1"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "HOST:PORT",
+        ),
+        (
+            json!(["10.0.0.1:0"]),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "HOST:PORT",
+        ),
+    ];
+    for (endpoints, field, reason) in cases {
+        let errs = errors(&doc(json!({
+            "eds_path": "/e.json",
+            "etcd": {"endpoints": endpoints, "prefix": "/p"},
+        })));
+        assert!(
+            errs.iter().any(|e| e.field == *field && e.reason.contains(reason)),
+            "{endpoints}: {errs:?}"
+        );
+    }
+    for prefix in ["", "/", "p", "/p/", "/a b", "/a\nb"] {
+        let errs = errors(&doc(json!({
+            "eds_path": "/e.json",
+            "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": prefix},
+        })));
+        assert_eq!(errs.len(), 1, "{prefix:?}: {errs:?}");
+        assert_eq!(errs[0].field, "backends[0].discovery.etcd.prefix", "{prefix:?}");
+    }
+    let long = format!("/{}", "a".repeat(EtcdSource::MAX_PREFIX));
+    let errs = errors(&doc(
+        json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": long}}),
+    ));
+    assert_eq!(errs[0].field, "backends[0].discovery.etcd.prefix");
+    let unknown = errors(&doc(
+        json!({"eds_path": "/e.json", "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p", "ttl": 5}}),
+    ));
+    assert!(
+        unknown[0].reason.contains("ttl") || unknown[0].value.contains("ttl"),
+        "{unknown:?}"
+    );
+}

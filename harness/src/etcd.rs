@@ -1,0 +1,232 @@
+//! A real single-member etcd for tests and the demo (Debian `etcd-server`, `make etcd`), on random loopback
+//! ports, its data in a temporary directory, killed on drop. [`Etcd::stop`] and [`Etcd::restart`] keep the data
+//! and the ports, so a test can take etcd away and bring it back. Also: the `llmroute` CLI's long-running
+//! subcommands (`discover`, `register`) as child processes killed on drop, with their logs kept.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::envoy::{random_ports, repo_root};
+
+pub struct Etcd {
+    child: Option<Child>,
+    client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    runs: u32,
+}
+
+impl Etcd {
+    /// Starts etcd on random ports and waits until `/health` answers.
+    pub async fn start() -> Result<Etcd, String> {
+        let mut last = String::new();
+        for attempt in 0..5 {
+            // Different ports from an Envoy started at the same moment: offset the attempt.
+            let (client_port, peer_port) = random_ports(attempt + 100);
+            let mut etcd = Etcd {
+                child: None,
+                client_port,
+                peer_port,
+                dir: tempfile::tempdir().map_err(|e| e.to_string())?,
+                runs: 0,
+            };
+            match etcd.spawn_and_wait().await {
+                Ok(()) => return Ok(etcd),
+                Err(log) => last = log,
+            }
+        }
+        Err(format!("etcd did not start after 5 attempts:\n{last}"))
+    }
+
+    /// `http://127.0.0.1:PORT`, etcd's client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("etcd-{}.log", self.runs))
+    }
+
+    /// Every run's log so far.
+    pub fn log(&self) -> String {
+        (1..=self.runs)
+            .map(|r| std::fs::read_to_string(self.dir.path().join(format!("etcd-{r}.log"))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n----- etcd restarted -----\n")
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path()).map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new(bin)
+            .args(["--name", "llmroute-test"])
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("llmroute-test={peer}")])
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("starting etcd: {e}"))?;
+        self.child = Some(child);
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(format!("etcd exited with {status}:\n{}", self.log()));
+            }
+            if let Ok(r) = http.get(format!("{client}/health")).send().await {
+                if r.text().await.is_ok_and(|t| t.contains("\"true\"")) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                self.stop();
+                return Err(format!("etcd was not healthy within 20 s:\n{}", self.log()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills etcd; its data and ports are kept for [`Etcd::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data.
+    pub async fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        self.spawn_and_wait().await
+    }
+
+    /// `etcdctl` (API v3) pointed at this etcd; the caller adds the arguments.
+    pub fn etcdctl(&self) -> Command {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3").args(["--endpoints", &self.url()]);
+        c
+    }
+
+    /// Runs `etcdctl ARGS`; its standard output, or an error with its standard error.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .etcdctl()
+            .args(args)
+            .output()
+            .map_err(|e| format!("etcdctl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// `etcdctl lease grant TTL`: the lease id, in hex as etcdctl writes it.
+    pub fn grant(&self, ttl_s: u64) -> Result<String, String> {
+        let out = self.ctl(&["lease", "grant", &ttl_s.to_string()])?;
+        // "lease 694d77aa9e38260f granted with TTL(30s)"
+        out.split_whitespace()
+            .nth(1)
+            .map(str::to_string)
+            .ok_or_else(|| format!("unexpected etcdctl answer: {out}"))
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("----- etcd log -----\n{}\n----- end of etcd log -----", self.log());
+        }
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The `llmroute` CLI (`make cli`), or `LLMROUTE_CLI` when set.
+pub fn cli_binary() -> PathBuf {
+    std::env::var_os("LLMROUTE_CLI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/release/llmroute"))
+}
+
+/// A long-running `llmroute` subcommand, killed on drop; its log printed if the test fails.
+pub struct CliProcess {
+    child: Child,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+    name: String,
+}
+
+impl CliProcess {
+    /// Starts `llmroute ARGS` with its standard error going to a log file.
+    pub fn start(args: &[&str]) -> Result<CliProcess, String> {
+        let bin = cli_binary();
+        if !bin.exists() {
+            return Err(format!("{} is missing: run `make cli`", bin.display()));
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let log_path = dir.path().join("llmroute.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+        let child = Command::new(&bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+        Ok(CliProcess {
+            child,
+            log_path,
+            _dir: dir,
+            name: args.first().copied().unwrap_or("llmroute").to_string(),
+        })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The log path, for the demo to show.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+}
+
+impl Drop for CliProcess {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- llmroute {} log -----\n{}\n----- end -----",
+                self.name,
+                self.log()
+            );
+        }
+    }
+}

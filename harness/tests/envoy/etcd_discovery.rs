@@ -1,0 +1,515 @@
+//! Backends discovered through etcd (`discovery: { eds_path, etcd }`), with a real etcd, the real `llmroute
+//! discover` and `llmroute register` processes, and the real filter in Envoy: instances registered with plain
+//! `etcdctl` get traffic within 2 s; a revoked or an expired lease takes its host out with no failed request
+//! under load; while etcd is down nothing changes, and changes flow again once it is back; `register` revokes
+//! its lease as soon as the engine's health URL fails.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use llmroute_harness::envoy::Envoy;
+use llmroute_harness::etcd::{CliProcess, Etcd};
+use llmroute_harness::fleet::Fleet;
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+
+use crate::support::*;
+
+const BACKEND: &str = "llama-etcd";
+const PREFIX: &str = "/llmroute/backends/llama-etcd";
+
+fn config(etcd: &Etcd, eds: &Path) -> Value {
+    json!({
+        "version": 1,
+        "backends": [{
+            "name": BACKEND,
+            "kind": "llamacpp",
+            "discovery": {
+                "eds_path": eds.display().to_string(),
+                "etcd": {"endpoints": [etcd.url()], "prefix": PREFIX},
+            },
+            "lb": "chwbl",
+            "balance_factor": 150,
+            "health": {"interval_ms": 200, "timeout_ms": 150, "unhealthy": 2, "healthy": 1},
+        }],
+        "models": [{"name": ALIAS, "routes": [{"backend": BACKEND, "upstream_model": UPSTREAM}]}],
+        "affinity": {"placement": "bounded_keys"},
+        "retries": {"attempts": 2},
+        "debug_headers": true,
+    })
+}
+
+/// Everything a test runs: etcd, the engines, `discover`, Envoy. Dropped in reverse order.
+struct Setup {
+    envoy: Envoy,
+    discover: CliProcess,
+    fleet: Fleet,
+    etcd: Etcd,
+    stats: std::path::PathBuf,
+    eds: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts etcd and three engines, registers `initial` of them with `etcdctl` on a 60 s lease, then `discover`
+/// and Envoy, and waits until the filter sees them.
+async fn setup(initial: usize) -> Setup {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let addrs = fleet.endpoints();
+    let lease = etcd.grant(60).unwrap();
+    for a in &addrs[..initial] {
+        etcd.ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{a}"),
+            r#"{"slots": 2}"#,
+        ])
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("llama-etcd.eds.json");
+    let stats = dir.path().join("stats.json");
+    let cfg_path = dir.path().join("llmroute.json");
+    std::fs::write(&cfg_path, config(&etcd, &eds).to_string()).unwrap();
+    let discover = CliProcess::start(&[
+        "discover",
+        cfg_path.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ])
+    .unwrap();
+    let written = wait_for(Duration::from_secs(10), || async { eds_hosts(&eds).len() == initial }).await;
+    assert!(
+        written.is_some(),
+        "discover never wrote {initial} hosts:\n{}",
+        discover.log()
+    );
+    let envoy = Envoy::start(config(&etcd, &eds)).await.unwrap();
+    wait_hosts(&envoy, initial as u64).await;
+    Setup {
+        envoy,
+        discover,
+        fleet,
+        etcd,
+        stats,
+        eds,
+        _dir: dir,
+    }
+}
+
+/// The addresses in the EDS file `discover` wrote.
+fn eds_hosts(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let Ok(v) = serde_json::from_str::<Value>(&text) else {
+        return Vec::new();
+    };
+    v["resources"][0]["endpoints"][0]["lb_endpoints"]
+        .as_array()
+        .map(|eps| {
+            eps.iter()
+                .map(|e| {
+                    let s = &e["endpoint"]["address"]["socket_address"];
+                    format!("{}:{}", s["address"].as_str().unwrap_or(""), s["port_value"])
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn stats(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .map(|v| v[BACKEND].clone())
+        .unwrap_or_default()
+}
+
+async fn backend_status(envoy: &Envoy) -> Value {
+    let r = client().get(envoy.url("/llmroute/status")).send().await;
+    match r {
+        Ok(r) => r
+            .json::<Value>()
+            .await
+            .map(|v| v["backends"][0].clone())
+            .unwrap_or_default(),
+        Err(_) => Value::Null,
+    }
+}
+
+/// Waits until Envoy's admin lists exactly `n` hosts of the backend, all healthy.
+async fn wait_hosts(envoy: &Envoy, n: u64) {
+    let ok = wait_for(Duration::from_secs(15), || async {
+        let b = backend_status(envoy).await;
+        b["total_hosts"] == n && b["healthy_hosts"] == n
+    })
+    .await;
+    assert!(
+        ok.is_some(),
+        "Envoy never had {n} healthy hosts; last status: {:#}",
+        backend_status(envoy).await
+    );
+}
+
+/// One request for tenant `t`: (status, engine). A body cut mid-way reads as status 0.
+async fn send(c: &reqwest::Client, envoy: &Envoy, t: usize) -> (u16, String) {
+    let body = chat(Some(&format!("You are the assistant of etcd tenant {t}.")), "hi");
+    let Ok(resp) = c
+        .post(envoy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+    else {
+        return (0, String::new());
+    };
+    let engine = resp
+        .headers()
+        .get("x-emu-backend")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let status = resp.status().as_u16();
+    (if resp.bytes().await.is_ok() { status } else { 0 }, engine)
+}
+
+/// Steady load: `workers` loops of at most `cap` requests each, until `stop`. Returns every (engine, status).
+type Outcomes = Arc<Mutex<Vec<(String, u16)>>>;
+fn load(envoy: &Envoy, stop: &Arc<AtomicBool>, workers: usize, cap: usize) -> (Outcomes, Vec<JoinHandle<()>>) {
+    let outcomes: Outcomes = Arc::default();
+    let url = envoy.url("/v1/chat/completions");
+    let handles = (0..workers)
+        .map(|w| {
+            let (stop, outcomes, url) = (stop.clone(), outcomes.clone(), url.clone());
+            tokio::spawn(async move {
+                let c = client();
+                for i in 0..cap {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let body = chat(Some(&format!("load tenant {}", w * 100 + i % 7)), "hi");
+                    let r = c
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.to_string())
+                        .send()
+                        .await;
+                    let (engine, status) = match r {
+                        Ok(r) => {
+                            let e = r
+                                .headers()
+                                .get("x-emu-backend")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let s = r.status().as_u16();
+                            (e, if r.bytes().await.is_ok() { s } else { 0 })
+                        }
+                        Err(_) => (String::new(), 0),
+                    };
+                    outcomes.lock().unwrap().push((engine, status));
+                }
+            })
+        })
+        .collect();
+    (outcomes, handles)
+}
+
+async fn finish(stop: &Arc<AtomicBool>, outcomes: &Outcomes, handles: Vec<JoinHandle<()>>, min: usize) {
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.unwrap();
+    }
+    let outcomes = outcomes.lock().unwrap();
+    let failed: Vec<_> = outcomes.iter().filter(|(_, s)| *s != 200).collect();
+    assert!(
+        outcomes.len() >= min,
+        "the load was too light: {} requests",
+        outcomes.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        outcomes.len()
+    );
+}
+
+/// Sends requests for new tenants until one reaches `engine`; how long that took from `since`.
+async fn first_request_on(envoy: &Envoy, engine: &str, since: Instant, limit: Duration) -> Option<Duration> {
+    let c = client();
+    let mut t = 10_000;
+    while since.elapsed() < limit {
+        let (status, on) = send(&c, envoy, t).await;
+        if status == 200 && on == engine {
+            return Some(since.elapsed());
+        }
+        t += 1;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_instances_join_within_2s_and_leave_on_revoke_or_expiry_under_load() {
+    let s = setup(2).await;
+    let addrs = s.fleet.endpoints();
+    // The metadata's `slots` reaches Envoy as the host's weight.
+    let admin = reqwest::get(s.envoy.admin_url("/clusters"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        admin.contains(&format!("{BACKEND}::{}::weight::2", addrs[0])),
+        "{admin}"
+    );
+    let (e0, e2) = (
+        s.fleet.engines[0].name().to_string(),
+        s.fleet.engines[2].name().to_string(),
+    );
+
+    // A third instance registers with plain etcdctl, its lease kept alive by `etcdctl lease keep-alive`.
+    let lease = s.etcd.grant(2).unwrap();
+    let mut keepalive = s.etcd.etcdctl();
+    let mut keepalive = keepalive
+        .args(["lease", "keep-alive", &lease])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let put = Instant::now();
+    s.etcd
+        .ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{}", addrs[2]),
+            "",
+        ])
+        .unwrap();
+    let took = first_request_on(&s.envoy, &e2, put, Duration::from_secs(2)).await;
+    assert!(
+        took.is_some(),
+        "no request reached the new instance within 2 s; EDS file {:?}; status {:#}\ndiscover:\n{}",
+        eds_hosts(&s.eds),
+        backend_status(&s.envoy).await,
+        s.discover.log()
+    );
+    wait_hosts(&s.envoy, 3).await;
+
+    // Under load: the first instance's lease is revoked, then the third one's expires.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (outcomes, handles) = load(&s.envoy, &stop, 4, 5000);
+    wait_for(Duration::from_secs(5), || async {
+        outcomes.lock().unwrap().len() >= 20
+    })
+    .await;
+    let revoked = s.etcd.ctl(&["get", "--prefix", PREFIX, "--keys-only"]).unwrap();
+    assert!(revoked.contains(&addrs[0]), "{revoked}");
+    // The first two share one lease: move the second to its own lease first, so the revoke takes only the first.
+    let own = s.etcd.grant(60).unwrap();
+    s.etcd
+        .ctl(&[
+            "put",
+            &format!("--lease={own}"),
+            &format!("{PREFIX}/{}", addrs[1]),
+            r#"{"slots": 2}"#,
+        ])
+        .unwrap();
+    let shared = lease_of(&s.etcd, &format!("{PREFIX}/{}", addrs[0]));
+    s.etcd.ctl(&["lease", "revoke", &shared]).unwrap();
+    wait_hosts(&s.envoy, 2).await;
+    assert!(!eds_hosts(&s.eds).contains(&addrs[0]));
+    let gone_at = outcomes.lock().unwrap().len();
+
+    let _ = keepalive.kill();
+    let _ = keepalive.wait();
+    let expired = wait_for(Duration::from_secs(10), || async {
+        eds_hosts(&s.eds) == [addrs[1].clone()]
+    })
+    .await;
+    assert!(
+        expired.is_some(),
+        "the expired lease's host stayed: {:?}",
+        eds_hosts(&s.eds)
+    );
+    wait_hosts(&s.envoy, 1).await;
+    // More load after the expiry, all of it on the one host left.
+    let after = outcomes.lock().unwrap().len();
+    let more = wait_for(Duration::from_secs(10), || async {
+        outcomes.lock().unwrap().len() >= after + 40
+    })
+    .await;
+    assert!(more.is_some(), "the load stopped early");
+    {
+        // A request in flight at a removal may still finish on the removed host; skip a few per worker.
+        let o = outcomes.lock().unwrap();
+        let late: Vec<_> = o[after + 8..].iter().filter(|(e, _)| *e == e0 || *e == e2).collect();
+        assert!(late.is_empty(), "requests still reached a removed host: {late:?}");
+        assert!(
+            !o[gone_at + 8..].iter().any(|(e, _)| *e == e0),
+            "the revoked host still got traffic"
+        );
+    }
+    finish(&stop, &outcomes, handles, 80).await;
+    let st = stats(&s.stats);
+    assert_eq!(st["hosts"], 1, "{st}");
+    assert!(st["writes"].as_u64() >= Some(4), "{st}");
+}
+
+/// The lease id (hex, as etcdctl takes it) of `key`.
+fn lease_of(etcd: &Etcd, key: &str) -> String {
+    let out = etcd.ctl(&["get", key, "-w", "json"]).unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let id = v["kvs"][0]["lease"].as_i64().unwrap();
+    format!("{id:x}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_changes_nothing_and_later_changes_flow_again() {
+    let mut s = setup(2).await;
+    let addrs = s.fleet.endpoints();
+    let before = std::fs::read_to_string(&s.eds).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (outcomes, handles) = load(&s.envoy, &stop, 3, 5000);
+
+    s.etcd.stop();
+    let noticed = wait_for(Duration::from_secs(15), || async {
+        stats(&s.stats)["connected"] == false && stats(&s.stats)["etcd_errors"].as_u64() >= Some(2)
+    })
+    .await;
+    assert!(
+        noticed.is_some(),
+        "discover never noticed etcd went away: {}",
+        stats(&s.stats)
+    );
+    // While etcd is down: the file, Envoy's hosts and the traffic stay as they were.
+    let during = outcomes.lock().unwrap().len();
+    wait_for(Duration::from_secs(10), || async {
+        outcomes.lock().unwrap().len() >= during + 40
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&s.eds).unwrap(),
+        before,
+        "the EDS file changed during the outage"
+    );
+    let b = backend_status(&s.envoy).await;
+    assert_eq!(
+        (b["total_hosts"].as_u64(), b["healthy_hosts"].as_u64()),
+        (Some(2), Some(2)),
+        "{b}"
+    );
+    assert!(s.discover.running(), "discover exited:\n{}", s.discover.log());
+
+    // etcd comes back (same data): discover reconnects, and a new registration flows through.
+    s.etcd.restart().await.unwrap();
+    let back = wait_for(Duration::from_secs(15), || async {
+        stats(&s.stats)["connected"] == true && stats(&s.stats)["reconnects"].as_u64() >= Some(1)
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "discover never reconnected: {}\n{}",
+        stats(&s.stats),
+        s.discover.log()
+    );
+    let lease = s.etcd.grant(60).unwrap();
+    s.etcd
+        .ctl(&[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{PREFIX}/{}", addrs[2]),
+            "",
+        ])
+        .unwrap();
+    wait_hosts(&s.envoy, 3).await;
+    let e2 = s.fleet.engines[2].name().to_string();
+    let reached = first_request_on(&s.envoy, &e2, Instant::now(), Duration::from_secs(5)).await;
+    assert!(
+        reached.is_some(),
+        "no request reached the instance registered after the outage"
+    );
+    finish(&stop, &outcomes, handles, 60).await;
+}
+
+/// The keys under the prefix, with their lease (0 for none).
+async fn keys(etcd: &Etcd) -> Vec<(String, i64)> {
+    let Ok(out) = etcd.ctl(&["get", "--prefix", PREFIX, "-w", "json"]) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&out).unwrap_or_default();
+    v["kvs"]
+        .as_array()
+        .map(|kvs| {
+            kvs.iter()
+                .map(|kv| {
+                    let key = kv["key"].as_str().unwrap_or_default();
+                    use base64::Engine;
+                    let key = base64::engine::general_purpose::STANDARD
+                        .decode(key)
+                        .unwrap_or_default();
+                    (
+                        String::from_utf8_lossy(&key).into_owned(),
+                        kv["lease"].as_i64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_revokes_its_lease_when_the_health_url_fails() {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 1).await.unwrap();
+    let addr = fleet.endpoints()[0].clone();
+    let key = format!("{PREFIX}/{addr}");
+    let register = CliProcess::start(&[
+        "register",
+        "--etcd",
+        &etcd.url(),
+        "--prefix",
+        PREFIX,
+        "--addr",
+        &addr,
+        "--health",
+        &format!("http://{addr}/health"),
+        "--ttl",
+        "30",
+        "--interval-ms",
+        "200",
+        "--metadata",
+        r#"{"slots": 4, "zone": "rack-1"}"#,
+    ])
+    .unwrap();
+    let registered = wait_for(Duration::from_secs(10), || async {
+        keys(&etcd).await.iter().any(|(k, lease)| *k == key && *lease != 0)
+    })
+    .await;
+    assert!(registered.is_some(), "never registered:\n{}", register.log());
+    let value = etcd.ctl(&["get", &key, "--print-value-only"]).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(value.trim()).unwrap()["slots"], 4);
+
+    // The health URL fails: the key goes long before the 30 s TTL could run out, so by revocation.
+    fleet.engines[0].set_health_status(503);
+    let gone = wait_for(Duration::from_secs(5), || async { keys(&etcd).await.is_empty() }).await;
+    assert!(
+        gone.is_some(),
+        "the key stayed after the health URL failed:\n{}",
+        register.log()
+    );
+    assert!(gone.unwrap() < Duration::from_secs(3), "took {gone:?}");
+    assert!(register.log().contains("revoked the lease"), "{}", register.log());
+
+    // Healthy again: registered again, with a new lease.
+    fleet.engines[0].set_health_status(200);
+    let again = wait_for(Duration::from_secs(5), || async {
+        keys(&etcd).await.iter().any(|(k, lease)| *k == key && *lease != 0)
+    })
+    .await;
+    assert!(again.is_some(), "not registered again:\n{}", register.log());
+}
