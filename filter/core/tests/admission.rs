@@ -82,10 +82,13 @@ proptest! {
         }
         let last = now - step - 1_000;
         let period = rate.unit.period_ms();
-        // Greedy taking never leaves a whole token unused for longer than one step.
         let ceiling = amount + last * amount / period;
         prop_assert!(admitted <= ceiling, "{admitted} > {ceiling}");
-        prop_assert!(admitted + 1 + step * amount / period >= ceiling.min(n as u64), "{admitted} vs {ceiling}");
+        // Refill is lost only while the bucket is full, and greedy taking empties a full bucket within one step:
+        // at most one step of refill is lost per take (plus the last one), so a small bucket polled coarsely
+        // admits fewer, by a bounded amount.
+        let lost = (admitted + 1) * step * amount / period + 1;
+        prop_assert!(admitted + lost >= ceiling.min(n as u64), "{admitted} + {lost} vs {ceiling}");
     }
 
     /// A refused request holds nothing: every bucket reads as before.
