@@ -87,6 +87,11 @@ impl SseReader {
         !self.line.is_empty()
     }
 
+    /// True when the last byte read was a CR: a client takes an LF that follows as part of that line ending.
+    pub fn after_cr(&self) -> bool {
+        self.pending_cr
+    }
+
     /// Ends a line; `end` is the index just past its line ending in the current chunk.
     fn end_line(&mut self, end: usize, on_event: &mut impl FnMut(Event, Option<(usize, usize)>)) {
         let line = std::mem::take(&mut self.line);
