@@ -16,6 +16,9 @@
 #   FUZZ_RECORD   a Markdown file whose results section (between the fuzz-results markers) is replaced by this
 #                 run's dated table, e.g. docs/fuzzing.md
 #
+# A target's dictionary of tokens (field names, framing, boundary numbers), testdata/fuzz/<target>.dict when it
+# exists, helps the mutations reach deeper: the usage overflow needed the boundary numbers.
+#
 # Exits 1 when a target crashed, or when a binary is not coverage-instrumented.
 set -euo pipefail
 
@@ -64,10 +67,12 @@ for t in $TARGETS; do
     mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
     seeds=()
     [[ -d testdata/fuzz/$t ]] && seeds=("testdata/fuzz/$t")
+    dict=()
+    [[ -f testdata/fuzz/$t.dict ]] && dict=(-dict="testdata/fuzz/$t.dict")
     start=$(date +%s%N)
     rc=0
     # New inputs go to the first directory only, so the seeds stay as committed.
-    nice -n "$NICE" "$BIN/$t" "$corpus" "${seeds[@]}" "${limits[@]}" -print_final_stats=1 -timeout=10 \
+    nice -n "$NICE" "$BIN/$t" "$corpus" "${seeds[@]}" "${dict[@]}" "${limits[@]}" -print_final_stats=1 -timeout=10 \
         -rss_limit_mb=2048 -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
     took_ms=$((($(date +%s%N) - start) / 1000000))
     took=$(awk -v ms="$took_ms" 'BEGIN { printf "%.1f", ms / 1000 }')

@@ -34,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut whole = new_key();
     whole.feed(&text.replace('\u{1f}', ""));
-    assert_eq!(pieces.finish(), whole.finish(), "the key depends on where the text was split");
+    assert_eq!(
+        pieces.finish(),
+        whole.finish(),
+        "the key depends on where the text was split"
+    );
     // Messages separated from each other, as the system prompt of several messages is fed.
     let mut separated = new_key();
     for piece in text.split('\u{1f}') {

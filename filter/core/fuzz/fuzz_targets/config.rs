@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
         Err(errors) => {
             assert!(!errors.0.is_empty(), "a refused config with no error");
             for e in &errors.0 {
-                assert!(!e.field.is_empty() && !e.reason.is_empty(), "an error without field or reason: {e:?}");
+                assert!(
+                    !e.field.is_empty() && !e.reason.is_empty(),
+                    "an error without field or reason: {e:?}"
+                );
             }
             let _ = errors.to_string();
             return;

@@ -33,13 +33,28 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let _ = key_placement::live_keys(&t, &hosts);
-    let now = t.entries().iter().map(|e| e.last_ms).max().unwrap_or(0).saturating_add(u64::from(selector) * 10_000);
+    let now = t
+        .entries()
+        .iter()
+        .map(|e| e.last_ms)
+        .max()
+        .unwrap_or(0)
+        .saturating_add(u64::from(selector) * 10_000);
     let bounds = Bounds::new(&BoundedKeys::default(), 150);
     if let Some(c) = key_placement::choose(&mut t, &hosts, key, now, &bounds) {
-        assert!(c.host < hosts.len(), "placement chose host {} of {}", c.host, hosts.len());
+        assert!(
+            c.host < hosts.len(),
+            "placement chose host {} of {}",
+            c.host,
+            hosts.len()
+        );
         if let Some(h) = hosts.get(c.host) {
             let _ = key_placement::session_header_value(&h.address);
         }
     }
-    assert_eq!(KeyTable::decode(&t.encode()), t, "placement left a table that does not decode to itself");
+    assert_eq!(
+        KeyTable::decode(&t.encode()),
+        t,
+        "placement left a table that does not decode to itself"
+    );
 });

@@ -52,7 +52,10 @@ fuzz_target!(|data: &[u8]| {
         Err(Refusal { error, envelope }) => (error, envelope),
     };
     let (e, envelope) = refused;
-    assert!(is_json(&e.body(envelope, request_id.as_deref())), "refusal body is not JSON");
+    assert!(
+        is_json(&e.body(envelope, request_id.as_deref())),
+        "refusal body is not JSON"
+    );
     assert!(header_safe(e.code().as_bytes()));
     for (_, v) in e.headers() {
         assert!(header_safe(v.as_bytes()));

@@ -31,14 +31,20 @@ fuzz_target!(|data: &[u8]| {
     if let Some(patch) = &d.patch {
         let out = patch.apply(body);
         assert_eq!(out.len(), sent_len, "content-length disagrees with the edited body");
-        assert!(scan_object(&out, MAX_DEPTH).is_ok(), "the edited body is no longer a JSON object");
+        assert!(
+            scan_object(&out, MAX_DEPTH).is_ok(),
+            "the edited body is no longer a JSON object"
+        );
     } else {
         assert_eq!(sent_len, body.len());
     }
     assert!(header_safe(d.cluster.as_bytes()));
     assert!(header_safe(d.alias.as_bytes()));
     if let Some(echo) = &d.echo_session {
-        assert!(llmroute_core::affinity::check_explicit(echo.as_bytes()).is_ok(), "echoed session {echo:?}");
+        assert!(
+            llmroute_core::affinity::check_explicit(echo.as_bytes()).is_ok(),
+            "echoed session {echo:?}"
+        );
     }
     if let Some(a) = &d.affinity {
         assert_eq!(a.header_value().len(), 16);

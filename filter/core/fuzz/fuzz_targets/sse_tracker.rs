@@ -33,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
         let cuts = tracker.feed(chunk);
         let mut at = 0;
         for &(a, b) in &cuts {
-            assert!(at <= a && a <= b && b <= chunk.len(), "cut {a}..{b} after {at} in {}", chunk.len());
+            assert!(
+                at <= a && a <= b && b <= chunk.len(),
+                "cut {a}..{b} after {at} in {}",
+                chunk.len()
+            );
             at = b;
         }
         let kept = stream::without(chunk, &cuts);
@@ -48,13 +52,21 @@ fuzz_target!(|data: &[u8]| {
     one.feed(&whole);
     assert_eq!(one.verdict(), tracker.verdict(), "the verdict depends on the chunking");
     assert_eq!(one.usage(), tracker.usage(), "the usage depends on the chunking");
-    assert_eq!(one.closing_bytes(Some("req-1")), closing, "the closing depends on the chunking");
+    assert_eq!(
+        one.closing_bytes(Some("req-1")),
+        closing,
+        "the closing depends on the chunking"
+    );
 
     if let Some(tail) = closing {
         let (ours, _) = events(&tail);
         client.extend_from_slice(&tail);
         let (seen, mid) = events(&client);
         assert!(!mid, "the closed stream still ends inside an event");
-        assert_eq!(seen.last(), ours.last(), "the client does not read the gateway's error event as sent");
+        assert_eq!(
+            seen.last(),
+            ours.last(),
+            "the client does not read the gateway's error event as sent"
+        );
     }
 });
