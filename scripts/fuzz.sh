@@ -13,6 +13,8 @@
 #   FUZZ_RUNS     executions per target; with it, a target stops at whichever bound comes first
 #   FUZZ_TARGETS  space-separated subset of the targets (default: all)
 #   FUZZ_NICE     niceness of the fuzzing processes (default 10)
+#   FUZZ_FRESH    1: start from the seeds alone, in a scratch corpus (what `make fuzz-smoke` does, so its time
+#                 does not grow with the corpus of earlier runs)
 #   FUZZ_RECORD   a Markdown file whose results section (between the fuzz-results markers) is replaced by this
 #                 run's dated table, e.g. docs/fuzzing.md
 #
@@ -62,6 +64,10 @@ for t in $TARGETS; do
         exit 1
     }
     corpus=$OUT/corpus/$t
+    if [[ ${FUZZ_FRESH:-} == 1 ]]; then
+        corpus=$OUT/smoke-corpus/$t
+        rm -rf "$corpus"
+    fi
     artifacts=$OUT/artifacts/$t
     log=$OUT/logs/$t.log
     mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
