@@ -70,6 +70,7 @@ for t in $TARGETS; do
     fi
     artifacts=$OUT/artifacts/$t
     log=$OUT/logs/$t.log
+    [[ ${FUZZ_FRESH:-} == 1 ]] && log=$OUT/smoke-logs/$t.log
     mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
     seeds=()
     [[ -d testdata/fuzz/$t ]] && seeds=("testdata/fuzz/$t")
