@@ -12,7 +12,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean
+.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -91,6 +91,15 @@ validate-configs: cli envoy build ## Validate testdata configs with the CLI, and
 
 render: cli ## Render envoy/envoy.yaml (for docker-compose) from envoy/llmroute.yaml
 	$(CLI) render envoy/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/envoy.yaml
+
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS    ?=
+
+fuzz: ## Coverage-guided fuzzing of the core on stable Rust, FUZZ_SECONDS (default 60) or FUZZ_RUNS per target, one after another; prints executions per target (docs/fuzzing.md)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) CARGO="$(CARGO)" ./scripts/fuzz.sh
+
+fuzz-smoke: ## Every fuzz target for 5000 executions from its seeds alone (testdata/fuzz), the crash regressions included (~10 s once built; the first build ~4 min)
+	FUZZ_FRESH=1 FUZZ_SECONDS=60 FUZZ_RUNS=5000 CARGO="$(CARGO)" ./scripts/fuzz.sh
 
 clean: ## Remove build outputs (keeps .tools)
 	$(CARGO) clean

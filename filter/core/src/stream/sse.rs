@@ -118,6 +118,11 @@ impl SseReader {
         !self.line.is_empty()
     }
 
+    /// True when the last byte read was a CR: a client takes an LF that follows as part of that line ending.
+    pub fn after_cr(&self) -> bool {
+        self.pending_cr
+    }
+
     /// Ends a line; `end` is the stream offset just past its line ending.
     fn end_line(&mut self, end: u64, on_event: &mut impl FnMut(Event, (u64, u64))) {
         let line = std::mem::take(&mut self.line);

@@ -186,6 +186,10 @@ impl StreamTracker {
             return None;
         }
         let mut out = String::new();
+        if self.reader.after_cr() {
+            // Complete the CRLF, or the LF below that closes the half event would be read as its second half.
+            out.push('\n');
+        }
         if self.reader.mid_line() {
             out.push('\n');
         }

@@ -62,7 +62,7 @@ fn num(v: &Value, path: &[&str]) -> Option<u64> {
 fn llamacpp(t: &Value) -> Usage {
     let (prompt, cache) = (num(t, &["prompt_n"]), num(t, &["cache_n"]));
     Usage {
-        prompt_tokens: prompt.map(|p| p + cache.unwrap_or(0)),
+        prompt_tokens: prompt.and_then(|p| p.checked_add(cache.unwrap_or(0))),
         cached_tokens: cache,
         completion_tokens: num(t, &["predicted_n"]),
     }
@@ -82,7 +82,7 @@ pub fn from_usage_object(u: &Value) -> Usage {
         let input = num(u, &["input_tokens"]);
         let created = num(u, &["cache_creation_input_tokens"]).unwrap_or(0);
         return Usage {
-            prompt_tokens: input.map(|i| i + read.unwrap_or(0) + created),
+            prompt_tokens: input.and_then(|i| i.checked_add(read.unwrap_or(0))?.checked_add(created)),
             cached_tokens: read,
             completion_tokens: num(u, &["output_tokens"]),
         };
