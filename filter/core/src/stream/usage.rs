@@ -62,7 +62,8 @@ fn num(v: &Value, path: &[&str]) -> Option<u64> {
 fn llamacpp(t: &Value) -> Usage {
     let (prompt, cache) = (num(t, &["prompt_n"]), num(t, &["cache_n"]));
     Usage {
-        prompt_tokens: prompt.map(|p| p + cache.unwrap_or(0)),
+        // Counts come from the engine: a sum past `u64::MAX` stays there rather than wrap (or panic).
+        prompt_tokens: prompt.map(|p| p.saturating_add(cache.unwrap_or(0))),
         cached_tokens: cache,
         completion_tokens: num(t, &["predicted_n"]),
     }
@@ -82,7 +83,7 @@ pub fn from_usage_object(u: &Value) -> Usage {
         let input = num(u, &["input_tokens"]);
         let created = num(u, &["cache_creation_input_tokens"]).unwrap_or(0);
         return Usage {
-            prompt_tokens: input.map(|i| i + read.unwrap_or(0) + created),
+            prompt_tokens: input.map(|i| i.saturating_add(read.unwrap_or(0)).saturating_add(created)),
             cached_tokens: read,
             completion_tokens: num(u, &["output_tokens"]),
         };
