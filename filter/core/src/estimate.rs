@@ -29,12 +29,10 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
     let mut last_key_was_type = false;
     let mut last_key_was_data = false;
     let mut i = 0;
-    while let Some(&b) = buf.get(i) {
-        if b != b'"' {
-            // `i` stays below the body's length: it cannot overflow.
-            i = i.saturating_add(1);
-            continue;
-        }
+    // From string to string: the bytes between them are structure, numbers and literals.
+    while let Some(offset) = buf.get(i..).and_then(|rest| rest.iter().position(|&c| c == b'"')) {
+        // Both are below the body's length, so the sum cannot overflow.
+        i = i.saturating_add(offset);
         let end = nav::skip_string(buf, i);
         let span = Span { start: i, end };
         let is_key = next_non_ws(buf, end) == Some(b':');

@@ -60,12 +60,16 @@ fn skip_ws(buf: &[u8], mut i: usize) -> usize {
 /// Returns the index just past the string that opens at `pos`.
 pub fn skip_string(buf: &[u8], pos: usize) -> usize {
     let mut i = pos.saturating_add(1);
-    while let Some(&b) = buf.get(i) {
-        match b {
-            b'\\' => i = i.saturating_add(2),
-            b'"' => return i.saturating_add(1),
-            _ => i = i.saturating_add(1),
+    // From quote or backslash to the next: the bytes between need no look.
+    while let Some(rest) = buf.get(i..) {
+        let Some(at) = rest.iter().position(|&c| c == b'"' || c == b'\\') else {
+            break;
+        };
+        let at = i.saturating_add(at);
+        if buf.get(at) == Some(&b'"') {
+            return at.saturating_add(1);
         }
+        i = at.saturating_add(2);
     }
     buf.len()
 }
