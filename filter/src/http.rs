@@ -153,7 +153,10 @@ impl Http {
                 return self.unavailable();
             }
         }
-        host::set_request_header("content-length", Some(&decision.body_len(body.len()).to_string()));
+        let Some(len) = decision.body_len(body.len()) else {
+            return self.unavailable();
+        };
+        host::set_request_header("content-length", Some(&len.to_string()));
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));

@@ -61,7 +61,7 @@ impl ResponseWatch {
                 }
             }
             ResponseWatch::Json { copy, eos } => {
-                if size > 0 && copy.len() + size <= usage::MAX_USAGE_DOC {
+                if size > 0 && copy.len().saturating_add(size) <= usage::MAX_USAGE_DOC {
                     copy.extend(host::response_body(size).unwrap_or_default());
                 }
                 *eos |= end_of_stream;

@@ -41,10 +41,13 @@ impl Upstream {
             Ok(Some(patch)) => {
                 // `content-length` follows the body only once the body has really changed: a length that
                 // disagrees with the bytes sent is how requests get smuggled.
+                let Some(len) = patch.new_len(body.len()) else {
+                    return unavailable();
+                };
                 if !host::replace_request_body(body.len(), &patch.apply(&body)) {
                     return unavailable();
                 }
-                host::set_request_header("content-length", Some(&patch.new_len(body.len()).to_string()));
+                host::set_request_header("content-length", Some(&len.to_string()));
             }
             Ok(None) => host::set_request_header("content-length", Some(&body.len().to_string())),
             Err(e) => {

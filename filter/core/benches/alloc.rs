@@ -7,6 +7,8 @@
 //!
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench alloc`.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+
 use llmroute_synth::body;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -82,7 +84,7 @@ fn main() {
         let (p_allocs, p_bytes) = patch_cost(&decision, &body);
         let copied = body.len()
             + if decision.patch.is_some() {
-                2 * decision.body_len(body.len())
+                2 * decision.body_len(body.len()).unwrap_or(0)
             } else {
                 0
             };

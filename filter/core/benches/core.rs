@@ -9,6 +9,8 @@
 //! The bodies are the overhead bench's (`harness/src/bench/body.rs`, included below), so the figures compare.
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench core`.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+
 use llmroute_synth::body;
 
 use std::hint::black_box;

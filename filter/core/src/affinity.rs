@@ -152,8 +152,9 @@ impl ContentKey {
     pub fn feed(&mut self, text: &str) -> bool {
         let piece = prefix_on_char_boundary(text, self.room);
         self.hasher.update(piece.as_bytes());
-        self.text_bytes += piece.len();
-        self.room -= piece.len();
+        // `piece` is at most `room` bytes, so `room` never goes below 0.
+        self.text_bytes = self.text_bytes.saturating_add(piece.len());
+        self.room = self.room.saturating_sub(piece.len());
         piece.len() == text.len() && self.room > 0
     }
 

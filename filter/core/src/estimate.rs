@@ -29,11 +29,10 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
     let mut last_key_was_type = false;
     let mut last_key_was_data = false;
     let mut i = 0;
-    while let Some(&b) = buf.get(i) {
-        if b != b'"' {
-            i += 1;
-            continue;
-        }
+    // From string to string: the bytes between them are structure, numbers and literals.
+    while let Some(offset) = buf.get(i..).and_then(|rest| rest.iter().position(|&c| c == b'"')) {
+        // Both are below the body's length, so the sum cannot overflow.
+        i = i.saturating_add(offset);
         let end = nav::skip_string(buf, i);
         let span = Span { start: i, end };
         let is_key = next_non_ws(buf, end) == Some(b':');
@@ -41,11 +40,11 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
             last_key_was_type = nav::key_eq(buf, span, "type");
             last_key_was_data = nav::key_eq(buf, span, "data");
         } else {
-            let inner = buf.get(i + 1..end.saturating_sub(1)).unwrap_or_default();
+            let inner = buf.get(i.saturating_add(1)..end.saturating_sub(1)).unwrap_or_default();
             if last_key_was_type && matches!(inner, b"image" | b"image_url" | b"input_image") {
-                images += 1;
+                images = images.saturating_add(1);
             } else if !is_binary(inner, last_key_was_data) {
-                text_bytes += inner.len();
+                text_bytes = text_bytes.saturating_add(inner.len());
             }
             last_key_was_type = false;
             last_key_was_data = false;
@@ -53,7 +52,9 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
         i = end;
     }
     let text = text_bytes.div_ceil(BYTES_PER_TOKEN) as u64;
-    (text + images * u64::from(image_tokens)).max(1)
+    // An estimate: past `u64::MAX` it stays at the maximum rather than wrap to a small count.
+    text.saturating_add(images.saturating_mul(u64::from(image_tokens)))
+        .max(1)
 }
 
 fn next_non_ws(buf: &[u8], mut i: usize) -> Option<u8> {
@@ -61,7 +62,7 @@ fn next_non_ws(buf: &[u8], mut i: usize) -> Option<u8> {
         if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
             return Some(b);
         }
-        i += 1;
+        i = i.saturating_add(1);
     }
     None
 }
@@ -86,7 +87,7 @@ fn data_url(s: &[u8], base64: impl Fn(&[u8]) -> bool) -> bool {
     };
     let (head, payload) = (
         rest.get(..at).unwrap_or_default(),
-        rest.get(at + 8..).unwrap_or_default(),
+        rest.get(at.saturating_add(8)..).unwrap_or_default(),
     );
     let media = head.split(|&b| b == b';').next().unwrap_or_default();
     let mut parts = media.splitn(2, |&b| b == b'/');

@@ -46,15 +46,20 @@ pub fn read_fields(buf: &[u8], members: &[Member]) -> Result<Fields, GatewayErro
         let Some(key) = nav::str_value(buf, m.key) else {
             continue;
         };
-        let Some(i) = READ_FIELDS.iter().position(|f| folds_to(&key, f)) else {
+        let slot = READ_FIELDS
+            .iter()
+            .zip(seen.iter_mut())
+            .zip(fields.found.iter_mut())
+            .find(|((field, _), _)| folds_to(&key, field));
+        let Some(((&field, seen), found)) = slot else {
             continue;
         };
-        if seen[i] {
-            return Err(GatewayError::DuplicateField { field: READ_FIELDS[i] });
+        if *seen {
+            return Err(GatewayError::DuplicateField { field });
         }
-        seen[i] = true;
-        if key == READ_FIELDS[i] {
-            fields.found[i] = Some(*m);
+        *seen = true;
+        if key == field {
+            *found = Some(*m);
         }
     }
     Ok(fields)

@@ -82,7 +82,7 @@ pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)])
             .map_or(0, |n| u32::try_from(n.min(u64::from(MAX_SLOTS))).unwrap_or(MAX_SLOTS));
         if let Some((_, list)) = out.last_mut() {
             if list.len() <= t.index {
-                list.resize(t.index + 1, 0);
+                list.resize(t.index.saturating_add(1), 0);
             }
             if let Some(v) = list.get_mut(t.index) {
                 *v = slots;
@@ -117,8 +117,8 @@ pub fn parse_props(body: &[u8]) -> Result<ServerProps, String> {
         return Err("not a JSON object".into());
     }
     let props = ServerProps {
-        n_ctx: v["default_generation_settings"]["n_ctx"].as_u64(),
-        total_slots: v["total_slots"].as_u64(),
+        n_ctx: v.pointer("/default_generation_settings/n_ctx").and_then(Value::as_u64),
+        total_slots: v.get("total_slots").and_then(Value::as_u64),
     };
     if props == ServerProps::default() {
         return Err("neither default_generation_settings.n_ctx nor total_slots".into());

@@ -157,7 +157,11 @@ impl Bucket {
 
     /// Whole tokens available at `now_ms`.
     pub fn tokens(self, rate: Rate, now_ms: u64) -> u64 {
-        self.refilled(rate, now_ms).level / rate.unit.period_ms()
+        // A period is never 0 ms; a checked division keeps the compiler's guard on the wasm path.
+        self.refilled(rate, now_ms)
+            .level
+            .checked_div(rate.unit.period_ms())
+            .unwrap_or(0)
     }
 
     /// Takes `n` tokens at `now_ms`, or says in how many ms they will be there (more than a period when `n`
@@ -167,7 +171,7 @@ impl Bucket {
         let cost = n.saturating_mul(rate.unit.period_ms());
         match b.level.checked_sub(cost) {
             Some(level) => Ok(Bucket { level, ..b }),
-            None => Err((cost - b.level).div_ceil(rate.amount.max(1))),
+            None => Err(cost.saturating_sub(b.level).div_ceil(rate.amount.max(1))),
         }
     }
 
@@ -288,7 +292,7 @@ pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> R
         let step = cas_step(store, &c.key(), c.rate, now_ms, |b| b.take(c.rate, now_ms, c.amount));
         let denied = match step {
             Ok(Some(b)) => {
-                left.push(b.level / c.rate.unit.period_ms());
+                left.push(b.level.checked_div(c.rate.unit.period_ms()).unwrap_or(0));
                 continue;
             }
             Ok(None) => Denied::Contention,
@@ -323,9 +327,9 @@ pub fn give(store: &mut impl SharedStore, c: &Charge, n: u64, charge: bool, now_
 pub fn settle(store: &mut impl SharedStore, charges: &[Charge], used: u64, now_ms: u64) {
     for c in charges.iter().filter(|c| c.kind == Kind::Tokens) {
         if used < c.amount {
-            give(store, c, c.amount - used, false, now_ms);
+            give(store, c, c.amount.saturating_sub(used), false, now_ms);
         } else {
-            give(store, c, used - c.amount, true, now_ms);
+            give(store, c, used.saturating_sub(c.amount), true, now_ms);
         }
     }
 }

@@ -93,8 +93,8 @@ fn anthropic_page(names: &[&str], p: &Paging) -> Result<Value, GatewayError> {
     };
     let (start, end) = match (&p.after_id, &p.before_id) {
         (Some(a), _) => {
-            let s = position(a, "after_id")? + 1;
-            (s, (s + p.limit).min(names.len()))
+            let s = position(a, "after_id")?.saturating_add(1);
+            (s, s.saturating_add(p.limit).min(names.len()))
         }
         (None, Some(b)) => {
             let e = position(b, "before_id")?;
@@ -122,19 +122,22 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        let hex = bytes
+            .get(i..)
+            .and_then(|rest| rest.get(1..3))
+            .and_then(|h| std::str::from_utf8(h).ok());
         match (b, hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
             (b'%', Some(v)) => {
                 out.push(v);
-                i += 3;
+                i = i.saturating_add(3);
             }
             (b'+', _) => {
                 out.push(b' ');
-                i += 1;
+                i = i.saturating_add(1);
             }
             _ => {
                 out.push(b);
-                i += 1;
+                i = i.saturating_add(1);
             }
         }
     }

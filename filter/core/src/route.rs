@@ -29,16 +29,27 @@ impl BodyPatch {
     pub fn apply(&self, body: &[u8]) -> Vec<u8> {
         let head = body.get(..self.span.start).unwrap_or_default();
         let tail = body.get(self.span.end..).unwrap_or_default();
-        let mut out = Vec::with_capacity(head.len() + self.replacement.len() + tail.len());
+        let mut out = Vec::with_capacity(
+            head.len()
+                .saturating_add(self.replacement.len())
+                .saturating_add(tail.len()),
+        );
         out.extend_from_slice(head);
         out.extend_from_slice(self.replacement.as_bytes());
         out.extend_from_slice(tail);
         out
     }
 
-    /// The body length after the patch.
-    pub fn new_len(&self, old_len: usize) -> usize {
-        old_len - self.span.len() + self.replacement.len()
+    /// The body length after the patch, for `content-length`. `None` when `span` does not lie within a body of
+    /// `old_len` bytes (then [`BodyPatch::apply`] is no splice, and no length should be announced for it) or the
+    /// sum overflows.
+    pub fn new_len(&self, old_len: usize) -> Option<usize> {
+        if self.span.start > self.span.end || self.span.end > old_len {
+            return None;
+        }
+        old_len
+            .checked_sub(self.span.len())?
+            .checked_add(self.replacement.len())
     }
 }
 
@@ -83,8 +94,10 @@ impl RouteDecision {
         (self.failover && !self.model_from_client).then_some(self.alias.as_str())
     }
 
-    pub fn body_len(&self, old_len: usize) -> usize {
-        self.patch.as_ref().map_or(old_len, |p| p.new_len(old_len))
+    /// The body length after the decision's patch, `old_len` when it has none; `None` when the patch does not fit
+    /// the body (see [`BodyPatch::new_len`]).
+    pub fn body_len(&self, old_len: usize) -> Option<usize> {
+        self.patch.as_ref().map_or(Some(old_len), |p| p.new_len(old_len))
     }
 }
 
@@ -301,7 +314,7 @@ mod tests {
             out,
             r#"{"model":"up","stream":true,"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#
         );
-        assert_eq!(d.body_len(body.len()), out.len());
+        assert_eq!(d.body_len(body.len()), Some(out.len()));
         let (d, out) = routed(&cfg(true), &body.replace("\"m\"", "\"same\""));
         assert!(d.strip_usage_chunk);
         assert!(out.ends_with(r#""stream_options":{"include_usage":true}}"#), "{out}");

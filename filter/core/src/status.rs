@@ -270,10 +270,10 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 if b.hosts.len() < MAX_HOSTS {
                     b.hosts.extend(h.address.text());
                 }
-                b.total += 1;
+                b.total = b.total.saturating_add(1);
                 match h.health_status.state() {
-                    HostState::Healthy => b.healthy += 1,
-                    HostState::Degraded => b.degraded += 1,
+                    HostState::Healthy => b.healthy = b.healthy.saturating_add(1),
+                    HostState::Degraded => b.degraded = b.degraded.saturating_add(1),
                     HostState::Unhealthy => b.down.extend(h.address.text()),
                 }
                 let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);

@@ -6,8 +6,9 @@ pub fn prefix_on_char_boundary(s: &str, max: usize) -> &str {
         return s;
     }
     let mut end = max;
+    // Index 0 is always a boundary, so the walk stops there at the latest.
     while !s.is_char_boundary(end) {
-        end -= 1;
+        end = end.saturating_sub(1);
     }
     s.get(..end).unwrap_or_default()
 }

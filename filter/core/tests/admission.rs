@@ -1,6 +1,7 @@
 //! Admission arithmetic with a fake clock and a fake shared store: refill, all-or-nothing, settlement, lost
 //! compare-and-swap races, and the constant-time key check.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -7,6 +7,7 @@
 //!
 //! So a change in hashing, tagging, alias scoping or joining is caught.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,6 @@
 //! Config loading: the README example, the defaults, and every rejection with its field, value and reason.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

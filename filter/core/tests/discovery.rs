@@ -1,6 +1,8 @@
 //! Backends whose hosts Envoy discovers: the config shape (`discovery` instead of `endpoints`), any Envoy
 //! cluster name as a backend name, the host list read from the admin `/clusters` answer, and bounded-keys
 //! placement on a host list that changes.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::config::{stat_token, Discovery};

@@ -1,5 +1,6 @@
 //! Endpoint classification, the `/v1/models` answers in both shapes, and header hygiene.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

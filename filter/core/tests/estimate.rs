@@ -4,6 +4,7 @@
 //! The per-capture numbers were computed independently in Python: parse the body, sum the JSON-escaped byte length
 //! of every string value except image `type`s and data URLs, divide by 4 rounding up, add 768 per image.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,7 @@
 //! Backends whose hosts `llmroute discover` reads from etcd: `discovery: { eds_path, etcd: { endpoints, prefix } }`,
 //! its normalisation and its refusals.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::config::EtcdSource;

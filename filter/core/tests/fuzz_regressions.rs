@@ -1,6 +1,7 @@
 //! Regression tests for what the fuzz targets (`filter/core/fuzz/`, `make fuzz`) found, each minimized from the
 //! crashing input and kept beside it as a seed in `testdata/fuzz/<target>/`.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

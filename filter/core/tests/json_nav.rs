@@ -1,5 +1,6 @@
 //! Navigation inside validated bodies: arrays, objects, key look-up, string decoding and value skipping.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,6 @@
 //! The validating scanner: what it accepts, the spans it reports, and every way it refuses a body.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

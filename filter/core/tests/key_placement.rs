@@ -1,5 +1,6 @@
 //! Bounded-keys placement: stickiness, the key bound, determinism, expiry, moves and spills.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::config::BoundedKeys;

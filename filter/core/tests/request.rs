@@ -1,6 +1,7 @@
 //! The headers phase (`request::start`): which endpoint, which error envelope, the media-type check and the
 //! session header, before any body byte; then the error bodies of both envelopes, with their request ids.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

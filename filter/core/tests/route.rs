@@ -1,6 +1,7 @@
 //! The routing decision, through the chat API: alias resolution, the one body edit, every refusal and its envelope,
 //! the read fields and their duplicates. The other APIs are in `apis.rs`.
 
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 // Test helpers may unwrap and panic: a failing test should stop loudly (see clippy.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -132,7 +133,7 @@ fn patch_changes_only_the_model_bytes() {
 fn no_patch_when_the_upstream_name_is_the_alias() {
     let d = decide(&chat("\"same\""));
     assert_eq!(d.patch, None);
-    assert_eq!(d.body_len(1234), 1234);
+    assert_eq!(d.body_len(1234), Some(1234));
 }
 
 #[test]
@@ -160,17 +161,17 @@ fn body_len_follows_the_patch() {
     let d = decide(&body);
     let p = d.patch.clone().unwrap();
     let out = p.apply(body.as_bytes());
-    assert_eq!(d.body_len(body.len()), out.len());
+    assert_eq!(d.body_len(body.len()), Some(out.len()));
     assert_eq!(
         p.new_len(body.len()),
-        body.len() - "\"local-chat\"".len() + "\"qwen3-0.6b\"".len()
+        Some(body.len() - "\"local-chat\"".len() + "\"qwen3-0.6b\"".len())
     );
     // `local-chat` and `qwen3-0.6b` are both 10 bytes.
-    assert_eq!(d.body_len(body.len()), body.len());
+    assert_eq!(d.body_len(body.len()), Some(body.len()));
     // `embedder` (8 bytes) becomes `bge-m3` (6 bytes).
     let body = chat("\"embedder\"");
     let d = decide(&body);
-    assert_eq!(d.body_len(body.len()), body.len() - 2);
+    assert_eq!(d.body_len(body.len()), Some(body.len() - 2));
     assert_eq!(d.patch.unwrap().apply(body.as_bytes()).len(), body.len() - 2);
 }
 
@@ -183,7 +184,7 @@ fn patch_growing_the_body() {
     );
     let d = route_chat(&cfg, body.as_bytes(), None).unwrap();
     let out = d.patch.as_ref().unwrap().apply(body.as_bytes());
-    assert_eq!(d.body_len(body.len()), out.len());
+    assert_eq!(d.body_len(body.len()), Some(out.len()));
     assert!(out.len() > body.len());
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["model"], "Qwen/Qwen3-235B-A22B-Instruct-2507");
@@ -209,12 +210,28 @@ fn apply_is_a_plain_splice() {
         replacement: "XY".into(),
     };
     assert_eq!(p.apply(b"abcdefg"), b"abXYfg");
-    assert_eq!(p.new_len(7), 6);
+    assert_eq!(p.new_len(7), Some(6));
     let empty = BodyPatch {
         span: Span { start: 0, end: 0 },
         replacement: ">".into(),
     };
     assert_eq!(empty.apply(b"ab"), b">ab");
+    assert_eq!(empty.new_len(2), Some(3));
+}
+
+/// `new_len` announces a length only for a real splice: a span past the body's end or inverted (which `apply`
+/// would not splice) and a sum past `usize::MAX` give `None`, never a wrong `content-length` or a panic.
+#[test]
+fn new_len_is_checked() {
+    let patch = |start, end| BodyPatch {
+        span: Span { start, end },
+        replacement: "XY".into(),
+    };
+    assert_eq!(patch(2, 5).new_len(5), Some(4));
+    assert_eq!(patch(2, 5).new_len(4), None);
+    assert_eq!(patch(5, 2).new_len(7), None);
+    assert_eq!(patch(0, 0).new_len(usize::MAX - 1), None);
+    assert_eq!(patch(0, 0).new_len(usize::MAX - 2), Some(usize::MAX));
 }
 
 #[test]
@@ -666,7 +683,7 @@ fn every_capture_routes_on_its_own_api() {
             (alias, cluster, upstream)
         );
         let out = d.patch.as_ref().unwrap().apply(body);
-        assert_eq!(out.len(), d.body_len(body.len()));
+        assert_eq!(Some(out.len()), d.body_len(body.len()));
         let mut want: Value = serde_json::from_slice(body).unwrap();
         want["model"] = json!(upstream);
         assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), want, "{name}");

@@ -10,6 +10,8 @@
 //! `clusters-starting.json` was taken before the first health checks (every checked host is still failed),
 //! `clusters-busy.json` with six slow requests in flight, `clusters-mixed.json` after 21083 was also ejected
 //! by outlier detection.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::status::{

@@ -318,8 +318,11 @@ pub fn get_metric(id: u32) -> HostResult<u64> {
 /// The ABI's map encoding: a `u32` count, a `u32` key length and value length per pair, then each key and value
 /// followed by a NUL. All integers little-endian.
 pub fn encode_map(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let data: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-    let mut out = Vec::with_capacity(4 + pairs.len() * 8 + data);
+    // A capacity hint: saturating keeps absurd sizes from wrapping to a small one.
+    let data = pairs.iter().fold(0usize, |n, (k, v)| {
+        n.saturating_add(k.len()).saturating_add(v.len()).saturating_add(2)
+    });
+    let mut out = Vec::with_capacity(pairs.len().saturating_mul(8).saturating_add(4).saturating_add(data));
     let len32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
     out.extend_from_slice(&len32(pairs.len()));
     for (k, v) in pairs {
@@ -360,7 +363,8 @@ pub fn decode_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
         Some(f)
     };
     for i in 0..count {
-        let (key_len, value_len) = (u32_at(4 + i * 8)?, u32_at(8 + i * 8)?);
+        let at = i.checked_mul(8)?.checked_add(4)?;
+        let (key_len, value_len) = (u32_at(at)?, u32_at(at.checked_add(4)?)?);
         let key = String::from_utf8_lossy(field(key_len)?).into_owned();
         pairs.push((key, field(value_len)?.to_vec()));
     }

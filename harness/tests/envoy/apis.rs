@@ -162,22 +162,13 @@ async fn model_prefix_routing_sends_the_rest_upstream_unchanged() {
 
 /// Sends one turn, returns the backend that answered.
 async fn turn(c: &reqwest::Client, envoy: &Envoy, path: &str, body: &Value) -> String {
-    let resp = c
-        .post(envoy.url(path))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let source = resp.headers()["x-llmroute-affinity-source"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let r = post_json(c, envoy.url(path), body.to_string(), &[]).await;
     assert_eq!(
-        source, "user-prefix",
+        r.header("x-llmroute-affinity-source"),
+        Some("user-prefix"),
         "{path}: no system prompt, no session: the first user message keys it"
     );
-    resp.headers()["x-emu-backend"].to_str().unwrap().to_string()
+    r.header("x-emu-backend").unwrap().to_string()
 }
 
 /// Ten turns, each resent with the whole history, as clients do; assistant turns carry reasoning text.
@@ -257,38 +248,20 @@ async fn responses_and_messages_turns_stick_too() {
 async fn models_speak_anthropic_when_asked_with_paging() {
     let (_fleet, envoy) = fleet_for_all_apis().await;
     let c = client();
-    let openai: Value = c
-        .get(envoy.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let openai = get_json(&c, envoy.url("/v1/models"), &[]).await.body;
     assert_eq!(openai["object"], "list");
     assert_eq!(openai["data"].as_array().unwrap().len(), 3);
-    let page = |q: &'static str| {
-        c.get(envoy.url(&format!("/v1/models{q}")))
-            .header("anthropic-version", "2023-06-01")
-            .send()
-    };
-    let first: Value = page("?limit=2").await.unwrap().json().await.unwrap();
+    let anthropic = [("anthropic-version", "2023-06-01")];
+    let page = |q: &'static str| get_json(&c, envoy.url(&format!("/v1/models{q}")), &anthropic);
+    let first = page("?limit=2").await.body;
     assert_eq!(first["data"].as_array().unwrap().len(), 2);
     assert_eq!(first["has_more"], true);
     assert_eq!(first["first_id"], ALIAS);
     assert_eq!(first["data"][0]["type"], "model");
-    let second: Value = page("?limit=2&after_id=embedder").await.unwrap().json().await.unwrap();
+    let second = page("?limit=2&after_id=embedder").await.body;
     assert_eq!(second["data"][0]["id"], "passthrough");
     assert_eq!(second["has_more"], false);
-    let one: Value = c
-        .get(envoy.url("/v1/models/local-chat"))
-        .header("anthropic-version", "2023-06-01")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let one = get_json(&c, envoy.url("/v1/models/local-chat"), &anthropic).await.body;
     assert_eq!((one["type"].as_str(), one["id"].as_str()), (Some("model"), Some(ALIAS)));
 }
 
@@ -296,26 +269,18 @@ async fn models_speak_anthropic_when_asked_with_paging() {
 async fn request_ids_are_kept_when_well_formed_and_replaced_otherwise() {
     let (fleet, envoy) = fleet_for_all_apis().await;
     let c = client();
-    let id_of = |r: &reqwest::Response| r.headers()["x-request-id"].to_str().unwrap().to_string();
-    let ok = c
-        .get(envoy.url("/v1/models"))
-        .header("x-request-id", "req-abc-123")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(id_of(&ok), "req-abc-123");
-    let bad = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("x-request-id", "has spaces; and \"quotes\"")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let replaced = id_of(&bad);
+    let ok = get_json(&c, envoy.url("/v1/models"), &[("x-request-id", "req-abc-123")]).await;
+    assert_eq!(ok.header("x-request-id").unwrap(), "req-abc-123");
+    let bad = post_json(
+        &c,
+        envoy.url("/v1/chat/completions"),
+        "{}",
+        &[("x-request-id", "has spaces; and \"quotes\"")],
+    )
+    .await;
+    let replaced = bad.header("x-request-id").unwrap();
     assert!(replaced.starts_with("llmroute-"), "{replaced}");
-    let body: Value = bad.json().await.unwrap();
-    assert_eq!(body["request_id"], replaced.as_str());
+    assert_eq!(bad.body["request_id"], replaced);
     let (status, _, _) = post(&c, &envoy, &chat(None, "x"), &[("x-request-id", "trace-42")]).await;
     assert_eq!(status, 200);
     assert_eq!(only_request(&fleet).header("x-request-id"), Some("trace-42"));

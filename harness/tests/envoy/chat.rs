@@ -25,19 +25,15 @@ async fn rewrite_case(c: reqwest::Client) {
         ],
     });
     let envoy = Envoy::start(config).await.unwrap();
-    let resp = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("x-llmroute-cluster", "llama-a")
-        .header("authorization", "Bearer sk-client-secret")
-        .header("x-api-key", "client-secret")
-        .header("x-emu-expect-model", UPSTREAM)
-        .header("x-emu-expect-backend", "vllm-b-0")
-        .body(RAW_BODY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    let headers = [
+        ("x-llmroute-cluster", "llama-a"),
+        ("authorization", "Bearer sk-client-secret"),
+        ("x-api-key", "client-secret"),
+        ("x-emu-expect-model", UPSTREAM),
+        ("x-emu-expect-backend", "vllm-b-0"),
+    ];
+    let resp = post_json(&c, envoy.url("/v1/chat/completions"), RAW_BODY, &headers).await;
+    assert_eq!(resp.status, 200, "{:?}", resp.text);
     assert_eq!(
         a.chat_counts(),
         vec![0, 0, 0],
@@ -82,14 +78,8 @@ async fn a_body_that_needs_no_rewrite_passes_byte_for_byte() {
         .await
         .unwrap();
     let body = "{\"model\":\"local-chat\",  \"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}";
-    let resp = client()
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = post_json(&client(), envoy.url("/v1/chat/completions"), body, &[]).await;
+    assert_eq!(resp.status, 200);
     let got = fleet.engines[0].chat_requests();
     assert_eq!(&got[0].body[..], body.as_bytes());
     assert_eq!(got[0].header("content-length"), Some(body.len().to_string().as_str()));
@@ -382,19 +372,12 @@ async fn each_bad_request_gets_its_status_and_envelope_and_no_upstream_call() {
 async fn models_are_listed_from_config() {
     let (fleet, envoy) = one_fleet(150).await;
     let c = client();
-    let v: Value = c
-        .get(envoy.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&c, envoy.url("/v1/models"), &[]).await.body;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], ALIAS);
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
-    let one = c.get(envoy.url("/v1/models/local-chat")).send().await.unwrap();
-    assert_eq!(one.status(), 200);
+    let one = get_json(&c, envoy.url("/v1/models/local-chat"), &[]).await;
+    assert_eq!(one.status, 200);
     let resp = c.get(envoy.url("/v1/models/nope")).send().await.unwrap();
     assert_refused(&fleet, resp, 404, "model_not_found").await;
     assert!(fleet
@@ -407,14 +390,8 @@ async fn models_are_listed_from_config() {
 async fn a_large_body_within_the_limit_is_routed_and_rewritten() {
     let (fleet, envoy) = one_fleet(150).await;
     let big = json!({"model": ALIAS, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "y".repeat(2 << 20)}]});
-    let resp = client()
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(big.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = post_json(&client(), envoy.url("/v1/chat/completions"), big.to_string(), &[]).await;
+    assert_eq!(resp.status, 200);
     let got: Vec<_> = fleet.engines.iter().flat_map(|e| e.chat_requests()).collect();
     assert_eq!(got.len(), 1);
     let expected = big.to_string().replacen("\"local-chat\"", "\"qwen3-0.6b\"", 1);

@@ -335,14 +335,7 @@ async fn istio_cluster_names_route_and_label_metrics() {
         "a backend name leaked into a metric name"
     );
 
-    let status: Value = c
-        .get(envoy.url("/llmroute/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = get_json(&c, envoy.url("/llmroute/status"), &[]).await.body;
     let names: Vec<&str> = status["backends"]
         .as_array()
         .unwrap()

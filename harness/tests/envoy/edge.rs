@@ -45,31 +45,8 @@ fn messages_body() -> Value {
     json!({"model": ALIAS, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
 }
 
-/// A response, read whole: status, headers, body as JSON (`Null` if it is not JSON).
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: Value,
-    text: String,
-}
-
+// `Reply` is the shared one (support.rs); the envelope check is this file's own.
 impl Reply {
-    async fn of(resp: reqwest::Response) -> Reply {
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap_or_default();
-        Reply {
-            status,
-            headers,
-            body: serde_json::from_str(&text).unwrap_or(Value::Null),
-            text,
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
     /// Asserts the OpenAI or Anthropic envelope, the request id in header and body, and the stable code.
     fn assert_envelope(&self, anthropic: bool, code: &str) {
         let what = format!("{} {:?} {}", self.status, self.headers, self.text);
@@ -98,14 +75,7 @@ impl Reply {
 }
 
 async fn send(envoy: &Envoy, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
-    let mut req = client()
-        .post(envoy.url(path))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    Reply::of(req.send().await.unwrap()).await
+    post_json(&client(), envoy.url(path), body.to_string(), headers).await
 }
 
 // ---- Defect 1: an ejection holds while health checks pass ----
@@ -320,7 +290,7 @@ async fn a_malformed_http_request_gets_a_json_400_and_the_filters_own_replies_ar
         "{}",
         r.text
     );
-    let models = Reply::of(client().get(envoy.url("/v1/models")).send().await.unwrap()).await;
+    let models = get_json(&client(), envoy.url("/v1/models"), &[]).await;
     assert_eq!(models.status, 200);
     assert_eq!(models.body["data"][0]["id"], ALIAS, "{}", models.text);
     assert_eq!(models.header("x-llmroute-error"), None);
@@ -388,7 +358,7 @@ async fn no_response_names_the_upstream_host_unless_debug_headers_are_on() {
                 assert_eq!(endpoint, None, "{what} leaked the upstream address");
             }
         }
-        let models = Reply::of(client().get(envoy.url("/v1/models")).send().await.unwrap()).await;
+        let models = get_json(&client(), envoy.url("/v1/models"), &[]).await;
         assert_eq!(models.header("x-llmroute-endpoint"), None);
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use llmroute_core::endpoint::Api;
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
-use llmroute_harness::emulator::cost::CostModel;
+use llmroute_harness::emulator::cost::{self, CostModel};
+use llmroute_harness::emulator::Dialect;
 use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
@@ -58,18 +59,11 @@ async fn healthy_in_snapshot(envoy: &Envoy) -> Option<u64> {
 
 /// One request with tenant `t`'s system prompt: (status, engine index, placement reason header, response headers).
 async fn send(c: &reqwest::Client, envoy: &Envoy, fleet: &Fleet, t: usize, extra: &[(&str, &str)]) -> Answer {
-    let mut req = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(tenant_body(t).to_string());
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
-    let h = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let r = post_json(c, envoy.url("/v1/chat/completions"), tenant_body(t).to_string(), extra).await;
+    let h = |n: &str| r.header(n).map(str::to_string);
     let backend = h("x-emu-backend").unwrap_or_default();
     Answer {
-        status: resp.status().as_u16(),
+        status: r.status,
         engine: fleet.engines.iter().position(|e| e.name() == backend),
         reason: h("x-llmroute-placement"),
         session: h("x-llmroute-endpoint"),
@@ -156,8 +150,9 @@ async fn six_tenants_get_two_hosts_each_and_stay() {
             assert_eq!(a.reason.as_deref(), Some("pinned"));
         }
     }
-    assert!(envoy.stat("wasmcustom.llmroute_placement_placed_total").await >= Some(6));
-    assert!(envoy.stat("wasmcustom.llmroute_placement_pinned_total").await >= Some(18));
+    // Only these 24 requests went through the filter: 6 placed, then 3 rounds of 6 pinned.
+    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_placed_total").await, Some(6));
+    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_pinned_total").await, Some(18));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +207,9 @@ async fn a_down_hosts_keys_move_and_new_keys_avoid_it() {
         assert_eq!(a.reason.as_deref(), Some("placed"));
         assert_ne!(a.engine, Some(down), "a new key was placed on the down host");
     }
-    assert!(envoy.stat("wasmcustom.llmroute_placement_moved_total").await >= Some(1));
+    // Six keys on three hosts are 2, 2 and 2 (see the test above), so exactly two lived on the down host: tenant 0
+    // moved while we waited, the other on its first request after. A moved key is pinned to an up host from then.
+    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_moved_total").await, Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,6 +228,8 @@ async fn a_busy_host_spills_requests_but_keeps_the_key() {
         .filter(|a| a.reason.as_deref() == Some("spilled"))
         .count();
     let at_home = engines.iter().filter(|e| **e == Some(home)).count();
+    // Bounds, not exact counts: how many of the 9 concurrent requests are in flight when each is placed depends
+    // on when Envoy's workers and the emulator see them, so the split between home and spill varies by run.
     assert!(
         spilled >= 2 && at_home >= 3,
         "home {home}: {engines:?}, {spilled} spilled"
@@ -297,8 +296,10 @@ async fn on_slot_limited_engines_every_repeat_of_six_tenants_is_warm() {
             "Answer briefly and politely. ".repeat(40)
         )
     };
+    // The cache blocks of each tenant's previous prompt (none before its first request).
+    let mut previous: Vec<Vec<u64>> = vec![Vec::new(); 6];
     for round in 0..4 {
-        for t in 0..6 {
+        for (t, previous) in previous.iter_mut().enumerate() {
             let body = chat(Some(&system(t)), &format!("question {round}"));
             let (status, _, answer) = post(&c, &envoy, &body, &[]).await;
             assert_eq!(status, 200);
@@ -306,15 +307,20 @@ async fn on_slot_limited_engines_every_repeat_of_six_tenants_is_warm() {
                 .as_u64()
                 .unwrap_or(0);
             let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-            if round == 0 {
-                assert_eq!(cached, 0, "tenant {t} cannot be warm on its first request");
-            } else {
-                // Everything but the last partial cache block and the question is cached.
+            // Exact: with two tenants per engine and two slots each, the slot that served this tenant last still
+            // holds its previous prompt, so every complete block the two prompts share (all of the system
+            // prompt's, not the question's) is cached, and nothing on a tenant's first request.
+            let (tokens, blocks) = cost::prompt_blocks(Dialect::Chat, &body);
+            let shared = blocks.iter().zip(previous.iter()).take_while(|(a, b)| a == b).count() as u64;
+            let want = (shared * cost::BLOCK_TOKENS).min(tokens);
+            assert_eq!((cached, prompt), (want, tokens), "round {round}, tenant {t}");
+            if round > 0 {
                 assert!(
-                    cached + 40 >= prompt,
-                    "round {round}, tenant {t}: {cached} of {prompt} cached"
+                    shared > 0,
+                    "round {round}, tenant {t}: the system prompt spans no whole block"
                 );
             }
+            *previous = blocks;
         }
     }
     let per_engine: Vec<u64> = fleet.engines.iter().map(|e| e.cost_stats().unwrap().requests).collect();
@@ -354,7 +360,9 @@ async fn without_configured_slots_the_servers_own_total_slots_weigh_the_hosts() 
         let a = send(&c, &envoy, &fleet, t, &[]).await;
         assert_eq!(a.engine, Some(want.host), "tenant {t}");
     }
-    // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8.
+    // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8. Bounds, not an
+    // exact split: the hosts' rendezvous order depends on their addresses, whose ports are random, and the
+    // request-by-request match with the native core above is the exact check.
     let counts = key_placement::live_keys(&predict.table, &predict.hosts);
     assert!(counts[2] >= 8 && counts[0] <= 2 && counts[1] <= 2, "{counts:?}");
 }
@@ -390,6 +398,7 @@ async fn every_worker_shares_one_key_table() {
         let name = format!("{listener}.worker_{w}.downstream_cx_total");
         busy_workers += usize::from(envoy.stat(&name).await.unwrap_or(0) > 0);
     }
+    // At least, not exactly: which worker accepts a connection is the kernel's choice, not the scenario's.
     assert!(busy_workers >= 2, "only {busy_workers} worker(s) took connections");
 }
 

@@ -204,15 +204,15 @@ async fn malformed_client_json_never_demotes_a_backend() {
     let (fleet, envoy) = resilient_fleet(json!({})).await;
     let c = client();
     for i in 0..100 {
-        let resp = c
-            .post(envoy.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("x-session-id", "pinned")
-            .body(format!("{{\"model\": \"local-chat\", \"messages\": [{i}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 400);
+        let body = format!("{{\"model\": \"local-chat\", \"messages\": [{i}");
+        let resp = post_json(
+            &c,
+            envoy.url("/v1/chat/completions"),
+            body,
+            &[("x-session-id", "pinned")],
+        )
+        .await;
+        assert_eq!(resp.status, 400);
     }
     let health = envoy.host_health("llama-a").await;
     assert!(health.values().all(|f| f == "healthy"), "{health:?}");
@@ -391,16 +391,9 @@ async fn requests_go_only_where_they_fit_and_are_refused_when_nothing_fits() {
     let sent: Value = serde_json::from_slice(&big.engines[0].inference_requests()[0].body).unwrap();
     assert_eq!(sent["model"], "big-model");
     long["max_tokens"] = json!(10_000);
-    let resp = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(long.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let v: Value = resp.json().await.unwrap();
-    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let resp = post_json(&c, envoy.url("/v1/chat/completions"), long.to_string(), &[]).await;
+    assert_eq!(resp.status, 400);
+    assert_eq!(resp.body["error"]["code"], "context_length_exceeded");
     assert_eq!(
         big.engines[0].inference_requests().len(),
         1,

@@ -13,25 +13,16 @@ use crate::support::*;
 const DEADLINE: Duration = Duration::from_secs(20);
 
 async fn get(c: &reqwest::Client, envoy: &Envoy, path: &str) -> (u16, Value) {
-    let resp = c.get(envoy.url(path)).send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap();
-    assert_eq!(
-        headers.get("content-type").and_then(|v| v.to_str().ok()),
-        Some("application/json"),
-        "{path}: {text}"
-    );
-    assert_eq!(
-        headers.get("cache-control").and_then(|v| v.to_str().ok()),
-        Some("no-store")
-    );
+    let r = get_json(c, envoy.url(path), &[]).await;
+    let text = &r.text;
+    assert_eq!(r.header("content-type"), Some("application/json"), "{path}: {text}");
+    assert_eq!(r.header("cache-control"), Some("no-store"));
     assert!(
-        headers.get("x-emu-backend").is_none(),
+        r.headers.get("x-emu-backend").is_none(),
         "{path} must be answered by the filter"
     );
-    let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
-    (status, body)
+    let body = serde_json::from_str(text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (r.status, body)
 }
 
 /// Polls `path` until `done` holds for its answer; returns that answer.

@@ -43,25 +43,62 @@ pub fn chat(system: Option<&str>, user: &str) -> Value {
     json!({"model": ALIAS, "messages": messages})
 }
 
-/// Posts a chat body, returns (status, answering backend, body).
-pub async fn post(c: &reqwest::Client, envoy: &Envoy, body: &Value, headers: &[(&str, &str)]) -> (u16, String, Value) {
-    let mut req = c
-        .post(envoy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_string());
+/// A response, read whole: status, headers, the body as text and as JSON (`Null` when it is not JSON).
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Reply {
+    pub async fn of(resp: reqwest::Response) -> Reply {
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap_or_default();
+        Reply {
+            status,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    /// A response header as text; `None` when absent or not visible ASCII.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Sends `req` with `headers` added and reads the whole answer. Panics when no answer comes at all.
+async fn reply(mut req: reqwest::RequestBuilder, headers: &[(&str, &str)]) -> Reply {
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let backend = resp
-        .headers()
-        .get("x-emu-backend")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    (status, backend, body)
+    Reply::of(req.send().await.unwrap()).await
+}
+
+/// Posts `body` to `url` as `content-type: application/json`, with `headers`.
+pub async fn post_json(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let req = c.post(url).header("content-type", "application/json").body(body);
+    reply(req, headers).await
+}
+
+/// Gets `url` with `headers`.
+pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl, headers: &[(&str, &str)]) -> Reply {
+    reply(c.get(url), headers).await
+}
+
+/// Posts a chat body, returns (status, answering backend, body).
+pub async fn post(c: &reqwest::Client, envoy: &Envoy, body: &Value, headers: &[(&str, &str)]) -> (u16, String, Value) {
+    let r = post_json(c, envoy.url("/v1/chat/completions"), body.to_string(), headers).await;
+    let backend = r.header("x-emu-backend").unwrap_or("").to_string();
+    (r.status, backend, r.body)
 }
 
 pub fn tally(backends: impl IntoIterator<Item = String>) -> HashMap<String, usize> {

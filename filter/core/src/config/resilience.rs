@@ -242,7 +242,7 @@ impl Checker<'_> {
         let name = raw?;
         let ok = !name.is_empty()
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && !name.as_bytes()[0].is_ascii_digit();
+            && !name.as_bytes().first().is_some_and(u8::is_ascii_digit);
         if !ok {
             self.error(
                 "credential_env",

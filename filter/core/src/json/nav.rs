@@ -4,6 +4,9 @@
 //! tree it steps over values it does not need. Skipping is a bracket count that knows about strings, with no
 //! allocation. These functions assume valid input: on anything else they stop early rather than fail, and they
 //! never index out of bounds.
+//!
+//! Positions only grow by small steps and never pass the body's length (at most `isize::MAX`), so position
+//! arithmetic saturates: it never actually does, and an impossible overflow cannot wrap back to the body's start.
 
 use std::borrow::Cow;
 
@@ -20,12 +23,12 @@ pub fn skip_value(buf: &[u8], pos: usize) -> usize {
         match b {
             b'"' => i = skip_string(buf, i),
             b'{' | b'[' => {
-                depth += 1;
-                i += 1;
+                depth = depth.saturating_add(1);
+                i = i.saturating_add(1);
             }
             b'}' | b']' => {
                 depth = depth.saturating_sub(1);
-                i += 1;
+                i = i.saturating_add(1);
             }
             _ => {
                 // A scalar: numbers and literals end at a delimiter.
@@ -33,7 +36,7 @@ pub fn skip_value(buf: &[u8], pos: usize) -> usize {
                     if matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
                         break;
                     }
-                    i += 1;
+                    i = i.saturating_add(1);
                 }
             }
         }
@@ -42,27 +45,31 @@ pub fn skip_value(buf: &[u8], pos: usize) -> usize {
         }
         // Inside a container, walk over separators.
         while let Some(b',' | b':' | b' ' | b'\n' | b'\r' | b'\t') = buf.get(i) {
-            i += 1;
+            i = i.saturating_add(1);
         }
     }
 }
 
 fn skip_ws(buf: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\n' | b'\r' | b'\t') = buf.get(i) {
-        i += 1;
+        i = i.saturating_add(1);
     }
     i
 }
 
 /// Returns the index just past the string that opens at `pos`.
 pub fn skip_string(buf: &[u8], pos: usize) -> usize {
-    let mut i = pos + 1;
-    while let Some(&b) = buf.get(i) {
-        match b {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
+    let mut i = pos.saturating_add(1);
+    // From quote or backslash to the next: the bytes between need no look.
+    while let Some(rest) = buf.get(i..) {
+        let Some(at) = rest.iter().position(|&c| c == b'"' || c == b'\\') else {
+            break;
+        };
+        let at = i.saturating_add(at);
+        if buf.get(at) == Some(&b'"') {
+            return at.saturating_add(1);
         }
+        i = at.saturating_add(2);
     }
     buf.len()
 }
@@ -76,7 +83,7 @@ pub fn kind(buf: &[u8], span: Span) -> Option<Kind> {
 pub fn array_items(buf: &[u8], span: Span) -> ArrayItems<'_> {
     ArrayItems {
         buf,
-        pos: span.start + 1,
+        pos: span.start.saturating_add(1),
         end: span.end,
     }
 }
@@ -100,7 +107,7 @@ impl Iterator for ArrayItems<'_> {
         let end = skip_value(self.buf, start);
         let after = skip_ws(self.buf, end);
         self.pos = if self.buf.get(after) == Some(&b',') {
-            after + 1
+            after.saturating_add(1)
         } else {
             self.end
         };
@@ -112,7 +119,7 @@ impl Iterator for ArrayItems<'_> {
 pub fn object_members(buf: &[u8], span: Span) -> ObjectMembers<'_> {
     ObjectMembers {
         buf,
-        pos: span.start + 1,
+        pos: span.start.saturating_add(1),
         end: span.end,
     }
 }
@@ -133,11 +140,11 @@ impl Iterator for ObjectMembers<'_> {
         }
         let kend = skip_string(self.buf, kstart);
         let colon = skip_ws(self.buf, kend);
-        let vstart = skip_ws(self.buf, colon + 1);
+        let vstart = skip_ws(self.buf, colon.saturating_add(1));
         let vend = skip_value(self.buf, vstart);
         let after = skip_ws(self.buf, vend);
         self.pos = if self.buf.get(after) == Some(&b',') {
-            after + 1
+            after.saturating_add(1)
         } else {
             self.end
         };
@@ -177,7 +184,7 @@ pub fn str_value(buf: &[u8], span: Span) -> Option<Cow<'_, str>> {
     if raw.len() < 2 || raw.first() != Some(&b'"') {
         return None;
     }
-    let inner = raw.get(1..raw.len() - 1)?;
+    let inner = raw.get(1..raw.len().saturating_sub(1))?;
     if !inner.contains(&b'\\') {
         return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
     }

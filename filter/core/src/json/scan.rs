@@ -23,8 +23,10 @@ impl Span {
         buf.get(self.start..self.end).unwrap_or_default()
     }
 
+    /// The span's length; an inverted span (`end < start`, which the scanner never makes) is empty, as [`Self::of`]
+    /// reads it.
     pub fn len(&self) -> usize {
-        self.end - self.start
+        self.end.saturating_sub(self.start)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -162,6 +164,13 @@ impl Scanner<'_> {
         self.buf.get(self.pos).copied()
     }
 
+    /// Moves `pos` forward by `n` bytes. Positions never pass the body's length (at most `isize::MAX`), so the
+    /// saturation never happens; it only keeps an impossible overflow from wrapping back to the body's start.
+    #[inline(always)]
+    fn advance(&mut self, n: usize) {
+        self.pos = self.pos.saturating_add(n);
+    }
+
     fn syntax(&self, expected: &'static str) -> JsonError {
         JsonError::Syntax {
             offset: self.pos,
@@ -171,7 +180,7 @@ impl Scanner<'_> {
 
     fn skip_ws(&mut self) {
         while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
-            self.pos += 1;
+            self.advance(1);
         }
     }
 
@@ -191,7 +200,7 @@ impl Scanner<'_> {
             let completed_value = match want {
                 Want::Value | Want::ValueOrCloseArray => {
                     if b == b']' && matches!(want, Want::ValueOrCloseArray) {
-                        self.pos += 1;
+                        self.advance(1);
                         self.stack.pop();
                         true
                     } else {
@@ -200,7 +209,7 @@ impl Scanner<'_> {
                 }
                 Want::KeyOrClose | Want::Key => {
                     if b == b'}' && matches!(want, Want::KeyOrClose) {
-                        self.pos += 1;
+                        self.advance(1);
                         self.stack.pop();
                         true
                     } else if b == b'"' {
@@ -213,7 +222,7 @@ impl Scanner<'_> {
                         if self.peek() != Some(b':') {
                             return Err(self.syntax("':' after an object key"));
                         }
-                        self.pos += 1;
+                        self.advance(1);
                         want = Want::Value;
                         continue;
                     } else {
@@ -226,11 +235,11 @@ impl Scanner<'_> {
                         _ => (b']', Want::Value),
                     };
                     if b == b',' {
-                        self.pos += 1;
+                        self.advance(1);
                         want = next;
                         continue;
                     } else if b == close {
-                        self.pos += 1;
+                        self.advance(1);
                         self.stack.pop();
                         true
                     } else {
@@ -285,7 +294,7 @@ impl Scanner<'_> {
                     return Err(JsonError::TooDeep { limit: self.max_depth });
                 }
                 self.stack.push(b);
-                self.pos += 1;
+                self.advance(1);
                 Ok(false)
             }
             b'"' => self.string().map(|_| true),
@@ -298,8 +307,8 @@ impl Scanner<'_> {
     }
 
     fn literal(&mut self, word: &'static [u8]) -> Result<(), JsonError> {
-        if self.buf.get(self.pos..self.pos + word.len()) == Some(word) {
-            self.pos += word.len();
+        if self.buf.get(self.pos..).is_some_and(|rest| rest.starts_with(word)) {
+            self.advance(word.len());
             Ok(())
         } else {
             Err(self.syntax("true, false or null"))
@@ -308,7 +317,7 @@ impl Scanner<'_> {
 
     /// Consumes a string starting at its opening quote. Returns whether it held an escape.
     fn string(&mut self) -> Result<bool, JsonError> {
-        self.pos += 1;
+        self.advance(1);
         let mut escaped = false;
         loop {
             let rest = self.buf.get(self.pos..).unwrap_or_default();
@@ -317,13 +326,13 @@ impl Scanner<'_> {
                 self.pos = self.buf.len();
                 return Err(self.syntax("a closing '\"'"));
             };
-            self.pos += i;
-            match rest[i] {
-                b'"' => {
-                    self.pos += 1;
+            self.advance(i);
+            match rest.get(i) {
+                Some(b'"') => {
+                    self.advance(1);
                     return Ok(escaped);
                 }
-                b'\\' => {
+                Some(b'\\') => {
                     escaped = true;
                     self.escape()?;
                 }
@@ -334,10 +343,10 @@ impl Scanner<'_> {
 
     /// Consumes one escape sequence starting at its backslash.
     fn escape(&mut self) -> Result<(), JsonError> {
-        self.pos += 1;
+        self.advance(1);
         match self.peek() {
             Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                self.pos += 1;
+                self.advance(1);
                 Ok(())
             }
             Some(b'u') => {
@@ -346,10 +355,10 @@ impl Scanner<'_> {
                     return Err(self.syntax("no lone low surrogate in a \\u escape"));
                 }
                 if (0xD800..0xDC00).contains(&unit) {
-                    if self.buf.get(self.pos..self.pos + 2) != Some(b"\\u") {
+                    if !self.buf.get(self.pos..).is_some_and(|rest| rest.starts_with(b"\\u")) {
                         return Err(self.syntax("a low surrogate after a high surrogate"));
                     }
-                    self.pos += 1;
+                    self.advance(1);
                     let low = self.hex4()?;
                     if !(0xDC00..0xE000).contains(&low) {
                         return Err(self.syntax("a low surrogate after a high surrogate"));
@@ -365,46 +374,48 @@ impl Scanner<'_> {
     fn hex4(&mut self) -> Result<u32, JsonError> {
         let digits = self
             .buf
-            .get(self.pos + 1..self.pos + 5)
+            .get(self.pos..)
+            .and_then(|rest| rest.get(1..5))
             .ok_or(self.syntax("four hex digits"))?;
         let mut unit = 0u32;
         for &d in digits {
             let v = (d as char).to_digit(16).ok_or(self.syntax("four hex digits"))?;
-            unit = unit * 16 + v;
+            // Four hex digits make at most 0xFFFF: the shift cannot lose bits.
+            unit = (unit << 4) | v;
         }
-        self.pos += 5;
+        self.advance(5);
         Ok(unit)
     }
 
     fn digits(&mut self) -> usize {
         let start = self.pos;
         while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
+            self.advance(1);
         }
-        self.pos - start
+        self.pos.saturating_sub(start)
     }
 
     fn number(&mut self) -> Result<(), JsonError> {
         if self.peek() == Some(b'-') {
-            self.pos += 1;
+            self.advance(1);
         }
         match self.peek() {
-            Some(b'0') => self.pos += 1,
+            Some(b'0') => self.advance(1),
             Some(b'1'..=b'9') => {
                 self.digits();
             }
             _ => return Err(self.syntax("a digit")),
         }
         if self.peek() == Some(b'.') {
-            self.pos += 1;
+            self.advance(1);
             if self.digits() == 0 {
                 return Err(self.syntax("a digit after '.'"));
             }
         }
         if let Some(b'e' | b'E') = self.peek() {
-            self.pos += 1;
+            self.advance(1);
             if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
+                self.advance(1);
             }
             if self.digits() == 0 {
                 return Err(self.syntax("a digit in the exponent"));

@@ -46,7 +46,7 @@ impl Ledger {
             Some(p) => p,
             None => {
                 self.owed.push((key.to_string(), vec![0; hosts]));
-                self.owed.len() - 1
+                self.owed.len().saturating_sub(1)
             }
         };
         if let Some((_, deltas)) = self.owed.get_mut(pos) {

@@ -163,9 +163,12 @@ pub fn rendezvous_order(key: u64, hosts: &[HostView]) -> Vec<usize> {
 /// hosts of `total_weight`, a host of `weight` has `max(1, ceil(ceil((total + 1) × factor%) × weight /
 /// total_weight))` slots, and may take another request while it carries no more than that many.
 pub fn bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
-    let total_slots = (u128::from(total) + 1) * u128::from(factor);
+    // In u128 none of these can overflow (at most 2^65 × 2^32 × 2^32 / 100); saturating only satisfies the lint.
+    let total_slots = u128::from(total).saturating_add(1).saturating_mul(u128::from(factor));
     let total_slots = total_slots.div_ceil(100);
-    let slots = (total_slots * u128::from(weight)).div_ceil(u128::from(total_weight.max(1)));
+    let slots = total_slots
+        .saturating_mul(u128::from(weight))
+        .div_ceil(u128::from(total_weight.max(1)));
     u64::try_from(slots).unwrap_or(u64::MAX).max(1)
 }
 
@@ -175,11 +178,18 @@ pub fn bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
 /// keys on 3 hosts are 2, 2, 2 at any factor below 150), while many keys get room to stay on their own
 /// rendezvous host, which is what keeps replicas agreeing.
 pub fn key_bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64 {
-    let share_num = u128::from(total + 1) * u128::from(weight);
+    // In u128 (`total + 1` no longer overflows at `u64::MAX`); products saturate only for factors far beyond any
+    // config, where the bound is `u64::MAX` either way. `den` is at least 1, so the division is by at least 100.
+    let share_num = u128::from(total).saturating_add(1).saturating_mul(u128::from(weight));
     let den = u128::from(total_weight.max(1));
     let ceil_share = share_num.div_ceil(den);
-    let slack = share_num * u128::from(factor.saturating_sub(100)) / (den * 100);
-    u64::try_from(ceil_share + slack).unwrap_or(u64::MAX).max(1)
+    let slack = share_num
+        .saturating_mul(u128::from(factor.saturating_sub(100)))
+        .checked_div(den.saturating_mul(100))
+        .unwrap_or(0);
+    u64::try_from(ceil_share.saturating_add(slack))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Decides the host for `key` at `now_ms`, updating `table`. `None` when no host is up: the filter then leaves
@@ -193,7 +203,7 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
     let known = table.get(key);
     let pinned = known
         .and_then(|e| hosts.iter().position(|h| h.id() == e.host))
-        .filter(|&i| hosts[i].up);
+        .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
     let (home, reason) = match (known, pinned) {
         (Some(e), Some(home)) => {
             if table.promote(key, now_ms, b.max_keys) {
@@ -205,8 +215,10 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
             (home, PlacementReason::Pinned)
         }
         _ => {
-            let home = place_new(table, hosts, &order, b.key_factor);
-            table.insert(key, hosts[home].id(), now_ms, b.max_keys);
+            // Some host is up, so `place_new` finds one; `None` (leave it to Envoy's ring) only guards the index.
+            let home = place_new(table, hosts, &order, b.key_factor)?;
+            let home_id = hosts.get(home)?.id();
+            table.insert(key, home_id, now_ms, b.max_keys);
             let reason = if known.is_some() {
                 PlacementReason::Moved
             } else {
@@ -221,7 +233,9 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
         false => order
             .iter()
             .copied()
-            .find(|&i| i != home && hosts[i].up && within_in_flight(hosts, i, b.in_flight_factor))
+            .find(|&i| {
+                i != home && hosts.get(i).is_some_and(|h| h.up) && within_in_flight(hosts, i, b.in_flight_factor)
+            })
             .map_or((home, reason), |i| (i, PlacementReason::Spilled)),
     };
     Some(HostChoice {
@@ -232,21 +246,24 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 }
 
 /// The first up host in `order` under its live-key bound; failing that (only possible when weights or the
-/// table are odd), the up host with the fewest keys per weight.
-fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> usize {
+/// table are odd), the up host with the fewest keys per weight. `None` only when no host in `order` is up.
+fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> Option<usize> {
     let counts = live_keys(table, hosts);
-    let up = |i: &usize| hosts[*i].up;
-    let total: u64 = (0..hosts.len()).filter(up).map(|i| counts[i]).sum();
+    let up = |i: &usize| hosts.get(*i).is_some_and(|h| h.up);
+    let count = |i: usize| counts.get(i).copied().unwrap_or(0);
+    let weight = |i: usize| hosts.get(i).map_or(1, |h| h.weight.max(1));
+    let total: u64 = hosts.iter().zip(&counts).filter(|(h, _)| h.up).map(|(_, &c)| c).sum();
     let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
-    let under = |i: &usize| counts[*i] < key_bound(factor, total, hosts[*i].weight.max(1), total_weight);
-    order.iter().copied().filter(up).find(under).unwrap_or_else(|| {
-        let per_weight = |i: usize| (counts[i] * 1_000_000) / u64::from(hosts[i].weight.max(1));
-        order
-            .iter()
-            .copied()
-            .filter(up)
-            .min_by_key(|&i| per_weight(i))
-            .unwrap_or(0)
+    let under = |i: &usize| count(*i) < key_bound(factor, total, weight(*i), total_weight);
+    order.iter().copied().filter(up).find(under).or_else(|| {
+        // Weights are at least 1, so the division never fails; counts are bounded by the table size.
+        let per_weight = |i: usize| {
+            count(i)
+                .saturating_mul(1_000_000)
+                .checked_div(u64::from(weight(i)))
+                .unwrap_or(u64::MAX)
+        };
+        order.iter().copied().filter(up).min_by_key(|&i| per_weight(i))
     })
 }
 
@@ -254,7 +271,9 @@ fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32)
 fn within_in_flight(hosts: &[HostView], i: usize, factor: u32) -> bool {
     let total: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.in_flight)).sum();
     let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
-    let h = &hosts[i];
+    let Some(h) = hosts.get(i) else {
+        return false;
+    };
     u64::from(h.in_flight) <= bound(factor, total, h.weight.max(1), total_weight)
 }
 

@@ -23,7 +23,8 @@ const ENTRY_BYTES: usize = 21;
 /// for keys on probation, so a new tenant has time for its second request before one-off keys push it out.
 pub fn established_cap(max_keys: usize) -> usize {
     let max = max_keys.max(1);
-    max - (max / 5).max(1)
+    // `max / 5` is below `max` when it is at least 1, and `max` is at least 1: no underflow.
+    max.saturating_sub((max / 5).max(1))
 }
 
 /// One remembered key: where it lives and when it was last seen.
@@ -131,7 +132,7 @@ impl KeyTable {
                     if let Some(e) = self.entries.get_mut(i) {
                         e.established = false;
                     }
-                    established -= 1;
+                    established = established.saturating_sub(1);
                 }
                 None => break,
             }
@@ -173,14 +174,14 @@ impl KeyTable {
         let mut counts = vec![0u64; ids.len()];
         for e in &self.entries {
             if let Some(c) = ids.iter().position(|id| *id == e.host).and_then(|i| counts.get_mut(i)) {
-                *c += 1;
+                *c = c.saturating_add(1);
             }
         }
         counts
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + self.entries.len() * ENTRY_BYTES);
+        let mut out = Vec::with_capacity(self.entries.len().saturating_mul(ENTRY_BYTES).saturating_add(1));
         out.push(VERSION);
         for e in &self.entries {
             out.extend_from_slice(&e.key.to_le_bytes());
@@ -229,7 +230,7 @@ impl KeyTable {
 /// bytes read as zeros, resized to `hosts`.
 pub fn decode_in_flight(bytes: &[u8], hosts: usize) -> Vec<u32> {
     let mut counts = vec![0u32; hosts];
-    if bytes.len() == hosts * 4 {
+    if hosts.checked_mul(4) == Some(bytes.len()) {
         for (c, chunk) in counts.iter_mut().zip(bytes.chunks_exact(4)) {
             *c = u32::from_le_bytes(chunk.try_into().unwrap_or_default());
         }

@@ -77,12 +77,13 @@ impl SseReader {
                 self.start = at;
             }
             match b {
-                b'\n' => self.end_line(at + 1, &mut on_event),
+                // Stream offsets saturate like `fed` above: a stream of 2^64 bytes is not one to count exactly.
+                b'\n' => self.end_line(at.saturating_add(1), &mut on_event),
                 b'\r' => {
-                    let end = if bytes.get(i + 1) == Some(&b'\n') {
-                        at + 2
+                    let end = if bytes.get(i.saturating_add(1)) == Some(&b'\n') {
+                        at.saturating_add(2)
                     } else {
-                        at + 1
+                        at.saturating_add(1)
                     };
                     self.pending_cr = true;
                     self.end_line(end, &mut on_event);
@@ -164,7 +165,7 @@ impl SseReader {
         if ev.oversized {
             return;
         }
-        if ev.data.len() + value.len() + 1 > self.max_event {
+        if ev.data.len().saturating_add(value.len()).saturating_add(1) > self.max_event {
             ev.oversized = true;
             ev.data.clear();
             return;

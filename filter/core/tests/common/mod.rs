@@ -1,4 +1,6 @@
 //! Shared helpers for the integration tests: configs, SDK fixtures, a deterministic generator.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(dead_code)]
 
 use llmroute_core::json::{scan_object, Member, Span, MAX_DEPTH};
