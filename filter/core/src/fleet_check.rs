@@ -189,12 +189,25 @@ pub fn decode_slots_by_address(bytes: &[u8]) -> Vec<(String, u32)> {
         .collect()
 }
 
-/// The reported slots of each of `addresses` (the hosts placement works on), in their order: 0 for a host the
-/// last check did not read (it joined since, or did not answer), which counts as one slot.
+/// The reported slots of each of `addresses` (the hosts placement works on), in their order. A host the last
+/// check read but that did not say gets 0 (one slot). A host the last check did not know (it joined since) gets
+/// the figure most hosts reported (ties: the smaller), as a new server of a fleet is most likely started like its
+/// peers; counting it as one slot would keep new keys off it until the next check.
 pub fn slots_at(addresses: &[String], reported: &[(String, u32)]) -> Vec<u32> {
+    let mut counts: Vec<(u32, usize)> = Vec::new();
+    for (_, n) in reported.iter().filter(|(_, n)| *n > 0) {
+        match counts.iter_mut().find(|(v, _)| v == n) {
+            Some((_, c)) => *c = c.saturating_add(1),
+            None => counts.push((*n, 1)),
+        }
+    }
+    let usual = counts
+        .iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map_or(0, |(v, _)| *v);
     addresses
         .iter()
-        .map(|a| reported.iter().find(|(r, _)| r == a).map_or(0, |(_, n)| *n))
+        .map(|a| reported.iter().find(|(r, _)| r == a).map_or(usual, |(_, n)| *n))
         .collect()
 }
 
@@ -570,7 +583,14 @@ mod tests {
         });
         let got: Vec<(&str, usize, &str, Option<&str>)> = t
             .iter()
-            .map(|t| (t.backend.as_str(), t.index, t.cluster.as_str(), t.original_dst.as_deref()))
+            .map(|t| {
+                (
+                    t.backend.as_str(),
+                    t.index,
+                    t.cluster.as_str(),
+                    t.original_dst.as_deref(),
+                )
+            })
             .collect();
         assert_eq!(
             got,
@@ -583,7 +603,9 @@ mod tests {
             ],
             "vllm is not probed, nor a single discovered host"
         );
-        assert!(t.iter().all(|t| t.original_dst.as_ref().is_none_or(|a| *a == t.endpoint)));
+        assert!(t
+            .iter()
+            .all(|t| t.original_dst.as_ref().is_none_or(|a| *a == t.endpoint)));
     }
 
     #[test]
@@ -591,7 +613,11 @@ mod tests {
         let cfg = config(DISCOVERED);
         let now = 1_000_000;
         let stale = crate::status::STALE_AFTER_MS + 1;
-        for hosts in [None, listed(now - stale, &["10.0.0.1:8080", "10.0.0.2:8080"]), listed(now, &[])] {
+        for hosts in [
+            None,
+            listed(now - stale, &["10.0.0.1:8080", "10.0.0.2:8080"]),
+            listed(now, &[]),
+        ] {
             let t = round_targets(&cfg, now, |b| if b == "d" { hosts.clone() } else { None });
             assert!(t.iter().all(|t| t.backend == "a"), "{hosts:?}: {t:?}");
         }
@@ -612,7 +638,9 @@ mod tests {
     #[test]
     fn a_huge_discovered_backend_is_probed_up_to_the_bound() {
         let cfg = config(DISCOVERED);
-        let many: Vec<String> = (0..MAX_PROBED_HOSTS + 10).map(|i| format!("10.1.{}.{}:8080", i / 256, i % 256)).collect();
+        let many: Vec<String> = (0..MAX_PROBED_HOSTS + 10)
+            .map(|i| format!("10.1.{}.{}:8080", i / 256, i % 256))
+            .collect();
         let t = round_targets(&cfg, 10, |b| (b == "d").then(|| (10, many.clone())));
         assert_eq!(t.iter().filter(|t| t.backend == "d").count(), MAX_PROBED_HOSTS);
     }
@@ -625,13 +653,21 @@ mod tests {
             _ => None,
         });
         // Targets 0 and 1 are backend a's; 2, 3, 4 the discovered hosts. 10.0.0.2 did not answer.
-        let answers = [(0, props(4096, 2)), (1, props(4096, 2)), (4, props(2048, 4)), (2, props(4096, 1))];
+        let answers = [
+            (0, props(4096, 2)),
+            (1, props(4096, 2)),
+            (4, props(2048, 4)),
+            (2, props(4096, 1)),
+        ];
         let found = check_round(&t, &answers);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found.iter().all(|f| f.backend == "d"));
         assert_eq!(
             found[0].groups,
-            vec![(2048, vec!["10.0.0.3:8080".into()]), (4096, vec!["10.0.0.1:8080".into()])]
+            vec![
+                (2048, vec!["10.0.0.3:8080".into()]),
+                (4096, vec!["10.0.0.1:8080".into()])
+            ]
         );
         // Configured slots stay by endpoint index; discovered hosts are not mixed in.
         assert_eq!(reported_slots(&t, &answers), vec![("a".to_string(), vec![2, 2])]);
@@ -640,14 +676,38 @@ mod tests {
             by_address,
             vec![(
                 "d".to_string(),
-                vec![("10.0.0.1:8080".into(), 1), ("10.0.0.2:8080".into(), 0), ("10.0.0.3:8080".into(), 4)]
+                vec![
+                    ("10.0.0.1:8080".into(), 1),
+                    ("10.0.0.2:8080".into(), 0),
+                    ("10.0.0.3:8080".into(), 4)
+                ]
             )]
         );
         // Stored, then read back by a placement whose list has changed since: 10.0.0.1 left, 10.0.0.4 joined.
         let stored = decode_slots_by_address(&encode_slots_by_address(&by_address[0].1));
         assert_eq!(stored, by_address[0].1);
-        let now_listed: Vec<String> = ["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"].map(String::from).into();
-        assert_eq!(slots_at(&now_listed, &stored), vec![0, 4, 0]);
+        let now_listed: Vec<String> = ["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"]
+            .map(String::from)
+            .into();
+        // 10.0.0.2 was read and did not say: one slot. 10.0.0.4 is new: the usual figure (1 and 4 tie: 1).
+        assert_eq!(slots_at(&now_listed, &stored), vec![0, 4, 1]);
+    }
+
+    #[test]
+    fn a_host_that_joined_since_the_check_takes_the_usual_figure() {
+        let r =
+            |list: &[(&str, u32)]| -> Vec<(String, u32)> { list.iter().map(|(a, n)| (a.to_string(), *n)).collect() };
+        let hosts: Vec<String> = ["h1", "h2", "h3", "new"].map(String::from).into();
+        assert_eq!(
+            slots_at(&hosts, &r(&[("h1", 4), ("h2", 4), ("h3", 1)])),
+            vec![4, 4, 1, 4]
+        );
+        assert_eq!(
+            slots_at(&hosts, &r(&[("h1", 8), ("h2", 0), ("h3", 0)])),
+            vec![8, 0, 0, 8]
+        );
+        assert_eq!(slots_at(&hosts, &r(&[("h1", 0)])), vec![0, 0, 0, 0]);
+        assert_eq!(slots_at(&hosts, &[]), vec![0; 4]);
     }
 
     #[test]
@@ -659,8 +719,13 @@ mod tests {
             decode_slots_by_address(br#"[["10.0.0.1:1",4294967295]]"#),
             vec![("10.0.0.1:1".to_string(), MAX_SLOTS)]
         );
-        let many: Vec<(String, u32)> = (0..crate::status::MAX_HOSTS + 5).map(|i| (format!("h{i}"), 1)).collect();
-        assert_eq!(decode_slots_by_address(&encode_slots_by_address(&many)).len(), crate::status::MAX_HOSTS);
+        let many: Vec<(String, u32)> = (0..crate::status::MAX_HOSTS + 5)
+            .map(|i| (format!("h{i}"), 1))
+            .collect();
+        assert_eq!(
+            decode_slots_by_address(&encode_slots_by_address(&many)).len(),
+            crate::status::MAX_HOSTS
+        );
     }
 
     #[test]

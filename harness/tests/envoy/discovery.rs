@@ -351,3 +351,75 @@ async fn istio_cluster_names_route_and_label_metrics() {
         .collect();
     assert_eq!(names, [ISTIO, ODD]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_llamacpp_hosts_are_fleet_checked_and_weighed_by_their_own_slots() {
+    // Three engines behind the EDS file, like llama-servers started with -np 1, 1 and 4; the 4-slot one also has
+    // another context per slot (2048 instead of 4096).
+    let fleet = Fleet::start_with(BACKEND, 3, |o| {
+        if o.name.ends_with('2') {
+            o.total_slots = 4;
+            o.n_ctx = 2048;
+        } else {
+            o.total_slots = 1;
+        }
+    })
+    .await
+    .unwrap();
+    let big = fleet
+        .engines
+        .iter()
+        .position(|e| e.name().ends_with('2'))
+        .expect("an engine named ...2");
+    let addrs = fleet.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("eds.json");
+    write_eds(&eds, BACKEND, 1, &addrs);
+    let envoy = Envoy::start(discovered_config(&eds)).await.unwrap();
+    wait_hosts(&envoy, 3).await;
+
+    // The check reads every discovered host through the original-destination probe cluster and warns.
+    let warned = wait_for(Duration::from_secs(15), || async {
+        envoy.stat("wasmcustom.llmroute_fleet_warnings_total").await >= Some(1)
+            && envoy.log().lines().any(|l| l.contains("disagree on n_ctx"))
+    })
+    .await;
+    let log = envoy.log();
+    assert!(
+        warned.is_some(),
+        "no fleet-check warning for the discovered hosts:\n{log}"
+    );
+    let line = log.lines().find(|l| l.contains("disagree on n_ctx")).unwrap();
+    assert!(
+        line.contains("warning") && line.contains(&format!("backend {BACKEND}")),
+        "{line}"
+    );
+    assert!(line.contains(&format!("2048 at {}", addrs[big])), "{line}");
+    for (i, a) in addrs.iter().enumerate().filter(|(i, _)| *i != big) {
+        assert!(line.contains(a.as_str()), "host {i} ({a}) missing: {line}");
+    }
+    let props: Vec<usize> = fleet
+        .engines
+        .iter()
+        .map(|e| e.requests().iter().filter(|r| r.path == "/props").count())
+        .collect();
+    assert!(props.iter().all(|n| *n >= 1), "/props requests per engine: {props:?}");
+    assert!(
+        envoy.stat("wasmcustom.llmroute_fleet_checks_total").await >= Some(1),
+        "the check completed"
+    );
+
+    // The reported total_slots reach placement, by address: with weights 1, 1 and 4 and a balance factor of
+    // 150 %, a 1-slot host holds at most 2 of 12 keys, so the 4-slot host holds at least 8 (all equal, at most 6).
+    let c = client();
+    let mut on_big = 0;
+    for t in 0..12 {
+        let (engine, _) = home(&c, &envoy, 100 + t).await;
+        on_big += usize::from(engine == fleet.engines[big].name());
+    }
+    assert!(
+        on_big >= 8,
+        "only {on_big} of 12 keys on the 4-slot host:\n{}",
+        envoy.log()
+    );
+}
