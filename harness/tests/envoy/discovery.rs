@@ -423,3 +423,51 @@ async fn discovered_llamacpp_hosts_are_fleet_checked_and_weighed_by_their_own_sl
         envoy.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_steer_the_original_destination_probe_cluster() {
+    // The probe cluster connects wherever `x-envoy-original-dst-host` says. Only the filter's own calls may use
+    // it: a client naming the cluster and another host must not reach that host.
+    let fleet = Fleet::start(BACKEND, 2).await.unwrap();
+    let outsider = Fleet::start("outsider", 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("eds.json");
+    write_eds(&eds, BACKEND, 1, &fleet.endpoints());
+    let envoy = Envoy::start(discovered_config(&eds)).await.unwrap();
+    wait_hosts(&envoy, 2).await;
+    let probe = llmroute_core::envoy_contract::discovered_probe_cluster(BACKEND);
+    let target = outsider.endpoints()[0].clone();
+    let steer = [
+        ("x-llmroute-cluster", probe.as_str()),
+        ("x-envoy-original-dst-host", target.as_str()),
+    ];
+    let c = client();
+    let (status, engine, body) = post(&c, &envoy, &chat(None, "hi"), &steer).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        fleet.engines.iter().any(|e| e.name() == engine),
+        "answered by {engine:?}"
+    );
+    for path in ["/props", "/v1/models", "/health"] {
+        let mut req = c.get(envoy.url(path));
+        for (k, v) in steer {
+            req = req.header(k, v);
+        }
+        let status = req.send().await.map(|r| r.status().as_u16());
+        eprintln!("GET {path} with steering headers: {status:?}");
+    }
+    // Meanwhile the filter's own check reads /props from the fleet through that very cluster.
+    let checked = wait_for(Duration::from_secs(15), || async {
+        fleet
+            .engines
+            .iter()
+            .all(|e| e.requests().iter().any(|r| r.path == "/props"))
+    })
+    .await;
+    assert!(checked.is_some(), "the fleet check never read the discovered hosts");
+    let reached: Vec<String> = outsider.engines[0].requests().iter().map(|r| r.path.clone()).collect();
+    assert!(
+        reached.is_empty(),
+        "a client reached {target} through {probe}: {reached:?}"
+    );
+}
