@@ -76,9 +76,14 @@ impl Prober {
             // Some server never answered in time: compare those that did (a late answer is ignored).
             self.finish();
         }
-        // Nothing to read yet (a discovered backend before the first poll): leave the lease for a later tick.
+        if !claim_check(now) {
+            return;
+        }
         let targets: Rc<[ProbeTarget]> = fleet_check::round_targets(&cfg, now, stored_hosts).into();
-        if targets.is_empty() || !claim_check(now) {
+        if targets.is_empty() {
+            // Nothing to read yet (a discovered backend before the first poll): give the lease back, so the check
+            // runs as soon as a host list is stored rather than an interval later.
+            host::set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
             return;
         }
         let mut pending = Vec::with_capacity(targets.len());
