@@ -15,6 +15,10 @@
 //! [`Finding`]: the filter logs it as a warning and adds one to `llmroute_fleet_warnings_total`. A mismatch
 //! that lasts is reported at every check.
 //!
+//! A discovered `llamacpp` backend is checked on the hosts of the status poll's latest fresh host list
+//! ([`round_targets`]), through one original-destination cluster per backend ([`discovered_probe_cluster`]) whose
+//! calls name the host; what those hosts report is kept by address ([`reported_slots_by_address`], [`slots_at`]).
+//!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
 use crate::key_placement::MAX_SLOTS;
