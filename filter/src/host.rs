@@ -188,7 +188,20 @@ pub fn set_tick_period(period_ms: u64) -> bool {
 /// Starts a body-less `GET path` to the Envoy cluster `cluster`; the answer arrives in `on_http_call_response`
 /// with the returned token. Through the SDK, whose dispatcher must know the token (see the module doc).
 pub fn dispatch_get(cluster: &str, path: &str, timeout_ms: u64) -> Option<u32> {
-    let headers = vec![(":method", "GET"), (":path", path), (":authority", cluster)];
+    dispatch_get_with(cluster, path, cluster, &[], timeout_ms)
+}
+
+/// As [`dispatch_get`], with the `:authority` and `extra` request headers given (the caller's own values,
+/// never a client's).
+pub fn dispatch_get_with(
+    cluster: &str,
+    path: &str,
+    authority: &str,
+    extra: &[(&str, &str)],
+    timeout_ms: u64,
+) -> Option<u32> {
+    let mut headers = vec![(":method", "GET"), (":path", path), (":authority", authority)];
+    headers.extend_from_slice(extra);
     let timeout = std::time::Duration::from_millis(timeout_ms);
     hostcalls::dispatch_http_call(cluster, headers, None, Vec::new(), timeout)
         .map_err(|s| log::debug!("llmroute: calling cluster {cluster} failed: {s:?}"))

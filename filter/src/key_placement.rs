@@ -13,6 +13,7 @@
 
 use llmroute_core::config::{Backend, LbPolicy};
 use llmroute_core::envoy_contract::shared;
+use llmroute_core::fleet_check;
 use std::cell::RefCell;
 
 use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
@@ -81,6 +82,15 @@ pub fn store_reported_slots(backend: &str, slots: &[u32]) {
     host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
 }
 
+/// Keeps the `total_slots` the `/props` check read from each host of the discovered `backend`, by `IP:PORT`.
+pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
+    host::set_shared_data(
+        &shared::slots_by_address(backend),
+        &fleet_check::encode_slots_by_address(slots),
+        None,
+    );
+}
+
 /// The backend's hosts as the placement sees them, or `None` when placement does not apply to it: not `chwbl`,
 /// or no usable address list (see [`addresses`]).
 ///
@@ -99,10 +109,18 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
         .map(|(_, down)| down);
     let (counts, _) = host::shared_data(&shared::in_flight(&backend.name));
     let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), addresses.len());
-    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props`, else all equal. The
-    // `/props` check knows only configured endpoints, so discovered hosts count the same.
+    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props` (by address for a
+    // discovered backend, whose list changes), else all equal.
     let reported = match (&backend.slots, backend.discovered()) {
-        (Some(_), _) | (None, true) => Vec::new(),
+        (Some(_), _) => Vec::new(),
+        (None, true) => fleet_check::slots_at(
+            &addresses,
+            &fleet_check::decode_slots_by_address(
+                &host::shared_data(&shared::slots_by_address(&backend.name))
+                    .0
+                    .unwrap_or_default(),
+            ),
+        ),
         (None, false) => table::decode_in_flight(
             &host::shared_data(&shared::slots(&backend.name)).0.unwrap_or_default(),
             backend.endpoints.len(),

@@ -6,10 +6,17 @@
 //! process checks, every [`fleet_check::CHECK_INTERVAL_MS`]. It sends one `dispatch_http_call` per endpoint,
 //! each to that endpoint's probe cluster, and compares the answers once all are in or
 //! [`fleet_check::CHECK_TIMEOUT_MS`] has passed. Requests never wait for any of this.
+//!
+//! The hosts of a discovered backend are those of the status poll's latest fresh host list (see `status`),
+//! taken when the check starts. Each call goes to the backend's original-destination probe cluster and names
+//! its host in [`ORIGINAL_DST_HEADER`]: only this call sets that header, and only to an address the poll listed.
+//! What they report is kept by address (`store_reported_slots_by_address`), since the list changes.
 
 use std::rc::Rc;
 
+use llmroute_core::envoy_contract::ORIGINAL_DST_HEADER;
 use llmroute_core::fleet_check::{self, ProbeTarget, ServerProps};
+use llmroute_core::key_placement::table;
 use llmroute_core::status::TICK_MS;
 use llmroute_core::Config;
 
@@ -21,6 +28,8 @@ const LEASE_KEY: &str = llmroute_core::envoy_contract::shared::PROPS_LEASE;
 /// One check in progress in this root context.
 struct Round {
     started_ms: u64,
+    /// What this check reads (the discovered hosts change from one check to the next).
+    targets: Rc<[ProbeTarget]>,
     /// `(call token, index into targets)` of the calls not answered yet.
     pending: Vec<(u32, usize)>,
     /// `(index into targets, props)` of the servers that answered.
@@ -30,7 +39,8 @@ struct Round {
 /// One root context's side of the fleet check.
 #[derive(Default)]
 pub struct Prober {
-    targets: Rc<[ProbeTarget]>,
+    /// Set when the config has anything to check (see `fleet_check::checks_anything`).
+    cfg: Option<Rc<Config>>,
     round: Option<Round>,
     /// `llmroute_fleet_warnings_total`: one per finding logged.
     warnings: Option<u32>,
@@ -42,20 +52,22 @@ pub struct Prober {
 
 impl Prober {
     /// Starts checking the llama.cpp backends of `cfg`, from `on_configure`. Does nothing without any.
-    pub fn start(&mut self, cfg: &Config) {
-        self.targets = fleet_check::targets(cfg).into();
-        if self.targets.is_empty() {
+    pub fn start(&mut self, cfg: Rc<Config>) {
+        self.round = None;
+        if !fleet_check::checks_anything(&cfg) {
+            self.cfg = None;
             return;
         }
+        self.cfg = Some(cfg);
         self.warnings = host::define_counter("llmroute_fleet_warnings_total");
         self.checks = host::define_counter("llmroute_fleet_checks_total");
         host::set_tick_period(TICK_MS);
     }
 
     pub fn on_tick(&mut self) {
-        if self.targets.is_empty() {
+        let Some(cfg) = self.cfg.clone() else {
             return;
-        }
+        };
         let now = host::now_ms();
         if let Some(round) = &self.round {
             if now.saturating_sub(round.started_ms) <= fleet_check::CHECK_TIMEOUT_MS + TICK_MS {
@@ -67,15 +79,33 @@ impl Prober {
         if !claim_check(now) {
             return;
         }
-        let mut pending = Vec::with_capacity(self.targets.len());
-        for (i, t) in self.targets.iter().enumerate() {
-            match host::dispatch_get(&t.cluster, fleet_check::PROPS_PATH, fleet_check::CHECK_TIMEOUT_MS) {
+        let targets: Rc<[ProbeTarget]> = fleet_check::round_targets(&cfg, now, stored_hosts).into();
+        if targets.is_empty() {
+            // Nothing to read yet (a discovered backend before the first poll): give the lease back, so the check
+            // runs as soon as a host list is stored rather than an interval later.
+            host::set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
+            return;
+        }
+        let mut pending = Vec::with_capacity(targets.len());
+        for (i, t) in targets.iter().enumerate() {
+            let token = match &t.original_dst {
+                None => host::dispatch_get(&t.cluster, fleet_check::PROPS_PATH, fleet_check::CHECK_TIMEOUT_MS),
+                Some(address) => host::dispatch_get_with(
+                    &t.cluster,
+                    fleet_check::PROPS_PATH,
+                    address,
+                    &[(ORIGINAL_DST_HEADER, address)],
+                    fleet_check::CHECK_TIMEOUT_MS,
+                ),
+            };
+            match token {
                 Some(token) => pending.push((token, i)),
                 None if !self.missing_logged => {
                     self.missing_logged = true;
                     log::info!(
                         "llmroute: fleet check: cluster {} cannot be called, so {} is not checked; \
-                         `llmroute render` adds one probe cluster per llama.cpp endpoint",
+                         `llmroute render` adds one probe cluster per llama.cpp endpoint, and one \
+                         original-destination cluster per discovered llama.cpp backend",
                         t.cluster,
                         t.endpoint
                     );
@@ -85,6 +115,7 @@ impl Prober {
         }
         self.round = Some(Round {
             started_ms: now,
+            targets,
             pending,
             answers: Vec::new(),
         });
@@ -101,7 +132,7 @@ impl Prober {
             return;
         };
         let (_, index) = round.pending.swap_remove(pos);
-        let endpoint = self.targets.get(index).map_or("?", |t| t.endpoint.as_str());
+        let endpoint = round.targets.get(index).map_or("?", |t| t.endpoint.as_str());
         match host::http_call_status() {
             Some(200) => match host::http_call_body(body_size).map(|b| fleet_check::parse_props(&b)) {
                 Some(Ok(props)) => round.answers.push((index, props)),
@@ -121,15 +152,23 @@ impl Prober {
         let Some(round) = self.round.take() else {
             return;
         };
-        for finding in fleet_check::check_round(&self.targets, &round.answers) {
+        for finding in fleet_check::check_round(&round.targets, &round.answers) {
             log::warn!("llmroute: fleet check: {finding}");
             host::increment(self.warnings);
         }
-        for (backend, slots) in fleet_check::reported_slots(&self.targets, &round.answers) {
+        for (backend, slots) in fleet_check::reported_slots(&round.targets, &round.answers) {
             crate::key_placement::store_reported_slots(&backend, &slots);
+        }
+        for (backend, slots) in fleet_check::reported_slots_by_address(&round.targets, &round.answers) {
+            crate::key_placement::store_reported_slots_by_address(&backend, &slots);
         }
         host::increment(self.checks);
     }
+}
+
+/// The host list the status poll last stored for a discovered backend: `(taken_at_ms, sorted IP:PORTs)`.
+fn stored_hosts(backend: &str) -> Option<(u64, Vec<String>)> {
+    table::decode_down(&host::shared_data(&llmroute_core::envoy_contract::shared::hosts(backend)).0?)
 }
 
 /// Claims the check due at `now`, if one is due and no other root context claimed it first.

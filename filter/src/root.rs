@@ -79,7 +79,7 @@ impl RootContext for Root {
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
-                        self.props.start(cfg);
+                        self.props.start(cfg.clone());
                     }
                 }
                 true

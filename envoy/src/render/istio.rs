@@ -9,7 +9,8 @@
 //!   (ECDS), the only path on which istio-agent downloads a module and hands Envoy a local file;
 //! - `HTTP_ROUTE` `MERGE` onto the `VirtualService` route named `llmroute`: `cluster_header` (a
 //!   `VirtualService` cannot read the cluster from a header) and the affinity hash policy;
-//! - `CLUSTER` `ADD`: `llmroute_admin`, the proxy's admin port that the filter polls; `CLUSTER` `MERGE`:
+//! - `CLUSTER` `ADD`: `llmroute_admin`, the proxy's admin port that the filter polls, and for each `llamacpp`
+//!   backend the `/props` fleet check's original-destination cluster (`llmroute-dst-probe-<cluster>`); `CLUSTER` `MERGE`:
 //!   `hash_balance_factor` (CHWBL), `update_merge_window: 0s` and active health checks, which a
 //!   `DestinationRule` cannot express;
 //! - `LISTENER` `MERGE`: `per_connection_buffer_limit_bytes` above the filter's body limit (Istio's 1 MiB
@@ -375,6 +376,16 @@ fn envoy_filter(
         "match": { "context": ctx },
         "patch": { "operation": "ADD", "value": admin::cluster(std::net::SocketAddr::from(([127, 0, 0, 1], opts.admin_port))) },
     }));
+    // The `/props` fleet check reaches each pod of a llama.cpp backend through an original-destination cluster.
+    // Istio's own cluster is not copied (its mTLS socket matches endpoint metadata these hosts lack): the probe
+    // is plain HTTP, which the pods' sidecars accept under PERMISSIVE mTLS (see docs/operations.md).
+    for b in llmroute_core::fleet_check::discovered_backends(cfg) {
+        patches.push(json!({
+            "applyTo": "CLUSTER",
+            "match": { "context": ctx },
+            "patch": { "operation": "ADD", "value": super::probe::discovered_cluster(b, None) },
+        }));
+    }
     for (b, c) in backends {
         let mut merge = json!({ "common_lb_config": { "update_merge_window": "0s" } });
         if b.lb == LbPolicy::Chwbl {
@@ -475,6 +486,29 @@ mod tests {
                 > 8 << 20
         );
         assert!(p.iter().any(|x| x["patch"]["value"]["name"] == "llmroute_admin"));
+        // The llama.cpp backend's pods get the fleet check's original-destination cluster; vLLM's do not.
+        let probes: Vec<&Value> = p
+            .iter()
+            .filter(|x| {
+                x["patch"]["value"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(contract::DISCOVERED_PROBE_CLUSTER_PREFIX))
+            })
+            .collect();
+        assert_eq!(probes.len(), 1, "{probes:?}");
+        assert_eq!(
+            (probes[0]["applyTo"].as_str(), probes[0]["patch"]["operation"].as_str()),
+            (Some("CLUSTER"), Some("ADD"))
+        );
+        let c = &probes[0]["patch"]["value"];
+        assert_eq!(
+            c["name"],
+            "llmroute-dst-probe-outbound|8080||llama.models.svc.cluster.local"
+        );
+        assert_eq!(
+            (c["type"].as_str(), c["lb_policy"].as_str()),
+            (Some("ORIGINAL_DST"), Some("CLUSTER_PROVIDED"))
+        );
     }
 
     #[test]

@@ -9,8 +9,18 @@
 //! the TLS context that verifies this endpoint's name, and a copy of the backend cluster's upstream filters (the
 //! credential injector).
 //! It has no health check, no outlier detection and no load balancer settings, and no route names it.
+//!
+//! A discovered `llamacpp` backend has no endpoint list to render. It gets one `ORIGINAL_DST` cluster instead,
+//! named by [`discovered_probe_cluster`], with `lb_policy: CLUSTER_PROVIDED` and
+//! `original_dst_lb_config.use_http_header`: each of the filter's calls names its host (`IP:PORT`) in
+//! [`ORIGINAL_DST_HEADER`], and Envoy connects there. Envoy cannot limit such a cluster to a set of hosts; what
+//! limits it is that only the filter's own `dispatch_http_call`s reach it (they do not pass through the
+//! listener's filter chain, and no route names the cluster, so a client's request can neither choose it nor set
+//! its header), and that the filter names only hosts the status poll found in the backend's cluster. It copies
+//! the backend cluster's connect timeout, TLS and upstream filters when `llmroute render` writes that cluster.
 
-use llmroute_core::config::Config;
+use llmroute_core::config::{Backend, Config};
+use llmroute_core::envoy_contract::{discovered_probe_cluster, ORIGINAL_DST_HEADER};
 use llmroute_core::fleet_check::{self, ProbeTarget};
 use serde_json::{json, Value};
 
@@ -46,7 +56,30 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
             Some(c)
         })
         .collect();
+    let discovered: Vec<Value> = fleet_check::discovered_backends(cfg)
+        .map(|b| discovered_cluster(b, clusters.iter().find(|c| c["name"] == b.name.as_str())))
+        .collect();
     clusters.extend(probes);
+    clusters.extend(discovered);
+}
+
+/// The original-destination probe cluster of the discovered backend `b`; `from` is the backend's rendered
+/// cluster, when `llmroute render` writes it (an `eds_path` backend), whose TLS and upstream filters it copies.
+pub fn discovered_cluster(b: &Backend, from: Option<&Value>) -> Value {
+    let name = discovered_probe_cluster(&b.name);
+    let mut c = json!({
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "original_dst_lb_config": { "use_http_header": true, "http_header_name": ORIGINAL_DST_HEADER },
+        "connect_timeout": duration_ms(b.connect_timeout_ms),
+    });
+    for key in COPIED {
+        if let Some(v) = from.and_then(|f| f.get(key)) {
+            c[key] = v.clone();
+        }
+    }
+    c
 }
 
 fn cluster(
@@ -187,5 +220,47 @@ mod tests {
             serde_json::json!([{ "san_type": "DNS", "matcher": { "exact": "llama.internal" } }])
         );
         assert_eq!(p1["transport_socket"]["typed_config"]["sni"], "llama.internal");
+    }
+    #[test]
+    fn a_discovered_llamacpp_backend_gets_one_original_destination_probe_cluster() {
+        let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";
+        let v = render(doc);
+        let names: Vec<String> = clusters(&v)
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "d",
+                "dv",
+                "llmroute-dst-probe-d",
+                "llmroute-dst-probe-ext",
+                ADMIN_CLUSTER
+            ],
+            "one per discovered llama.cpp backend, none for vLLM; a cluster defined elsewhere still gets one"
+        );
+        let p = named(&v, "llmroute-dst-probe-d");
+        assert_eq!(p["type"], "ORIGINAL_DST");
+        assert_eq!(p["lb_policy"], "CLUSTER_PROVIDED");
+        assert_eq!(p["original_dst_lb_config"]["use_http_header"], true);
+        assert_eq!(
+            p["original_dst_lb_config"]["http_header_name"],
+            "x-envoy-original-dst-host"
+        );
+        assert_eq!(p["connect_timeout"], "0.600s");
+        assert!(p.get("load_assignment").is_none(), "Envoy adds hosts on demand");
+        let backend = named(&v, "d");
+        assert_eq!(
+            p["typed_extension_protocol_options"],
+            backend["typed_extension_protocol_options"]
+        );
+        let ext = named(&v, "llmroute-dst-probe-ext");
+        assert!(ext.get("typed_extension_protocol_options").is_none() && ext.get("transport_socket").is_none());
+        let listeners = v["static_resources"]["listeners"].to_string();
+        assert!(
+            !listeners.contains("llmroute-dst-probe"),
+            "no route names a probe cluster"
+        );
     }
 }

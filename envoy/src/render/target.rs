@@ -9,8 +9,9 @@
 //!   must come before the inference route: requests for such aliases carry `x-llmroute-alias` and need the retry
 //!   priority that moves on to the next backend.
 //! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the `/props`
-//!   probe clusters, and `llmroute_admin`. A multi-route alias is routed to its aggregate; without it the request
-//!   names a cluster that does not exist.
+//!   probe clusters (per endpoint, and original-destination ones for discovered llama.cpp backends), and
+//!   `llmroute_admin`. A multi-route alias is routed to its aggregate; without it the request names a cluster that
+//!   does not exist.
 //! - `secrets`: only when a backend has `credential_env`: the SDS secrets the aggregates' injectors read.
 //!
 //! What the pieces cannot carry: the backends' own clusters (named after the backends, their endpoints tagged
@@ -294,6 +295,19 @@ mod tests {
             "{lims}"
         );
         assert!(lims.contains("filter_metadata.llmroute.backend"), "{lims}");
+    }
+
+    #[test]
+    fn a_discovered_llamacpp_backend_brings_its_original_destination_probe_cluster() {
+        let doc = "version: 1\nbackends:\n  - { name: d, kind: llamacpp, discovery: {} }\nmodels:\n  - { name: m, routes: [{ backend: d }] }\n";
+        let p = pieces(&load(doc), doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let names: Vec<&str> = p.clusters.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, vec!["llmroute-dst-probe-d", "llmroute_admin"]);
+        assert_eq!(p.clusters[0]["type"], "ORIGINAL_DST");
+        assert!(
+            p.backend_clusters.is_empty(),
+            "a cluster defined elsewhere is not rendered"
+        );
     }
 
     #[test]

@@ -38,6 +38,14 @@ pub const METADATA_KIND: &str = "kind";
 pub const ADMIN_CLUSTER: &str = "llmroute_admin";
 /// The name prefix of the single-host clusters through which the filter reads llama.cpp `/props`.
 pub const PROBE_CLUSTER_PREFIX: &str = "llmroute-probe-";
+/// The name prefix of the original-destination clusters through which the filter reads llama.cpp `/props` from
+/// the hosts of a discovered backend (one cluster per such backend, see [`discovered_probe_cluster`]). Distinct
+/// from [`PROBE_CLUSTER_PREFIX`], so no backend name makes the two kinds of name collide.
+pub const DISCOVERED_PROBE_CLUSTER_PREFIX: &str = "llmroute-dst-probe-";
+/// The request header that names the host (`IP:PORT`) an original-destination probe cluster connects to. It is
+/// Envoy's default name (`original_dst_lb_config.http_header_name`), rendered explicitly. Only the filter's own
+/// calls set it: they do not pass through the listener's filters, and no route names a probe cluster.
+pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
 /// The name prefix of the failover aggregate clusters.
 pub const FAILOVER_CLUSTER_PREFIX: &str = "llmroute-failover-";
 /// Cluster names a backend may not take, since the renderer adds clusters under this prefix.
@@ -46,6 +54,11 @@ pub const RESERVED_CLUSTER_PREFIX: &str = "llmroute";
 /// The probe cluster of endpoint `index` of `backend`.
 pub fn probe_cluster(backend: &str, index: usize) -> String {
     format!("{PROBE_CLUSTER_PREFIX}{backend}-{index}")
+}
+
+/// The original-destination probe cluster of the discovered backend `backend`.
+pub fn discovered_probe_cluster(backend: &str) -> String {
+    format!("{DISCOVERED_PROBE_CLUSTER_PREFIX}{backend}")
 }
 
 /// The failover aggregate of the alias at `index` in the config's `models`.
@@ -87,6 +100,10 @@ pub mod shared {
     pub fn slots(backend: &str) -> String {
         format!("llmroute.slots.{backend}")
     }
+    /// The `total_slots` each llama.cpp server of a discovered backend last reported, by its `IP:PORT`.
+    pub fn slots_by_address(backend: &str) -> String {
+        format!("llmroute.slotsat.{backend}")
+    }
     /// The lease that lets one worker at a time run the status poll.
     pub const STATUS_LEASE: &str = "llmroute.status.lease";
     /// The status poll's latest snapshot.
@@ -103,6 +120,8 @@ mod tests {
     fn generated_cluster_names_are_reserved() {
         assert!(probe_cluster("a", 0).starts_with(RESERVED_CLUSTER_PREFIX));
         assert!(failover_cluster(3).starts_with(RESERVED_CLUSTER_PREFIX));
+        assert!(discovered_probe_cluster("a").starts_with(RESERVED_CLUSTER_PREFIX));
+        assert!(!discovered_probe_cluster("a-0").starts_with(PROBE_CLUSTER_PREFIX));
         assert!(ADMIN_CLUSTER.starts_with(RESERVED_CLUSTER_PREFIX));
         assert_eq!(failover_cluster(3), "llmroute-failover-3");
         assert_eq!(probe_cluster("a", 1), "llmroute-probe-a-1");

@@ -15,6 +15,10 @@
 //! [`Finding`]: the filter logs it as a warning and adds one to `llmroute_fleet_warnings_total`. A mismatch
 //! that lasts is reported at every check.
 //!
+//! A discovered `llamacpp` backend is checked on the hosts of the status poll's latest fresh host list
+//! ([`round_targets`]), through one original-destination cluster per backend ([`discovered_probe_cluster`]) whose
+//! calls name the host; what those hosts report is kept by address ([`reported_slots_by_address`], [`slots_at`]).
+//!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
 use crate::key_placement::MAX_SLOTS;
@@ -22,7 +26,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::config::{Config, EngineKind};
+use crate::config::{Backend, Config, EngineKind};
 
 /// What the filter asks each server for.
 pub const PROPS_PATH: &str = "/props";
@@ -30,7 +34,7 @@ pub const PROPS_PATH: &str = "/props";
 pub const CHECK_INTERVAL_MS: u64 = 10_000;
 /// How long one check waits for the servers' answers.
 pub const CHECK_TIMEOUT_MS: u64 = 2_000;
-pub use crate::envoy_contract::{probe_cluster, PROBE_CLUSTER_PREFIX};
+pub use crate::envoy_contract::{discovered_probe_cluster, probe_cluster, PROBE_CLUSTER_PREFIX};
 
 /// One endpoint the check reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,8 +45,11 @@ pub struct ProbeTarget {
     pub index: usize,
     /// The endpoint as configured, `HOST:PORT`: it names the server in warnings.
     pub endpoint: String,
-    /// The probe cluster, from [`probe_cluster`].
+    /// The probe cluster, from [`probe_cluster`] (or [`discovered_probe_cluster`]).
     pub cluster: String,
+    /// For a host of a discovered backend: its `IP:PORT`, which the call names in the original-destination
+    /// header; `index` is then its position in the sorted host list of this check only.
+    pub original_dst: Option<String>,
 }
 
 /// Every endpoint of every `llamacpp` backend that has two or more endpoints (one server cannot disagree with
@@ -57,6 +64,7 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
                 index,
                 endpoint: e.to_string(),
                 cluster: probe_cluster(&b.name, index),
+                original_dst: None,
             })
         })
         .collect()
@@ -64,10 +72,10 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
 
 /// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a
 /// server did not answer or did not say), capped at [`MAX_SLOTS`] so one server cannot claim every new key. Bounded-keys placement weighs hosts by it when the config gives no
-/// `slots`.
+/// `slots`. Hosts of discovered backends are left out: see [`reported_slots_by_address`].
 pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)]) -> Vec<(String, Vec<u32>)> {
     let mut out: Vec<(String, Vec<u32>)> = Vec::new();
-    for t in targets {
+    for t in targets.iter().filter(|t| t.original_dst.is_none()) {
         if out.last().is_none_or(|(b, _)| *b != t.backend) {
             out.push((t.backend.clone(), Vec::new()));
         }
@@ -90,6 +98,121 @@ pub fn reported_slots(targets: &[ProbeTarget], answers: &[(usize, ServerProps)])
         }
     }
     out
+}
+
+/// Most hosts of one discovered backend read in one check; a larger backend has its first ones (in address
+/// order) checked. Bounds the calls one check starts.
+pub const MAX_PROBED_HOSTS: usize = 256;
+
+/// The `llamacpp` backends whose hosts Envoy discovers. Their hosts are probed through the backend's
+/// original-destination cluster ([`discovered_probe_cluster`]), at the addresses the status poll listed.
+pub fn discovered_backends(cfg: &Config) -> impl Iterator<Item = &Backend> {
+    cfg.backends
+        .iter()
+        .filter(|b| b.kind == EngineKind::LlamaCpp && b.discovered())
+}
+
+/// True when the config has anything for the check to read: a configured multi-server llama.cpp backend, or a
+/// discovered llama.cpp backend (whose host count is known only at run time).
+pub fn checks_anything(cfg: &Config) -> bool {
+    !targets(cfg).is_empty() || discovered_backends(cfg).next().is_some()
+}
+
+/// The targets of one check at `now_ms`: those of [`targets`], then the hosts of each discovered llama.cpp
+/// backend. `hosts(backend)` gives the latest host list the status poll stored, `(taken_at_ms, sorted IP:PORTs)`.
+/// A discovered backend is checked only when that list is fresh (at most
+/// [`STALE_AFTER_MS`](crate::status::STALE_AFTER_MS) old, so a host Envoy dropped is not called) and has two
+/// or more hosts; at most [`MAX_PROBED_HOSTS`] of them. The filter never names an address the poll did not list.
+pub fn round_targets(
+    cfg: &Config,
+    now_ms: u64,
+    hosts: impl Fn(&str) -> Option<(u64, Vec<String>)>,
+) -> Vec<ProbeTarget> {
+    let mut out = targets(cfg);
+    for b in discovered_backends(cfg) {
+        let Some((taken_at_ms, list)) = hosts(&b.name) else {
+            continue;
+        };
+        if now_ms.saturating_sub(taken_at_ms) > crate::status::STALE_AFTER_MS || list.len() < 2 {
+            continue;
+        }
+        let cluster = discovered_probe_cluster(&b.name);
+        out.extend(
+            list.into_iter()
+                .take(MAX_PROBED_HOSTS)
+                .enumerate()
+                .map(|(index, address)| ProbeTarget {
+                    backend: b.name.clone(),
+                    index,
+                    endpoint: address.clone(),
+                    cluster: cluster.clone(),
+                    original_dst: Some(address),
+                }),
+        );
+    }
+    out
+}
+
+/// The `total_slots` each host of a discovered backend reported in one round, per backend, by `IP:PORT` (0
+/// where a host did not answer or did not say), capped at [`MAX_SLOTS`]. Kept by address, not by position, since
+/// the host list changes between checks and between a check and the placement that reads it.
+pub fn reported_slots_by_address(
+    targets: &[ProbeTarget],
+    answers: &[(usize, ServerProps)],
+) -> Vec<(String, Vec<(String, u32)>)> {
+    let mut out: Vec<(String, Vec<(String, u32)>)> = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let Some(address) = &t.original_dst else {
+            continue;
+        };
+        let slots = answers
+            .iter()
+            .find(|(a, _)| *a == i)
+            .and_then(|(_, p)| p.total_slots)
+            .map_or(0, |n| u32::try_from(n.min(u64::from(MAX_SLOTS))).unwrap_or(MAX_SLOTS));
+        match out.iter_mut().find(|(b, _)| *b == t.backend) {
+            Some((_, list)) => list.push((address.clone(), slots)),
+            None => out.push((t.backend.clone(), vec![(address.clone(), slots)])),
+        }
+    }
+    out
+}
+
+/// The form [`reported_slots_by_address`]'s list of one backend is kept in, in shared data.
+pub fn encode_slots_by_address(slots: &[(String, u32)]) -> Vec<u8> {
+    serde_json::to_vec(slots).unwrap_or_default()
+}
+
+/// Reads [`encode_slots_by_address`]'s bytes; anything malformed reads as empty, and at most
+/// [`MAX_HOSTS`](crate::status::MAX_HOSTS) entries are kept, each capped at [`MAX_SLOTS`].
+pub fn decode_slots_by_address(bytes: &[u8]) -> Vec<(String, u32)> {
+    let list: Vec<(String, u32)> = serde_json::from_slice(bytes).unwrap_or_default();
+    list.into_iter()
+        .take(crate::status::MAX_HOSTS)
+        .map(|(a, n)| (a, n.min(MAX_SLOTS)))
+        .collect()
+}
+
+/// The reported slots of each of `addresses` (the hosts placement works on), in their order. A host the last
+/// check read but that did not say gets 0 (one slot). A host the last check did not know (it joined since) gets
+/// the figure most hosts reported (ties: the smaller), as a new server of a fleet is most likely started like its
+/// peers; counting it as one slot would keep new keys off it until the next check.
+pub fn slots_at(addresses: &[String], reported: &[(String, u32)]) -> Vec<u32> {
+    let mut counts: Vec<(u32, usize)> = Vec::new();
+    for (_, n) in reported.iter().filter(|(_, n)| *n > 0) {
+        match counts.iter_mut().find(|(v, _)| v == n) {
+            Some((_, c)) => *c = c.saturating_add(1),
+            None => counts.push((*n, 1)),
+        }
+    }
+    let usual = counts
+        .iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map_or(0, |(v, _)| *v);
+    addresses
+        .iter()
+        .map(|a| reported.iter().find(|(r, _)| r == a).map_or(usual, |(_, n)| *n))
+        .collect()
 }
 
 /// True when a check is due at `now_ms`, given when the last one was claimed (0 for never). A claim in the
@@ -234,6 +357,7 @@ mod tests {
             index,
             endpoint: format!("127.0.0.1:{}", 8000 + index),
             cluster: probe_cluster(backend, index),
+            original_dst: None,
         };
         let targets = [t("a", 0), t("a", 1), t("a", 2), t("b", 0), t("b", 1)];
         // Server a/1 did not answer; b/0 answered without total_slots.
@@ -263,6 +387,7 @@ mod tests {
             index: 0,
             endpoint: "127.0.0.1:8000".into(),
             cluster: probe_cluster("a", 0),
+            original_dst: None,
         }];
         for (said, kept) in [
             (u64::from(u32::MAX), MAX_SLOTS),
@@ -435,6 +560,175 @@ mod tests {
         assert_eq!(
             found[0].groups,
             vec![(2048, vec!["[::1]:8083".into()]), (4096, vec!["127.0.0.1:8081".into()])]
+        );
+    }
+
+    const DISCOVERED: &str = r#"{"version":1,"backends":[
+        {"name":"a","kind":"llamacpp","endpoints":["127.0.0.1:8081","127.0.0.1:8082"]},
+        {"name":"d","kind":"llamacpp","discovery":{}},
+        {"name":"dv","kind":"vllm","discovery":{}},
+        {"name":"d1","kind":"llamacpp","discovery":{}}],
+        "models":[{"name":"m","routes":[{"backend":"a"}]}]}"#;
+
+    fn listed(at: u64, hosts: &[&str]) -> Option<(u64, Vec<String>)> {
+        Some((at, hosts.iter().map(|h| h.to_string()).collect()))
+    }
+
+    #[test]
+    fn discovered_llamacpp_hosts_are_probed_at_the_addresses_of_a_fresh_poll() {
+        let cfg = config(DISCOVERED);
+        assert!(checks_anything(&cfg));
+        let now = 1_000_000;
+        let t = round_targets(&cfg, now, |b| match b {
+            "d" => listed(now - 1000, &["10.0.0.1:8080", "10.0.0.2:8080", "[fd00::3]:8080"]),
+            "dv" => listed(now, &["10.0.1.1:8000", "10.0.1.2:8000"]),
+            "d1" => listed(now, &["10.0.2.1:8080"]),
+            _ => None,
+        });
+        let got: Vec<(&str, usize, &str, Option<&str>)> = t
+            .iter()
+            .map(|t| {
+                (
+                    t.backend.as_str(),
+                    t.index,
+                    t.cluster.as_str(),
+                    t.original_dst.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", 0, "llmroute-probe-a-0", None),
+                ("a", 1, "llmroute-probe-a-1", None),
+                ("d", 0, "llmroute-dst-probe-d", Some("10.0.0.1:8080")),
+                ("d", 1, "llmroute-dst-probe-d", Some("10.0.0.2:8080")),
+                ("d", 2, "llmroute-dst-probe-d", Some("[fd00::3]:8080")),
+            ],
+            "vllm is not probed, nor a single discovered host"
+        );
+        assert!(t
+            .iter()
+            .all(|t| t.original_dst.as_ref().is_none_or(|a| *a == t.endpoint)));
+    }
+
+    #[test]
+    fn a_stale_or_missing_host_list_is_not_probed() {
+        let cfg = config(DISCOVERED);
+        let now = 1_000_000;
+        let stale = crate::status::STALE_AFTER_MS + 1;
+        for hosts in [
+            None,
+            listed(now - stale, &["10.0.0.1:8080", "10.0.0.2:8080"]),
+            listed(now, &[]),
+        ] {
+            let t = round_targets(&cfg, now, |b| if b == "d" { hosts.clone() } else { None });
+            assert!(t.iter().all(|t| t.backend == "a"), "{hosts:?}: {t:?}");
+        }
+        // At the freshness limit it is still probed.
+        let edge = round_targets(&cfg, now, |b| {
+            (b == "d")
+                .then(|| listed(now - crate::status::STALE_AFTER_MS, &["10.0.0.1:8080", "10.0.0.2:8080"]))
+                .flatten()
+        });
+        assert_eq!(edge.iter().filter(|t| t.backend == "d").count(), 2);
+        // A config with only a discovered llama.cpp backend still checks (hosts come later); a vLLM one does not.
+        let only = r#"{"version":1,"backends":[{"name":"d","kind":"llamacpp","discovery":{}}],
+            "models":[{"name":"m","routes":[{"backend":"d"}]}]}"#;
+        assert!(checks_anything(&config(only)));
+        assert!(!checks_anything(&config(&only.replace("llamacpp", "vllm"))));
+    }
+
+    #[test]
+    fn a_huge_discovered_backend_is_probed_up_to_the_bound() {
+        let cfg = config(DISCOVERED);
+        let many: Vec<String> = (0..MAX_PROBED_HOSTS + 10)
+            .map(|i| format!("10.1.{}.{}:8080", i / 256, i % 256))
+            .collect();
+        let t = round_targets(&cfg, 10, |b| (b == "d").then(|| (10, many.clone())));
+        assert_eq!(t.iter().filter(|t| t.backend == "d").count(), MAX_PROBED_HOSTS);
+    }
+
+    #[test]
+    fn discovered_findings_name_addresses_and_slots_follow_addresses_not_positions() {
+        let cfg = config(DISCOVERED);
+        let t = round_targets(&cfg, 5, |b| match b {
+            "d" => listed(5, &["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"]),
+            _ => None,
+        });
+        // Targets 0 and 1 are backend a's; 2, 3, 4 the discovered hosts. 10.0.0.2 did not answer.
+        let answers = [
+            (0, props(4096, 2)),
+            (1, props(4096, 2)),
+            (4, props(2048, 4)),
+            (2, props(4096, 1)),
+        ];
+        let found = check_round(&t, &answers);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|f| f.backend == "d"));
+        assert_eq!(
+            found[0].groups,
+            vec![
+                (2048, vec!["10.0.0.3:8080".into()]),
+                (4096, vec!["10.0.0.1:8080".into()])
+            ]
+        );
+        // Configured slots stay by endpoint index; discovered hosts are not mixed in.
+        assert_eq!(reported_slots(&t, &answers), vec![("a".to_string(), vec![2, 2])]);
+        let by_address = reported_slots_by_address(&t, &answers);
+        assert_eq!(
+            by_address,
+            vec![(
+                "d".to_string(),
+                vec![
+                    ("10.0.0.1:8080".into(), 1),
+                    ("10.0.0.2:8080".into(), 0),
+                    ("10.0.0.3:8080".into(), 4)
+                ]
+            )]
+        );
+        // Stored, then read back by a placement whose list has changed since: 10.0.0.1 left, 10.0.0.4 joined.
+        let stored = decode_slots_by_address(&encode_slots_by_address(&by_address[0].1));
+        assert_eq!(stored, by_address[0].1);
+        let now_listed: Vec<String> = ["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"]
+            .map(String::from)
+            .into();
+        // 10.0.0.2 was read and did not say: one slot. 10.0.0.4 is new: the usual figure (1 and 4 tie: 1).
+        assert_eq!(slots_at(&now_listed, &stored), vec![0, 4, 1]);
+    }
+
+    #[test]
+    fn a_host_that_joined_since_the_check_takes_the_usual_figure() {
+        let r =
+            |list: &[(&str, u32)]| -> Vec<(String, u32)> { list.iter().map(|(a, n)| (a.to_string(), *n)).collect() };
+        let hosts: Vec<String> = ["h1", "h2", "h3", "new"].map(String::from).into();
+        assert_eq!(
+            slots_at(&hosts, &r(&[("h1", 4), ("h2", 4), ("h3", 1)])),
+            vec![4, 4, 1, 4]
+        );
+        assert_eq!(
+            slots_at(&hosts, &r(&[("h1", 8), ("h2", 0), ("h3", 0)])),
+            vec![8, 0, 0, 8]
+        );
+        assert_eq!(slots_at(&hosts, &r(&[("h1", 0)])), vec![0, 0, 0, 0]);
+        assert_eq!(slots_at(&hosts, &[]), vec![0; 4]);
+    }
+
+    #[test]
+    fn stored_slots_by_address_are_bounded() {
+        assert!(decode_slots_by_address(b"").is_empty());
+        assert!(decode_slots_by_address(b"not json").is_empty());
+        assert!(decode_slots_by_address(br#"{"a":1}"#).is_empty());
+        assert_eq!(
+            decode_slots_by_address(br#"[["10.0.0.1:1",4294967295]]"#),
+            vec![("10.0.0.1:1".to_string(), MAX_SLOTS)]
+        );
+        let many: Vec<(String, u32)> = (0..crate::status::MAX_HOSTS + 5)
+            .map(|i| (format!("h{i}"), 1))
+            .collect();
+        assert_eq!(
+            decode_slots_by_address(&encode_slots_by_address(&many)).len(),
+            crate::status::MAX_HOSTS
         );
     }
 

@@ -344,3 +344,123 @@ async fn istio_cluster_names_route_and_label_metrics() {
         .collect();
     assert_eq!(names, [ISTIO, ODD]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_llamacpp_hosts_are_fleet_checked_and_weighed_by_their_own_slots() {
+    // Three engines behind the EDS file, like llama-servers started with -np 1, 1 and 4; the 4-slot one also has
+    // another context per slot (2048 instead of 4096).
+    let fleet = Fleet::start_with(BACKEND, 3, |o| {
+        if o.name.ends_with('2') {
+            o.total_slots = 4;
+            o.n_ctx = 2048;
+        } else {
+            o.total_slots = 1;
+        }
+    })
+    .await
+    .unwrap();
+    let big = fleet
+        .engines
+        .iter()
+        .position(|e| e.name().ends_with('2'))
+        .expect("an engine named ...2");
+    let addrs = fleet.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("eds.json");
+    write_eds(&eds, BACKEND, 1, &addrs);
+    let envoy = Envoy::start(discovered_config(&eds)).await.unwrap();
+    wait_hosts(&envoy, 3).await;
+
+    // The check reads every discovered host through the original-destination probe cluster and warns.
+    let warned = wait_for(Duration::from_secs(15), || async {
+        envoy.stat("wasmcustom.llmroute_fleet_warnings_total").await >= Some(1)
+            && envoy.log().lines().any(|l| l.contains("disagree on n_ctx"))
+    })
+    .await;
+    let log = envoy.log();
+    assert!(
+        warned.is_some(),
+        "no fleet-check warning for the discovered hosts:\n{log}"
+    );
+    let line = log.lines().find(|l| l.contains("disagree on n_ctx")).unwrap();
+    assert!(
+        line.contains("warning") && line.contains(&format!("backend {BACKEND}")),
+        "{line}"
+    );
+    assert!(line.contains(&format!("2048 at {}", addrs[big])), "{line}");
+    for (i, a) in addrs.iter().enumerate().filter(|(i, _)| *i != big) {
+        assert!(line.contains(a.as_str()), "host {i} ({a}) missing: {line}");
+    }
+    let props: Vec<usize> = fleet
+        .engines
+        .iter()
+        .map(|e| e.requests().iter().filter(|r| r.path == "/props").count())
+        .collect();
+    assert!(props.iter().all(|n| *n >= 1), "/props requests per engine: {props:?}");
+    assert!(
+        envoy.stat("wasmcustom.llmroute_fleet_checks_total").await >= Some(1),
+        "the check completed"
+    );
+
+    // The reported total_slots reach placement, by address: with weights 1, 1 and 4 and a balance factor of
+    // 150 %, a 1-slot host holds at most 2 of 12 keys, so the 4-slot host holds at least 8 (all equal, at most 6).
+    let c = client();
+    let mut on_big = 0;
+    for t in 0..12 {
+        let (engine, _) = home(&c, &envoy, 100 + t).await;
+        on_big += usize::from(engine == fleet.engines[big].name());
+    }
+    assert!(
+        on_big >= 8,
+        "only {on_big} of 12 keys on the 4-slot host:\n{}",
+        envoy.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_steer_the_original_destination_probe_cluster() {
+    // The probe cluster connects wherever `x-envoy-original-dst-host` says. Only the filter's own calls may use
+    // it: a client naming the cluster and another host must not reach that host.
+    let fleet = Fleet::start(BACKEND, 2).await.unwrap();
+    let outsider = Fleet::start("outsider", 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("eds.json");
+    write_eds(&eds, BACKEND, 1, &fleet.endpoints());
+    let envoy = Envoy::start(discovered_config(&eds)).await.unwrap();
+    wait_hosts(&envoy, 2).await;
+    let probe = llmroute_core::envoy_contract::discovered_probe_cluster(BACKEND);
+    let target = outsider.endpoints()[0].clone();
+    let steer = [
+        ("x-llmroute-cluster", probe.as_str()),
+        ("x-envoy-original-dst-host", target.as_str()),
+    ];
+    let c = client();
+    let (status, engine, body) = post(&c, &envoy, &chat(None, "hi"), &steer).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        fleet.engines.iter().any(|e| e.name() == engine),
+        "answered by {engine:?}"
+    );
+    for path in ["/props", "/v1/models", "/health"] {
+        let mut req = c.get(envoy.url(path));
+        for (k, v) in steer {
+            req = req.header(k, v);
+        }
+        let status = req.send().await.map(|r| r.status().as_u16());
+        eprintln!("GET {path} with steering headers: {status:?}");
+    }
+    // Meanwhile the filter's own check reads /props from the fleet through that very cluster.
+    let checked = wait_for(Duration::from_secs(15), || async {
+        fleet
+            .engines
+            .iter()
+            .all(|e| e.requests().iter().any(|r| r.path == "/props"))
+    })
+    .await;
+    assert!(checked.is_some(), "the fleet check never read the discovered hosts");
+    let reached: Vec<String> = outsider.engines[0].requests().iter().map(|r| r.path.clone()).collect();
+    assert!(
+        reached.is_empty(),
+        "a client reached {target} through {probe}: {reached:?}"
+    );
+}
