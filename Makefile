@@ -58,7 +58,7 @@ DEMO_ENGINES := $(if $(filter emulator,$(DEMO_ENGINE)),,engines)
 demo: build cli envoy $(DEMO_ENGINES) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy sdk-clients engines prometheus lint docs-check unit validate-configs istio-check oci-check rules-check e2e sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
@@ -172,3 +172,20 @@ oci: build ## Pack the release .wasm as an OCI image layout in target/oci (the W
 
 oci-check: oci ## Check target/oci: digests, sizes and media types of the index, manifest, config and layer
 	python3 scripts/oci-pack.py --check $(WASM) $(OCI_OUT)
+
+.PHONY: prometheus rules-check
+
+# Debian's package would start a prometheus service on :9090 where an init system runs; a temporary policy-rc.d
+# forbids that, so only the binaries are used (the e2e test starts its own on a random port).
+prometheus: ## Install prometheus and promtool from Debian's packages (root; skipped when both are on PATH)
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	set -e; own_policy=0; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; own_policy=1; fi; \
+	apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus; \
+	rc=$$?; if [ $$own_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc
+	@prometheus --version 2>&1 | head -1
+
+rules-check: prometheus ## promtool: check the shipped recording/alerting rules (envoy/prometheus/) and run their unit tests
+	promtool check rules envoy/prometheus/llmroute-rules.yaml
+	promtool test rules envoy/prometheus/llmroute-rules.test.yaml

@@ -64,7 +64,7 @@ impl RootContext for Root {
                 self.config = Some(cfg.clone());
                 self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
                 if !self.upstream {
-                    self.metrics = Metrics::define(&cfg);
+                    self.metrics.prime(cfg.affinity.placement.bounded().is_some());
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());

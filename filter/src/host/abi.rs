@@ -101,6 +101,7 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_set_property(path_data: *const u8, path_size: usize, value_data: *const u8, value_size: usize) -> u32;
     fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,
@@ -128,7 +129,6 @@ extern "C" {
     fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
-    fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
 }
 
 /// Takes ownership of `size` bytes the host allocated through `proxy_on_memory_allocate`.
@@ -249,6 +249,15 @@ pub fn get_property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
     }
 }
 
+/// Sets a property; a path Envoy does not know becomes filter state `wasm.<path>` for the rest of the request.
+pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
+    let encoded = path.join("\0");
+    // SAFETY: `encoded` and `value` are alive for the call.
+    check("set_property", unsafe {
+        proxy_set_property(encoded.as_ptr(), encoded.len(), value.as_ptr(), value.len())
+    })
+}
+
 /// A shared-data value and its compare-and-swap token (`None` when the key is absent).
 pub fn get_shared_data(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
     let (mut data, mut size, mut cas) = (null_mut(), 0usize, 0u32);
@@ -306,13 +315,6 @@ pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
     // SAFETY: no pointers.
     check("record_metric", unsafe { proxy_record_metric(id, value) })
-}
-
-pub fn get_metric(id: u32) -> HostResult<u64> {
-    let mut v = 0u64;
-    // SAFETY: `v` outlives the call.
-    check("get_metric", unsafe { proxy_get_metric(id, &mut v) })?;
-    Ok(v)
 }
 
 /// The ABI's map encoding: a `u32` count, a `u32` key length and value length per pair, then each key and value

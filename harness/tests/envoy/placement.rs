@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use llmroute_core::endpoint::Api;
+use llmroute_core::envoy_contract::metrics::PLACEMENTS;
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_harness::emulator::cost::CostModel;
 use llmroute_harness::envoy::{Envoy, EnvoyOptions};
@@ -156,8 +157,8 @@ async fn six_tenants_get_two_hosts_each_and_stay() {
             assert_eq!(a.reason.as_deref(), Some("pinned"));
         }
     }
-    assert!(envoy.stat("wasmcustom.llmroute_placement_placed_total").await >= Some(6));
-    assert!(envoy.stat("wasmcustom.llmroute_placement_pinned_total").await >= Some(18));
+    assert!(envoy.stat(&stat_name(PLACEMENTS, &[("reason", "placed")])).await >= Some(6));
+    assert!(envoy.stat(&stat_name(PLACEMENTS, &[("reason", "pinned")])).await >= Some(18));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +213,7 @@ async fn a_down_hosts_keys_move_and_new_keys_avoid_it() {
         assert_eq!(a.reason.as_deref(), Some("placed"));
         assert_ne!(a.engine, Some(down), "a new key was placed on the down host");
     }
-    assert!(envoy.stat("wasmcustom.llmroute_placement_moved_total").await >= Some(1));
+    assert!(envoy.stat(&stat_name(PLACEMENTS, &[("reason", "moved")])).await >= Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

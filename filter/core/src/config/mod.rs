@@ -290,6 +290,8 @@ pub struct Config {
     pub retries: Retries,
     /// Ask streamed chat/completions for usage on the client's behalf.
     pub stream_include_usage: bool,
+    /// The access log's file (`access_log.path`); `None` writes it to Envoy's standard output.
+    pub access_log_path: Option<String>,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

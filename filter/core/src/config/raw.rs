@@ -45,6 +45,18 @@ pub struct RawConfig {
     /// Usage accounting.
     #[serde(default)]
     pub usage: Option<RawUsage>,
+    /// The access log: one JSON line per request. Default: Envoy's standard output.
+    #[serde(default)]
+    pub access_log: Option<RawAccessLog>,
+}
+
+/// Where the access log goes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccessLog {
+    /// An absolute file path Envoy appends the JSON lines to. Default: Envoy's standard output.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// Usage accounting.

@@ -99,6 +99,11 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         errs.push("tokens.image_tokens", image_tokens, "must be at most 100000");
     }
 
+    let access_log_path = raw.access_log.as_ref().and_then(|a| a.path.clone());
+    if let Some(path) = &access_log_path {
+        check_abs_path(&mut errs, "access_log.path", path);
+    }
+
     match (errs.0.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
             let alias_index = models.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
@@ -114,6 +119,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 listen_tls,
                 retries,
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
+                access_log_path,
                 warnings: errs.1,
                 alias_index,
             })
@@ -267,19 +273,24 @@ fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<
     }
 }
 
+/// An absolute file path: not a directory, bounded, without control characters.
+fn check_abs_path(errs: &mut Errors, field: &str, path: &str) {
+    let ok = (2..=PATH_MAX).contains(&path.len())
+        && path.starts_with('/')
+        && !path.ends_with('/')
+        && !path.chars().any(char::is_control);
+    if !ok {
+        errs.push(
+            field,
+            format!("{path:?}"),
+            format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
+        );
+    }
+}
+
 fn discovery(errs: &mut Errors, field: &str, d: &RawDiscovery) -> Discovery {
     if let Some(path) = &d.eds_path {
-        let ok = (2..=PATH_MAX).contains(&path.len())
-            && path.starts_with('/')
-            && !path.ends_with('/')
-            && !path.chars().any(char::is_control);
-        if !ok {
-            errs.push(
-                field,
-                format!("{path:?}"),
-                format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
-            );
-        }
+        check_abs_path(errs, field, path);
     }
     Discovery {
         eds_path: d.eds_path.clone(),
