@@ -9,7 +9,7 @@
 //! credential, a key value or a URL.
 
 use llmroute_core::config::Config;
-use llmroute_core::envoy_contract::{log_fields, metrics};
+use llmroute_core::envoy_contract::{self as contract, log_fields, metrics};
 use serde_json::{json, Map, Value};
 
 /// `stats_config` with one tag per metric label.
@@ -44,6 +44,8 @@ pub fn log_format_fields() -> Vec<(&'static str, String)> {
         ("llmroute.duration_ms", "%DURATION%".into()),
         ("llmroute.stream_outcome", filter_state(log_fields::STREAM_OUTCOME)),
         ("http.response.status_code", "%RESPONSE_CODE%".into()),
+        // The gateway's own error code on a refusal (a closed set, from the `x-llmroute-error` response header).
+        ("llmroute.error", format!("%RESP({})%", contract::ERROR)),
         ("llmroute.response_code_details", "%RESPONSE_CODE_DETAILS%".into()),
     ]
 }

@@ -332,4 +332,7 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
     let mut codes: Vec<u64> = refused.iter().filter_map(|e| e["http.response.status_code"].as_u64()).collect();
     codes.sort();
     assert_eq!(codes, [400, 404, 404], "{text}");
+    let mut errors: Vec<&str> = refused.iter().filter_map(|e| e["llmroute.error"].as_str()).collect();
+    errors.sort();
+    assert_eq!(errors, ["invalid_json", "model_not_found", "model_not_found"], "{text}");
 }
