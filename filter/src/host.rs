@@ -228,13 +228,19 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
 
 /// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
 pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
-    logged(abi::define_metric(kind as u32, name), &format!("defining metric {name}"))
+    logged(
+        abi::define_metric(kind as u32, name),
+        &format!("defining metric {name}"),
+    )
 }
 
 /// Writes an access-log field: filter state `wasm.<key>`, which the rendered access log reads. `key` comes from
 /// `envoy_contract::log_fields`; the value must carry no prompt text and no credential.
 pub fn set_log_field(key: &str, value: &str) {
-    let _ = logged(abi::set_property(&[key], value.as_bytes()), "setting an access-log field");
+    let _ = logged(
+        abi::set_property(&[key], value.as_bytes()),
+        "setting an access-log field",
+    );
 }
 
 /// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).

@@ -336,7 +336,10 @@ impl HttpContext for Http {
             return;
         };
         let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
-        let (outcome, usage) = self.watch.as_ref().map_or((None, Usage::default()), |w| w.summary(&details));
+        let (outcome, usage) = self
+            .watch
+            .as_ref()
+            .map_or((None, Usage::default()), |w| w.summary(&details));
         if let Some(o) = outcome {
             self.metrics.stream_outcome(o);
         }

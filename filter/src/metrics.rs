@@ -88,7 +88,11 @@ impl Metrics {
     /// limit from a closed set (for example `requests` or `tokens`).
     #[allow(dead_code)] // called by the rate-limit feature
     pub fn rate_limited(&self, alias: &str, key: &str, kind: &'static str) {
-        self.add(names::RATE_LIMITED, &[("alias", alias), ("key", key), ("kind", kind)], 1);
+        self.add(
+            names::RATE_LIMITED,
+            &[("alias", alias), ("key", key), ("kind", kind)],
+            1,
+        );
     }
 
     /// A request Envoy's circuit breaker shed.
@@ -122,10 +126,18 @@ impl Metrics {
             self.record(names::DURATION_MS, f.alias, ms);
         }
         let u = f.usage;
-        let by_kind = [("input", u.prompt_tokens), ("output", u.completion_tokens), ("cached", u.cached_tokens)];
+        let by_kind = [
+            ("input", u.prompt_tokens),
+            ("output", u.completion_tokens),
+            ("cached", u.cached_tokens),
+        ];
         for (kind, n) in by_kind {
             if let Some(n) = n {
-                self.add(names::TOKENS, &[("alias", f.alias), ("backend", f.backend), ("kind", kind)], n);
+                self.add(
+                    names::TOKENS,
+                    &[("alias", f.alias), ("backend", f.backend), ("kind", kind)],
+                    n,
+                );
             }
         }
         if let Some(n) = u.prompt_tokens {

@@ -94,7 +94,10 @@ mod tests {
         assert_eq!(tags.len(), metrics::LABELS.len());
         let name = format!(
             "wasmcustom.{}",
-            metrics::labelled(metrics::REQUESTS, &[("alias", "m"), ("backend", "outbound|80||x.ns"), ("api", "chat")])
+            metrics::labelled(
+                metrics::REQUESTS,
+                &[("alias", "m"), ("backend", "outbound|80||x.ns"), ("api", "chat")]
+            )
         );
         for (label, want) in [("alias", "m"), ("backend", "outbound|80||x.ns"), ("api", "chat")] {
             let tag = tags.iter().find(|t| t["tag_name"] == label).unwrap();
@@ -117,8 +120,16 @@ mod tests {
         assert_eq!(v[0]["name"], "envoy.access_loggers.file");
         assert_eq!(v[0]["typed_config"]["path"], "/tmp/llmroute/access.json");
         let fields = &v[0]["typed_config"]["log_format"]["json_format"];
-        assert_eq!(fields["gen_ai.request.model"], "%FILTER_STATE(wasm.llmroute.alias:PLAIN)%");
-        for f in ["gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "request_id"] {
+        assert_eq!(
+            fields["gen_ai.request.model"],
+            "%FILTER_STATE(wasm.llmroute.alias:PLAIN)%"
+        );
+        for f in [
+            "gen_ai.response.model",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "request_id",
+        ] {
             assert!(fields.get(f).is_some(), "{f}");
         }
         // Nothing that could carry prompt text or a credential: no body, no path, no request headers but the id.

@@ -225,7 +225,10 @@ mod tests {
 
     #[test]
     fn labelled_names_keep_values_free_of_separators() {
-        let n = metrics::labelled(metrics::REQUESTS, &[("alias", "a;b=c"), ("backend", "outbound|80||x.ns")]);
+        let n = metrics::labelled(
+            metrics::REQUESTS,
+            &[("alias", "a;b=c"), ("backend", "outbound|80||x.ns")],
+        );
         assert!(n.starts_with("llmroute_requests_total;alias=a_b_c~"), "{n}");
         assert!(n.ends_with(";backend=outbound|80||x.ns"), "{n}");
         assert_eq!(n.matches(';').count(), 2);
@@ -238,7 +241,12 @@ mod tests {
         for (label, re) in metrics::stats_tags() {
             assert!(re.contains(&format!("(;{label}=([^;]*))")), "{re}");
         }
-        for c in [metrics::REQUESTS, metrics::REJECTIONS, metrics::RATE_LIMITED, metrics::TOKENS] {
+        for c in [
+            metrics::REQUESTS,
+            metrics::REJECTIONS,
+            metrics::RATE_LIMITED,
+            metrics::TOKENS,
+        ] {
             assert!(c.starts_with("llmroute_") && c.ends_with("_total"), "{c}");
         }
         assert_eq!(metrics::code_class(503), "5xx");

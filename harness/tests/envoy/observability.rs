@@ -69,7 +69,10 @@ impl Prometheus {
             }
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             drop(p);
-            assert!(text.contains("address already in use"), "prometheus did not start:\n{text}");
+            assert!(
+                text.contains("address already in use"),
+                "prometheus did not start:\n{text}"
+            );
         }
         panic!("prometheus could not bind a port after 5 attempts");
     }
@@ -113,7 +116,11 @@ impl Prometheus {
 fn usage(body: &Value) -> (u64, u64, u64) {
     let u = &body["usage"];
     let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    (n("/prompt_tokens"), n("/completion_tokens"), n("/prompt_tokens_details/cached_tokens"))
+    (
+        n("/prompt_tokens"),
+        n("/completion_tokens"),
+        n("/prompt_tokens_details/cached_tokens"),
+    )
 }
 
 async fn stream(envoy: &Envoy, alias: &str, user: &str, headers: &[(&str, &str)]) -> bool {
@@ -223,7 +230,8 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
     assert!(stream(&envoy, B, "observability prompt text cut", &[("x-emu-cut-mid", "1")]).await);
     // 3 refusals: two unknown models, one body that is not JSON.
     for _ in 0..2 {
-        let body = json!({"model": "no-such-model", "messages": [{"role": "user", "content": "observability prompt text r"}]});
+        let body =
+            json!({"model": "no-such-model", "messages": [{"role": "user", "content": "observability prompt text r"}]});
         let (status, _, _) = post(&c, &envoy, &body, &hdrs).await;
         assert_eq!(status, 404);
     }
@@ -238,21 +246,51 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
 
     let prom = Prometheus::start(envoy.admin).await;
     let checks: Vec<(String, f64)> = vec![
-        (format!("sum(llmroute_requests_total{{alias=\"{A}\",code_class=\"2xx\",api=\"chat\"}})"), 4.0),
-        (format!("sum(llmroute_requests_total{{alias=\"{B}\",backend=\"llama-a\"}})"), 4.0),
+        (
+            format!("sum(llmroute_requests_total{{alias=\"{A}\",code_class=\"2xx\",api=\"chat\"}})"),
+            4.0,
+        ),
+        (
+            format!("sum(llmroute_requests_total{{alias=\"{B}\",backend=\"llama-a\"}})"),
+            4.0,
+        ),
         ("sum(llmroute_rejections_total{reason=\"model_not_found\"})".into(), 2.0),
         ("sum(llmroute_rejections_total)".into(), 3.0),
         ("sum(llmroute_stream_outcomes_total{outcome=\"complete\"})".into(), 3.0),
-        ("sum(llmroute_stream_outcomes_total{outcome=\"upstream_cut\"})".into(), 1.0),
-        (format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"input\"}})"), want.0 as f64),
-        (format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"output\"}})"), want.1 as f64),
-        (format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"cached\"}})"), want.2 as f64),
-        (format!("sum(llmroute_request_prompt_tokens_count{{alias=\"{A}\"}})"), 4.0),
+        (
+            "sum(llmroute_stream_outcomes_total{outcome=\"upstream_cut\"})".into(),
+            1.0,
+        ),
+        (
+            format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"input\"}})"),
+            want.0 as f64,
+        ),
+        (
+            format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"output\"}})"),
+            want.1 as f64,
+        ),
+        (
+            format!("sum(llmroute_tokens_total{{alias=\"{A}\",kind=\"cached\"}})"),
+            want.2 as f64,
+        ),
+        (
+            format!("sum(llmroute_request_prompt_tokens_count{{alias=\"{A}\"}})"),
+            4.0,
+        ),
         ("sum(llmroute_request_duration_milliseconds_count)".into(), 8.0),
         ("sum(llmroute_time_to_first_byte_milliseconds_count)".into(), 8.0),
-        (format!("sum(llmroute_time_to_first_byte_milliseconds_count{{alias=\"{B}\"}})"), 4.0),
+        (
+            format!("sum(llmroute_time_to_first_byte_milliseconds_count{{alias=\"{B}\"}})"),
+            4.0,
+        ),
         // Envoy keeps histogram sums in log-linear bins, so `_sum` is exact only to about 1%.
-        (format!("round(sum(llmroute_request_prompt_tokens_sum{{alias=\"{A}\"}}) / {} * 50)", want.0), 50.0),
+        (
+            format!(
+                "round(sum(llmroute_request_prompt_tokens_sum{{alias=\"{A}\"}}) / {} * 50)",
+                want.0
+            ),
+            50.0,
+        ),
     ];
     // Histograms reach the admin output at Envoy's stats flush (5 s), so poll, within a bound.
     let all_there = wait_for(Duration::from_secs(40), || async {
@@ -286,7 +324,10 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
     let names = dashboard_metrics(&repo_root().join("envoy/grafana/llmroute.json"));
     for name in &names {
         let found = prom.query(&format!("count({{__name__=\"{name}\"}})")).await;
-        assert!(!found.is_empty(), "the dashboard queries {name}, which the scrape lacks");
+        assert!(
+            !found.is_empty(),
+            "the dashboard queries {name}, which the scrape lacks"
+        );
     }
 
     // The access log: one JSON line per request (8 routed, 3 refused), flushed by Envoy within a second or so.
@@ -298,14 +339,22 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
             .collect::<Vec<_>>()
     };
     let flushed = wait_for(Duration::from_secs(15), || async { lines().len() >= 11 }).await;
-    assert!(flushed.is_some(), "access log:\n{}\n{}", lines().join("\n"), envoy.log());
+    assert!(
+        flushed.is_some(),
+        "access log:\n{}\n{}",
+        lines().join("\n"),
+        envoy.log()
+    );
     let text = lines().join("\n");
     assert_eq!(lines().len(), 11, "{text}");
     for leak in ["observability prompt", SECRET, "careful assistant"] {
         assert!(!text.contains(leak), "{leak} in the access log:\n{text}");
     }
     let entries: Vec<Value> = lines().iter().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let routed: Vec<&Value> = entries.iter().filter(|e| e["gen_ai.request.model"].is_string()).collect();
+    let routed: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["gen_ai.request.model"].is_string())
+        .collect();
     assert_eq!(routed.len(), 8, "{text}");
     for e in &routed {
         assert_eq!(e["llmroute.backend"], "llama-a", "{e}");
@@ -318,10 +367,16 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
     }
     let of = |alias: &'static str| routed.iter().filter(move |e| e["gen_ai.request.model"] == alias);
     let sum = |field: &str| -> u64 {
-        of(A).map(|e| e[field].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)).sum()
+        of(A)
+            .map(|e| e[field].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0))
+            .sum()
     };
     assert_eq!(
-        (sum("gen_ai.usage.input_tokens"), sum("gen_ai.usage.output_tokens"), sum("llmroute.usage.cached_tokens")),
+        (
+            sum("gen_ai.usage.input_tokens"),
+            sum("gen_ai.usage.output_tokens"),
+            sum("llmroute.usage.cached_tokens")
+        ),
         want,
         "{text}"
     );
@@ -329,7 +384,10 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
     outcomes.sort();
     assert_eq!(outcomes, ["complete", "complete", "complete", "upstream_cut"], "{text}");
     let refused: Vec<&Value> = entries.iter().filter(|e| e["gen_ai.request.model"].is_null()).collect();
-    let mut codes: Vec<u64> = refused.iter().filter_map(|e| e["http.response.status_code"].as_u64()).collect();
+    let mut codes: Vec<u64> = refused
+        .iter()
+        .filter_map(|e| e["http.response.status_code"].as_u64())
+        .collect();
     codes.sort();
     assert_eq!(codes, [400, 404, 404], "{text}");
     let mut errors: Vec<&str> = refused.iter().filter_map(|e| e["llmroute.error"].as_str()).collect();

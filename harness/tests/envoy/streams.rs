@@ -103,7 +103,10 @@ const UPSTREAM_ERROR: &str = "The engine reported an error mid-stream.";
 
 /// The `/stats` name of the alias's token counter of `kind` on backend `llama-a`.
 fn tokens(kind: &str) -> String {
-    stat_name(names::TOKENS, &[("alias", ALIAS), ("backend", "llama-a"), ("kind", kind)])
+    stat_name(
+        names::TOKENS,
+        &[("alias", ALIAS), ("backend", "llama-a"), ("kind", kind)],
+    )
 }
 
 async fn counter(envoy: &Envoy, outcome: &str) -> u64 {
