@@ -64,7 +64,7 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build build-trap envoy ## Integration tests through the real .wasm in a real Envoy
+e2e: build build-trap envoy prometheus ## Integration tests through the real .wasm in a real Envoy
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)

@@ -44,7 +44,7 @@ impl Prometheus {
         for attempt in 0..5 {
             let (port, _) = random_ports(attempt + 7);
             let log = dir.path().join(format!("prometheus-{attempt}.log"));
-            let child = Command::new("prometheus")
+            let mut child = Command::new("prometheus")
                 .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
                 .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
                 .arg(format!("--web.listen-address=127.0.0.1:{port}"))
@@ -52,23 +52,23 @@ impl Prometheus {
                 .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .expect("prometheus is not installed: run `make prometheus`");
-            let mut p = Prometheus {
-                child,
-                url: format!("http://127.0.0.1:{port}"),
-                _dir: tempfile::tempdir().unwrap(),
-                log: log.clone(),
-            };
+            let url = format!("http://127.0.0.1:{port}");
             let ready = wait_for(Duration::from_secs(20), || async {
-                let ok = reqwest::get(format!("{}/-/ready", p.url)).await;
+                let ok = client().get(format!("{url}/-/ready")).send().await;
                 ok.is_ok_and(|r| r.status().is_success())
             })
             .await;
             if ready.is_some() {
-                p._dir = dir;
-                return p;
+                return Prometheus {
+                    child,
+                    url,
+                    _dir: dir,
+                    log,
+                };
             }
+            let _ = child.kill();
+            let _ = child.wait();
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            drop(p);
             assert!(
                 text.contains("address already in use"),
                 "prometheus did not start:\n{text}"
@@ -87,7 +87,7 @@ impl Prometheus {
             })
             .collect();
         let url = format!("{}/api/v1/query?query={encoded}", self.url);
-        let resp = reqwest::get(url).await;
+        let resp = client().get(url).send().await;
         let Ok(resp) = resp else { return Vec::new() };
         let v: Value = resp.json().await.unwrap_or(Value::Null);
         v["data"]["result"]
