@@ -186,6 +186,7 @@ prometheus: ## Install prometheus and promtool from Debian's packages (root; ski
 	rc=$$?; if [ $$own_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc
 	@prometheus --version 2>&1 | head -1
 
-rules-check: prometheus ## promtool: check the shipped recording/alerting rules (envoy/prometheus/) and run their unit tests
+rules-check: prometheus ## promtool: check the shipped rules and scrape config (envoy/prometheus/) and run the rules' unit tests
 	promtool check rules envoy/prometheus/llmroute-rules.yaml
+	promtool check config envoy/prometheus/prometheus.yml
 	promtool test rules envoy/prometheus/llmroute-rules.test.yaml
