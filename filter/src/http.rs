@@ -67,7 +67,7 @@ impl Http {
     fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
         self.reading = None;
-        self.metrics.rejected(e);
+        self.metrics.rejected(e.code());
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
         if let Some(id) = &self.request_id {
@@ -181,6 +181,7 @@ impl Http {
 
     fn unavailable(&mut self) -> Action {
         self.reading = None;
+        self.metrics.rejected("gateway_error");
         let body = br#"{"error":{"message":"The gateway could not process the request.","type":"server_error","param":null,"code":"gateway_error"}}"#;
         host::send_reply(
             503,

@@ -14,7 +14,6 @@ use std::rc::Rc;
 use llmroute_core::envoy_contract::metrics as names;
 use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
-use llmroute_core::GatewayError;
 use proxy_wasm::types::MetricType;
 
 use crate::host;
@@ -79,9 +78,9 @@ impl Metrics {
         }
     }
 
-    /// A request the gateway answered itself with an error.
-    pub fn rejected(&self, e: &GatewayError) {
-        self.add(names::REJECTIONS, &[("reason", e.code())], 1);
+    /// A request the gateway answered itself with an error; `code` is the error body's `code` (a closed set).
+    pub fn rejected(&self, code: &'static str) {
+        self.add(names::REJECTIONS, &[("reason", code)], 1);
     }
 
     /// A request refused by a rate limit. `key` is the configured key's name (never its value); `kind` names the
