@@ -322,6 +322,15 @@ async fn prometheus_sees_what_the_scenario_implies_and_the_access_log_has_a_line
 
     // Every metric the shipped dashboard queries exists in the live scrape.
     let names = dashboard_metrics(&repo_root().join("envoy/grafana/llmroute.json"));
+    for expected in [
+        "llmroute_requests_total",
+        "llmroute_time_to_first_byte_milliseconds_bucket",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} not found in the dashboard: {names:?}"
+        );
+    }
     for name in &names {
         let found = prom.query(&format!("count({{__name__=\"{name}\"}})")).await;
         assert!(
