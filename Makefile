@@ -66,13 +66,13 @@ DEMO_ETCD := $(if $(filter etcd,$(DEMO_DISCOVERY)),etcd,)
 demo: build cli envoy $(DEMO_ENGINES) $(DEMO_ETCD) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; DEMO_DISCOVERY=etcd: found through a local etcd; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy etcd sdk-clients engines lint docs-check unit validate-configs istio-check oci-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy etcd sdk-clients engines prometheus lint docs-check unit validate-configs istio-check oci-check rules-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build build-trap cli envoy etcd ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd)
+e2e: build build-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus)
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)
@@ -208,3 +208,21 @@ soak: build envoy ## Memory soak: SOAK_RPS (200) requests/s for SOAK_SECONDS (18
 soak-short: build envoy ## The soak for 60 s at 200 requests/s (part of make test); prints its result only
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) soak --rps 200 --seconds 60 --no-doc
+
+.PHONY: prometheus rules-check
+
+# Debian's package would start a prometheus service on :9090 where an init system runs; a temporary policy-rc.d
+# forbids that, so only the binaries are used (the e2e test starts its own on a random port).
+prometheus: ## Install prometheus and promtool from Debian's packages (root; skipped when both are on PATH)
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	set -e; own_policy=0; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; own_policy=1; fi; \
+	apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus; \
+	rc=$$?; if [ $$own_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc
+	@prometheus --version 2>&1 | head -1
+
+rules-check: prometheus ## promtool: check the shipped rules and scrape config (envoy/prometheus/) and run the rules' unit tests
+	promtool check rules envoy/prometheus/llmroute-rules.yaml
+	promtool check config envoy/prometheus/prometheus.yml
+	promtool test rules envoy/prometheus/llmroute-rules.test.yaml

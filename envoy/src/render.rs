@@ -21,6 +21,7 @@ pub mod ecds;
 mod edge;
 mod failover;
 pub mod istio;
+pub mod observe;
 mod probe;
 pub mod target;
 mod tls;
@@ -90,11 +91,8 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
     clusters.extend(p.clusters.iter().cloned());
     let mut v = json!({
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
-        // The filter's per-backend metrics carry the backend in their name; make it a label.
-        "stats_config": { "stats_tags": [{
-            "tag_name": contract::BACKEND_STATS_TAG,
-            "regex": contract::BACKEND_STATS_TAG_REGEX,
-        }] },
+        // The filter's metrics carry their labels in their names; make them labels (render/observe.rs).
+        "stats_config": observe::stats_config(),
         "static_resources": {
             "listeners": [listener(cfg, http_filters, target::route_config(&p))],
             "clusters": clusters,
@@ -158,6 +156,7 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Valu
         "always_set_request_id_in_response": true,
         "route_config": route_config,
         "http_filters": http_filters,
+        "access_log": observe::access_log(cfg), // one JSON line per request (render/observe.rs)
     });
     if let Value::Object(m) = &mut hcm {
         // Timeouts, HTTP/2 bounds, header hygiene and JSON local replies (render/edge.rs).

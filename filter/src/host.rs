@@ -239,6 +239,23 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
     }
 }
 
+/// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
+pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
+    logged(
+        abi::define_metric(kind as u32, name),
+        &format!("defining metric {name}"),
+    )
+}
+
+/// Writes an access-log field: filter state `wasm.<key>`, which the rendered access log reads. `key` comes from
+/// `envoy_contract::log_fields`; the value must carry no prompt text and no credential.
+pub fn set_log_field(key: &str, value: &str) {
+    let _ = logged(
+        abi::set_property(&[key], value.as_bytes()),
+        "setting an access-log field",
+    );
+}
+
 /// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).
 pub fn define_counter(name: &str) -> Option<u32> {
     logged(
@@ -248,6 +265,7 @@ pub fn define_counter(name: &str) -> Option<u32> {
 }
 
 /// A gauge, defined once per VM.
+#[allow(dead_code)] // kept for gauges, such as VM memory
 pub fn define_gauge(name: &str) -> Option<u32> {
     logged(
         abi::define_metric(MetricType::Gauge as u32, name),
@@ -265,6 +283,7 @@ pub fn add(metric: Option<u32>, n: u64) {
     }
 }
 
+/// A metric's current value (summed over the VMs), if it was defined and the host answers.
 pub fn metric_value(metric: Option<u32>) -> Option<u64> {
     abi::get_metric(metric?).ok()
 }
@@ -273,6 +292,13 @@ pub fn set_gauge(metric: Option<u32>, v: u64) {
     if let Some(id) = metric {
         let _ = abi::record_metric(id, v);
     }
+}
+
+/// The response's status code (`response.code`), once Envoy has one.
+pub fn response_code() -> Option<u32> {
+    let bytes = logged(abi::get_property(&["response", "code"]), "reading response.code")??;
+    let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    u32::try_from(u64::from_le_bytes(raw)).ok()
 }
 
 /// The backend of the upstream host Envoy picked, from its endpoint metadata (`llmroute.backend`).

@@ -16,9 +16,12 @@ use llmroute_core::{headers, models, route, Api, Config, Endpoint, Envelope, Gat
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use llmroute_core::envoy_contract::log_fields;
+use llmroute_core::stream::Usage;
+
 use crate::host;
 use crate::key_placement::{self, Pin};
-use crate::metrics::Metrics;
+use crate::metrics::{Finished, Metrics};
 use crate::response::ResponseWatch;
 
 pub struct Http {
@@ -45,6 +48,11 @@ pub struct Http {
     watch: Option<ResponseWatch>,
     /// The host bounded-keys placement pinned the request to.
     pin: Option<Pin>,
+    /// When the request started, and when the first response body byte came (host clock, ms).
+    started_ms: u64,
+    first_byte_ms: Option<u64>,
+    /// The backend that served the routed request.
+    backend: Option<String>,
 }
 
 impl Http {
@@ -64,17 +72,16 @@ impl Http {
             routed: None,
             watch: None,
             pin: None,
+            started_ms: 0,
+            first_byte_ms: None,
+            backend: None,
         }
     }
 
     fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
         self.reading = None;
-        let counter = match e {
-            GatewayError::ContextLengthExceeded { .. } => self.metrics.context_exceeded,
-            _ => self.metrics.refused,
-        };
-        host::increment(counter);
+        self.metrics.rejected(e.code());
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
         let retry_after = e.retry_after().map(|s| s.to_string());
@@ -164,13 +171,17 @@ impl Http {
                 self.pin = key_placement::pin(cfg, &decision.cluster, a.hash);
                 if let Some(p) = &self.pin {
                     self.metrics.placement(p.choice.reason);
+                    host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
                 }
             }
         }
         if let Some(alias) = decision.failover_alias() {
             host::set_request_header(headers::ALIAS, Some(alias));
         }
-        host::increment(self.metrics.routed);
+        host::set_log_field(log_fields::ALIAS, &decision.alias);
+        host::set_log_field(log_fields::UPSTREAM_MODEL, &decision.upstream_model);
+        let source = decision.affinity.map_or("none", |a| a.source.as_str());
+        host::set_log_field(log_fields::AFFINITY_SOURCE, source);
         let tokens = decision.input_tokens.to_string();
         host::set_request_header(headers::INPUT_TOKENS, Some(&tokens));
         host::set_request_header(headers::TOKEN_ESTIMATE, Some(&tokens));
@@ -184,8 +195,29 @@ impl Http {
         Action::Continue
     }
 
+    /// Writes the outcome and usage seen so far to the access-log fields. Called when the response ends and when
+    /// it starts (a stream that is then cut never ends, and the access log may be written before `on_log`).
+    fn publish_summary(&self) {
+        let Some(w) = &self.watch else { return };
+        let (outcome, usage) = w.summary("");
+        if let Some(o) = outcome {
+            host::set_log_field(log_fields::STREAM_OUTCOME, o.as_str());
+        }
+        let fields = [
+            (log_fields::INPUT_TOKENS, usage.prompt_tokens),
+            (log_fields::OUTPUT_TOKENS, usage.completion_tokens),
+            (log_fields::CACHED_TOKENS, usage.cached_tokens),
+        ];
+        for (key, n) in fields {
+            if let Some(n) = n {
+                host::set_log_field(key, &n.to_string());
+            }
+        }
+    }
+
     fn unavailable(&mut self) -> Action {
         self.reading = None;
+        self.metrics.rejected("gateway_error");
         let body = br#"{"error":{"message":"The gateway could not process the request.","type":"server_error","param":null,"code":"gateway_error"}}"#;
         host::send_reply(
             503,
@@ -200,6 +232,7 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.started_ms = host::now_ms();
         let Some(cfg) = self.cfg.clone() else {
             return self.unavailable();
         };
@@ -286,6 +319,9 @@ impl HttpContext for Http {
         };
         let source = d.affinity.map_or("none", |a| a.source.header_value());
         host::set_response_header(headers::AFFINITY_SOURCE, source);
+        let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
+        host::set_log_field(log_fields::BACKEND, &backend);
+        self.backend = Some(backend);
         if let Some(session) = &d.echo_session {
             host::set_response_header(headers::SESSION_ECHO, session);
         }
@@ -308,7 +344,7 @@ impl HttpContext for Http {
         }
         if host::response_header("x-envoy-overloaded").as_deref() == Some("true") {
             // Envoy's circuit breaker shed this request: say when to come back, in the route's dialect.
-            host::increment(self.metrics.overflow);
+            self.metrics.overflow();
             host::set_response_header("retry-after", "1");
             host::set_response_header("content-type", "application/json");
             host::remove_response_header("content-length");
@@ -321,13 +357,20 @@ impl HttpContext for Http {
             // The gateway may append a closing event or cut the usage chunk, so the length must not be fixed.
             host::remove_response_header("content-length");
         }
+        self.publish_summary();
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if !self.replacing_overflow {
+            if body_size > 0 && self.first_byte_ms.is_none() {
+                self.first_byte_ms = Some(host::now_ms());
+            }
             if let Some(w) = &mut self.watch {
                 w.on_body(body_size, end_of_stream, self.request_id.as_deref());
+                if end_of_stream {
+                    self.publish_summary();
+                }
             }
             return Action::Continue;
         }
@@ -351,11 +394,30 @@ impl HttpContext for Http {
                 crate::admission::settle(&self.charges, used);
             }
         }
-        let (Some(w), Some(d)) = (&self.watch, &self.routed) else {
+        let Some(d) = &self.routed else {
             return;
         };
-        let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
         let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
-        w.on_log(&self.metrics, Some(&backend), &details);
+        let (outcome, usage) = self
+            .watch
+            .as_ref()
+            .map_or((None, Usage::default()), |w| w.summary(&details));
+        if let Some(o) = outcome {
+            self.metrics.stream_outcome(o);
+        }
+        let status = host::response_code().unwrap_or(0);
+        let now = host::now_ms();
+        let since_start = |t: u64| (self.started_ms > 0).then(|| t.saturating_sub(self.started_ms));
+        let backend = self.backend.as_deref().unwrap_or(&d.cluster);
+        self.metrics.finished(&Finished {
+            alias: &d.alias,
+            backend,
+            api: d.api.name(),
+            status,
+            affinity_source: d.affinity.map_or("none", |a| a.source.as_str()),
+            ttfb_ms: self.first_byte_ms.and_then(since_start),
+            duration_ms: since_start(now),
+            usage,
+        });
     }
 }

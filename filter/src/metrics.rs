@@ -1,84 +1,68 @@
-//! The filter's own metrics, defined once per VM. Envoy shows them on `/stats` as `wasmcustom.<name>` and on
-//! `/stats/prometheus` as `<name>`, summed over workers. Names carry no request data, only fixed reasons and
-//! configured backend names (`llmroute.backend.<token>.*`, where the token is the name itself, or a sanitised
-//! and hashed form for names with unusual bytes, see `llmroute_core::config::stat_token`; `llmroute render` adds a
-//! stats tag that turns the token into a `llmroute_backend` label).
+//! The filter's own metrics. Envoy shows them on `/stats` as `wasmcustom.<name>` and on `/stats/prometheus` as
+//! `<metric>{labels}`, summed over workers.
+//!
+//! Labels are encoded in the stat name (`<metric>;<label>=<value>...`, see `envoy_contract::metrics`) and cut out
+//! again by the stats tags `llmroute render` adds. A stat is defined lazily, the first time its label combination
+//! is used, and its id is cached per VM, so a combination costs one `define_metric` per worker. Every value is a
+//! config name (alias, backend, key name) or a member of a closed set (api, status class, affinity source,
+//! outcome, reason), so the number of series is bounded by the config: see `docs/observability.md`.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use llmroute_core::envoy_contract::metrics as names;
 use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
-use llmroute_core::Config;
+use proxy_wasm::types::MetricType;
 
 use crate::host;
 
+/// The most distinct stats one VM defines; past it, new combinations are dropped (never expected with a sane
+/// config, but it bounds memory whatever happens).
+const MAX_STATS: usize = 20_000;
+
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
-    /// Requests routed to a backend.
-    pub routed: Option<u32>,
-    /// Requests refused by the gateway (4xx before any engine).
-    pub refused: Option<u32>,
-    /// Requests shed by a backend's circuit breaker (503 with Retry-After).
-    pub overflow: Option<u32>,
-    /// Requests refused because they cannot fit any route's context window.
-    pub context_exceeded: Option<u32>,
-    /// Streamed responses by how they ended, indexed like [`Outcome::ALL`].
-    outcomes: [Option<u32>; 6],
-    /// Bounded-keys placements by reason, indexed like [`PlacementReason::ALL`].
-    placements: [Option<u32>; 4],
-    /// The largest wasm linear memory of the VMs, in bytes (see [`Metrics::vm_memory_tick`]).
-    vm_memory: Option<u32>,
-    backends: Rc<HashMap<String, BackendMetrics>>,
+    ids: Rc<RefCell<HashMap<String, Option<u32>>>>,
 }
 
-/// Usage per backend, and the realised prompt-cache hit rate (cached over prompt tokens, in permille).
-#[derive(Debug, Clone, Copy, Default)]
-struct BackendMetrics {
-    prompt: Option<u32>,
-    cached: Option<u32>,
-    completion: Option<u32>,
-    hit_permille: Option<u32>,
+/// What one routed request contributes when it is over.
+pub struct Finished<'a> {
+    pub alias: &'a str,
+    pub backend: &'a str,
+    pub api: &'a str,
+    pub status: u32,
+    pub affinity_source: &'a str,
+    pub ttfb_ms: Option<u64>,
+    pub duration_ms: Option<u64>,
+    pub usage: Usage,
 }
 
 impl Metrics {
-    pub fn define(cfg: &Config) -> Self {
-        let backends = cfg
-            .backends
-            .iter()
-            .map(|b| {
-                let token = b.stat_token();
-                let name = |m: &str| llmroute_core::envoy_contract::backend_metric(&token, m);
-                let m = BackendMetrics {
-                    prompt: host::define_counter(&name("prompt_tokens_total")),
-                    cached: host::define_counter(&name("cached_tokens_total")),
-                    completion: host::define_counter(&name("completion_tokens_total")),
-                    hit_permille: host::define_gauge(&name("cache_hit_permille")),
-                };
-                (b.name.clone(), m)
-            })
-            .collect();
-        Metrics {
-            routed: host::define_counter("llmroute_requests_routed_total"),
-            refused: host::define_counter("llmroute_requests_refused_total"),
-            overflow: host::define_counter("llmroute_overflow_total"),
-            context_exceeded: host::define_counter("llmroute_context_exceeded_total"),
-            outcomes: Outcome::ALL.map(|o| host::define_counter(&format!("llmroute_stream_{}_total", o.as_str()))),
-            placements: PlacementReason::ALL
-                .map(|r| host::define_counter(&format!("llmroute_placement_{}_total", r.as_str()))),
-            vm_memory: host::define_gauge("llmroute_vm_memory_bytes"),
-            backends: Rc::new(backends),
+    /// The id of the stat `name`, defined on first use.
+    fn id(&self, kind: MetricType, name: String) -> Option<u32> {
+        let Ok(mut ids) = self.ids.try_borrow_mut() else {
+            return None;
+        };
+        if let Some(id) = ids.get(&name) {
+            return *id;
         }
+        if ids.len() >= MAX_STATS {
+            return None;
+        }
+        let id = host::define_metric(kind, &name);
+        ids.insert(name, id);
+        id
     }
 
-    pub fn stream_outcome(&self, o: Outcome) {
-        let i = Outcome::ALL.iter().position(|x| *x == o);
-        host::increment(i.and_then(|i| self.outcomes.get(i).copied().flatten()));
+    fn add(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
+        host::add(self.id(MetricType::Counter, names::labelled(metric, labels)), n);
     }
 
-    pub fn placement(&self, r: PlacementReason) {
-        let i = PlacementReason::ALL.iter().position(|x| *x == r);
-        host::increment(i.and_then(|i| self.placements.get(i).copied().flatten()));
+    fn record(&self, metric: &str, alias: &str, v: u64) {
+        let id = self.id(MetricType::Histogram, names::labelled(metric, &[("alias", alias)]));
+        host::set_gauge(id, v);
     }
 
     /// Raises `llmroute_vm_memory_bytes` to this VM's linear memory size, if that is larger. Every VM (the main
@@ -87,22 +71,91 @@ impl Metrics {
     /// keeps allocating. Native builds (tests) have no linear memory and leave the gauge alone.
     pub fn vm_memory_tick(&self) {
         let Some(bytes) = linear_memory_bytes() else { return };
-        if host::metric_value(self.vm_memory).is_none_or(|now| bytes > now) {
-            host::set_gauge(self.vm_memory, bytes);
+        let id = self.id(MetricType::Gauge, names::VM_MEMORY_BYTES.to_string());
+        if host::metric_value(id).is_none_or(|now| bytes > now) {
+            host::set_gauge(id, bytes);
         }
     }
 
-    /// Adds a response's usage to its backend and refreshes the backend's hit rate.
-    pub fn usage(&self, backend: &str, u: Usage) {
-        let Some(m) = self.backends.get(backend) else { return };
-        host::add(m.prompt, u.prompt_tokens.unwrap_or(0));
-        host::add(m.cached, u.cached_tokens.unwrap_or(0));
-        host::add(m.completion, u.completion_tokens.unwrap_or(0));
-        let (prompt, cached) = (host::metric_value(m.prompt), host::metric_value(m.cached));
-        if let (Some(p), Some(c)) = (prompt, cached) {
-            if let Some(permille) = c.saturating_mul(1000).checked_div(p) {
-                host::set_gauge(m.hit_permille, permille);
+    /// Defines the closed-set series that alerts divide by, so they read 0 rather than nothing before the first
+    /// event: each stream outcome, and each placement reason when `bounded_keys` placement is on.
+    pub fn prime(&self, bounded_placement: bool) {
+        for o in Outcome::ALL {
+            self.add(names::STREAM_OUTCOMES, &[("outcome", o.as_str())], 0);
+        }
+        if bounded_placement {
+            for r in PlacementReason::ALL {
+                self.add(names::PLACEMENTS, &[("reason", r.as_str())], 0);
             }
+        }
+    }
+
+    /// A request the gateway answered itself with an error; `code` is the error body's `code` (a closed set).
+    pub fn rejected(&self, code: &'static str) {
+        self.add(names::REJECTIONS, &[("reason", code)], 1);
+    }
+
+    /// A request refused by a rate limit. `key` is the configured key's name (never its value); `kind` names the
+    /// limit from a closed set (for example `requests` or `tokens`).
+    #[allow(dead_code)] // called by the rate-limit feature
+    pub fn rate_limited(&self, alias: &str, key: &str, kind: &'static str) {
+        self.add(
+            names::RATE_LIMITED,
+            &[("alias", alias), ("key", key), ("kind", kind)],
+            1,
+        );
+    }
+
+    /// A request Envoy's circuit breaker shed.
+    pub fn overflow(&self) {
+        self.add(names::OVERFLOW, &[], 1);
+    }
+
+    pub fn stream_outcome(&self, o: Outcome) {
+        self.add(names::STREAM_OUTCOMES, &[("outcome", o.as_str())], 1);
+    }
+
+    pub fn placement(&self, r: PlacementReason) {
+        self.add(names::PLACEMENTS, &[("reason", r.as_str())], 1);
+    }
+
+    /// A routed request is over: count it, its tokens, and record its timings and sizes.
+    pub fn finished(&self, f: &Finished) {
+        let class = names::code_class(f.status);
+        let labels = [
+            ("alias", f.alias),
+            ("backend", f.backend),
+            ("api", f.api),
+            ("code_class", class),
+            ("affinity_source", f.affinity_source),
+        ];
+        self.add(names::REQUESTS, &labels, 1);
+        if let Some(ms) = f.ttfb_ms {
+            self.record(names::TTFB_MS, f.alias, ms);
+        }
+        if let Some(ms) = f.duration_ms {
+            self.record(names::DURATION_MS, f.alias, ms);
+        }
+        let u = f.usage;
+        let by_kind = [
+            ("input", u.prompt_tokens),
+            ("output", u.completion_tokens),
+            ("cached", u.cached_tokens),
+        ];
+        for (kind, n) in by_kind {
+            if let Some(n) = n {
+                self.add(
+                    names::TOKENS,
+                    &[("alias", f.alias), ("backend", f.backend), ("kind", kind)],
+                    n,
+                );
+            }
+        }
+        if let Some(n) = u.prompt_tokens {
+            self.record(names::PROMPT_TOKENS, f.alias, n);
+        }
+        if let Some(n) = u.completion_tokens {
+            self.record(names::COMPLETION_TOKENS, f.alias, n);
         }
     }
 }

@@ -1,17 +1,16 @@
 //! The response path of one routed request: relay every byte as it comes, watch a copy for the stream's end and
 //! its usage, close a stream that ended without its terminal event, cut the usage chunk the gateway asked for on
-//! the client's behalf, and count the outcome and the usage in the log phase.
+//! the client's behalf, and sum up the outcome and the usage for the metrics and the access log.
 //!
 //! Nothing is held back, with one exception: while the gateway cuts the usage chunk it asked for, a chunk that
 //! ends inside an event keeps that partial event until the next chunk completes it (see `StreamTracker::relay`),
 //! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
 //! to read its usage at the end.
 
-use llmroute_core::stream::{self, usage, StreamTracker, Usage};
+use llmroute_core::stream::{self, usage, Outcome, StreamTracker, Usage};
 use llmroute_core::Api;
 
 use crate::host;
-use crate::metrics::Metrics;
 
 pub enum ResponseWatch {
     Stream { tracker: StreamTracker, eos: bool },
@@ -86,22 +85,23 @@ impl ResponseWatch {
         )
     }
 
-    /// Counts the outcome and the usage once the exchange is over.
-    pub fn on_log(&self, metrics: &Metrics, backend: Option<&str>, code_details: &str) {
-        let usage = match self {
-            ResponseWatch::Stream { tracker, eos } => {
-                metrics.stream_outcome(stream::outcome(*eos, tracker.verdict(), code_details));
-                tracker.usage()
-            }
-            ResponseWatch::Json { copy, eos: true } => std::str::from_utf8(copy)
-                .ok()
-                .and_then(usage::parse_doc)
-                .map(|doc| usage::from_value(&doc))
-                .unwrap_or_default(),
-            ResponseWatch::Json { .. } => Usage::default(),
-        };
-        if let (Some(b), false) = (backend, usage.is_empty()) {
-            metrics.usage(b, usage);
+    /// The stream's outcome (`None` for a JSON response) and the usage seen so far. `code_details` is Envoy's
+    /// `response.code_details`, known only in the log phase; before it, pass "".
+    pub fn summary(&self, code_details: &str) -> (Option<Outcome>, Usage) {
+        match self {
+            ResponseWatch::Stream { tracker, eos } => (
+                Some(stream::outcome(*eos, tracker.verdict(), code_details)),
+                tracker.usage(),
+            ),
+            ResponseWatch::Json { copy, eos: true } => (
+                None,
+                std::str::from_utf8(copy)
+                    .ok()
+                    .and_then(usage::parse_doc)
+                    .map(|doc| usage::from_value(&doc))
+                    .unwrap_or_default(),
+            ),
+            ResponseWatch::Json { .. } => (None, Usage::default()),
         }
     }
 }

@@ -244,8 +244,10 @@ impl Envoy {
     }
 
     /// One counter or gauge from the admin `/stats`, by exact name.
+    /// Labelled filter metrics (`<metric>;<label>=<value>...`) are filtered by the part before the first `;`.
     pub async fn stat(&self, name: &str) -> Option<u64> {
-        let url = self.admin_url(&format!("/stats?filter=^{}$", name.replace('.', "\\.")));
+        let stem = name.split(';').next().unwrap_or(name);
+        let url = self.admin_url(&format!("/stats?filter=^{}", stem.replace('.', "\\.")));
         let text = reqwest::get(url).await.ok()?.text().await.ok()?;
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))

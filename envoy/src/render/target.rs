@@ -201,6 +201,12 @@ pub fn limitations(cfg: &Config) -> Vec<String> {
             "listen_tls: put the DownstreamTlsContext on your listener's filter chain (see --target envoy)".into(),
         );
     }
+    out.push(
+        "metrics: add the bootstrap's stats_config.stats_tags from --target envoy, or the filter's metrics keep their \
+         labels inside their names (docs/observability.md)"
+            .into(),
+    );
+    out.push("access log: copy the connection manager's access_log entry from --target envoy to yours".into());
     out
 }
 
@@ -295,6 +301,7 @@ mod tests {
             "{lims}"
         );
         assert!(lims.contains("filter_metadata.llmroute.backend"), "{lims}");
+        assert!(lims.contains("stats_tags") && lims.contains("access_log"), "{lims}");
     }
 
     #[test]

@@ -68,14 +68,131 @@ pub fn failover_cluster(index: usize) -> String {
 
 /// The filter's metric names start with this; Envoy shows them as `wasmcustom.<name>`.
 pub const METRIC_PREFIX: &str = "llmroute";
-/// The stats tag that turns the backend token inside per-backend metric names into a label.
-pub const BACKEND_STATS_TAG: &str = "llmroute_backend";
-/// The regex of that tag, matching [`backend_metric`] names as Envoy shows them.
-pub const BACKEND_STATS_TAG_REGEX: &str = "^wasmcustom\\.llmroute\\.backend\\.((.+)\\.)[a-z_]+$";
 
-/// The name of a per-backend metric; `token` is the backend's stat token (`Backend::stat_token`).
-pub fn backend_metric(token: &str, metric: &str) -> String {
-    format!("{METRIC_PREFIX}.backend.{token}.{metric}")
+/// Metric names and their labels.
+///
+/// A label-carrying metric is defined under one Envoy stat per label combination, named
+/// `<metric>;<label>=<value>;<label>=<value>...` (for example `llmroute_rejections_total;reason=model_not_found`).
+/// The renderer adds one `stats_tags` regex per label ([`metrics::stats_tags`]); Envoy cuts each `;label=value`
+/// out of the name and turns it into a tag, so `/stats/prometheus` shows `llmroute_rejections_total{reason="..."}`.
+/// Values never contain `;` or `=`: each goes through [`crate::config::stat_token`], and they are either names
+/// from the config or members of closed sets, so the regexes cannot be fooled and the number of series is bounded
+/// by the config (see `docs/observability.md`).
+pub mod metrics {
+    use crate::config::stat_token;
+
+    /// Routed requests, once each, when the exchange is over: `{alias, backend, api, code_class, affinity_source}`.
+    pub const REQUESTS: &str = "llmroute_requests_total";
+    /// Requests the gateway answered itself with an error (4xx/5xx before any engine): `{reason}`.
+    pub const REJECTIONS: &str = "llmroute_rejections_total";
+    /// Requests refused by a rate limit: `{alias, key, kind}`.
+    pub const RATE_LIMITED: &str = "llmroute_rate_limited_total";
+    /// Tokens reported by the engines: `{alias, backend, kind=input|output|cached}`.
+    pub const TOKENS: &str = "llmroute_tokens_total";
+    /// Streamed responses by how they ended: `{outcome}`.
+    pub const STREAM_OUTCOMES: &str = "llmroute_stream_outcomes_total";
+    /// Bounded-keys placements: `{reason}`.
+    pub const PLACEMENTS: &str = "llmroute_placements_total";
+    /// Requests shed by a backend's circuit breaker (503 with Retry-After); no labels.
+    pub const OVERFLOW: &str = "llmroute_overflow_total";
+    /// Histogram: time from the request's start to the first response body byte, per alias, in milliseconds.
+    pub const TTFB_MS: &str = "llmroute_time_to_first_byte_milliseconds";
+    /// Histogram: time from the request's start to the end of the exchange, per alias, in milliseconds.
+    pub const DURATION_MS: &str = "llmroute_request_duration_milliseconds";
+    /// Histogram: prompt (input) tokens per request, per alias, as the engine reported them.
+    pub const PROMPT_TOKENS: &str = "llmroute_request_prompt_tokens";
+    /// Histogram: completion (output) tokens per request, per alias, as the engine reported them.
+    pub const COMPLETION_TOKENS: &str = "llmroute_request_completion_tokens";
+    /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
+    pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
+
+    /// Every label any filter metric carries. Each gets one stats tag.
+    pub const LABELS: [&str; 9] = [
+        "alias",
+        "backend",
+        "api",
+        "code_class",
+        "affinity_source",
+        "reason",
+        "key",
+        "kind",
+        "outcome",
+    ];
+
+    /// The Envoy stat name of `metric` with `labels`, in the order given. Values go through `stat_token`.
+    pub fn labelled(metric: &str, labels: &[(&str, &str)]) -> String {
+        let mut name = String::from(metric);
+        for (label, value) in labels {
+            name.push(';');
+            name.push_str(label);
+            name.push('=');
+            name.push_str(&stat_token(value));
+        }
+        name
+    }
+
+    /// The stats tag regex of `label`: its first group (`;label=value`) is cut from the name, its second is the
+    /// value. Anchored on the filter's own stats, which Envoy prefixes with `wasmcustom.`.
+    pub fn tag_regex(label: &str) -> String {
+        format!("^wasmcustom\\.llmroute_[a-z_]+(?:;[a-z_]+=[^;]*)*?(;{label}=([^;]*))")
+    }
+
+    /// `(tag_name, regex)` for every label, for the bootstrap's `stats_config.stats_tags`.
+    pub fn stats_tags() -> Vec<(&'static str, String)> {
+        LABELS.iter().map(|l| (*l, tag_regex(l))).collect()
+    }
+
+    /// The status class label value of an HTTP status: `2xx`, `4xx`, `5xx`, ... (`other` outside 100..=599).
+    pub fn code_class(status: u32) -> &'static str {
+        match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            500..=599 => "5xx",
+            _ => "other",
+        }
+    }
+}
+
+/// The filter-state keys the filter writes for the access log (`set_property`); Envoy stores each as
+/// `wasm.<key>` and the rendered access log reads it with `%FILTER_STATE(wasm.<key>:PLAIN)%`.
+pub mod log_fields {
+    /// The alias the client asked for (`gen_ai.request.model`).
+    pub const ALIAS: &str = "llmroute.alias";
+    /// The model name sent upstream (`gen_ai.response.model`).
+    pub const UPSTREAM_MODEL: &str = "llmroute.upstream_model";
+    /// The backend that served the request.
+    pub const BACKEND: &str = "llmroute.backend";
+    /// Where the affinity key came from.
+    pub const AFFINITY_SOURCE: &str = "llmroute.affinity_source";
+    /// Why bounded-keys placement chose the host.
+    pub const PLACEMENT: &str = "llmroute.placement";
+    /// The name (never the value) of the API key the request used.
+    pub const KEY: &str = "llmroute.key";
+    /// Tokens the engine reported.
+    pub const INPUT_TOKENS: &str = "llmroute.input_tokens";
+    pub const OUTPUT_TOKENS: &str = "llmroute.output_tokens";
+    pub const CACHED_TOKENS: &str = "llmroute.cached_tokens";
+    /// How a streamed response ended.
+    pub const STREAM_OUTCOME: &str = "llmroute.stream_outcome";
+    /// Every key, for the renderer.
+    pub const ALL: [&str; 10] = [
+        ALIAS,
+        UPSTREAM_MODEL,
+        BACKEND,
+        AFFINITY_SOURCE,
+        PLACEMENT,
+        KEY,
+        INPUT_TOKENS,
+        OUTPUT_TOKENS,
+        CACHED_TOKENS,
+        STREAM_OUTCOME,
+    ];
+    /// How Envoy names the filter state a wasm filter sets with `set_property([key])`.
+    pub fn filter_state(key: &str) -> String {
+        format!("wasm.{key}")
+    }
 }
 
 /// Shared-data keys, one family per piece of state the workers share.
@@ -125,5 +242,36 @@ mod tests {
         assert!(ADMIN_CLUSTER.starts_with(RESERVED_CLUSTER_PREFIX));
         assert_eq!(failover_cluster(3), "llmroute-failover-3");
         assert_eq!(probe_cluster("a", 1), "llmroute-probe-a-1");
+    }
+
+    #[test]
+    fn labelled_names_keep_values_free_of_separators() {
+        let n = metrics::labelled(
+            metrics::REQUESTS,
+            &[("alias", "a;b=c"), ("backend", "outbound|80||x.ns")],
+        );
+        assert!(n.starts_with("llmroute_requests_total;alias=a_b_c~"), "{n}");
+        assert!(n.ends_with(";backend=outbound|80||x.ns"), "{n}");
+        assert_eq!(n.matches(';').count(), 2);
+        assert_eq!(n.matches('=').count(), 2);
+    }
+
+    #[test]
+    fn every_label_has_a_tag_and_metric_names_are_prometheus_style() {
+        assert_eq!(metrics::stats_tags().len(), metrics::LABELS.len());
+        for (label, re) in metrics::stats_tags() {
+            assert!(re.contains(&format!("(;{label}=([^;]*))")), "{re}");
+        }
+        for c in [
+            metrics::REQUESTS,
+            metrics::REJECTIONS,
+            metrics::RATE_LIMITED,
+            metrics::TOKENS,
+        ] {
+            assert!(c.starts_with("llmroute_") && c.ends_with("_total"), "{c}");
+        }
+        assert_eq!(metrics::code_class(503), "5xx");
+        assert_eq!(metrics::code_class(200), "2xx");
+        assert_eq!(metrics::code_class(0), "other");
     }
 }

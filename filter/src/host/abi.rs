@@ -101,6 +101,7 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_set_property(path_data: *const u8, path_size: usize, value_data: *const u8, value_size: usize) -> u32;
     fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,
@@ -247,6 +248,15 @@ pub fn get_property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
             status,
         }),
     }
+}
+
+/// Sets a property; a path Envoy does not know becomes filter state `wasm.<path>` for the rest of the request.
+pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
+    let encoded = path.join("\0");
+    // SAFETY: `encoded` and `value` are alive for the call.
+    check("set_property", unsafe {
+        proxy_set_property(encoded.as_ptr(), encoded.len(), value.as_ptr(), value.len())
+    })
 }
 
 /// A shared-data value and its compare-and-swap token (`None` when the key is absent).

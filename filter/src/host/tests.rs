@@ -111,8 +111,7 @@ extern "C" fn proxy_record_metric(_: u32, _: u64) -> u32 {
     status()
 }
 #[no_mangle]
-extern "C" fn proxy_get_metric(_: u32, v: *mut u64) -> u32 {
-    unsafe { *v = 3 };
+extern "C" fn proxy_set_property(_: *const u8, _: usize, _: *const u8, _: usize) -> u32 {
     status()
 }
 
@@ -158,7 +157,9 @@ fn a_host_that_refuses_every_call_never_makes_a_wrapper_panic() {
             assert_eq!(define_gauge("g"), None);
             increment(Some(1));
             set_gauge(Some(1), 5);
-            assert_eq!(metric_value(Some(1)), None);
+            assert_eq!(define_metric(MetricType::Histogram, "h"), None);
+            set_log_field("llmroute.alias", "a");
+            assert_eq!(response_code(), None);
         });
     }
 }
@@ -195,7 +196,8 @@ fn a_host_that_answers_is_read() {
         assert_eq!(request_body(4), Some(b"body".to_vec()));
         assert_eq!(now_ms(), 5);
         assert_eq!(define_counter("c"), Some(7));
-        assert_eq!(metric_value(Some(7)), Some(3));
+        assert_eq!(define_metric(MetricType::Histogram, "h"), Some(7));
+        set_log_field("llmroute.alias", "a");
     });
 }
 

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use llmroute_core::envoy_contract::metrics as names;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -567,7 +568,22 @@ pub fn equations(load: &Load, stats: &HashMap<String, u64>) -> Vec<Equation> {
     let count = |keep: &dyn Fn(&Record) -> bool| load.records.iter().filter(|r| keep(r)).count() as u64;
     let class = |lo: u16| count(&|r: &Record| r.status.is_some_and(|s| (lo..lo + 100).contains(&s)));
     let streams_200 = count(&|r: &Record| r.streamed && r.outcome.had_200_head());
-    let stream_stat = |o: &str| stat(&format!("wasmcustom.llmroute_stream_{o}_total"));
+    let stream_stat = |o: &str| {
+        stat(&format!(
+            "wasmcustom.{}",
+            names::labelled(names::STREAM_OUTCOMES, &[("outcome", o)])
+        ))
+    };
+    // A labelled metric summed over every label combination the filter defined.
+    let total = |metric: &str| -> u64 {
+        let base = format!("wasmcustom.{metric}");
+        let semi = format!("{base};");
+        stats
+            .iter()
+            .filter(|(k, _)| **k == base || k.starts_with(&semi))
+            .map(|(_, v)| *v)
+            .sum()
+    };
     let stream_sum: u64 = [
         "complete",
         "missing_terminal",
@@ -601,32 +617,32 @@ pub fn equations(load: &Load, stats: &HashMap<String, u64>) -> Vec<Equation> {
             class(500),
         ),
         Equation::new(
-            "wasmcustom.llmroute_requests_routed_total + refused_total = requests sent",
-            stat("wasmcustom.llmroute_requests_routed_total") + stat("wasmcustom.llmroute_requests_refused_total"),
+            "llmroute_requests_total (routed) + llmroute_rejections_total (refused), over all labels = requests sent",
+            total(names::REQUESTS) + total(names::REJECTIONS),
             load.sent,
         ),
         Equation::new(
-            "sum of wasmcustom.llmroute_stream_*_total = client streams with a 200 head",
+            "sum of llmroute_stream_outcomes_total{outcome} = client streams with a 200 head",
             stream_sum,
             streams_200,
         ),
         Equation::new(
-            "llmroute_stream_complete_total = client streams complete",
+            "llmroute_stream_outcomes_total{outcome=complete} = client streams complete",
             stream_stat("complete"),
             count(&|r: &Record| r.streamed && r.outcome == Outcome::Complete),
         ),
         Equation::new(
-            "llmroute_stream_missing_terminal_total + upstream_error_total = client streams ending in an error event",
+            "outcome=missing_terminal + outcome=upstream_error = client streams ending in an error event",
             stream_stat("missing_terminal") + stream_stat("upstream_error"),
             count(&|r: &Record| r.outcome == Outcome::StreamErrorEvent),
         ),
         Equation::new(
-            "llmroute_stream_upstream_cut_total = client streams cut",
+            "outcome=upstream_cut = client streams cut",
             stream_stat("upstream_cut"),
             count(&|r: &Record| r.outcome == Outcome::StreamCut),
         ),
         Equation::new(
-            "llmroute_stream_client_cancel_total + timeout_total = 0",
+            "outcome=client_cancel + outcome=timeout = 0",
             stream_stat("client_cancel") + stream_stat("timeout"),
             0,
         ),

@@ -14,7 +14,7 @@ pub enum Outcome {
     /// A 200 stream that ended with an error event (the engine's, or the one the filter closes a broken stream
     /// with).
     StreamErrorEvent,
-    /// A 200 stream whose connection broke: the filter can only count it (`llmroute_stream_upstream_cut_total`).
+    /// A 200 stream whose connection broke: the filter can only count it (`llmroute_stream_outcomes_total{outcome="upstream_cut"}`).
     StreamCut,
     /// Anything else: the invariant fails. The text says what was wrong.
     Malformed(String),

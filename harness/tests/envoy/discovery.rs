@@ -2,7 +2,7 @@
 //! file-based EDS: the hosts join and leave while traffic flows, no request fails, known keys stay on their
 //! hosts, new keys reach a new host, a removed host's keys are placed again, and `/llmroute/status` follows the
 //! membership. Also: a backend named like an Istio cluster (`outbound|8000||llama.ns.svc.cluster.local`) routes
-//! end to end and its metrics carry a sane `llmroute_backend` label.
+//! end to end and its metrics carry a sane `backend` label.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -295,19 +295,19 @@ async fn istio_cluster_names_route_and_label_metrics() {
         }
     }
 
-    let istio_label = format!("llmroute_backend=\"{ISTIO}\"");
+    let istio_label = format!("backend=\"{ISTIO}\"");
     let odd_token = llmroute_core::config::stat_token(ODD);
     assert!(
         odd_token.starts_with("odd_name__") && odd_token.contains('~'),
         "{odd_token}"
     );
-    let odd_label = format!("llmroute_backend=\"{odd_token}\"");
+    let odd_label = format!("backend=\"{odd_token}\"");
     let ok = wait_for(Duration::from_secs(10), || async {
-        let lines = prometheus(&envoy, "llmroute_backend_prompt_tokens_total").await;
+        let lines = prometheus(&envoy, "llmroute_tokens_total").await;
         let value = |label: &str| {
             lines
                 .iter()
-                .find(|l| l.contains(label))
+                .find(|l| l.contains(label) && l.contains("kind=\"input\""))
                 .and_then(|l| l.rsplit(' ').next())
                 .and_then(|v| v.parse::<f64>().ok())
         };
@@ -317,9 +317,7 @@ async fn istio_cluster_names_route_and_label_metrics() {
     assert!(
         ok.is_some(),
         "no prompt-token series labelled {istio_label} and {odd_label}:\n{}",
-        prometheus(&envoy, "llmroute_backend_prompt_tokens_total")
-            .await
-            .join("\n")
+        prometheus(&envoy, "llmroute_tokens_total").await.join("\n")
     );
     // The label is extracted: no series name carries the backend's bytes.
     let text = reqwest::get(envoy.admin_url("/stats/prometheus"))
@@ -331,7 +329,8 @@ async fn istio_cluster_names_route_and_label_metrics() {
     assert!(
         !text
             .lines()
-            .any(|l| l.starts_with("llmroute_backend_outbound") || l.starts_with("llmroute_backend_odd")),
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .any(|name| name.starts_with("llmroute_") && (name.contains("outbound") || name.contains("odd"))),
         "a backend name leaked into a metric name"
     );
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use llmroute_core::endpoint::Api;
+use llmroute_core::envoy_contract::metrics::PLACEMENTS;
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_harness::emulator::cost::{self, CostModel};
 use llmroute_harness::emulator::Dialect;
@@ -151,8 +152,14 @@ async fn six_tenants_get_two_hosts_each_and_stay() {
         }
     }
     // Only these 24 requests went through the filter: 6 placed, then 3 rounds of 6 pinned.
-    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_placed_total").await, Some(6));
-    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_pinned_total").await, Some(18));
+    assert_eq!(
+        envoy.stat(&stat_name(PLACEMENTS, &[("reason", "placed")])).await,
+        Some(6)
+    );
+    assert_eq!(
+        envoy.stat(&stat_name(PLACEMENTS, &[("reason", "pinned")])).await,
+        Some(18)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +216,10 @@ async fn a_down_hosts_keys_move_and_new_keys_avoid_it() {
     }
     // Six keys on three hosts are 2, 2 and 2 (see the test above), so exactly two lived on the down host: tenant 0
     // moved while we waited, the other on its first request after. A moved key is pinned to an up host from then.
-    assert_eq!(envoy.stat("wasmcustom.llmroute_placement_moved_total").await, Some(2));
+    assert_eq!(
+        envoy.stat(&stat_name(PLACEMENTS, &[("reason", "moved")])).await,
+        Some(2)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

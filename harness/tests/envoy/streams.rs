@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use llmroute_core::envoy_contract::metrics as names;
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
@@ -100,9 +101,17 @@ const PATHS: [&str; 4] = [
 const NO_TERMINAL: &str = "The engine's stream ended without its final event.";
 const UPSTREAM_ERROR: &str = "The engine reported an error mid-stream.";
 
+/// The `/stats` name of the alias's token counter of `kind` on backend `llama-a`.
+fn tokens(kind: &str) -> String {
+    stat_name(
+        names::TOKENS,
+        &[("alias", ALIAS), ("backend", "llama-a"), ("kind", kind)],
+    )
+}
+
 async fn counter(envoy: &Envoy, outcome: &str) -> u64 {
     envoy
-        .stat(&format!("wasmcustom.llmroute_stream_{outcome}_total"))
+        .stat(&stat_name(names::STREAM_OUTCOMES, &[("outcome", outcome)]))
         .await
         .unwrap_or(0)
 }
@@ -357,9 +366,9 @@ async fn the_gateway_asks_for_usage_and_hides_the_extra_chunk_unless_the_client_
         String::from_utf8_lossy(&r.bytes).contains("\"choices\":[]"),
         "kept when the client asked for it"
     );
-    let prompt = "wasmcustom.llmroute.backend.llama-a.prompt_tokens_total";
+    let prompt = tokens("input");
     let counted = wait_for(Duration::from_secs(3), || async {
-        envoy.stat(prompt).await.unwrap_or(0) > 0
+        envoy.stat(&prompt).await.unwrap_or(0) > 0
     })
     .await;
     assert!(counted.is_some(), "stream usage reached the backend's counters");
@@ -411,16 +420,14 @@ async fn cached_tokens_from_the_engine_show_up_in_the_backends_hit_rate() {
         let (status, _, _) = post(&c, &envoy, &body, &[]).await;
         assert_eq!(status, 200);
     }
-    let cached = "wasmcustom.llmroute.backend.llama-a.cached_tokens_total";
     let counted = wait_for(Duration::from_secs(3), || async {
-        envoy.stat(cached).await.unwrap_or(0) > 0
+        envoy.stat(&tokens("cached")).await.unwrap_or(0) > 0
     })
     .await;
     assert!(counted.is_some(), "the repeat's cached tokens must be counted");
-    let permille = envoy
-        .stat("wasmcustom.llmroute.backend.llama-a.cache_hit_permille")
-        .await
-        .unwrap_or(0);
+    let cached = envoy.stat(&tokens("cached")).await.unwrap_or(0);
+    let input = envoy.stat(&tokens("input")).await.unwrap_or(0);
+    let permille = cached * 1000 / input.max(1);
     assert!(
         permille > 300 && permille < 1000,
         "two identical prompts: about half the prompt tokens cached, got {permille}‰"

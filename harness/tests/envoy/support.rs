@@ -124,3 +124,11 @@ where
     }
     None
 }
+
+/// The `/stats` name of a filter metric with labels (`wasmcustom.<metric>;<label>=<value>...`).
+pub fn stat_name(metric: &str, labels: &[(&str, &str)]) -> String {
+    format!(
+        "wasmcustom.{}",
+        llmroute_core::envoy_contract::metrics::labelled(metric, labels)
+    )
+}

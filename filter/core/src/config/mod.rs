@@ -328,6 +328,8 @@ pub struct Config {
     pub stream_include_usage: bool,
     /// `None`: no key is asked for.
     pub auth: Option<Auth>,
+    /// The access log's file (`access_log.path`); `None` writes it to Envoy's standard output.
+    pub access_log_path: Option<String>,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

@@ -48,6 +48,9 @@ pub struct RawConfig {
     /// Inbound API keys. Without it, anyone who reaches the listener is served.
     #[serde(default)]
     pub auth: Option<RawAuth>,
+    /// The access log: one JSON line per request. Default: Envoy's standard output.
+    #[serde(default)]
+    pub access_log: Option<RawAccessLog>,
 }
 
 /// Inbound API keys.
@@ -75,6 +78,15 @@ pub struct RawRateLimits {
     /// Output tokens reserved for a request without `max_tokens` (or its variants). Default 1024.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+}
+
+/// Where the access log goes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccessLog {
+    /// An absolute file path Envoy appends the JSON lines to. Default: Envoy's standard output.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// Usage accounting.

@@ -100,6 +100,10 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
 
     let auth = raw.auth.as_ref().map(|a| auth(&mut errs, a));
+    let access_log_path = raw.access_log.as_ref().and_then(|a| a.path.clone());
+    if let Some(path) = &access_log_path {
+        check_abs_path(&mut errs, "access_log.path", path);
+    }
 
     match (errs.0.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
@@ -117,6 +121,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 retries,
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
                 auth,
+                access_log_path,
                 warnings: errs.1,
                 alias_index,
             })
@@ -270,20 +275,25 @@ fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<
     }
 }
 
+/// An absolute file path: not a directory, bounded, without control characters.
+fn check_abs_path(errs: &mut Errors, field: &str, path: &str) {
+    let ok = (2..=PATH_MAX).contains(&path.len())
+        && path.starts_with('/')
+        && !path.ends_with('/')
+        && !path.chars().any(char::is_control);
+    if !ok {
+        errs.push(
+            field,
+            format!("{path:?}"),
+            format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
+        );
+    }
+}
+
 fn discovery(errs: &mut Errors, at: &str, d: &RawDiscovery) -> Discovery {
     let field = format!("{at}.eds_path");
     if let Some(path) = &d.eds_path {
-        let ok = (2..=PATH_MAX).contains(&path.len())
-            && path.starts_with('/')
-            && !path.ends_with('/')
-            && !path.chars().any(char::is_control);
-        if !ok {
-            errs.push(
-                &field,
-                format!("{path:?}"),
-                format!("must be an absolute file path of at most {PATH_MAX} bytes, without control characters"),
-            );
-        }
+        check_abs_path(errs, &field, path);
     }
     let etcd = d.etcd.as_ref().map(|e| etcd(errs, &format!("{at}.etcd"), e));
     if etcd.is_some() && d.eds_path.is_none() {
