@@ -18,6 +18,7 @@ mod fleet_check;
 mod istio;
 mod placement;
 mod resilience;
+mod smuggling;
 mod status;
 mod streams;
 mod support;
