@@ -111,6 +111,10 @@ fn refusal((raw, closed): &(Vec<u8>, bool)) -> Result<u16, String> {
     if !r.head.contains(&format!("x-llmroute-error: {code}")) || r.body["error"]["message"].as_str().is_none() {
         return Err(format!("envelope and x-llmroute-error disagree: {text}"));
     }
+    // A refusal is the client's fault, never labelled a server error (Envoy's 501 for a transfer coding included).
+    if r.body["error"]["type"] != "invalid_request_error" {
+        return Err(format!("a refusal typed as a server error: {text}"));
+    }
     Ok(r.status)
 }
 
