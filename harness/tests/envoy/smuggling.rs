@@ -556,6 +556,7 @@ const HEADERS: u8 = 1;
 const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
 const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
 const END_STREAM: u8 = 1;
 const END_HEADERS: u8 = 4;
 const ACK: u8 = 1;
@@ -746,7 +747,22 @@ async fn http2_frames_that_break_the_rules_are_reset_and_never_reach_an_engine()
                 frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()),
             ],
         ),
+        ("CONTINUATION flood past the header limit", {
+            // 1000 CONTINUATION frames of 200-byte fields, never ending the block: 200 KB against a 60 KiB limit.
+            let filler = "f".repeat(190);
+            let field = hpack(&[("x-flood", filler.as_str())]);
+            let mut f = vec![frame(HEADERS, 0, 1, &hpack(&request_fields(&[])))];
+            f.extend((0..1000).map(|_| frame(CONTINUATION, 0, 1, &field)));
+            f
+        }),
     ];
+    // The frame writer itself is sound: a valid request with a long field (a multi-byte HPACK length) is answered
+    // and routed, so the closures below are Envoy's verdict on the abuse, not on our encoding.
+    let long: &'static str = "f".repeat(190).leak();
+    let control = h2_exchange(&envoy, &with_body(&[("x-long", long)]), &[1]).await;
+    assert_eq!(control.answered, vec![1], "{control:?}");
+    assert_eq!(engine_posts(&fleet).len(), 1);
+    fleet.reset();
     let mut failures = Vec::new();
     let protocol_errors = "http.llmroute.downstream_cx_protocol_error";
     for (name, frames) in &cases {
