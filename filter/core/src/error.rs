@@ -309,7 +309,7 @@ const fn reply(status: u16, code: &'static str, anthropic_type: &'static str, me
 }
 
 /// Envoy's local replies, most specific first. A reply that matches none takes [`envoy_fallback`].
-pub const ENVOY_REPLIES: [EnvoyReply; 9] = [
+pub const ENVOY_REPLIES: [EnvoyReply; 10] = [
     EnvoyReply {
         response_flag: Some("UO"),
         ..reply(503, "overloaded", "overloaded_error", OVERFLOW_MESSAGE)
@@ -348,6 +348,18 @@ pub const ENVOY_REPLIES: [EnvoyReply; 9] = [
         "invalid_request_error",
         "The request headers are too large.",
     ),
+    // Envoy's HTTP/1 codec answers a transfer coding it does not implement (`chunked, identity`, `xchunked`, two
+    // `transfer-encoding` headers) with a 501. The client framed the request wrongly: an invalid request, not a
+    // gateway fault.
+    EnvoyReply {
+        openai_type: "invalid_request_error",
+        ..reply(
+            501,
+            "unsupported_framing",
+            "invalid_request_error",
+            "The gateway does not implement this request's framing (its transfer-encoding); send content-length or plain chunked.",
+        )
+    },
     reply(
         502,
         "upstream_error",
@@ -464,6 +476,15 @@ mod tests {
         for (e, status, code) in cases {
             assert_eq!((e.status(), e.code()), (status, code), "{e:?}");
         }
+    }
+
+    #[test]
+    fn envoys_501_for_an_unsupported_transfer_coding_is_the_clients_error() {
+        let r = ENVOY_REPLIES.iter().find(|r| r.status == 501).unwrap();
+        assert_eq!(
+            (r.code, r.openai_type, r.anthropic_type),
+            ("unsupported_framing", "invalid_request_error", "invalid_request_error")
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod istio;
 mod observability;
 mod placement;
 mod resilience;
+mod smuggling;
 mod status;
 mod streams;
 mod support;
