@@ -5,8 +5,7 @@
 //! which Envoy serves to WASI's `environ_get`, so `std::env::var` reads them. Only key *names* are ever logged
 //! or used in metric names.
 
-use llmroute_core::auth::{self, AuthRefusal, Keys};
-use llmroute_core::config::stat_token;
+use llmroute_core::auth::{self, Keys};
 use llmroute_core::key_placement::in_flight::SharedStore;
 use llmroute_core::limits::{self, Charge, Denied, Kind};
 
@@ -60,25 +59,9 @@ pub fn seed(cfg: &Config, keys: Option<&Keys>) {
     }
 }
 
-/// Counts an auth refusal by reason.
-pub fn count_auth_refusal(r: AuthRefusal) {
-    host::increment(host::define_counter(&format!(
-        "llmroute_auth_refused_{}_total",
-        r.as_str()
-    )));
-}
-
-/// Counts an admitted request for its key.
-pub fn count_key_request(key: &str) {
-    host::increment(host::define_counter(&format!(
-        "llmroute.key.{}.requests_total",
-        stat_token(key)
-    )));
-}
-
-/// Takes every charge or none. A refusal is counted by scope, name and reason, and becomes the 429 (or the 503
-/// of contention) to send. `Ok` holds the fewest requests and tokens left in any bucket charged, for the debug
-/// headers.
+/// Takes every charge or none. A refusal becomes the 429 (or the 503 of contention) to send; the request
+/// context counts it (`llmroute_rate_limited_total`, `llmroute_rejections_total`). `Ok` holds the fewest
+/// requests and tokens left in any bucket charged, for the debug headers.
 pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
         return Ok(Remaining::default());
@@ -103,24 +86,14 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
             name,
             kind,
             retry_after_ms,
-        }) => {
-            let metric = format!(
-                "llmroute.limit.{}.{}.{}_refused_total",
-                scope.as_str(),
-                stat_token(&name),
-                kind.as_str()
-            );
-            host::increment(host::define_counter(&metric));
-            Err(GatewayError::RateLimited {
-                scope,
-                name,
-                kind,
-                retry_after_s: retry_after_ms.div_ceil(1000).max(1),
-            })
-        }
+        }) => Err(GatewayError::RateLimited {
+            scope,
+            name,
+            kind,
+            retry_after_s: retry_after_ms.div_ceil(1000).max(1),
+        }),
         Err(Denied::Contention) => {
             log::warn!("llmroute: limit buckets under contention; request refused");
-            host::increment(host::define_counter("llmroute_limit_contention_total"));
             Err(GatewayError::LimitContention)
         }
     }

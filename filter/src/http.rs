@@ -81,7 +81,7 @@ impl Http {
     fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
         self.reading = None;
-        self.metrics.rejected(e.code());
+        self.metrics.rejected(e.metric_reason());
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
         hdrs.extend(e.headers());
         let retry_after = e.retry_after().map(|s| s.to_string());
@@ -149,11 +149,17 @@ impl Http {
         );
         match crate::admission::admit(&charges) {
             Ok(left) => self.remaining = left,
-            Err(e) => return self.refuse(&e, api.envelope()),
+            Err(e) => {
+                if let GatewayError::RateLimited { kind, .. } = &e {
+                    let key = self.key.as_deref().unwrap_or("none");
+                    self.metrics.rate_limited(&decision.alias, key, kind.as_str());
+                }
+                return self.refuse(&e, api.envelope());
+            }
         }
         self.charges = charges;
         if let Some(k) = &self.key {
-            crate::admission::count_key_request(k);
+            self.metrics.key_request(k);
         }
         if let Some(patch) = &decision.patch {
             if !host::replace_request_body(body.len(), &patch.apply(&body)) {
@@ -247,12 +253,7 @@ impl HttpContext for Http {
         if let Some(keys) = self.keys.clone() {
             match request::authenticate(&keys, text(":method"), path, &all) {
                 Ok(name) => self.key = name,
-                Err(Refusal { error, envelope }) => {
-                    if let GatewayError::Unauthorized(r) = error {
-                        crate::admission::count_auth_refusal(r);
-                    }
-                    return self.refuse(&error, envelope);
-                }
+                Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
             }
         }
         let start = match request::start(&cfg, text(":method"), path, find) {

@@ -97,13 +97,17 @@ impl Metrics {
 
     /// A request refused by a rate limit. `key` is the configured key's name (never its value); `kind` names the
     /// limit from a closed set (for example `requests` or `tokens`).
-    #[allow(dead_code)] // called by the rate-limit feature
     pub fn rate_limited(&self, alias: &str, key: &str, kind: &'static str) {
         self.add(
             names::RATE_LIMITED,
             &[("alias", alias), ("key", key), ("kind", kind)],
             1,
         );
+    }
+
+    /// A request admitted under an API key (its configured name, never its value).
+    pub fn key_request(&self, key: &str) {
+        self.add(names::KEY_REQUESTS, &[("key", key)], 1);
     }
 
     /// A request Envoy's circuit breaker shed.

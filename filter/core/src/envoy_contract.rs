@@ -103,6 +103,8 @@ pub mod metrics {
     pub const PROMPT_TOKENS: &str = "llmroute_request_prompt_tokens";
     /// Histogram: completion (output) tokens per request, per alias, as the engine reported them.
     pub const COMPLETION_TOKENS: &str = "llmroute_request_completion_tokens";
+    /// Counter: requests admitted under an API key, by the key's configured name (`key`).
+    pub const KEY_REQUESTS: &str = "llmroute_key_requests_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
 

@@ -81,7 +81,18 @@ impl GatewayError {
         }
     }
 
-    /// The OpenAI `code` field; also used as the metric reason and the `x-llmroute-error` header.
+    /// The `reason` label of `llmroute_rejections_total`: the body's `code`, except that a missing, malformed and
+    /// unknown API key (one code, `invalid_api_key`, for clients) are told apart for operators. A closed set.
+    pub fn metric_reason(&self) -> &'static str {
+        match self {
+            Self::Unauthorized(AuthRefusal::Missing) => "api_key_missing",
+            Self::Unauthorized(AuthRefusal::Malformed) => "api_key_malformed",
+            Self::Unauthorized(AuthRefusal::Unknown) => "api_key_unknown",
+            _ => self.code(),
+        }
+    }
+
+    /// The OpenAI `code` field; also the `x-llmroute-error` header and, mostly, the rejection metric reason.
     pub fn code(&self) -> &'static str {
         match self {
             Self::InvalidJson(JsonError::TooDeep { .. }) => "json_too_deep",

@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use llmroute_core::envoy_contract::metrics::{KEY_REQUESTS, RATE_LIMITED, REJECTIONS};
 use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
@@ -236,12 +237,13 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     assert_ne!(r.status, 401, "{}", r.body);
 
     // Refusals are counted by reason, and admitted requests by key name.
-    let stat = |n: &str| format!("wasmcustom.{n}");
-    assert!(envoy.stat(&stat("llmroute_auth_refused_missing_total")).await >= Some(3));
-    assert!(envoy.stat(&stat("llmroute_auth_refused_malformed_total")).await >= Some(3));
-    assert!(envoy.stat(&stat("llmroute_auth_refused_unknown_total")).await >= Some(3));
-    assert_eq!(envoy.stat(&stat("llmroute.key.alice.requests_total")).await, Some(1));
-    assert_eq!(envoy.stat(&stat("llmroute.key.bob.requests_total")).await, Some(3));
+    let rejected = |reason: &str| stat_name(REJECTIONS, &[("reason", reason)]);
+    assert!(envoy.stat(&rejected("api_key_missing")).await >= Some(3));
+    assert!(envoy.stat(&rejected("api_key_malformed")).await >= Some(3));
+    assert!(envoy.stat(&rejected("api_key_unknown")).await >= Some(3));
+    let by_key = |key: &str| stat_name(KEY_REQUESTS, &[("key", key)]);
+    assert_eq!(envoy.stat(&by_key("alice")).await, Some(1));
+    assert_eq!(envoy.stat(&by_key("bob")).await, Some(3));
 
     // No key value anywhere Envoy writes or serves.
     tokio::time::sleep(Duration::from_millis(400)).await; // the launcher flushes Envoy's log every 100 ms
@@ -348,8 +350,9 @@ async fn a_request_limit_is_exact_across_workers_under_64_clients() {
     assert_eq!(admitted, 20);
     assert_eq!(fleet.inference_counts().iter().sum::<usize>(), 20);
     let refused = envoy
-        .stat(&format!(
-            "wasmcustom.llmroute.limit.alias.{ALIAS}.requests_refused_total"
+        .stat(&stat_name(
+            RATE_LIMITED,
+            &[("alias", ALIAS), ("key", "none"), ("kind", "requests")],
         ))
         .await;
     assert_eq!(refused, Some(44));
