@@ -314,12 +314,17 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         }
         let file = dir.path().join(format!("{name}.json"));
         std::fs::write(&file, boot.to_string()).unwrap();
-        let vars: Vec<(String, String)> = cfg
+        // Backend tokens and the API keys come from Envoy's environment; the filter refuses to start without its
+        // keys, so give it one placeholder `name:token`.
+        let mut vars: Vec<(String, String)> = cfg
             .backends
             .iter()
             .filter_map(|b| b.credential_env.clone())
             .map(|v| (v, "placeholder".to_string()))
             .collect();
+        if let Some(auth) = &cfg.auth {
+            vars.push((auth.keys_env.clone(), "validate:placeholder-token".to_string()));
+        }
         let out = std::process::Command::new(&envoy)
             .args(["--mode", "validate", "-c"])
             .arg(&file)
