@@ -10,7 +10,7 @@
 use std::rc::Rc;
 
 use llmroute_core::request::{self, Refusal, RequestStart};
-use llmroute_core::{headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
+use llmroute_core::{anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
@@ -35,6 +35,8 @@ pub struct Http {
     watch: Option<ResponseWatch>,
     /// The host bounded-keys placement pinned the request to.
     pin: Option<Pin>,
+    /// A backend error on `/v1/messages` is being buffered, to go out in the Anthropic envelope.
+    rewriting_error: Option<u32>,
 }
 
 impl Http {
@@ -50,6 +52,7 @@ impl Http {
             routed: None,
             watch: None,
             pin: None,
+            rewriting_error: None,
         }
     }
 
@@ -65,6 +68,9 @@ impl Http {
         hdrs.extend(e.headers());
         if let Some(id) = &self.request_id {
             hdrs.push((headers::REQUEST_ID, id));
+            if envelope == Envelope::Anthropic {
+                hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+            }
         }
         host::send_reply(e.status(), &hdrs, &e.body(envelope, self.request_id.as_deref()));
         Action::Pause
@@ -111,12 +117,24 @@ impl Http {
         let Some(body) = host::request_body(self.body_size) else {
             return self.unavailable();
         };
+        let received_len = body.len();
+        // Messages: `extra_headers` members never reach the engine (see `anthropic`).
+        let stripped = match api {
+            Api::Messages => anthropic::strip_extra_headers(&body),
+            _ => None,
+        };
+        let edited = stripped.is_some();
+        let body = stripped.unwrap_or(body);
         let decision = match route(cfg, api, &body, session.as_ref()) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
-        if let Some(patch) = &decision.patch {
-            if !host::replace_request_body(body.len(), &patch.apply(&body)) {
+        let new_body = match &decision.patch {
+            Some(patch) => Some(patch.apply(&body)),
+            None => edited.then(|| body.clone()),
+        };
+        if let Some(new_body) = new_body {
+            if !host::replace_request_body(received_len, &new_body) {
                 return self.unavailable();
             }
         }
@@ -130,6 +148,9 @@ impl Http {
                     self.metrics.placement(p.choice.reason);
                 }
             }
+        }
+        if let Some(key) = decision.cache_affinity_key() {
+            host::set_request_header(headers::CACHE_AFFINITY_KEY, Some(&key));
         }
         if let Some(alias) = decision.failover_alias() {
             host::set_request_header(headers::ALIAS, Some(alias));
@@ -237,6 +258,11 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
+        if d.api == Api::Messages {
+            if let Some(id) = &self.request_id {
+                host::set_response_header(anthropic::REQUEST_ID_HEADER, id);
+            }
+        }
         let source = d.affinity.map_or("none", |a| a.source.header_value());
         host::set_response_header(headers::AFFINITY_SOURCE, source);
         if let Some(session) = &d.echo_session {
@@ -260,6 +286,14 @@ impl HttpContext for Http {
             self.replacing_overflow = true;
             return Action::Continue;
         }
+        let status = host::response_header(":status").and_then(|s| s.parse::<u32>().ok());
+        if let (Api::Messages, Some(status @ 400..)) = (d.api, status) {
+            // A backend error on Messages goes out in the Anthropic envelope, with the gateway's request id.
+            host::set_response_header("content-type", "application/json");
+            host::remove_response_header("content-length");
+            self.rewriting_error = Some(status);
+            return Action::Continue;
+        }
         let content_type = host::response_header("content-type").unwrap_or_default();
         self.watch = ResponseWatch::start(d.api, &content_type, d.strip_usage_chunk);
         if matches!(self.watch, Some(ResponseWatch::Stream { .. })) {
@@ -270,6 +304,21 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(status) = self.rewriting_error {
+            if !end_of_stream {
+                return Action::Pause;
+            }
+            self.rewriting_error = None;
+            let read = body_size.min(anthropic::ERROR_BODY_MAX + 1);
+            let got = match read {
+                0 => Vec::new(),
+                _ => host::response_body(read).unwrap_or_default(),
+            };
+            let (body, shape) = anthropic::backend_error_body(status, &got, self.request_id.as_deref());
+            log::debug!("llmroute: backend error {status} on /v1/messages: {shape:?}");
+            host::replace_response_body(body_size, &body);
+            return Action::Continue;
+        }
         if !self.replacing_overflow {
             if let Some(w) = &mut self.watch {
                 w.on_body(body_size, end_of_stream, self.request_id.as_deref());

@@ -17,10 +17,12 @@
 //!   98% it refuses new requests (503) instead of running out of memory.
 //! - `local_reply_config`: each of Envoy's own replies (no healthy host, connect failure, timeout, codec error,
 //!   buffer overflow, circuit-breaker overflow) gets a JSON body in the route's envelope (Anthropic on
-//!   `/v1/messages`, OpenAI elsewhere) with the request id, and its code in `x-llmroute-error`. Replies the
+//!   `/v1/messages`, OpenAI elsewhere) with the request id (also in `request-id` on `/v1/messages`, where
+//!   Anthropic SDKs read it), and its code in `x-llmroute-error`. Replies the
 //!   filter sent itself carry the request header [`contract::LOCAL_REPLY`] and are left as they are.
 
 use llmroute_core::config::Config;
+use llmroute_core::anthropic::REQUEST_ID_HEADER;
 use llmroute_core::envoy_contract as contract;
 use llmroute_core::error::{envoy_fallback, EnvoyReply, ENVOY_REPLIES};
 use serde_json::{json, Map, Value};
@@ -138,12 +140,20 @@ fn mapper(r: &EnvoyReply, anthropic: bool, conditions: Vec<Value>) -> Value {
             "request_id": request_id,
         })
     };
+    let mut headers = vec![json!({
+        "header": { "key": contract::ERROR, "value": r.code },
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    })];
+    if anthropic {
+        // Anthropic SDKs report the request id from `request-id`.
+        headers.push(json!({
+            "header": { "key": REQUEST_ID_HEADER, "value": request_id },
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }));
+    }
     json!({
         "filter": { "and_filter": { "filters": conditions } },
-        "headers_to_add": [{
-            "header": { "key": contract::ERROR, "value": r.code },
-            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }],
+        "headers_to_add": headers,
         "body_format_override": { "json_format": body },
     })
 }

@@ -5,6 +5,7 @@
 //! CLI and the wasm build.
 
 pub mod affinity;
+pub mod anthropic;
 pub mod api;
 pub mod config;
 pub mod content;

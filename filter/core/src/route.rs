@@ -81,6 +81,14 @@ impl RouteDecision {
         (self.failover && !self.model_from_client).then_some(self.alias.as_str())
     }
 
+    /// The `x-cache-affinity-key` value for the upstream: the hash of the client's explicit session key, in the
+    /// hex of the affinity header. `None` when the key came from the content, or when there is none.
+    pub fn cache_affinity_key(&self) -> Option<String> {
+        self.affinity
+            .filter(|a| a.source.is_explicit())
+            .map(|a| a.header_value())
+    }
+
     pub fn body_len(&self, old_len: usize) -> usize {
         self.patch.as_ref().map_or(old_len, |p| p.new_len(old_len))
     }
@@ -301,6 +309,20 @@ mod tests {
         let (d, out) = routed(&cfg(true), &body.replace("\"m\"", "\"same\""));
         assert!(d.strip_usage_chunk);
         assert!(out.ends_with(r#""stream_options":{"include_usage":true}}"#), "{out}");
+    }
+
+    #[test]
+    fn cache_affinity_key_is_the_hash_of_an_explicit_key_only() {
+        let c = cfg(false);
+        let body = r#"{"model":"m","prompt_cache_key":"conv-7","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;
+        let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
+        let want = format!("{:016x}", affinity::explicit(b"conv-7", AffinitySource::PromptCacheKey).hash);
+        assert_eq!(d.cache_affinity_key(), Some(want.clone()));
+        assert!(!want.contains("conv-7"));
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;
+        let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
+        assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::SystemPrompt));
+        assert_eq!(d.cache_affinity_key(), None);
     }
 
     #[test]

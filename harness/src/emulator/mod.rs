@@ -17,6 +17,7 @@
 //! |---|---|
 //! | `x-emu-delay-ms: M` | wait M ms before answering |
 //! | `x-emu-status: S` | answer status S with the dialect's error envelope |
+//! | `x-emu-error-shape: openai\|fastapi\|anthropic-with-id` | with `x-emu-status`, the error body's shape |
 //! | `x-emu-chunks: N` | stream N content deltas (default 3) |
 //! | `x-emu-chunk-delay-ms: M` | pause M ms before each content delta |
 //! | `x-emu-cut-after: N` | N deltas, then abort the connection (a cut on an event boundary) |

@@ -88,6 +88,26 @@ impl Refusal {
         Refusal { status, body }
     }
 
+    /// The error `x-emu-status` asks for, in the shape `x-emu-error-shape` names (default: the dialect's own).
+    /// `openai` and `fastapi` are what vLLM sends on `/v1/messages`; `anthropic-with-id` carries a backend
+    /// `request_id` of `req_emulated`.
+    fn shaped(headers: &HeaderMap, envelope: Envelope, status: u16, message: &str) -> Self {
+        let shape = headers.get("x-emu-error-shape").and_then(|v| v.to_str().ok());
+        let body = match shape {
+            Some("openai") => Envelope::OpenAi.error_for(status, message),
+            Some("fastapi") => serde_json::json!({"detail": [
+                {"type": "missing", "loc": ["body", "max_tokens"], "msg": "Field required", "input": null},
+            ]}),
+            Some("anthropic-with-id") => {
+                let mut body = Envelope::Anthropic.error_for(status, message);
+                body["request_id"] = Value::from("req_emulated");
+                body
+            }
+            _ => envelope.error_for(status, message),
+        };
+        Refusal { status, body }
+    }
+
     /// A failed `x-emu-expect-*` self-check.
     fn expectation(envelope: Envelope, message: &str) -> Self {
         let message = format!("emulator expectation failed: {message}");
@@ -258,7 +278,7 @@ async fn answer(
     check_expectations(shared, headers, &request, envelope)?;
     if let Some(status) = faults.status.or_else(|| shared.fault_status()) {
         let message = format!("emulated failure with status {status}");
-        return Err(Refusal::error(envelope, status, &message));
+        return Err(Refusal::shaped(headers, envelope, status, &message));
     }
     dialect
         .check(&request)

@@ -15,6 +15,7 @@ mod edge;
 mod failure;
 mod fleet_check;
 mod istio;
+mod nvcf;
 mod placement;
 mod resilience;
 mod status;
