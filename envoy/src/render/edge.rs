@@ -249,6 +249,9 @@ mod tests {
             "overloaded"
         );
         assert_eq!(m[1]["headers_to_add"][0]["header"]["value"], "overloaded");
+        assert_eq!(m[0]["headers_to_add"][1]["header"]["key"], "request-id");
+        assert_eq!(m[0]["headers_to_add"][1]["header"]["value"], "%REQ(x-request-id)%");
+        assert_eq!(m[1]["headers_to_add"].as_array().map(Vec::len), Some(1), "OpenAI replies have no request-id");
         assert_eq!(
             m[1]["body_format_override"]["json_format"]["request_id"],
             "%REQ(x-request-id)%"
