@@ -295,6 +295,10 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         let content_type = host::response_header("content-type").unwrap_or_default();
+        if d.api.is_decision() {
+            // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
+            return Action::Continue;
+        }
         self.watch = ResponseWatch::start(d.api, &content_type, d.strip_usage_chunk);
         if matches!(self.watch, Some(ResponseWatch::Stream { .. })) {
             // The gateway may append a closing event or cut the usage chunk, so the length must not be fixed.

@@ -9,6 +9,7 @@ pub mod anthropic;
 pub mod api;
 pub mod config;
 pub mod content;
+pub mod decisions;
 pub mod endpoint;
 pub mod envoy_contract;
 pub mod error;

@@ -25,7 +25,7 @@ fn anthropic_object(name: &str) -> Value {
 pub fn list_body(cfg: &Config, envelope: Envelope, query: &str) -> Result<Vec<u8>, GatewayError> {
     let names: Vec<&str> = cfg.models.iter().map(|m| m.name.as_str()).collect();
     let body = match envelope {
-        Envelope::OpenAi => {
+        Envelope::OpenAi | Envelope::SystemOne => {
             let data: Vec<Value> = names.iter().map(|n| openai_object(n)).collect();
             json!({ "object": "list", "data": data })
         }
@@ -41,7 +41,7 @@ pub fn get_body(cfg: &Config, envelope: Envelope, id: &str) -> Result<Vec<u8>, G
         return Err(GatewayError::UnknownModel { model: id });
     };
     let body = match envelope {
-        Envelope::OpenAi => openai_object(&m.name),
+        Envelope::OpenAi | Envelope::SystemOne => openai_object(&m.name),
         Envelope::Anthropic => anthropic_object(&m.name),
     };
     Ok(body.to_string().into_bytes())

@@ -117,6 +117,9 @@ pub fn session_from_headers<'h>(
 
 /// Decides an inference request. `session` is the key from the headers, if any.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+    if api.is_decision() {
+        return crate::decisions::route(cfg, api, body, session);
+    }
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
@@ -213,7 +216,7 @@ fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, mem
 
 /// The one edit to the body: `model` set to `upstream` (when the bytes differ) and, at `insert_at`, the
 /// include-usage option. Both fall in one span, so the body is copied once.
-fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
+pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
     let new_model = serde_json::Value::from(upstream).to_string();
     let model_changes = model.value.of(body) != new_model.as_bytes();
     match (model_changes, insert_at) {

@@ -53,8 +53,20 @@ async fn route(shared: &Arc<Shared>, parts: &Parts, body: Bytes) -> Response {
         ("GET", "/health") => health(shared),
         ("GET", "/props") => json_response(200, &dialect::props_body(&opts.model, opts.n_ctx, opts.total_slots)),
         ("GET", "/v1/models") => json_response(200, &dialect::models_body(&opts.model, opts.n_ctx)),
+        ("POST", "/v1/decisions" | "/v1/systemone") => decision_echo(&body),
         (method, path) => error_response(path, 404, &format!("no route for {method} {path}")),
     }
+}
+
+/// The decision-model routes (NVCF seed beta): the body is opaque; the answer names the `model` it carried and
+/// how many bytes arrived, so a test can see the rewrite.
+fn decision_echo(body: &[u8]) -> Response {
+    let model = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("model").cloned())
+        .unwrap_or(Value::Null);
+    let answer = serde_json::json!({"object": "decision", "model": model, "received_bytes": body.len()});
+    json_response(200, &answer)
 }
 
 fn health(shared: &Shared) -> Response {

@@ -246,3 +246,103 @@ async fn extra_headers_members_never_reach_the_engine() {
         chat_sent.replacen(ALIAS, UPSTREAM, 1)
     );
 }
+
+// ---- Item 1: decision-model routes ----
+
+const DECIDER: &str = "decider";
+const DECIDER_UPSTREAM: &str = "org/decider-v2";
+
+/// `decider` serves both decision routes; `local-chat` serves the default set (not the decision routes).
+async fn decision_fleet() -> (Fleet, Envoy) {
+    let fleet = Fleet::start("nvcf-d", 1).await.unwrap();
+    let mut cfg = single_backend_config(&fleet, ALIAS, UPSTREAM, 150);
+    cfg["models"].as_array_mut().unwrap().push(json!({
+        "name": DECIDER,
+        "endpoints": ["decisions", "systemone"],
+        "routes": [{"backend": fleet.backend, "upstream_model": DECIDER_UPSTREAM}],
+    }));
+    let envoy = Envoy::start(cfg).await.unwrap();
+    (fleet, envoy)
+}
+
+async fn post_raw(c: &reqwest::Client, envoy: &Envoy, path: &str, body: &str) -> (u16, Option<String>, Value) {
+    let resp = c
+        .post(envoy.url(path))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let rid = resp.headers().get("x-request-id").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    (status, rid, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_routes_rewrite_only_model_and_forward_every_other_byte() {
+    let (fleet, envoy) = decision_fleet().await;
+    // `stream` is not read: a duplicated, non-boolean `stream` goes through untouched, and so do odd fields.
+    let sent = format!(
+        r#"{{ "input" : {{"features":[1,2.50,-3e2], "images":["data:image/png;base64,iVBORw0KGgo="]}},"stream":"yes","STREAM":[true],
+  "model":"{DECIDER}", "max_tokens":"many", "prompt_cache_key":"" , "extra_headers":{{"a":1}}}}"#
+    );
+    let want = sent.replacen(&format!("\"{DECIDER}\""), &format!("\"{DECIDER_UPSTREAM}\""), 1);
+    for c in [client(), h2_client()] {
+        for path in ["/v1/decisions", "/v1/systemone"] {
+            let (status, _, answer) = post_raw(&c, &envoy, path, &sent).await;
+            check(&envoy, status == 200, &format!("{path}: {status} {answer}"));
+            assert_eq!(answer["model"], DECIDER_UPSTREAM, "{path}");
+        }
+    }
+    let got: Vec<_> = fleet.engines[0]
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(got.len(), 4);
+    for r in &got {
+        assert_eq!(String::from_utf8_lossy(&r.body), want, "{}", r.path);
+        assert_eq!(r.header("content-length"), Some(want.len().to_string().as_str()));
+        assert!(r.header("x-input-tokens").is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_routes_refuse_in_their_own_shape() {
+    let (fleet, envoy) = decision_fleet().await;
+    let deep = format!(r#"{{"model":"{DECIDER}","x":{}1{}}}"#, "[".repeat(70), "]".repeat(70));
+    let cases = [
+        (r#"{"input":1}"#.to_string(), 400, "missing_field"),
+        (r#"{"model":7}"#.to_string(), 400, "invalid_field"),
+        (format!(r#"{{"model":"{DECIDER}","Model":"{DECIDER}"}}"#), 400, "duplicate_field"),
+        (deep, 400, "json_too_deep"),
+        (r#"{"model":"nope"}"#.to_string(), 404, "model_not_found"),
+        // An alias whose endpoints do not list the route: no default-allow.
+        (format!(r#"{{"model":"{ALIAS}"}}"#), 404, "endpoint_not_served"),
+    ];
+    for c in [client(), h2_client()] {
+        for (body, want_status, code) in &cases {
+            // OpenAI Decisions: the OpenAI envelope.
+            let (status, rid, e) = post_raw(&c, &envoy, "/v1/decisions", body).await;
+            assert_eq!((status, e["error"]["code"].as_str()), (*want_status, Some(*code)), "{body}: {e}");
+            assert!(e["error"]["type"].is_string() && e["error"]["message"].is_string(), "{e}");
+            assert_eq!(e["request_id"].as_str(), rid.as_deref());
+            // System One: {"error":{"code","message","request_id"},"request_id"}, both ids the header's.
+            let (status, rid, e) = post_raw(&c, &envoy, "/v1/systemone", body).await;
+            assert_eq!(status, *want_status, "{body}: {e}");
+            let rid = rid.expect("x-request-id");
+            let message = e["error"]["message"].clone();
+            assert!(message.as_str().is_some_and(|m| !m.is_empty()), "{e}");
+            assert_eq!(
+                e,
+                json!({"error": {"code": code, "message": message, "request_id": rid}, "request_id": rid}),
+                "{body}"
+            );
+        }
+    }
+    assert!(
+        fleet.engines[0].requests().iter().all(|r| r.method != "POST"),
+        "no refused request reaches the engine"
+    );
+}

@@ -344,7 +344,7 @@ fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usi
 }
 
 fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet {
-    let Some(names) = names else { return ApiSet::ALL };
+    let Some(names) = names else { return ApiSet::DEFAULT };
     if names.is_empty() {
         errs.push(
             format!("models[{i}].endpoints"),
