@@ -304,7 +304,10 @@ async fn decision_routes_rewrite_only_model_and_forward_every_other_byte() {
     for r in &got {
         assert_eq!(String::from_utf8_lossy(&r.body), want, "{}", r.path);
         assert_eq!(r.header("content-length"), Some(want.len().to_string().as_str()));
-        assert!(r.header("x-input-tokens").is_some());
+        // One image (the `images` element) at the default 768 tokens, its base64 not counted, plus the text.
+        let tokens: u64 = r.header("x-input-tokens").unwrap().parse().unwrap();
+        assert_eq!(tokens, llmroute_core::estimate::input_tokens(sent.as_bytes(), 768));
+        assert!((768..768 + 40).contains(&tokens), "{tokens}");
     }
 }
 
