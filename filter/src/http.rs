@@ -10,7 +10,9 @@
 use std::rc::Rc;
 
 use llmroute_core::request::{self, Refusal, RequestStart};
-use llmroute_core::{anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
+use llmroute_core::{
+    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey,
+};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 

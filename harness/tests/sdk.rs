@@ -140,6 +140,9 @@ async fn anthropic_sdk_reports_the_gateways_request_id() {
     assert_eq!(engine.len(), 2, "the answer and the backend error reach the engine");
     for r in &engine {
         let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert!(body.get("extra_headers").is_none(), "extra_headers reached the engine: {body}");
+        assert!(
+            body.get("extra_headers").is_none(),
+            "extra_headers reached the engine: {body}"
+        );
     }
 }

@@ -21,10 +21,10 @@
 //!   Anthropic SDKs read it), and its code in `x-llmroute-error`. Replies the
 //!   filter sent itself carry the request header [`contract::LOCAL_REPLY`] and are left as they are.
 
-use llmroute_core::config::Config;
 use llmroute_core::anthropic::REQUEST_ID_HEADER;
-use llmroute_core::envoy_contract as contract;
+use llmroute_core::config::Config;
 use llmroute_core::endpoint::{Api, Envelope};
+use llmroute_core::envoy_contract as contract;
 use llmroute_core::error::{envoy_fallback, system_one, EnvoyReply, ENVOY_REPLIES};
 use serde_json::{json, Map, Value};
 
@@ -262,7 +262,11 @@ mod tests {
         assert_eq!(s1["request_id"], "%REQ(x-request-id)%");
         assert_eq!(m[0]["headers_to_add"][1]["header"]["key"], "request-id");
         assert_eq!(m[0]["headers_to_add"][1]["header"]["value"], "%REQ(x-request-id)%");
-        assert_eq!(m[2]["headers_to_add"].as_array().map(Vec::len), Some(1), "OpenAI replies have no request-id");
+        assert_eq!(
+            m[2]["headers_to_add"].as_array().map(Vec::len),
+            Some(1),
+            "OpenAI replies have no request-id"
+        );
         assert_eq!(
             m[2]["body_format_override"]["json_format"]["request_id"],
             "%REQ(x-request-id)%"

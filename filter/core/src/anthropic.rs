@@ -133,7 +133,9 @@ fn fastapi_item(item: &Value) -> Option<String> {
 
 /// A short non-JSON body (plain text from a proxy or engine), trimmed; `None` when empty or not text.
 fn plain_text(body: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(body.get(..body.len().min(MESSAGE_MAX))?).ok()?.trim();
+    let text = std::str::from_utf8(body.get(..body.len().min(MESSAGE_MAX))?)
+        .ok()?
+        .trim();
     let looks_like_json = text.starts_with('{') || text.starts_with('[');
     (!text.is_empty() && !looks_like_json && !text.chars().any(|c| c.is_control() && c != '\n'))
         .then(|| text.to_string())
@@ -194,7 +196,8 @@ mod tests {
 
     #[test]
     fn openai_errors_become_anthropic_with_the_status_type() {
-        let body = br#"{"error":{"message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}}"#;
+        let body =
+            br#"{"error":{"message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}}"#;
         let (out, shape) = backend_error_body(404, body, Some("gw-2"));
         assert_eq!(shape, ErrorShape::Rendered);
         let v = parsed(&out);
@@ -218,7 +221,10 @@ mod tests {
         let (out, _) = backend_error_body(422, body, Some("gw-3"));
         let v = parsed(&out);
         assert_eq!(v["error"]["type"], "invalid_request_error");
-        assert_eq!(v["error"]["message"], "body.max_tokens: Input should be a valid integer");
+        assert_eq!(
+            v["error"]["message"],
+            "body.max_tokens: Input should be a valid integer"
+        );
     }
 
     #[test]
@@ -233,7 +239,10 @@ mod tests {
         assert_eq!(v["error"]["message"], "The backend answered with HTTP status 529.");
         let big = vec![b'{'; ERROR_BODY_MAX + 1];
         let (out, _) = backend_error_body(500, &big, Some("r"));
-        assert_eq!(parsed(&out)["error"]["message"], "The backend answered with HTTP status 500.");
+        assert_eq!(
+            parsed(&out)["error"]["message"],
+            "The backend answered with HTTP status 500."
+        );
     }
 
     #[test]
@@ -257,7 +266,10 @@ mod tests {
     #[test]
     fn extra_headers_members_are_cut_in_every_spelling() {
         let cases = [
-            (r#"{"model":"m","extra_headers":{"a":"b"},"max_tokens":5}"#, r#"{"model":"m","max_tokens":5}"#),
+            (
+                r#"{"model":"m","extra_headers":{"a":"b"},"max_tokens":5}"#,
+                r#"{"model":"m","max_tokens":5}"#,
+            ),
             (r#"{"model":"m", "Extra-Headers": 1}"#, r#"{"model":"m"}"#),
             (r#"{"EXTRA_HEADERS":[],"model":"m"}"#, r#"{"model":"m"}"#),
             (

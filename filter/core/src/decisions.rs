@@ -74,7 +74,10 @@ mod tests {
     }
 
     fn apply(d: &RouteDecision, body: &str) -> String {
-        let out = d.patch.as_ref().map_or(body.as_bytes().to_vec(), |p| p.apply(body.as_bytes()));
+        let out = d
+            .patch
+            .as_ref()
+            .map_or(body.as_bytes().to_vec(), |p| p.apply(body.as_bytes()));
         String::from_utf8(out).unwrap()
     }
 

@@ -201,7 +201,10 @@ mod tests {
         }
         assert_eq!(set, ApiSet::ALL);
         assert!(!ApiSet::DEFAULT.contains(Api::Decisions) && !ApiSet::DEFAULT.contains(Api::SystemOne));
-        assert!(Api::ALL.iter().filter(|a| !a.is_decision()).all(|&a| ApiSet::DEFAULT.contains(a)));
+        assert!(Api::ALL
+            .iter()
+            .filter(|a| !a.is_decision())
+            .all(|&a| ApiSet::DEFAULT.contains(a)));
         assert_eq!(Api::parse("chat_completions"), None);
     }
 

@@ -91,7 +91,12 @@ mod tests {
 
     #[test]
     fn strips_client_copies_of_the_gateway_control_headers() {
-        for h in ["x-max-wait-ms", "X-Request-SLO-ms", "x-cache-affinity-key", "X-Cache-Affinity-Key"] {
+        for h in [
+            "x-max-wait-ms",
+            "X-Request-SLO-ms",
+            "x-cache-affinity-key",
+            "X-Cache-Affinity-Key",
+        ] {
             assert!(must_strip(h), "{h}");
         }
         assert!(!must_strip("x-max-wait"));

@@ -319,7 +319,10 @@ mod tests {
         let c = cfg(false);
         let body = r#"{"model":"m","prompt_cache_key":"conv-7","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;
         let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
-        let want = format!("{:016x}", affinity::explicit(b"conv-7", AffinitySource::PromptCacheKey).hash);
+        let want = format!(
+            "{:016x}",
+            affinity::explicit(b"conv-7", AffinitySource::PromptCacheKey).hash
+        );
         assert_eq!(d.cache_affinity_key(), Some(want.clone()));
         assert!(!want.contains("conv-7"));
         let body = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;

@@ -156,7 +156,11 @@ fn defaults_fill_every_optional_field() {
     assert_eq!(cfg.image_tokens, 768);
     let alias = cfg.alias("m").unwrap();
     assert_eq!(alias.routes[0].priority, 0);
-    assert_eq!(alias.endpoints, ApiSet::DEFAULT, "the decision routes are never served by default");
+    assert_eq!(
+        alias.endpoints,
+        ApiSet::DEFAULT,
+        "the decision routes are never served by default"
+    );
     assert!(!alias.model_prefix_routing);
 }
 

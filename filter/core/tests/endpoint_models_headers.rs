@@ -59,7 +59,15 @@ fn api_names_and_envelopes() {
     let names: Vec<&str> = Api::ALL.iter().map(|a| a.name()).collect();
     assert_eq!(
         names,
-        ["chat", "completions", "responses", "embeddings", "messages", "decisions", "systemone"]
+        [
+            "chat",
+            "completions",
+            "responses",
+            "embeddings",
+            "messages",
+            "decisions",
+            "systemone"
+        ]
     );
     assert_eq!(Api::NAMES, names.join(", "));
     for api in Api::ALL {

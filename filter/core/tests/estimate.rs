@@ -176,7 +176,11 @@ fn base64_outside_an_image_counts_as_text() {
     // The NVCF seed's rule: only an image's own payload is free; base64 anywhere else is text.
     let b64 = "QUJD".repeat(256);
     assert_eq!(est(&json!({ "blob": b64 }).to_string()), 256);
-    assert_eq!(est(&json!({ "data": b64 }).to_string()), 256, "a `data` key outside an image object");
+    assert_eq!(
+        est(&json!({ "data": b64 }).to_string()),
+        256,
+        "a `data` key outside an image object"
+    );
     assert_eq!(est(&json!({ "input": "y".repeat(1024) }).to_string()), 256);
     let pdf = format!("data:application/pdf;base64,{b64}");
     assert_eq!(est(&json!({ "file": pdf }).to_string()), pdf.len().div_ceil(4) as u64);
@@ -194,12 +198,24 @@ fn images_arrays_and_assets_values_count_one_image_each_and_nothing_else() {
     let png = format!("data:image/png;base64,{}", "QUJD".repeat(2000));
     let raw = "QUJD".repeat(2000);
     for (body, images, text_tokens) in [
-        (json!({"model": "m", "images": [png, raw, "https://example.com/a.png"]}), 3, 1),
+        (
+            json!({"model": "m", "images": [png, raw, "https://example.com/a.png"]}),
+            3,
+            1,
+        ),
         (json!({"model": "m", "images": []}), 0, 1),
-        (json!({"model": "m", "assets": {"front": raw, "back": {"url": png}}}), 2, 1),
+        (
+            json!({"model": "m", "assets": {"front": raw, "back": {"url": png}}}),
+            2,
+            1,
+        ),
         (json!({"model": "m", "assets": [raw]}), 1, 1),
         // Nested: the decision-format input.
-        (json!({"model": "m", "input": {"images": [png], "prompt": "abcdefgh"}}), 1, 1 + 2),
+        (
+            json!({"model": "m", "input": {"images": [png], "prompt": "abcdefgh"}}),
+            1,
+            1 + 2,
+        ),
         // `images` that is not an array is plain content.
         (json!({"model": "m", "images": "abcdefgh"}), 0, 1 + 2),
     ] {

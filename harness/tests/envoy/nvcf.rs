@@ -171,9 +171,19 @@ async fn backend_errors_on_messages_take_the_anthropic_envelope() {
     // (status, shape the engine answers in, Anthropic type, message)
     let cases = [
         (400, "", "invalid_request_error", "emulated failure with status 400"),
-        (429, "anthropic-with-id", "rate_limit_error", "emulated failure with status 429"),
+        (
+            429,
+            "anthropic-with-id",
+            "rate_limit_error",
+            "emulated failure with status 429",
+        ),
         (404, "openai", "not_found_error", "emulated failure with status 404"),
-        (422, "fastapi", "invalid_request_error", "body.max_tokens: Field required"),
+        (
+            422,
+            "fastapi",
+            "invalid_request_error",
+            "body.max_tokens: Field required",
+        ),
         (500, "openai", "api_error", "emulated failure with status 500"),
     ];
     for c in [client(), h2_client()] {
@@ -226,7 +236,8 @@ async fn extra_headers_members_never_reach_the_engine() {
         check(&envoy, status == 200, &format!("{status} {reply}"));
     }
     // Chat is left as sent: only `model` changes.
-    let chat_sent = format!(r#"{{"model":"{ALIAS}","extra_headers":{{"a":"b"}},"messages":[{{"role":"user","content":"x"}}]}}"#);
+    let chat_sent =
+        format!(r#"{{"model":"{ALIAS}","extra_headers":{{"a":"b"}},"messages":[{{"role":"user","content":"x"}}]}}"#);
     let resp = client()
         .post(envoy.url("/v1/chat/completions"))
         .header("content-type", "application/json")
@@ -274,7 +285,10 @@ async fn post_raw(c: &reqwest::Client, envoy: &Envoy, path: &str, body: &str) ->
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    let rid = resp.headers().get("x-request-id").map(|v| v.to_str().unwrap().to_string());
+    let rid = resp
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_string());
     let text = resp.text().await.unwrap();
     (status, rid, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
@@ -318,7 +332,11 @@ async fn decision_routes_refuse_in_their_own_shape() {
     let cases = [
         (r#"{"input":1}"#.to_string(), 400, "missing_field"),
         (r#"{"model":7}"#.to_string(), 400, "invalid_field"),
-        (format!(r#"{{"model":"{DECIDER}","Model":"{DECIDER}"}}"#), 400, "duplicate_field"),
+        (
+            format!(r#"{{"model":"{DECIDER}","Model":"{DECIDER}"}}"#),
+            400,
+            "duplicate_field",
+        ),
         (deep, 400, "json_too_deep"),
         (r#"{"model":"nope"}"#.to_string(), 404, "model_not_found"),
         // An alias whose endpoints do not list the route: no default-allow.
@@ -328,8 +346,15 @@ async fn decision_routes_refuse_in_their_own_shape() {
         for (body, want_status, code) in &cases {
             // OpenAI Decisions: the OpenAI envelope.
             let (status, rid, e) = post_raw(&c, &envoy, "/v1/decisions", body).await;
-            assert_eq!((status, e["error"]["code"].as_str()), (*want_status, Some(*code)), "{body}: {e}");
-            assert!(e["error"]["type"].is_string() && e["error"]["message"].is_string(), "{e}");
+            assert_eq!(
+                (status, e["error"]["code"].as_str()),
+                (*want_status, Some(*code)),
+                "{body}: {e}"
+            );
+            assert!(
+                e["error"]["type"].is_string() && e["error"]["message"].is_string(),
+                "{e}"
+            );
             assert_eq!(e["request_id"].as_str(), rid.as_deref());
             // System One: {"error":{"code","message","request_id"},"request_id"}, both ids the header's.
             let (status, rid, e) = post_raw(&c, &envoy, "/v1/systemone", body).await;
