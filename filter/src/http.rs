@@ -101,12 +101,30 @@ impl Http {
     }
 
     fn models(&mut self, cfg: &Config, start: &RequestStart, query: &str) -> Action {
-        let body = match &start.endpoint {
-            Endpoint::GetModel(id) => models::get_body(cfg, start.envelope, id),
-            _ => models::list_body(cfg, start.envelope, query),
+        let fleet = crate::status::latest();
+        let now = host::now_ms();
+        let state = |a: &llmroute_core::config::ModelAlias| models::ModelState::of(cfg, fleet.as_ref(), now, a);
+        let answer = match &start.endpoint {
+            Endpoint::GetModel(id) => models::get_answer(cfg, start.envelope, id, &state, self.request_id.as_deref()),
+            _ => models::list_body_with(cfg, start.envelope, query, &state).map(models::ModelAnswer::Found),
         };
-        match body {
-            Ok(body) => self.reply_json(&body),
+        match answer {
+            Ok(models::ModelAnswer::Found(body)) => self.reply_json(&body),
+            Ok(models::ModelAnswer::Unavailable(body)) => {
+                let mut hdrs = vec![
+                    ("content-type", "application/json"),
+                    ("retry-after", models::RETRY_AFTER_S),
+                    (headers::ERROR, "model_unavailable"),
+                ];
+                if let Some(id) = &self.request_id {
+                    hdrs.push((headers::REQUEST_ID, id));
+                    if start.envelope == Envelope::Anthropic {
+                        hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+                    }
+                }
+                host::send_reply(503, &hdrs, &body);
+                Action::Pause
+            }
             Err(e) => self.refuse(&e, start.envelope),
         }
     }

@@ -10,7 +10,12 @@ use llmroute_harness::envoy::Envoy;
 use llmroute_harness::fleet::{single_backend_config, Fleet};
 use serde_json::{json, Value};
 
-use crate::support::{chat, client, h2_client, ALIAS, UPSTREAM};
+use llmroute_core::models;
+
+use crate::support::{self, chat, client, h2_client, ALIAS, UPSTREAM};
+
+/// Long enough for health checks to flip a host and the filter's status poll to see it, on a loaded machine.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn one_engine() -> (Fleet, Envoy) {
     let fleet = Fleet::start("nvcf", 1).await.unwrap();
@@ -373,4 +378,105 @@ async fn decision_routes_refuse_in_their_own_shape() {
         fleet.engines[0].requests().iter().all(|r| r.method != "POST"),
         "no refused request reaches the engine"
     );
+}
+
+// ---- Item 5: models that are down ----
+
+async fn get_json(
+    c: &reqwest::Client,
+    envoy: &Envoy,
+    path: &str,
+    anthropic: bool,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = c.get(envoy.url(path));
+    if anthropic {
+        req = req.header("anthropic-version", "2023-06-01");
+    }
+    let resp = req.send().await.unwrap();
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn listed<'v>(list: &'v Value, id: &str) -> &'v Value {
+    list["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"] == id))
+        .unwrap_or_else(|| panic!("{id} is not listed: {list}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_no_healthy_route_is_marked_and_answers_503() {
+    let up = Fleet::start("nvcf-up", 1).await.unwrap();
+    let down = Fleet::start("nvcf-down", 1).await.unwrap();
+    let cfg = json!({
+        "version": 1,
+        "backends": [up.backend_entry(150), down.backend_entry(150)],
+        "models": [
+            { "name": "up-chat", "routes": [{ "backend": up.backend }] },
+            { "name": "down-msgs", "endpoints": ["messages"], "routes": [{ "backend": down.backend }] },
+        ],
+    });
+    let envoy = Envoy::start(cfg).await.unwrap();
+    let c = client();
+    let state = |list: &Value, id: &str| listed(list, id)["status"].as_str().unwrap_or_default().to_string();
+    let settled = |want: &'static str| {
+        let (c, envoy) = (&c, &envoy);
+        async move {
+            let (_, _, list) = get_json(c, envoy, "/v1/models", false).await;
+            state(&list, "up-chat") == "available" && state(&list, "down-msgs") == want
+        }
+    };
+    check(
+        &envoy,
+        support::wait_for(SETTLE, || settled("available")).await.is_some(),
+        "never available",
+    );
+    down.engines[0].set_health_status(503);
+    check(
+        &envoy,
+        support::wait_for(SETTLE, || settled("unavailable")).await.is_some(),
+        "never unavailable",
+    );
+
+    for anthropic in [false, true] {
+        let (_, _, list) = get_json(&c, &envoy, "/v1/models", anthropic).await;
+        assert_eq!(
+            listed(&list, "down-msgs")["supported_endpoints"],
+            json!(["messages"]),
+            "{list}"
+        );
+        assert_eq!(
+            listed(&list, "up-chat")["supported_endpoints"],
+            json!(["chat", "completions", "responses", "embeddings", "messages"])
+        );
+        let (status, h, body) = get_json(&c, &envoy, "/v1/models/down-msgs", anthropic).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(
+            h.get("retry-after").and_then(|v| v.to_str().ok()),
+            Some(models::RETRY_AFTER_S)
+        );
+        let rid = h.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap();
+        assert_eq!(body["request_id"], rid);
+        if anthropic {
+            assert_eq!(
+                (body["type"].as_str(), body["error"]["type"].as_str()),
+                (Some("error"), Some("api_error"))
+            );
+            assert_eq!(h.get("request-id").and_then(|v| v.to_str().ok()), Some(rid));
+        } else {
+            assert_eq!(body["error"]["code"], "model_unavailable", "{body}");
+        }
+        let (status, _, body) = get_json(&c, &envoy, "/v1/models/up-chat", anthropic).await;
+        assert_eq!((status, body["status"].as_str()), (200, Some("available")), "{body}");
+    }
+
+    // Back up: 200 again.
+    down.engines[0].set_health_status(200);
+    check(
+        &envoy,
+        support::wait_for(SETTLE, || settled("available")).await.is_some(),
+        "never back",
+    );
+    let (status, _, body) = get_json(&c, &envoy, "/v1/models/down-msgs", false).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("available")), "{body}");
 }
