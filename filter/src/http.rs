@@ -160,6 +160,8 @@ impl Http {
         }
         host::set_request_header("content-length", Some(&decision.body_len(body.len()).to_string()));
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
+        // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
+        host::set_request_header("accept-encoding", Some("identity"));
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {

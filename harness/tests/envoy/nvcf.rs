@@ -480,3 +480,65 @@ async fn a_model_with_no_healthy_route_is_marked_and_answers_503() {
     let (status, _, body) = get_json(&c, &envoy, "/v1/models/down-msgs", false).await;
     assert_eq!((status, body["status"].as_str()), (200, Some("available")), "{body}");
 }
+
+// ---- Item 4: identity upstream, compression toward clients ----
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_are_asked_for_identity_and_clients_that_accept_gzip_get_it() {
+    for compress in [false, true] {
+        let fleet = Fleet::start("nvcf-gz", 1).await.unwrap();
+        let mut cfg = single_backend_config(&fleet, ALIAS, UPSTREAM, 150);
+        cfg["compress_responses"] = json!(compress);
+        let envoy = Envoy::start(cfg).await.unwrap();
+        let c = client();
+        // A long enough answer to pass the compressor's minimum, plain and streamed.
+        for stream in [false, true] {
+            let mut body = chat(None, "hello");
+            body["stream"] = json!(stream);
+            let resp = c
+                .post(envoy.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("accept-encoding", "gzip")
+                .header("x-emu-chunks", "40")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            check(&envoy, resp.status() == 200, "request failed");
+            let encoding = resp
+                .headers()
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap().to_string());
+            let raw = resp.bytes().await.unwrap();
+            let text = if compress {
+                assert_eq!(encoding.as_deref(), Some("gzip"), "stream={stream}");
+                String::from_utf8(gunzip(&raw)).unwrap()
+            } else {
+                assert_eq!(encoding, None, "stream={stream}");
+                String::from_utf8(raw.to_vec()).unwrap()
+            };
+            if stream {
+                assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+            }
+        }
+        for r in fleet.engines[0].chat_requests() {
+            let sent: Vec<&str> = r
+                .headers
+                .iter()
+                .filter(|(k, _)| k == "accept-encoding")
+                .map(|(_, v)| v.as_str())
+                .collect();
+            assert_eq!(sent, vec!["identity"], "compress={compress}");
+        }
+    }
+}

@@ -285,6 +285,8 @@ pub struct Config {
     pub affinity: AffinityConfig,
     pub limits: Limits,
     pub debug_headers: bool,
+    /// Envoy compresses responses toward clients that accept gzip (`compress_responses`).
+    pub compress_responses: bool,
     pub image_tokens: u32,
     pub listen_tls: Option<ListenTls>,
     pub retries: Retries,

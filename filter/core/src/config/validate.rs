@@ -110,6 +110,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 affinity,
                 limits,
                 debug_headers: raw.debug_headers.unwrap_or(false),
+                compress_responses: raw.compress_responses.unwrap_or(false),
                 image_tokens,
                 listen_tls,
                 retries,
