@@ -136,8 +136,14 @@ fn hcm(bootstrap: &Value) -> &Value {
     &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 }
 
+/// The wasm filter's config: the first http filter but Envoy's compressor, which goes ahead of it when asked.
 fn wasm_config(bootstrap: &Value) -> &Value {
-    &hcm(bootstrap)["http_filters"][0]["typed_config"]["config"]
+    let filters = hcm(bootstrap)["http_filters"].as_array().expect("http_filters");
+    let wasm = filters
+        .iter()
+        .find(|f| f["name"] != "envoy.filters.http.compressor")
+        .expect("a filter besides the compressor");
+    &wasm["typed_config"]["config"]
 }
 
 /// Everything a bootstrap must hold for the config it came from.
@@ -200,18 +206,21 @@ fn check_bootstrap(path: &Path, yaml: &str) {
         .map(|f| f["name"].as_str().unwrap())
         .collect();
     let bounded = doc["affinity"]["placement"] == "bounded_keys";
-    let want: &[&str] = if bounded {
-        &[
-            "llmroute",
-            "envoy.filters.http.stateful_session",
-            "envoy.filters.http.router",
-        ]
-    } else {
-        &["llmroute", "envoy.filters.http.router"]
-    };
+    // With `compress_responses`, Envoy's compressor goes first, so it compresses what the wasm filter relayed.
+    let compress = doc["compress_responses"] == true;
+    let mut want: Vec<&str> = Vec::new();
+    if compress {
+        want.push("envoy.filters.http.compressor");
+    }
+    want.push("llmroute");
+    if bounded {
+        want.push("envoy.filters.http.stateful_session");
+    }
+    want.push("envoy.filters.http.router");
     assert_eq!(names, want, "{name}");
     if bounded {
-        let state = &hcm(&v)["http_filters"][1]["typed_config"]["session_state"]["typed_config"];
+        let at = usize::from(compress) + 1;
+        let state = &hcm(&v)["http_filters"][at]["typed_config"]["session_state"]["typed_config"];
         assert_eq!(state["name"], "x-llmroute-endpoint", "{name}");
     }
 }

@@ -12,7 +12,9 @@ use std::rc::Rc;
 use llmroute_core::auth::Keys;
 use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
-use llmroute_core::{headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey};
+use llmroute_core::{
+    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey,
+};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
@@ -53,6 +55,8 @@ pub struct Http {
     first_byte_ms: Option<u64>,
     /// The backend that served the routed request.
     backend: Option<String>,
+    /// A backend error on `/v1/messages` is being buffered, to go out in the Anthropic envelope.
+    rewriting_error: Option<u32>,
 }
 
 impl Http {
@@ -75,6 +79,7 @@ impl Http {
             started_ms: 0,
             first_byte_ms: None,
             backend: None,
+            rewriting_error: None,
         }
     }
 
@@ -90,6 +95,9 @@ impl Http {
         }
         if let Some(id) = &self.request_id {
             hdrs.push((headers::REQUEST_ID, id));
+            if envelope == Envelope::Anthropic {
+                hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+            }
         }
         host::send_reply(e.status(), &hdrs, &e.body(envelope, self.request_id.as_deref()));
         Action::Pause
@@ -118,12 +126,30 @@ impl Http {
     }
 
     fn models(&mut self, cfg: &Config, start: &RequestStart, query: &str) -> Action {
-        let body = match &start.endpoint {
-            Endpoint::GetModel(id) => models::get_body(cfg, start.envelope, id),
-            _ => models::list_body(cfg, start.envelope, query),
+        let fleet = crate::status::latest();
+        let now = host::now_ms();
+        let state = |a: &llmroute_core::config::ModelAlias| models::ModelState::of(cfg, fleet.as_ref(), now, a);
+        let answer = match &start.endpoint {
+            Endpoint::GetModel(id) => models::get_answer(cfg, start.envelope, id, &state, self.request_id.as_deref()),
+            _ => models::list_body_with(cfg, start.envelope, query, &state).map(models::ModelAnswer::Found),
         };
-        match body {
-            Ok(body) => self.reply_json(&body),
+        match answer {
+            Ok(models::ModelAnswer::Found(body)) => self.reply_json(&body),
+            Ok(models::ModelAnswer::Unavailable(body)) => {
+                let mut hdrs = vec![
+                    ("content-type", "application/json"),
+                    ("retry-after", models::RETRY_AFTER_S),
+                    (headers::ERROR, "model_unavailable"),
+                ];
+                if let Some(id) = &self.request_id {
+                    hdrs.push((headers::REQUEST_ID, id));
+                    if start.envelope == Envelope::Anthropic {
+                        hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+                    }
+                }
+                host::send_reply(503, &hdrs, &body);
+                Action::Pause
+            }
             Err(e) => self.refuse(&e, start.envelope),
         }
     }
@@ -136,6 +162,14 @@ impl Http {
         let Some(body) = host::request_body(self.body_size) else {
             return self.unavailable();
         };
+        let received_len = body.len();
+        // Messages: `extra_headers` members never reach the engine (see `anthropic`).
+        let stripped = match api {
+            Api::Messages => anthropic::strip_extra_headers(&body),
+            _ => None,
+        };
+        let edited = stripped.is_some();
+        let body = stripped.unwrap_or(body);
         let decision = match route(cfg, api, &body, session.as_ref()) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
@@ -161,8 +195,12 @@ impl Http {
         if let Some(k) = &self.key {
             self.metrics.key_request(k);
         }
-        if let Some(patch) = &decision.patch {
-            if !host::replace_request_body(body.len(), &patch.apply(&body)) {
+        let new_body = match &decision.patch {
+            Some(patch) => Some(patch.apply(&body)),
+            None => edited.then(|| body.clone()),
+        };
+        if let Some(new_body) = new_body {
+            if !host::replace_request_body(received_len, &new_body) {
                 return self.unavailable();
             }
         }
@@ -171,6 +209,8 @@ impl Http {
         };
         host::set_request_header("content-length", Some(&len.to_string()));
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
+        // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
+        host::set_request_header("accept-encoding", Some("identity"));
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {
@@ -180,6 +220,9 @@ impl Http {
                     host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
                 }
             }
+        }
+        if let Some(key) = decision.cache_affinity_key() {
+            host::set_request_header(headers::CACHE_AFFINITY_KEY, Some(&key));
         }
         if let Some(alias) = decision.failover_alias() {
             host::set_request_header(headers::ALIAS, Some(alias));
@@ -318,6 +361,11 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
+        if d.api == Api::Messages {
+            if let Some(id) = &self.request_id {
+                host::set_response_header(anthropic::REQUEST_ID_HEADER, id);
+            }
+        }
         let source = d.affinity.map_or("none", |a| a.source.header_value());
         host::set_response_header(headers::AFFINITY_SOURCE, source);
         let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
@@ -352,7 +400,19 @@ impl HttpContext for Http {
             self.replacing_overflow = true;
             return Action::Continue;
         }
+        let status = host::response_header(":status").and_then(|s| s.parse::<u32>().ok());
+        if let (Api::Messages, Some(status @ 400..)) = (d.api, status) {
+            // A backend error on Messages goes out in the Anthropic envelope, with the gateway's request id.
+            host::set_response_header("content-type", "application/json");
+            host::remove_response_header("content-length");
+            self.rewriting_error = Some(status);
+            return Action::Continue;
+        }
         let content_type = host::response_header("content-type").unwrap_or_default();
+        if d.api.is_decision() {
+            // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
+            return Action::Continue;
+        }
         self.watch = ResponseWatch::start(d.api, &content_type, d.strip_usage_chunk);
         if matches!(self.watch, Some(ResponseWatch::Stream { .. })) {
             // The gateway may append a closing event or cut the usage chunk, so the length must not be fixed.
@@ -363,6 +423,21 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(status) = self.rewriting_error {
+            if !end_of_stream {
+                return Action::Pause;
+            }
+            self.rewriting_error = None;
+            let read = body_size.min(anthropic::ERROR_BODY_MAX + 1);
+            let got = match read {
+                0 => Vec::new(),
+                _ => host::response_body(read).unwrap_or_default(),
+            };
+            let (body, shape) = anthropic::backend_error_body(status, &got, self.request_id.as_deref());
+            log::debug!("llmroute: backend error {status} on /v1/messages: {shape:?}");
+            host::replace_response_body(body_size, &body);
+            return Action::Continue;
+        }
         if !self.replacing_overflow {
             if body_size > 0 && self.first_byte_ms.is_none() {
                 self.first_byte_ms = Some(host::now_ms());

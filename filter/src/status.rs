@@ -111,7 +111,7 @@ fn claim_poll(now: u64) -> bool {
 }
 
 /// The latest snapshot any root context stored, if one was.
-fn latest() -> Option<FleetStatus> {
+pub(crate) fn latest() -> Option<FleetStatus> {
     host::shared_data(SNAPSHOT_KEY).0.and_then(|b| FleetStatus::decode(&b))
 }
 

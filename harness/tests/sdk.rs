@@ -113,3 +113,36 @@ async fn sdks_work_through_the_gateway() {
         "every inference call reaches exactly one engine: {counts:?}"
     );
 }
+
+/// The anthropic SDK reads the request id from `request-id`: on an answer, on a gateway refusal and on a backend
+/// error that the gateway renders in the Anthropic envelope (see `harness/tests/sdk/check_request_ids.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_sdk_reports_the_gateways_request_id() {
+    python();
+    let fleet = Fleet::start("llama-a", 1).await.unwrap();
+    let envoy = Envoy::start(single_backend_config(&fleet, ALIAS, UPSTREAM, 150))
+        .await
+        .unwrap();
+    let script = repo_root().join("harness/tests/sdk/check_request_ids.py");
+    let mut command = sdk_clients::script_command(&script).unwrap_or_else(|e| panic!("{e}"));
+    command.args(["--base-url", &envoy.url(""), "--model", ALIAS]);
+    let output = tokio::time::timeout(SCRIPT_LIMIT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} did not finish within {SCRIPT_LIMIT:?}", script.display()))
+        .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()));
+    println!("{}", String::from_utf8_lossy(&output.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        eprintln!("{}", envoy.log());
+    }
+    assert_passed(&output);
+    let engine = fleet.engines[0].inference_requests();
+    assert_eq!(engine.len(), 2, "the answer and the backend error reach the engine");
+    for r in &engine {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert!(
+            body.get("extra_headers").is_none(),
+            "extra_headers reached the engine: {body}"
+        );
+    }
+}

@@ -17,12 +17,15 @@
 //!   98% it refuses new requests (503) instead of running out of memory.
 //! - `local_reply_config`: each of Envoy's own replies (no healthy host, connect failure, timeout, codec error,
 //!   buffer overflow, circuit-breaker overflow) gets a JSON body in the route's envelope (Anthropic on
-//!   `/v1/messages`, OpenAI elsewhere) with the request id, and its code in `x-llmroute-error`. Replies the
+//!   `/v1/messages`, OpenAI elsewhere) with the request id (also in `request-id` on `/v1/messages`, where
+//!   Anthropic SDKs read it), and its code in `x-llmroute-error`. Replies the
 //!   filter sent itself carry the request header [`contract::LOCAL_REPLY`] and are left as they are.
 
+use llmroute_core::anthropic::REQUEST_ID_HEADER;
 use llmroute_core::config::Config;
+use llmroute_core::endpoint::{Api, Envelope};
 use llmroute_core::envoy_contract as contract;
-use llmroute_core::error::{envoy_fallback, EnvoyReply, ENVOY_REPLIES};
+use llmroute_core::error::{envoy_fallback, system_one, EnvoyReply, ENVOY_REPLIES};
 use serde_json::{json, Map, Value};
 
 use super::duration_ms;
@@ -99,15 +102,20 @@ fn local_reply_config() -> Value {
         (*r, Value::from(conds))
     });
     for (reply, conds) in specific.chain(fallbacks) {
-        for anthropic in [true, false] {
+        // The OpenAI mapper matches every path, so it comes last.
+        for (envelope, path) in [
+            (Envelope::Anthropic, Some(Api::Messages.path())),
+            (Envelope::SystemOne, Some(Api::SystemOne.path())),
+            (Envelope::OpenAi, None),
+        ] {
             let mut all = conds.as_array().cloned().unwrap_or_default();
             all.push(not_the_filters_own());
-            if anthropic {
+            if let Some(prefix) = path {
                 all.push(json!({ "header_filter": { "header": {
-                    "name": ":path", "string_match": { "prefix": "/v1/messages" },
+                    "name": ":path", "string_match": { "prefix": prefix },
                 } } }));
             }
-            mappers.push(mapper(&reply, anthropic, all));
+            mappers.push(mapper(&reply, envelope, all));
         }
     }
     json!({ "mappers": mappers })
@@ -124,26 +132,35 @@ fn not_the_filters_own() -> Value {
     json!({ "header_filter": { "header": { "name": contract::LOCAL_REPLY, "present_match": true, "invert_match": true } } })
 }
 
-fn mapper(r: &EnvoyReply, anthropic: bool, conditions: Vec<Value>) -> Value {
+fn mapper(r: &EnvoyReply, envelope: Envelope, conditions: Vec<Value>) -> Value {
     let request_id = format!("%REQ({})%", contract::REQUEST_ID);
-    let body = if anthropic {
-        json!({
+    let anthropic = envelope == Envelope::Anthropic;
+    let body = match envelope {
+        Envelope::Anthropic => json!({
             "type": "error",
             "error": { "type": r.anthropic_type, "message": r.message },
             "request_id": request_id,
-        })
-    } else {
-        json!({
+        }),
+        Envelope::SystemOne => system_one(r.code, r.message, Some(&request_id)),
+        Envelope::OpenAi => json!({
             "error": { "message": r.message, "type": r.openai_type, "param": null, "code": r.code },
             "request_id": request_id,
-        })
+        }),
     };
+    let mut headers = vec![json!({
+        "header": { "key": contract::ERROR, "value": r.code },
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    })];
+    if anthropic {
+        // Anthropic SDKs report the request id from `request-id`.
+        headers.push(json!({
+            "header": { "key": REQUEST_ID_HEADER, "value": request_id },
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }));
+    }
     json!({
         "filter": { "and_filter": { "filters": conditions } },
-        "headers_to_add": [{
-            "header": { "key": contract::ERROR, "value": r.code },
-            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }],
+        "headers_to_add": headers,
         "body_format_override": { "json_format": body },
     })
 }
@@ -218,7 +235,7 @@ mod tests {
         let v = local_reply_config();
         assert!(v.get("body_format").is_none(), "unmatched replies must keep their body");
         let mappers = v["mappers"].as_array().unwrap();
-        assert_eq!(mappers.len(), (ENVOY_REPLIES.len() + 2) * 2);
+        assert_eq!(mappers.len(), (ENVOY_REPLIES.len() + 2) * 3);
         for m in mappers {
             let filters = m["filter"]["and_filter"]["filters"].as_array().unwrap();
             assert!(filters.contains(&not_the_filters_own()), "{m}");
@@ -235,12 +252,23 @@ mod tests {
             "overloaded_error"
         );
         assert_eq!(
-            m[1]["body_format_override"]["json_format"]["error"]["code"],
+            m[2]["body_format_override"]["json_format"]["error"]["code"],
             "overloaded"
         );
-        assert_eq!(m[1]["headers_to_add"][0]["header"]["value"], "overloaded");
+        assert_eq!(m[2]["headers_to_add"][0]["header"]["value"], "overloaded");
+        let s1 = &m[1]["body_format_override"]["json_format"];
+        assert_eq!(s1["error"]["code"], "overloaded");
+        assert_eq!(s1["error"]["request_id"], "%REQ(x-request-id)%");
+        assert_eq!(s1["request_id"], "%REQ(x-request-id)%");
+        assert_eq!(m[0]["headers_to_add"][1]["header"]["key"], "request-id");
+        assert_eq!(m[0]["headers_to_add"][1]["header"]["value"], "%REQ(x-request-id)%");
         assert_eq!(
-            m[1]["body_format_override"]["json_format"]["request_id"],
+            m[2]["headers_to_add"].as_array().map(Vec::len),
+            Some(1),
+            "OpenAI replies have no request-id"
+        );
+        assert_eq!(
+            m[2]["body_format_override"]["json_format"]["request_id"],
             "%REQ(x-request-id)%"
         );
     }

@@ -63,6 +63,10 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     let (backend_clusters, clusters): (Vec<Value>, Vec<Value>) = all.into_iter().partition(is_backend);
 
     let mut http_filters = Vec::new();
+    if cfg.compress_responses {
+        // First in the chain, so on the way back it runs last: the wasm filter sees the engine's bytes as sent.
+        http_filters.push(compressor());
+    }
     if opts.with_filter {
         http_filters.push(match &opts.ecds_path {
             Some(path) => ecds::discovered_filter(path),
@@ -119,6 +123,30 @@ pub fn router() -> Value {
     json!({
         "name": "envoy.filters.http.router",
         "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+    })
+}
+
+/// Envoy's gzip compressor for responses: JSON and SSE toward clients that send `accept-encoding: gzip`. It
+/// also removes `accept-encoding` before the upstream (the wasm filter sets `identity` on routed requests).
+pub fn compressor() -> Value {
+    json!({
+        "name": "envoy.filters.http.compressor",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor",
+            "response_direction_config": {
+                "common_config": {
+                    "min_content_length": 256,
+                    "content_type": ["application/json", "text/event-stream"],
+                },
+                "remove_accept_encoding_header": true,
+            },
+            "compressor_library": {
+                "name": "gzip",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip",
+                },
+            },
+        },
     })
 }
 
@@ -230,6 +258,25 @@ mod tests {
 
     fn hcm(v: &Value) -> &Value {
         &v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    }
+
+    #[test]
+    fn the_compressor_comes_first_and_only_when_asked() {
+        let plain = load(DOC);
+        let filters = |cfg: &Config| {
+            let v = bootstrap(cfg, DOC, &RenderOptions::new("/f.wasm")).unwrap();
+            hcm(&v)["http_filters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert!(!filters(&plain).iter().any(|n| n.contains("compressor")));
+        let doc = format!("{DOC}compress_responses: true\n");
+        let names = filters(&load(&doc));
+        assert_eq!(names[0], "envoy.filters.http.compressor", "{names:?}");
+        assert!(names[1].contains("wasm") || names[1].contains("llmroute"), "{names:?}");
     }
 
     /// The bootstrap is the pieces assembled: its filters, routes, clusters and secrets are exactly theirs.

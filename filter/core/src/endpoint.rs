@@ -19,17 +19,23 @@ pub enum Api {
     Embeddings,
     /// `POST /v1/messages` (Anthropic)
     Messages,
+    /// `POST /v1/decisions` (OpenAI Decisions format, the NVCF seed's beta route): only `model` is read.
+    Decisions,
+    /// `POST /v1/systemone` (TypeSafe System One format, the NVCF seed's beta route): only `model` is read.
+    SystemOne,
 }
 
 impl Api {
-    pub const ALL: [Api; 5] = [
+    pub const ALL: [Api; 7] = [
         Api::Chat,
         Api::Completions,
         Api::Responses,
         Api::Embeddings,
         Api::Messages,
+        Api::Decisions,
+        Api::SystemOne,
     ];
-    pub const NAMES: &'static str = "chat, completions, responses, embeddings, messages";
+    pub const NAMES: &'static str = "chat, completions, responses, embeddings, messages, decisions, systemone";
 
     /// The name used in config (`endpoints: [...]`), logs and metrics.
     pub fn name(self) -> &'static str {
@@ -39,6 +45,8 @@ impl Api {
             Api::Responses => "responses",
             Api::Embeddings => "embeddings",
             Api::Messages => "messages",
+            Api::Decisions => "decisions",
+            Api::SystemOne => "systemone",
         }
     }
 
@@ -53,14 +61,22 @@ impl Api {
             Api::Responses => "/v1/responses",
             Api::Embeddings => "/v1/embeddings",
             Api::Messages => "/v1/messages",
+            Api::Decisions => "/v1/decisions",
+            Api::SystemOne => "/v1/systemone",
         }
     }
 
     pub fn envelope(self) -> Envelope {
         match self {
             Api::Messages => Envelope::Anthropic,
+            Api::SystemOne => Envelope::SystemOne,
             _ => Envelope::OpenAi,
         }
+    }
+
+    /// The decision-model routes: the body is opaque but for `model`, and no alias serves them by default.
+    pub fn is_decision(self) -> bool {
+        matches!(self, Api::Decisions | Api::SystemOne)
     }
 
     /// A bit for [`ApiSet`].
@@ -74,7 +90,9 @@ impl Api {
 pub struct ApiSet(u8);
 
 impl ApiSet {
-    pub const ALL: ApiSet = ApiSet(0b1_1111);
+    pub const ALL: ApiSet = ApiSet(0b111_1111);
+    /// What an alias without `endpoints` serves: every API but the decision routes, which must be listed.
+    pub const DEFAULT: ApiSet = ApiSet(0b1_1111);
     pub const EMPTY: ApiSet = ApiSet(0);
 
     pub fn with(self, api: Api) -> ApiSet {
@@ -93,6 +111,8 @@ pub enum Envelope {
     OpenAi,
     /// `{"type":"error","error":{"type","message"},"request_id"}`
     Anthropic,
+    /// `{"error":{"code","message","request_id"},"request_id"}` (TypeSafe System One)
+    SystemOne,
 }
 
 /// What a request asks for.
@@ -180,16 +200,21 @@ mod tests {
             assert!(set.contains(api));
         }
         assert_eq!(set, ApiSet::ALL);
+        assert!(!ApiSet::DEFAULT.contains(Api::Decisions) && !ApiSet::DEFAULT.contains(Api::SystemOne));
+        assert!(Api::ALL
+            .iter()
+            .filter(|a| !a.is_decision())
+            .all(|&a| ApiSet::DEFAULT.contains(a)));
         assert_eq!(Api::parse("chat_completions"), None);
     }
 
     #[test]
     fn only_messages_speaks_anthropic() {
         for api in Api::ALL {
-            let want = if api == Api::Messages {
-                Envelope::Anthropic
-            } else {
-                Envelope::OpenAi
+            let want = match api {
+                Api::Messages => Envelope::Anthropic,
+                Api::SystemOne => Envelope::SystemOne,
+                _ => Envelope::OpenAi,
             };
             assert_eq!(api.envelope(), want);
         }

@@ -186,6 +186,7 @@ impl GatewayError {
                 "error": { "type": self.anthropic_type(), "message": self.to_string() },
                 "request_id": request_id,
             }),
+            Envelope::SystemOne => system_one(self.code(), &self.to_string(), request_id),
         };
         body.to_string().into_bytes()
     }
@@ -284,6 +285,7 @@ pub fn overloaded_body(envelope: Envelope, request_id: Option<&str>) -> Vec<u8> 
             "error": {"type": "overloaded_error", "message": OVERFLOW_MESSAGE},
             "request_id": request_id,
         }),
+        Envelope::SystemOne => system_one("overloaded", OVERFLOW_MESSAGE, request_id),
     };
     body.to_string().into_bytes()
 }
@@ -408,6 +410,15 @@ pub const fn envoy_fallback(client: bool) -> EnvoyReply {
             "The gateway could not process the request.",
         )
     }
+}
+
+/// The TypeSafe System One error: `{"error":{"code","message","request_id"},"request_id"}`, where `code` is the
+/// gateway's reason code (as in `x-llmroute-error`) and both ids are the `x-request-id` response header.
+pub fn system_one(code: &str, message: &str, request_id: Option<&str>) -> serde_json::Value {
+    json!({
+        "error": { "code": code, "message": message, "request_id": request_id },
+        "request_id": request_id,
+    })
 }
 
 /// Bounds a client-sent string for quoting in a message, cut on a character boundary.

@@ -35,6 +35,12 @@ pub const TOKEN_ESTIMATE: &str = "x-token-estimate";
 pub const SESSION_ECHO: &str = "x-multi-turn-session-id";
 /// Envoy's request id, kept on every response and in every error body.
 pub const REQUEST_ID: &str = "x-request-id";
+/// Upstream request header with the hash of the client's explicit session key (16 hex digits, never the raw
+/// value), for a cache-aware router behind the gateway. The NVCF gateway seed sets the same header.
+pub const CACHE_AFFINITY_KEY: &str = "x-cache-affinity-key";
+/// Control headers of the NVCF gateway seed that only the gateway may set upstream: a client's copy could jump a
+/// queue (`x-max-wait-ms`, `x-request-slo-ms`) or steer a cache-aware router (`x-cache-affinity-key`).
+pub const GATEWAY_CONTROL: [&str; 3] = ["x-max-wait-ms", "x-request-slo-ms", CACHE_AFFINITY_KEY];
 
 const OWNED_PREFIX: &str = "x-llmroute-";
 /// Headers only the gateway may set upstream.
@@ -45,7 +51,10 @@ pub const CREDENTIALS: [&str; 5] = ["authorization", "proxy-authorization", "x-a
 /// True for a request header that must not travel upstream as the client sent it.
 pub fn must_strip(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    name.starts_with(OWNED_PREFIX) || OWNED.contains(&name.as_str()) || CREDENTIALS.contains(&name.as_str())
+    name.starts_with(OWNED_PREFIX)
+        || OWNED.contains(&name.as_str())
+        || CREDENTIALS.contains(&name.as_str())
+        || GATEWAY_CONTROL.contains(&name.as_str())
 }
 
 /// The names among `names` that the gateway removes, in order.
@@ -82,6 +91,19 @@ mod tests {
     fn strips_client_copies_of_our_token_headers() {
         assert!(must_strip("X-Token-Estimate"));
         assert!(must_strip("x-input-tokens"));
+    }
+
+    #[test]
+    fn strips_client_copies_of_the_gateway_control_headers() {
+        for h in [
+            "x-max-wait-ms",
+            "X-Request-SLO-ms",
+            "x-cache-affinity-key",
+            "X-Cache-Affinity-Key",
+        ] {
+            assert!(must_strip(h), "{h}");
+        }
+        assert!(!must_strip("x-max-wait"));
     }
 
     #[test]

@@ -8,10 +8,12 @@
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
 pub mod affinity;
+pub mod anthropic;
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod content;
+pub mod decisions;
 pub mod endpoint;
 pub mod envoy_contract;
 pub mod error;

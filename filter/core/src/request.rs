@@ -39,10 +39,9 @@ pub fn start<'h>(
 ) -> Result<RequestStart, Refusal> {
     let wants_anthropic = header("anthropic-version").is_some();
     let bare = path.split(['?', '#']).next().unwrap_or_default();
-    let fallback = if bare == Api::Messages.path() {
-        Envelope::Anthropic
-    } else {
-        Envelope::OpenAi
+    let fallback = match Api::ALL.into_iter().find(|a| a.path() == bare) {
+        Some(api) => api.envelope(),
+        None => Envelope::OpenAi,
     };
     let refuse = |error, envelope| Refusal { error, envelope };
     let endpoint = classify(method, path).map_err(|e| refuse(e, fallback))?;

@@ -94,6 +94,14 @@ impl RouteDecision {
         (self.failover && !self.model_from_client).then_some(self.alias.as_str())
     }
 
+    /// The `x-cache-affinity-key` value for the upstream: the hash of the client's explicit session key, in the
+    /// hex of the affinity header. `None` when the key came from the content, or when there is none.
+    pub fn cache_affinity_key(&self) -> Option<String> {
+        self.affinity
+            .filter(|a| a.source.is_explicit())
+            .map(|a| a.header_value())
+    }
+
     /// The body length after the decision's patch, `old_len` when it has none; `None` when the patch does not fit
     /// the body (see [`BodyPatch::new_len`]).
     pub fn body_len(&self, old_len: usize) -> Option<usize> {
@@ -124,6 +132,9 @@ pub fn session_from_headers<'h>(
 
 /// Decides an inference request. `session` is the key from the headers, if any.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+    if api.is_decision() {
+        return crate::decisions::route(cfg, api, body, session);
+    }
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
@@ -222,7 +233,7 @@ fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, mem
 
 /// The one edit to the body: `model` set to `upstream` (when the bytes differ) and, at `insert_at`, the
 /// include-usage option. Both fall in one span, so the body is copied once.
-fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
+pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
     let new_model = serde_json::Value::from(upstream).to_string();
     let model_changes = model.value.of(body) != new_model.as_bytes();
     match (model_changes, insert_at) {
@@ -318,6 +329,23 @@ mod tests {
         let (d, out) = routed(&cfg(true), &body.replace("\"m\"", "\"same\""));
         assert!(d.strip_usage_chunk);
         assert!(out.ends_with(r#""stream_options":{"include_usage":true}}"#), "{out}");
+    }
+
+    #[test]
+    fn cache_affinity_key_is_the_hash_of_an_explicit_key_only() {
+        let c = cfg(false);
+        let body = r#"{"model":"m","prompt_cache_key":"conv-7","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;
+        let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
+        let want = format!(
+            "{:016x}",
+            affinity::explicit(b"conv-7", AffinitySource::PromptCacheKey).hash
+        );
+        assert_eq!(d.cache_affinity_key(), Some(want.clone()));
+        assert!(!want.contains("conv-7"));
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}]}"#;
+        let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
+        assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::SystemPrompt));
+        assert_eq!(d.cache_affinity_key(), None);
     }
 
     #[test]

@@ -975,7 +975,14 @@ fn alias_endpoints_restrict_the_apis_it_serves() {
 #[test]
 fn endpoint_not_served_renders_in_the_routes_envelope() {
     let cfg = one_alias(r#""endpoints": ["embeddings"]"#, None);
-    for api in [Api::Chat, Api::Completions, Api::Responses, Api::Messages] {
+    for api in [
+        Api::Chat,
+        Api::Completions,
+        Api::Responses,
+        Api::Messages,
+        Api::Decisions,
+        Api::SystemOne,
+    ] {
         let e = refuses(
             &cfg,
             api,
@@ -992,6 +999,10 @@ fn endpoint_not_served_renders_in_the_routes_envelope() {
             Envelope::OpenAi => {
                 assert_eq!(v["error"]["code"], "endpoint_not_served");
                 assert_eq!(v["error"]["param"], "model");
+            }
+            Envelope::SystemOne => {
+                assert_eq!(v["error"]["code"], "endpoint_not_served");
+                assert_eq!(v["error"]["request_id"], "rid");
             }
         }
         assert_eq!(v["request_id"], "rid");

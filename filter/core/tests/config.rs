@@ -157,7 +157,11 @@ fn defaults_fill_every_optional_field() {
     assert_eq!(cfg.image_tokens, 768);
     let alias = cfg.alias("m").unwrap();
     assert_eq!(alias.routes[0].priority, 0);
-    assert_eq!(alias.endpoints, ApiSet::ALL);
+    assert_eq!(
+        alias.endpoints,
+        ApiSet::DEFAULT,
+        "the decision routes are never served by default"
+    );
     assert!(!alias.model_prefix_routing);
 }
 
@@ -1042,7 +1046,14 @@ fn alias_endpoints_are_read() {
     let all = loads(&edit(minimal(), |v| {
         v["models"][0]["endpoints"] = json!(["chat", "completions", "responses", "embeddings", "messages", "chat"])
     }));
-    assert_eq!(all.alias("m").unwrap().endpoints, ApiSet::ALL);
+    assert_eq!(all.alias("m").unwrap().endpoints, ApiSet::DEFAULT);
+    let decisions = loads(&edit(minimal(), |v| {
+        v["models"][0]["endpoints"] = json!(["decisions", "systemone"])
+    }));
+    let set = decisions.alias("m").unwrap().endpoints;
+    for api in Api::ALL {
+        assert_eq!(set.contains(api), api.is_decision(), "{}", api.name());
+    }
 }
 
 #[test]

@@ -41,6 +41,8 @@ fn every_inference_api_is_post_only() {
         (Api::Responses, "/v1/responses"),
         (Api::Embeddings, "/v1/embeddings"),
         (Api::Messages, "/v1/messages"),
+        (Api::Decisions, "/v1/decisions"),
+        (Api::SystemOne, "/v1/systemone"),
     ] {
         assert_eq!(api.path(), path);
         assert_eq!(classify("POST", path), Ok(Endpoint::Inference(api)));
@@ -56,14 +58,25 @@ fn every_inference_api_is_post_only() {
 #[test]
 fn api_names_and_envelopes() {
     let names: Vec<&str> = Api::ALL.iter().map(|a| a.name()).collect();
-    assert_eq!(names, ["chat", "completions", "responses", "embeddings", "messages"]);
+    assert_eq!(
+        names,
+        [
+            "chat",
+            "completions",
+            "responses",
+            "embeddings",
+            "messages",
+            "decisions",
+            "systemone"
+        ]
+    );
     assert_eq!(Api::NAMES, names.join(", "));
     for api in Api::ALL {
         assert_eq!(Api::parse(api.name()), Some(api));
-        let want = if api == Api::Messages {
-            Envelope::Anthropic
-        } else {
-            Envelope::OpenAi
+        let want = match api {
+            Api::Messages => Envelope::Anthropic,
+            Api::SystemOne => Envelope::SystemOne,
+            _ => Envelope::OpenAi,
         };
         assert_eq!(api.envelope(), want);
     }

@@ -1,4 +1,5 @@
-//! The input-token estimate: ceil(string-value bytes / 4), a flat count per image, image data not counted, at
+//! The input-token estimate: ceil(string-value bytes / 4), a flat count per image (image parts, `images`
+//! elements, `assets` values, bare `data:image` URLs), image data not counted, other base64 counted as text, at
 //! least 1.
 //!
 //! The per-capture numbers were computed independently in Python: parse the body, sum the JSON-escaped byte length
@@ -172,29 +173,68 @@ fn the_word_image_as_text_is_not_an_image() {
 }
 
 #[test]
-fn long_base64_strings_are_not_text() {
+fn base64_outside_an_image_counts_as_text() {
+    // The NVCF seed's rule: only an image's own payload is free; base64 anywhere else is text.
     let b64 = "QUJD".repeat(256);
-    assert_eq!(b64.len(), 1024);
-    assert_eq!(est(&json!({ "blob": b64 }).to_string()), 1);
-    // One byte short of the threshold, it is text (outside a `data` key).
-    assert_eq!(est(&json!({ "blob": &b64[..1023] }).to_string()), 256);
-    // Under a `data` key (an Anthropic image source), base64 is data at any length from 16 bytes.
-    assert_eq!(est(&json!({ "data": &b64[..1023] }).to_string()), 1);
+    assert_eq!(est(&json!({ "blob": b64 }).to_string()), 256);
     assert_eq!(
-        est(&json!({ "data": "QUJD" }).to_string()),
-        1,
-        "too short to be taken for data: one token of text"
+        est(&json!({ "data": b64 }).to_string()),
+        256,
+        "a `data` key outside an image object"
     );
-    // A long string with a character outside base64 is text.
-    let prose = format!("{} ", &b64[..1100.min(b64.len())]);
-    assert!(est(&json!({ "data": prose }).to_string()) > 200);
+    assert_eq!(est(&json!({ "input": "y".repeat(1024) }).to_string()), 256);
+    let pdf = format!("data:application/pdf;base64,{b64}");
+    assert_eq!(est(&json!({ "file": pdf }).to_string()), pdf.len().div_ceil(4) as u64);
+    // Under a `data` key inside an image object (an Anthropic image source), base64 is the image's.
+    let anthropic = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}});
+    // "base64" + "image/png" = 15 bytes -> 4 tokens, plus the image.
+    assert_eq!(est(&anthropic.to_string()), 4 + 768);
+    // A long string with a character outside base64 is text, even there.
+    let prose = json!({"type": "image", "source": {"data": format!("{b64} ")}});
+    assert!(est(&prose.to_string()) > 256 + 768);
 }
 
 #[test]
-fn long_runs_of_base64_characters_count_as_data_even_in_plain_text() {
-    // The documented heuristic: 1 KiB or more of base64 characters only is taken for binary, wherever it is.
-    assert_eq!(est(&json!({ "input": "y".repeat(1023) }).to_string()), 256);
-    assert_eq!(est(&json!({ "input": "y".repeat(1024) }).to_string()), 1);
+fn images_arrays_and_assets_values_count_one_image_each_and_nothing_else() {
+    let png = format!("data:image/png;base64,{}", "QUJD".repeat(2000));
+    let raw = "QUJD".repeat(2000);
+    for (body, images, text_tokens) in [
+        (
+            json!({"model": "m", "images": [png, raw, "https://example.com/a.png"]}),
+            3,
+            1,
+        ),
+        (json!({"model": "m", "images": []}), 0, 1),
+        (
+            json!({"model": "m", "assets": {"front": raw, "back": {"url": png}}}),
+            2,
+            1,
+        ),
+        (json!({"model": "m", "assets": [raw]}), 1, 1),
+        // Nested: the decision-format input.
+        (
+            json!({"model": "m", "input": {"images": [png], "prompt": "abcdefgh"}}),
+            1,
+            1 + 2,
+        ),
+        // `images` that is not an array is plain content.
+        (json!({"model": "m", "images": "abcdefgh"}), 0, 1 + 2),
+    ] {
+        let at = |price: u32| input_tokens(body.to_string().as_bytes(), price);
+        assert_eq!(at(1768) - at(768), 1000 * images, "{body}");
+        assert_eq!(at(0), text_tokens, "{body}");
+    }
+}
+
+#[test]
+fn a_bare_image_data_url_is_one_image_but_not_twice_inside_an_image_part() {
+    let png = format!("data:image/png;base64,{}", "QUJD".repeat(1000));
+    assert_eq!(est(&json!({"content": png}).to_string()), 768);
+    let part = json!({"type": "image_url", "image_url": {"url": png, "detail": "high"}});
+    // "image_url" is the type (not text); "high" is 1 token; one image, not two.
+    assert_eq!(est(&json!({"content": [part.clone(), part]}).to_string()), 2 + 2 * 768);
+    let responses = json!({"type": "input_image", "image_url": png});
+    assert_eq!(est(&json!({"content": [responses]}).to_string()), 768);
 }
 
 #[test]
@@ -255,7 +295,7 @@ fn only_well_formed_non_text_data_urls_count_as_images() {
         assert!(est(&body) >= 1000, "{}: {}", &url[..24], est(&body));
     }
     let png = format!("data:image/png;base64,{}", "QUJD".repeat(1000));
-    assert_eq!(est(&json!({"content": png}).to_string()), 1);
+    assert_eq!(est(&json!({"content": png}).to_string()), 768);
     let with_params = format!("data:image/jpeg;name=a.jpg;base64,{}", "QUJD".repeat(1000));
-    assert_eq!(est(&json!({"content": with_params}).to_string()), 1);
+    assert_eq!(est(&json!({"content": with_params}).to_string()), 768);
 }

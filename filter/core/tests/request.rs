@@ -270,6 +270,7 @@ fn session_header_errors_use_the_routes_envelope() {
         ("/v1/chat/completions", Envelope::OpenAi),
         ("/v1/messages", Envelope::Anthropic),
         ("/v1/embeddings", Envelope::OpenAi),
+        ("/v1/systemone", Envelope::SystemOne),
     ] {
         let r = refused(&cfg, "POST", path, &[JSON, ("x-claude-code-session-id", "a\tb")]);
         assert_eq!(r.envelope, envelope, "{path}");
@@ -285,6 +286,10 @@ fn session_header_errors_use_the_routes_envelope() {
         match envelope {
             Envelope::Anthropic => assert_eq!(body["error"]["type"], "invalid_request_error"),
             Envelope::OpenAi => assert_eq!(body["error"]["param"], "x-claude-code-session-id"),
+            Envelope::SystemOne => {
+                assert_eq!(body["error"]["code"], "invalid_session_header");
+                assert_eq!(body["error"]["request_id"], "req-9");
+            }
         }
     }
 }

@@ -9,6 +9,9 @@
 //! An opt-in [`cost::CostModel`] adds engine slots with a FIFO queue, and prefill and decode time; with its
 //! `slot_cache`, each slot remembers only the last prompt it served, in place of the shared cache.
 //!
+//! `POST /v1/decisions` and `/v1/systemone` (the NVCF seed's decision routes) answer 200 with the `model` their
+//! body carried and its byte count, whatever else it holds.
+//!
 //! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, stream
 //! faults, and self-checks of the model and backend the request was routed to. Every response names its
 //! backend in `x-emu-backend`.
@@ -17,6 +20,7 @@
 //! |---|---|
 //! | `x-emu-delay-ms: M` | wait M ms before answering |
 //! | `x-emu-status: S` | answer status S with the dialect's error envelope |
+//! | `x-emu-error-shape: openai\|fastapi\|anthropic-with-id` | with `x-emu-status`, the error body's shape |
 //! | `x-emu-chunks: N` | stream N content deltas (default 3) |
 //! | `x-emu-chunk-delay-ms: M` | pause M ms before each content delta |
 //! | `x-emu-cut-after: N` | N deltas, then abort the connection (a cut on an event boundary) |

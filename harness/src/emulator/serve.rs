@@ -54,8 +54,20 @@ async fn route(shared: &Arc<Shared>, parts: &Parts, body: Bytes) -> Response {
         ("GET", "/health") => health(shared),
         ("GET", "/props") => json_response(200, &dialect::props_body(&opts.model, opts.n_ctx, opts.total_slots)),
         ("GET", "/v1/models") => json_response(200, &dialect::models_body(&opts.model, opts.n_ctx)),
+        ("POST", "/v1/decisions" | "/v1/systemone") => decision_echo(&body),
         (method, path) => error_response(path, 404, &format!("no route for {method} {path}")),
     }
+}
+
+/// The decision-model routes (NVCF seed beta): the body is opaque; the answer names the `model` it carried and
+/// how many bytes arrived, so a test can see the rewrite.
+fn decision_echo(body: &[u8]) -> Response {
+    let model = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("model").cloned())
+        .unwrap_or(Value::Null);
+    let answer = serde_json::json!({"object": "decision", "model": model, "received_bytes": body.len()});
+    json_response(200, &answer)
 }
 
 fn health(shared: &Shared) -> Response {
@@ -86,6 +98,26 @@ impl Refusal {
     /// The envelope's usual error, typed after the status.
     fn error(envelope: Envelope, status: u16, message: &str) -> Self {
         let body = envelope.error_for(status, message);
+        Refusal { status, body }
+    }
+
+    /// The error `x-emu-status` asks for, in the shape `x-emu-error-shape` names (default: the dialect's own).
+    /// `openai` and `fastapi` are what vLLM sends on `/v1/messages`; `anthropic-with-id` carries a backend
+    /// `request_id` of `req_emulated`.
+    fn shaped(headers: &HeaderMap, envelope: Envelope, status: u16, message: &str) -> Self {
+        let shape = headers.get("x-emu-error-shape").and_then(|v| v.to_str().ok());
+        let body = match shape {
+            Some("openai") => Envelope::OpenAi.error_for(status, message),
+            Some("fastapi") => serde_json::json!({"detail": [
+                {"type": "missing", "loc": ["body", "max_tokens"], "msg": "Field required", "input": null},
+            ]}),
+            Some("anthropic-with-id") => {
+                let mut body = Envelope::Anthropic.error_for(status, message);
+                body["request_id"] = Value::from("req_emulated");
+                body
+            }
+            _ => envelope.error_for(status, message),
+        };
         Refusal { status, body }
     }
 
@@ -309,7 +341,7 @@ async fn answer(
     let engine_status = || shared.fault_status().or_else(|| shared.burst_status());
     if let Some(status) = faults.status.or_else(engine_status) {
         let message = format!("emulated failure with status {status}");
-        return Err(Refusal::error(envelope, status, &message));
+        return Err(Refusal::shaped(headers, envelope, status, &message));
     }
     dialect
         .check(&request)

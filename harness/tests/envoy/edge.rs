@@ -56,6 +56,8 @@ impl Reply {
         assert!(!id.is_empty());
         assert_eq!(self.body["request_id"].as_str(), Some(id), "{what}");
         let message = if anthropic {
+            // Anthropic SDKs read the request id from `request-id`.
+            assert_eq!(self.header("request-id"), Some(id), "{what}");
             assert_eq!(self.body["type"], "error", "{what}");
             assert!(
                 self.body["error"]["type"]

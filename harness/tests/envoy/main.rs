@@ -17,6 +17,7 @@ mod etcd_discovery;
 mod failure;
 mod fleet_check;
 mod istio;
+mod nvcf;
 mod observability;
 mod placement;
 mod resilience;

@@ -42,6 +42,8 @@ pub fn inspect(api: Api, buf: &[u8], fields: &Fields, ctx: &Context) -> Result<I
         Api::Responses => responses::inspect(buf, fields, ctx),
         Api::Embeddings => embeddings::inspect(buf, fields),
         Api::Messages => messages::inspect(buf, fields, ctx),
+        // Routed by `crate::decisions`, which reads nothing but `model`.
+        Api::Decisions | Api::SystemOne => Ok(Inspection::sticky(None, None)),
     }
 }
 

@@ -321,6 +321,8 @@ pub struct Config {
     pub affinity: AffinityConfig,
     pub limits: Limits,
     pub debug_headers: bool,
+    /// Envoy compresses responses toward clients that accept gzip (`compress_responses`).
+    pub compress_responses: bool,
     pub image_tokens: u32,
     pub listen_tls: Option<ListenTls>,
     pub retries: Retries,
@@ -397,7 +399,7 @@ fn parse_yaml(_text: &str) -> Result<RawConfig, ConfigErrors> {
 }
 
 /// The longest parser message kept; a non-config file can otherwise be quoted back whole.
-const REASON_MAX: usize = 240;
+const REASON_MAX: usize = 400;
 
 fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> ConfigErrors {
     let field = match path.to_string() {

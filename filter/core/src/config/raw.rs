@@ -33,6 +33,11 @@ pub struct RawConfig {
     /// Add `x-llmroute-*` response headers that show how a request was routed. Default false.
     #[serde(default)]
     pub debug_headers: Option<bool>,
+    /// Compress responses (gzip) toward clients that accept it, with Envoy's compressor filter, which
+    /// `llmroute render` adds ahead of the wasm filter. Upstreams are always asked for `accept-encoding: identity`,
+    /// so the filter reads usage and stream ends uncompressed. Default false.
+    #[serde(default)]
+    pub compress_responses: Option<bool>,
     /// How the gateway estimates input tokens.
     #[serde(default)]
     pub tokens: Option<RawTokens>,

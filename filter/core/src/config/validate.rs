@@ -116,6 +116,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 affinity,
                 limits,
                 debug_headers: raw.debug_headers.unwrap_or(false),
+                compress_responses: raw.compress_responses.unwrap_or(false),
                 image_tokens,
                 listen_tls,
                 retries,
@@ -478,7 +479,7 @@ fn rate_limits(errs: &mut Errors, field: &str, raw: Option<&RawRateLimits>) -> O
 }
 
 fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet {
-    let Some(names) = names else { return ApiSet::ALL };
+    let Some(names) = names else { return ApiSet::DEFAULT };
     if names.is_empty() {
         errs.push(
             format!("models[{i}].endpoints"),

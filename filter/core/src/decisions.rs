@@ -1,0 +1,112 @@
+//! The decision-model routes of the NVCF gateway seed: `POST /v1/decisions` (OpenAI Decisions format) and
+//! `POST /v1/systemone` (TypeSafe System One format).
+//!
+//! Their bodies are opaque to the gateway but for `model`: it is read, resolved to an alias and rewritten, and
+//! every other byte goes upstream unchanged. Nothing else is read (not `stream`, not `prompt_cache_key`, not
+//! the output-token limits), so a duplicated `stream` or an odd field never causes a refusal here; only the
+//! JSON itself (one object, nesting at most 64) and `model` are checked:
+//! - `model` missing, not a string, or present twice in any letter case: 400;
+//! - an unknown alias, or an alias whose `endpoints` does not list `decisions` / `systemone`: 404 (no alias
+//!   serves these routes by default).
+//!
+//! Affinity comes only from an explicit session header; the token estimate is the shared one
+//! ([`crate::estimate`]), images included. Cost: one scan of the top-level members, one estimate pass.
+
+use crate::api::string_value;
+use crate::config::Config;
+use crate::endpoint::Api;
+use crate::error::GatewayError;
+use crate::estimate;
+use crate::fields::folds_to;
+use crate::json::{nav, scan_object, MAX_DEPTH};
+use crate::placement;
+use crate::route::{body_patch, RouteDecision, SessionKey};
+
+/// Decides a decision-route request.
+pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+    let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
+    let mut models = members
+        .iter()
+        .filter(|m| nav::str_value(body, m.key).is_some_and(|k| folds_to(&k, "model")));
+    let model_member = *models.next().ok_or(GatewayError::MissingField { field: "model" })?;
+    if models.next().is_some() {
+        return Err(GatewayError::DuplicateField { field: "model" });
+    }
+    let model = string_value(body, model_member, "model")?;
+    let (alias, prefix_rest) = cfg.resolve(&model).ok_or_else(|| GatewayError::UnknownModel {
+        model: model.to_string(),
+    })?;
+    if !alias.endpoints.contains(api) {
+        return Err(GatewayError::EndpointNotServed {
+            model: model.to_string(),
+            api,
+        });
+    }
+    let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
+    let placement = placement::place(cfg, alias, input_tokens)?;
+    let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
+    Ok(RouteDecision {
+        api,
+        patch: body_patch(body, model_member, &upstream_model, None),
+        strip_usage_chunk: false,
+        alias: alias.name.clone(),
+        cluster: placement.cluster,
+        failover: placement.failover,
+        model_from_client: prefix_rest.is_some(),
+        upstream_model,
+        affinity: session.map(|s| s.affinity),
+        echo_session: session.map(|s| s.value.clone()),
+        input_tokens,
+        // Decision routes do not read the body beyond `model`: no output bound to reserve against.
+        max_output_tokens: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        crate::config::load(
+            r#"{"version":1,"backends":[{"name":"a","kind":"vllm","endpoints":["127.0.0.1:1"]}],
+                "models":[{"name":"dm","endpoints":["decisions","systemone"],"routes":[{"backend":"a","upstream_model":"up"}]},
+                          {"name":"chat","routes":[{"backend":"a"}]}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn apply(d: &RouteDecision, body: &str) -> String {
+        let out = d
+            .patch
+            .as_ref()
+            .map_or(body.as_bytes().to_vec(), |p| p.apply(body.as_bytes()));
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn only_model_is_read_and_rewritten() {
+        let body = r#"{ "stream":"not a bool","stream":[1], "model" : "dm", "max_tokens":"x", "input":{"a":[1,2]} }"#;
+        for api in [Api::Decisions, Api::SystemOne] {
+            let d = route(&cfg(), api, body.as_bytes(), None).unwrap();
+            assert_eq!(d.upstream_model, "up");
+            assert_eq!(apply(&d, body), body.replacen("\"dm\"", "\"up\"", 1));
+            assert_eq!(d.affinity, None);
+            assert!(!d.strip_usage_chunk);
+        }
+    }
+
+    #[test]
+    fn model_errors_are_400_and_unserved_aliases_404() {
+        let c = cfg();
+        let status = |body: &str| route(&c, Api::Decisions, body.as_bytes(), None).unwrap_err().status();
+        assert_eq!(status(r#"{"input":1}"#), 400);
+        assert_eq!(status(r#"{"model":5}"#), 400);
+        assert_eq!(status(r#"{"model":"dm","MODEL":"dm"}"#), 400);
+        assert_eq!(status(r#"{"model":"dm","Model":"x"}"#), 400);
+        let deep = format!(r#"{{"model":"dm","x":{}1{}}}"#, "[".repeat(70), "]".repeat(70));
+        assert_eq!(status(&deep), 400);
+        assert_eq!(status(r#"{"model":"nope"}"#), 404);
+        let e = route(&c, Api::SystemOne, br#"{"model":"chat"}"#, None).unwrap_err();
+        assert_eq!((e.status(), e.code()), (404, "endpoint_not_served"));
+    }
+}
