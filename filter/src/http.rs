@@ -295,7 +295,13 @@ impl HttpContext for Http {
         let path = text(":path");
         if let Some(keys) = self.keys.clone() {
             match request::authenticate(&keys, text(":method"), path, &all) {
-                Ok(name) => self.key = name,
+                Ok(name) => {
+                    // The key's configured name (never its value) identifies the client in the access log.
+                    if let Some(n) = &name {
+                        host::set_log_field(log_fields::KEY, n);
+                    }
+                    self.key = name;
+                }
                 Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
             }
         }

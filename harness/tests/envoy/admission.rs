@@ -100,6 +100,9 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     let (ka, kb) = tokens();
     let mut cfg = alias_config(&fleet, None);
     cfg["auth"] = json!({ "keys_env": VAR });
+    let logs = tempfile::tempdir().unwrap();
+    let access = logs.path().join("access.json");
+    cfg["access_log"] = json!({ "path": access.display().to_string() });
     let opts = EnvoyOptions {
         log_level: "debug".into(),
         env: vec![(VAR.to_string(), format!("alice:{ka},bob:{kb}"))],
@@ -277,7 +280,28 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
         .unwrap();
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains(VAR), "the VM must be given the variable's name");
+    // The access log names the client by its key's name: alice once, bob three times.
+    let read = || std::fs::read_to_string(&access).unwrap_or_default();
+    let by_name = |text: &str, name: &str| {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["llmroute.key"] == name)
+            .count()
+    };
+    let logged = wait_for(Duration::from_secs(15), || async {
+        let text = read();
+        by_name(&text, "alice") >= 1 && by_name(&text, "bob") >= 3
+    })
+    .await;
+    let access_text = read();
+    assert!(logged.is_some(), "access log:\n{access_text}");
+    assert_eq!(
+        (by_name(&access_text, "alice"), by_name(&access_text, "bob")),
+        (1, 3),
+        "{access_text}"
+    );
     for (what, text) in [
+        ("access log", &access_text),
         ("log", &log),
         ("stats", &stats),
         ("prometheus", &prom),
