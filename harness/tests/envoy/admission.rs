@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use llmroute_core::envoy_contract::metrics::{KEY_REQUESTS, RATE_LIMITED, REJECTIONS};
+use llmroute_core::envoy_contract::metrics::{KEY_REQUESTS, RATE_LIMITED, REJECTIONS, TOKENS};
 use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
@@ -280,12 +280,13 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
         .unwrap();
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains(VAR), "the VM must be given the variable's name");
-    // The access log names the client by its key's name: alice once, bob three times.
+    // The access log names the client by its key's name: on inference requests (those that name a model), alice
+    // once and bob three times; their `/v1/models` and status requests carry the name too.
     let read = || std::fs::read_to_string(&access).unwrap_or_default();
     let by_name = |text: &str, name: &str| {
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["llmroute.key"] == name)
+            .filter(|v| v["llmroute.key"] == name && v["gen_ai.request.model"].is_string())
             .count()
     };
     let logged = wait_for(Duration::from_secs(15), || async {
@@ -458,8 +459,8 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
         let envoy = &envoy;
         let backend = backend.clone();
         async move {
-            let m = |k: &str| format!("wasmcustom.llmroute.backend.{backend}.{k}_tokens_total");
-            envoy.stat(&m("prompt")).await.unwrap_or(0) + envoy.stat(&m("completion")).await.unwrap_or(0)
+            let m = |kind: &str| stat_name(TOKENS, &[("alias", ALIAS), ("backend", &backend), ("kind", kind)]);
+            envoy.stat(&m("input")).await.unwrap_or(0) + envoy.stat(&m("output")).await.unwrap_or(0)
         }
     };
     let outcomes = || async {
