@@ -20,7 +20,7 @@ use crate::estimate;
 use crate::fields::folds_to;
 use crate::json::{nav, scan_object, MAX_DEPTH};
 use crate::placement;
-use crate::route::{body_patch, RouteDecision, SessionKey};
+use crate::route::{body_patch, resolve_alias, RouteDecision, SessionKey};
 
 /// Decides a decision-route request.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
@@ -33,15 +33,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         return Err(GatewayError::DuplicateField { field: "model" });
     }
     let model = string_value(body, model_member, "model")?;
-    let (alias, prefix_rest) = cfg.resolve(&model).ok_or_else(|| GatewayError::UnknownModel {
-        model: model.to_string(),
-    })?;
-    if !alias.endpoints.contains(api) {
-        return Err(GatewayError::EndpointNotServed {
-            model: model.to_string(),
-            api,
-        });
-    }
+    let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
     let placement = placement::place(cfg, alias, input_tokens)?;
     let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();

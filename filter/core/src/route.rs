@@ -9,7 +9,7 @@
 
 use crate::affinity::{self, Affinity, AffinitySource};
 use crate::api::{self, string_value};
-use crate::config::Config;
+use crate::config::{Config, ModelAlias};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate;
@@ -142,15 +142,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         .get("model")
         .ok_or(GatewayError::MissingField { field: "model" })?;
     let model = string_value(body, model_member, "model")?;
-    let (alias, prefix_rest) = cfg.resolve(&model).ok_or_else(|| GatewayError::UnknownModel {
-        model: model.to_string(),
-    })?;
-    if !alias.endpoints.contains(api) {
-        return Err(GatewayError::EndpointNotServed {
-            model: model.to_string(),
-            api,
-        });
-    }
+    let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
     let ctx = api::Context {
         alias: &alias.name,
         affinity: &cfg.affinity,
@@ -188,6 +180,25 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         input_tokens,
         max_output_tokens,
     })
+}
+
+/// The alias `model` names, and the client's own upstream model after an `<alias>/` prefix; refused when no alias
+/// has that name or the alias does not serve `api`. Shared by every route that reads `model`.
+pub(crate) fn resolve_alias<'c, 'm>(
+    cfg: &'c Config,
+    api: Api,
+    model: &'m str,
+) -> Result<(&'c ModelAlias, Option<&'m str>), GatewayError> {
+    let (alias, prefix_rest) = cfg.resolve(model).ok_or_else(|| GatewayError::UnknownModel {
+        model: model.to_string(),
+    })?;
+    if !alias.endpoints.contains(api) {
+        return Err(GatewayError::EndpointNotServed {
+            model: model.to_string(),
+            api,
+        });
+    }
+    Ok((alias, prefix_rest))
 }
 
 /// The body's `prompt_cache_key`: 1 to 256 bytes without control characters; empty or null is ignored.
