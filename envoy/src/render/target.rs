@@ -235,6 +235,11 @@ pub fn limitations(cfg: &Config) -> Vec<String> {
             .into(),
     );
     out.push("access log: copy the connection manager's access_log entry from --target envoy to yours".into());
+    out.push(
+        "errors and edge: copy the connection manager's local_reply_config (Envoy's own errors in the API's JSON \
+         envelope) and its timeouts and HTTP/2 bounds from --target envoy (docs/hardening.md)"
+            .into(),
+    );
     out
 }
 
