@@ -6,7 +6,6 @@
 //! or used in metric names.
 
 use llmroute_core::auth::{self, Keys};
-use llmroute_core::key_placement::in_flight::SharedStore;
 use llmroute_core::limits::{self, Charge, Denied, Kind};
 
 /// The fewest requests and tokens left in the buckets a request was charged to.
@@ -18,19 +17,6 @@ pub struct Remaining {
 use llmroute_core::{Config, GatewayError};
 
 use crate::host;
-
-/// Envoy shared data.
-struct Store;
-
-impl SharedStore for Store {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        host::shared_data(key)
-    }
-
-    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
-        host::set_shared_data(key, value, cas)
-    }
-}
 
 /// The configured keys, from the variable `auth.keys_env` names. The error names the variable, never a value.
 pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
@@ -66,7 +52,7 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
         return Ok(Remaining::default());
     }
-    match limits::admit(&mut Store, charges, host::now_ms()) {
+    match limits::admit(&mut host::SharedData, charges, host::now_ms()) {
         Ok(left) => {
             let least = |kind| {
                 charges
@@ -101,5 +87,5 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
 
 /// Settles an admitted request's token charges on the tokens the engine reported.
 pub fn settle(charges: &[Charge], used: u64) {
-    limits::settle(&mut Store, charges, used, host::now_ms());
+    limits::settle(&mut host::SharedData, charges, used, host::now_ms());
 }

@@ -283,6 +283,19 @@ pub fn add(metric: Option<u32>, n: u64) {
     }
 }
 
+/// Envoy's shared data, as the core's compare-and-swap loops see it (the in-flight ledger, the limit buckets).
+pub struct SharedData;
+
+impl llmroute_core::key_placement::in_flight::SharedStore for SharedData {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        shared_data(key)
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        set_shared_data(key, value, cas)
+    }
+}
+
 /// A metric's current value (summed over the VMs), if it was defined and the host answers.
 pub fn metric_value(metric: Option<u32>) -> Option<u64> {
     abi::get_metric(metric?).ok()

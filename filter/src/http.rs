@@ -57,6 +57,8 @@ pub struct Http {
     backend: Option<String>,
     /// A backend error on `/v1/messages` is being buffered, to go out in the Anthropic envelope.
     rewriting_error: Option<u32>,
+    /// The envelope of the request's route, once the headers phase knows it (OpenAI until then).
+    envelope: Envelope,
 }
 
 impl Http {
@@ -80,6 +82,7 @@ impl Http {
             first_byte_ms: None,
             backend: None,
             rewriting_error: None,
+            envelope: Envelope::OpenAi,
         }
     }
 
@@ -267,12 +270,15 @@ impl Http {
     fn unavailable(&mut self) -> Action {
         self.reading = None;
         self.metrics.rejected("gateway_error");
-        let body = br#"{"error":{"message":"The gateway could not process the request.","type":"server_error","param":null,"code":"gateway_error"}}"#;
-        host::send_reply(
-            503,
-            &[("content-type", "application/json"), (headers::ERROR, "gateway_error")],
-            body,
-        );
+        let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, "gateway_error")];
+        if let Some(id) = &self.request_id {
+            hdrs.push((headers::REQUEST_ID, id));
+            if self.envelope == Envelope::Anthropic {
+                hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+            }
+        }
+        let body = llmroute_core::error::unavailable_body(self.envelope, self.request_id.as_deref());
+        host::send_reply(503, &hdrs, &body);
         Action::Pause
     }
 }
@@ -309,6 +315,7 @@ impl HttpContext for Http {
             Ok(s) => s,
             Err(Refusal { error, envelope }) => return self.refuse(&error, envelope),
         };
+        self.envelope = start.envelope;
         if let Endpoint::Status(page) = start.endpoint {
             return crate::status::answer(&cfg, page, self.request_id.as_deref());
         }

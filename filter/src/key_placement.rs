@@ -16,7 +16,7 @@ use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check;
 use std::cell::RefCell;
 
-use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
+use llmroute_core::key_placement::in_flight::{Ledger, CAS_ATTEMPTS};
 use llmroute_core::key_placement::{self, table, Bounds, HostChoice, HostView, KeyTable};
 use llmroute_core::status::{self, STALE_AFTER_MS};
 use llmroute_core::Config;
@@ -27,19 +27,6 @@ pub use llmroute_core::envoy_contract::SESSION_HEADER;
 thread_local! {
     /// What this worker owes the shared in-flight counts (see `llmroute_core::key_placement::in_flight`).
     static LEDGER: RefCell<Ledger> = RefCell::new(Ledger::default());
-}
-
-/// Envoy shared data, for the ledger.
-struct Host;
-
-impl SharedStore for Host {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        host::shared_data(key)
-    }
-
-    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
-        host::set_shared_data(key, value, cas)
-    }
 }
 
 /// A request pinned to a host, remembered until the log phase lowers the host's in-flight count.
@@ -183,7 +170,10 @@ impl Pin {
 
 fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
     let key = shared::in_flight(backend);
-    let settled = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.adjust(&mut Host, &key, hosts, i, up)));
+    let settled = LEDGER.with(|l| {
+        l.try_borrow_mut()
+            .map(|mut l| l.adjust(&mut host::SharedData, &key, hosts, i, up))
+    });
     if matches!(settled, Ok(false)) {
         log::debug!("llmroute: in-flight count of {backend} owed until the next tick");
     }
@@ -191,7 +181,7 @@ fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
 
 /// Writes whatever in-flight updates this worker still owes; the root calls it on every tick.
 pub fn settle() {
-    let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut Host)));
+    let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut host::SharedData)));
 }
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.

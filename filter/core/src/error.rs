@@ -290,6 +290,27 @@ pub fn overloaded_body(envelope: Envelope, request_id: Option<&str>) -> Vec<u8> 
     body.to_string().into_bytes()
 }
 
+/// The message of the gateway's own 503 when a host call failed under a request.
+const UNAVAILABLE_MESSAGE: &str = "The gateway could not process the request.";
+
+/// The body of the gateway's own 503 (code `gateway_error`) when it cannot process a request because a host call
+/// failed: in the route's envelope, with the request id, like every other refusal.
+pub fn unavailable_body(envelope: Envelope, request_id: Option<&str>) -> Vec<u8> {
+    let body = match envelope {
+        Envelope::OpenAi => json!({
+            "error": {"message": UNAVAILABLE_MESSAGE, "type": "server_error", "param": null, "code": "gateway_error"},
+            "request_id": request_id,
+        }),
+        Envelope::Anthropic => json!({
+            "type": "error",
+            "error": {"type": "api_error", "message": UNAVAILABLE_MESSAGE},
+            "request_id": request_id,
+        }),
+        Envelope::SystemOne => system_one("gateway_error", UNAVAILABLE_MESSAGE, request_id),
+    };
+    body.to_string().into_bytes()
+}
+
 /// One kind of Envoy's own local reply (a dead or slow backend, a timeout, a codec error), as the gateway has
 /// Envoy rewrite it: the renderer turns each into a `local_reply_config` mapper with a JSON body in the route's
 /// envelope, the request id, and `code` in `x-llmroute-error`. The filter's own replies are never rewritten.
@@ -506,6 +527,28 @@ mod tests {
         assert_eq!(
             (r.code, r.openai_type, r.anthropic_type),
             ("unsupported_framing", "invalid_request_error", "invalid_request_error")
+        );
+    }
+
+    #[test]
+    fn the_gateways_own_503_speaks_the_routes_envelope_and_names_the_request() {
+        let v: Value = serde_json::from_slice(&unavailable_body(Envelope::OpenAi, Some("r2"))).unwrap();
+        assert_eq!(
+            (
+                v["error"]["code"].as_str(),
+                v["error"]["type"].as_str(),
+                v["request_id"].as_str()
+            ),
+            (Some("gateway_error"), Some("server_error"), Some("r2"))
+        );
+        let v: Value = serde_json::from_slice(&unavailable_body(Envelope::Anthropic, Some("r3"))).unwrap();
+        assert_eq!(
+            (
+                v["type"].as_str(),
+                v["error"]["type"].as_str(),
+                v["request_id"].as_str()
+            ),
+            (Some("error"), Some("api_error"), Some("r3"))
         );
     }
 
