@@ -13,10 +13,6 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Pages written on other branches and linked before they are merged: a link to one of these is reported as
-# pending while the file is missing, not as a failure. Empty this list once they are merged.
-PENDING=()
-
 shopt -s nullglob
 PAGES=()
 for page in README.md docs/*.md bench/README.md; do [[ -f $page ]] && PAGES+=("$page"); done
@@ -29,12 +25,6 @@ checked=0
 fail() {
     echo "docs-check: $1: $2" >&2
     problems=$((problems + 1))
-}
-
-is_pending() {
-    local p
-    for p in "${PENDING[@]}"; do [[ $1 == "$p" ]] && return 0; done
-    return 1
 }
 
 # GitHub's anchor for a heading: lower case, backticks and punctuation dropped, spaces to hyphens.
@@ -64,7 +54,7 @@ check_path() {
     if [[ $token == *'*'* ]]; then
         compgen -G "$token" >/dev/null || fail "$page" "\`$token\` matches no file"
     elif [[ ! -e $token ]]; then
-        is_pending "$token" || fail "$page" "\`$token\` does not exist"
+        fail "$page" "\`$token\` does not exist"
     fi
 }
 
@@ -90,11 +80,7 @@ check_link() {
         file=$(realpath -m --relative-to=. "$dir/$file")
     fi
     if [[ ! -e $file ]]; then
-        if is_pending "$file"; then
-            echo "docs-check: $page: link to $file: pending (written on another branch)"
-        else
-            fail "$page" "link ($link): $file does not exist"
-        fi
+        fail "$page" "link ($link): $file does not exist"
         return 0
     fi
     if [[ -n $anchor && -f $file ]] && ! slugs "$file" | grep -qxF -- "$anchor"; then

@@ -264,15 +264,6 @@ pub fn define_counter(name: &str) -> Option<u32> {
     )
 }
 
-/// A gauge, defined once per VM.
-#[allow(dead_code)] // kept for gauges, such as VM memory
-pub fn define_gauge(name: &str) -> Option<u32> {
-    logged(
-        abi::define_metric(MetricType::Gauge as u32, name),
-        &format!("defining metric {name}"),
-    )
-}
-
 pub fn increment(metric: Option<u32>) {
     add(metric, 1);
 }
