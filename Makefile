@@ -113,7 +113,7 @@ engines-check: engines ## Start the real llama-server on the tiny model: alias, 
 	$(CARGO) test -p llmroute-harness --test engines -- --test-threads=1 --nocapture
 
 real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind Envoy + the filter: SDKs, cache affinity, kill/restart, /props check (fails, never skips, without engines)
-	$(CARGO) test -p llmroute-harness --test real_engines -- --test-threads=2 --nocapture
+	$(CARGO) test -p llmroute-harness --test real_engines -- --test-threads=1 --nocapture
 
 BENCH_ENGINES_ARGS ?=
 

@@ -254,6 +254,39 @@ impl Envoy {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Waits until the filter's own status snapshot (`/llmroute/status`, fresh) counts `n` healthy hosts of
+    /// `backend` and every one of them up. Bounded-keys placement reads that snapshot, so a test that places keys
+    /// before it is current may see a host that is merely slow to pass its first health check as down, and place
+    /// every key elsewhere. Err carries the last status seen.
+    pub async fn wait_snapshot_healthy(&self, backend: &str, n: u64, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut last = Value::Null;
+        loop {
+            if let Ok(r) = reqwest::get(self.url("/llmroute/status")).await {
+                last = r.json().await.unwrap_or(Value::Null);
+            }
+            let fresh = last["snapshot"]["stale"] == false;
+            let entry = last["backends"]
+                .as_array()
+                .and_then(|bs| bs.iter().find(|b| b["name"] == backend));
+            let all_up = entry.is_some_and(|b| {
+                b["healthy_hosts"].as_u64() == Some(n)
+                    && b["hosts"]
+                        .as_array()
+                        .is_some_and(|hs| hs.iter().all(|h| h["up"] == true))
+            });
+            if fresh && all_up {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{backend}: not {n} healthy hosts in the filter's snapshot within {limit:?}: {last}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The health flags of each host of `cluster`, keyed by `IP:PORT`, from the admin `/clusters`:
     /// `healthy`, or flags such as `/failed_active_hc` and `/failed_outlier_check`.
     pub async fn host_health(&self, cluster: &str) -> std::collections::BTreeMap<String, String> {

@@ -164,6 +164,12 @@ async fn run_policy(lb: &str) -> PolicyRun {
         config["backends"][0]["balance_factor"] = 200.into();
     }
     let envoy = envoy(config).await;
+    // Placement must see all three servers up before the first tenant arrives, or (on a loaded machine, where a
+    // first health check can be slow) it places the early tenants on the servers that are.
+    envoy
+        .wait_snapshot_healthy(BACKEND, 3, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let workload = tenant_workload();
     let tenants: Vec<usize> = workload.iter().map(|(t, _)| *t).collect();
     let jobs = workload.into_iter().map(|(_, j)| j).collect();
