@@ -5,8 +5,10 @@
 //! Look-up tables (alias to routes) are compiled once here, never per request.
 
 mod address;
+mod diagnostics;
 mod raw;
 mod resilience;
+mod tls;
 mod validate;
 
 use std::collections::HashMap;
@@ -14,11 +16,13 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
+pub use diagnostics::Diagnostics;
 pub use raw::{
     RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawLimits, RawModel, RawRateLimits, RawRoute,
     RawTokens, RawUsage,
 };
-pub use resilience::{default_health_path, Health, ListenTls, Outlier, Retries, UpstreamTls};
+pub use resilience::{default_health_path, Health, Outlier, Retries};
+pub use tls::{ListenTls, UpstreamTls};
 
 use crate::endpoint::ApiSet;
 use crate::limits::RateLimits;

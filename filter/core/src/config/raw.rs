@@ -6,7 +6,8 @@
 
 use serde::Deserialize;
 
-pub use super::resilience::{RawHealth, RawListenTls, RawOutlier, RawRetries, RawUpstreamTls};
+pub use super::resilience::{RawHealth, RawOutlier, RawRetries};
+pub use super::tls::{RawListenTls, RawUpstreamTls};
 
 /// The whole `llmroute.yaml` document, schema version 1.
 #[derive(Debug, Clone, Deserialize)]

@@ -1,5 +1,5 @@
 //! Config for what Envoy does when engines fail or fill up: active health checks, outlier ejection, retries,
-//! circuit breakers, TLS and backend credentials. Raw shapes and their validation live together here, because
+//! circuit breakers (TLS and backend credentials are in [`super::tls`]). Raw shapes and their validation live together here, because
 //! each setting's defaults depend on the engine kind and the endpoint count.
 //!
 //! Settings that would silently do nothing are reported as warnings, not errors: the file still loads, and
@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use super::{ConfigError, Endpoint, EngineKind};
+use super::{Diagnostics, EngineKind};
 
 /// `backends[].health`: Envoy active health checking.
 #[derive(Debug, Clone, Deserialize)]
@@ -45,25 +45,6 @@ pub struct RawOutlier {
     pub max_ejection_percent: Option<u32>,
 }
 
-/// `backends[].tls`: TLS to the engines.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstreamTls {
-    /// Server name sent and verified. Default: none sent, and the certificate is checked against `ca_file` only.
-    #[serde(default)]
-    pub sni: Option<String>,
-    /// PEM bundle of trusted CAs. Without it, the system's trust store is not used: give one.
-    pub ca_file: String,
-}
-
-/// `listen_tls`: TLS termination for clients.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawListenTls {
-    pub cert_file: String,
-    pub key_file: String,
-}
-
 /// `retries`: retries before the first response byte.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,18 +74,6 @@ pub struct Outlier {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamTls {
-    pub sni: Option<String>,
-    pub ca_file: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenTls {
-    pub cert_file: String,
-    pub key_file: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retries {
     pub attempts: u32,
     pub per_try_timeout_ms: u64,
@@ -119,34 +88,24 @@ pub fn default_health_path(kind: EngineKind) -> &'static str {
     }
 }
 
-/// Collects errors and warnings for one backend's resilience settings.
+/// The checks of one backend's settings, writing into the config's one [`Diagnostics`] with every field named
+/// under `at` (`backends[2]`).
 pub struct Checker<'a> {
-    pub errors: &'a mut Vec<ConfigError>,
-    pub warnings: &'a mut Vec<ConfigError>,
+    pub diag: &'a mut Diagnostics,
     pub at: String,
 }
 
 impl Checker<'_> {
-    fn error(&mut self, field: &str, value: impl ToString, reason: impl Into<String>) {
-        self.errors.push(ConfigError {
-            field: format!("{}.{field}", self.at),
-            value: value.to_string(),
-            reason: reason.into(),
-        });
+    pub(super) fn error(&mut self, field: &str, value: impl ToString, reason: impl Into<String>) {
+        self.diag.push(format!("{}.{field}", self.at), value, reason);
     }
 
     fn warn(&mut self, field: &str, value: impl ToString, reason: impl Into<String>) {
-        self.warnings.push(ConfigError {
-            field: format!("{}.{field}", self.at),
-            value: value.to_string(),
-            reason: reason.into(),
-        });
+        self.diag.warn(format!("{}.{field}", self.at), value, reason);
     }
 
     fn range(&mut self, field: &str, v: u64, lo: u64, hi: u64) {
-        if !(lo..=hi).contains(&v) {
-            self.error(field, v, format!("must be between {lo} and {hi}"));
-        }
+        self.diag.range(&format!("{}.{field}", self.at), v, lo, hi);
     }
 
     /// `None` when checks are off.
@@ -219,58 +178,6 @@ impl Checker<'_> {
         Some(o)
     }
 
-    pub fn tls(&mut self, raw: Option<&RawUpstreamTls>) -> Option<UpstreamTls> {
-        let t = raw?;
-        if t.ca_file.is_empty() {
-            self.error("tls.ca_file", "\"\"", "a CA bundle is needed to verify the engines");
-        }
-        if let Some(sni) = &t.sni {
-            if sni.is_empty()
-                || sni.len() > 253
-                || sni.bytes().any(|b| !(b.is_ascii_alphanumeric() || b"-.".contains(&b)))
-            {
-                self.error("tls.sni", sni, "must be a DNS name");
-            }
-        }
-        Some(UpstreamTls {
-            sni: t.sni.clone(),
-            ca_file: t.ca_file.clone(),
-        })
-    }
-
-    pub fn credential_env(&mut self, raw: Option<&str>) -> Option<String> {
-        let name = raw?;
-        let ok = !name.is_empty()
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && !name.as_bytes().first().is_some_and(u8::is_ascii_digit);
-        if !ok {
-            self.error(
-                "credential_env",
-                name,
-                "must be an environment variable name: A-Z a-z 0-9 _, not starting with a digit",
-            );
-        }
-        Some(name.to_string())
-    }
-
-    /// A backend token must never cross the network in clear text: `credential_env` without `tls` is refused
-    /// unless every endpoint is loopback (an IP loopback literal, or `localhost`).
-    pub fn credential_needs_tls(&mut self, credential_env: Option<&str>, has_tls: bool, endpoints: &[Endpoint]) {
-        let (Some(var), false) = (credential_env, has_tls) else {
-            return;
-        };
-        if let Some(e) = endpoints.iter().find(|e| !is_loopback(e)) {
-            self.error(
-                "credential_env",
-                var,
-                format!(
-                    "the backend has no `tls`, so its token would reach {e} unencrypted, and that endpoint is not \
-                     loopback; add `tls: {{ ca_file: ... }}` to the backend, or remove `credential_env`"
-                ),
-            );
-        }
-    }
-
     /// KV-event routing and prefill/decode disaggregation: impossible on llama.cpp, reserved elsewhere.
     pub fn reserved(&mut self, kind: EngineKind, kv_events: Option<bool>, disaggregation: Option<&str>) {
         let used = [
@@ -292,53 +199,20 @@ impl Checker<'_> {
 }
 
 /// Validates `retries`.
-pub fn retries(raw: Option<&RawRetries>, errors: &mut Vec<ConfigError>, warnings: &mut Vec<ConfigError>) -> Retries {
+pub fn retries(raw: Option<&RawRetries>, diag: &mut Diagnostics) -> Retries {
     let r = Retries {
         attempts: raw.and_then(|r| r.attempts).unwrap_or(2),
         per_try_timeout_ms: raw.and_then(|r| r.per_try_timeout_ms).unwrap_or(0),
     };
     if r.attempts > 10 {
-        errors.push(ConfigError {
-            field: "retries.attempts".into(),
-            value: r.attempts.to_string(),
-            reason: "must be at most 10".into(),
-        });
+        diag.push("retries.attempts", r.attempts, "must be at most 10");
     }
     if r.attempts == 0 && r.per_try_timeout_ms > 0 {
-        warnings.push(ConfigError {
-            field: "retries.per_try_timeout_ms".into(),
-            value: r.per_try_timeout_ms.to_string(),
-            reason: "applies to the single attempt only, since retries are off".into(),
-        });
+        diag.warn(
+            "retries.per_try_timeout_ms",
+            r.per_try_timeout_ms,
+            "applies to the single attempt only, since retries are off",
+        );
     }
     r
-}
-
-/// Validates `listen_tls`.
-pub fn listen_tls(raw: Option<&RawListenTls>, errors: &mut Vec<ConfigError>) -> Option<ListenTls> {
-    let t = raw?;
-    for (field, v) in [
-        ("listen_tls.cert_file", &t.cert_file),
-        ("listen_tls.key_file", &t.key_file),
-    ] {
-        if v.is_empty() {
-            errors.push(ConfigError {
-                field: field.into(),
-                value: "\"\"".into(),
-                reason: "a PEM file path is needed".into(),
-            });
-        }
-    }
-    Some(ListenTls {
-        cert_file: t.cert_file.clone(),
-        key_file: t.key_file.clone(),
-    })
-}
-
-/// True for an IP loopback literal (127.0.0.0/8, ::1) and for `localhost`.
-pub fn is_loopback(e: &Endpoint) -> bool {
-    if e.is_ip {
-        return e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    }
-    e.host == "localhost"
 }

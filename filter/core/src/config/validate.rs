@@ -15,20 +15,11 @@ const NAME_MAX: usize = 255;
 const PATH_MAX: usize = 4096;
 const MODEL_NAME_MAX: usize = 256;
 
-struct Errors(Vec<ConfigError>, Vec<ConfigError>);
-
-impl Errors {
-    fn push(&mut self, field: impl Into<String>, value: impl ToString, reason: impl Into<String>) {
-        self.0.push(ConfigError {
-            field: field.into(),
-            value: value.to_string(),
-            reason: reason.into(),
-        });
-    }
-}
+/// The accumulator every check below writes to.
+type Errors = Diagnostics;
 
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
-    let mut errs = Errors(Vec::new(), Vec::new());
+    let mut errs = Diagnostics::default();
     if raw.version != SCHEMA_VERSION {
         errs.push(
             "version",
@@ -78,8 +69,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let affinity = affinity(&mut errs, raw.affinity.as_ref());
     placement_warnings(&mut errs, &affinity, &backends);
     let limits = limits(&mut errs, raw.limits.as_ref());
-    let listen_tls = resilience::listen_tls(raw.listen_tls.as_ref(), &mut errs.0);
-    let retries = resilience::retries(raw.retries.as_ref(), &mut errs.0, &mut errs.1);
+    let listen_tls = tls::listen_tls(raw.listen_tls.as_ref(), &mut errs);
+    let retries = resilience::retries(raw.retries.as_ref(), &mut errs);
     if retries.per_try_timeout_ms > limits.request_timeout_ms {
         errs.push(
             "retries.per_try_timeout_ms",
@@ -105,7 +96,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         check_abs_path(&mut errs, "access_log.path", path);
     }
 
-    match (errs.0.is_empty(), listen, admin) {
+    match (errs.errors.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
             let alias_index = models.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
             Ok(Config {
@@ -123,11 +114,11 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
                 auth,
                 access_log_path,
-                warnings: errs.1,
+                warnings: errs.warnings,
                 alias_index,
             })
         }
-        _ => Err(ConfigErrors(errs.0)),
+        _ => Err(ConfigErrors(errs.errors)),
     }
 }
 
@@ -138,7 +129,7 @@ fn listen_addr(errs: &mut Errors, field: &str, value: Option<&str>, default: &st
 
 fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
     let at = |f: &str| format!("backends[{i}].{f}");
-    let before = errs.0.len();
+    let before = errs.errors.len();
     check_cluster_name(errs, &at("name"), &b.name);
     let kind = EngineKind::parse(&b.kind);
     if kind.is_none() {
@@ -216,10 +207,8 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
         }
     }
     let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
-    let Errors(errors, warnings) = &mut *errs;
     let mut check = resilience::Checker {
-        errors,
-        warnings,
+        diag: &mut *errs,
         at: format!("backends[{i}]"),
     };
     let health = check.health(b.health.as_ref(), kind_or_default);
@@ -229,7 +218,7 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
     let credential_env = check.credential_env(b.credential_env.as_deref());
     check.credential_needs_tls(credential_env.as_deref(), tls.is_some(), &endpoints);
     check.reserved(kind_or_default, b.kv_events, b.disaggregation.as_deref());
-    match (kind, lb, errs.0.len() == before) {
+    match (kind, lb, errs.errors.len() == before) {
         (Some(kind), Some(lb), true) => Some(Backend {
             name: b.name.clone(),
             kind,
@@ -382,7 +371,7 @@ fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
 }
 
 fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usize>) -> Option<ModelAlias> {
-    let before = errs.0.len();
+    let before = errs.errors.len();
     check_model_name(errs, &format!("models[{i}].name"), &m.name);
     if m.routes.is_empty() {
         errs.push(format!("models[{i}].routes"), "[]", "an alias needs at least one route");
@@ -411,7 +400,7 @@ fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usi
     routes.sort_by_key(|r| r.priority);
     let endpoints = endpoint_set(errs, i, m.endpoints.as_deref());
     let limits = rate_limits(errs, &format!("models[{i}].limits"), m.limits.as_ref());
-    (errs.0.len() == before).then(|| ModelAlias {
+    (errs.errors.len() == before).then(|| ModelAlias {
         name: m.name.clone(),
         routes,
         endpoints,
@@ -559,17 +548,17 @@ fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, backends: &[
         };
         if let (Some(slots), false) = (&b.slots, bounded) {
             let reason = "only used by affinity.placement: bounded_keys; ignored";
-            errs.1
+            errs.warnings
                 .push(warn(format!("backends[{i}].slots"), format!("{slots:?}"), reason));
         }
         if bounded && b.lb != LbPolicy::Chwbl {
             let reason = "affinity.placement: bounded_keys applies only to lb: chwbl; this backend is not pinned";
-            errs.1
+            errs.warnings
                 .push(warn(format!("backends[{i}].lb"), b.lb.as_str().to_string(), reason));
         } else if bounded && !b.discovered() && b.endpoints.iter().any(|e| !e.is_ip) {
             let reason = "affinity.placement: bounded_keys needs IP endpoints; this backend keeps Envoy's ring hash";
             let names: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
-            errs.1
+            errs.warnings
                 .push(warn(format!("backends[{i}].endpoints"), names.join(", "), reason));
         }
     }
