@@ -12,7 +12,7 @@
 
 use llmroute_core::config::Config;
 use llmroute_core::envoy_contract::{self as contract, failover_cluster};
-use llmroute_core::placement::has_failover;
+use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
 use super::{duration_ms, wasm_plugin, RenderOptions};

@@ -22,7 +22,7 @@
 
 use llmroute_core::config::{Backend, Config, LbPolicy};
 use llmroute_core::envoy_contract as contract;
-use llmroute_core::placement::has_failover;
+use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
 use super::{admin, cluster, config_json, duration_ms, failover, stateful_session, RenderOptions};

@@ -202,7 +202,7 @@ pub fn limitations(cfg: &Config) -> Vec<String> {
          bodies",
         cfg.limits.max_body_bytes + BUFFER_SLACK
     )];
-    if cfg.models.iter().any(llmroute_core::placement::has_failover) {
+    if cfg.models.iter().any(llmroute_core::route_choice::has_failover) {
         out.push(
             "failover: every endpoint of a failover member cluster needs metadata filter_metadata.llmroute.backend: \
              <backend name>"

@@ -19,8 +19,8 @@ use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::folds_to;
 use crate::json::{nav, scan_object, MAX_DEPTH};
-use crate::placement;
 use crate::route::{body_patch, resolve_alias, RouteDecision, SessionKey};
+use crate::route_choice;
 
 /// Decides a decision-route request.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
@@ -35,15 +35,15 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     let model = string_value(body, model_member, "model")?;
     let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
-    let placement = placement::place(cfg, alias, input_tokens)?;
-    let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
+    let choice = route_choice::choose(cfg, alias, input_tokens)?;
+    let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
     Ok(RouteDecision {
         api,
         patch: body_patch(body, model_member, &upstream_model, None),
         strip_usage_chunk: false,
         alias: alias.name.clone(),
-        cluster: placement.cluster,
-        failover: placement.failover,
+        cluster: choice.cluster,
+        failover: choice.failover,
         model_from_client: prefix_rest.is_some(),
         upstream_model,
         affinity: session.map(|s| s.affinity),

@@ -15,7 +15,7 @@ use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
-use crate::placement;
+use crate::route_choice;
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,15 +164,15 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
     let max_output_tokens = requested_output(body, &fields)?;
     let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
-    let placement = placement::place(cfg, alias, needed)?;
-    let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
+    let choice = route_choice::choose(cfg, alias, needed)?;
+    let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
     Ok(RouteDecision {
         api,
         patch: body_patch(body, model_member, &upstream_model, usage_insert),
         strip_usage_chunk: usage_insert.is_some(),
         alias: alias.name.clone(),
-        cluster: placement.cluster,
-        failover: placement.failover,
+        cluster: choice.cluster,
+        failover: choice.failover,
         model_from_client: prefix_rest.is_some(),
         upstream_model,
         affinity,

@@ -1,4 +1,6 @@
-//! Which of an alias's routes may take a request, and which Envoy cluster the request goes to.
+//! Route choice: which of an alias's routes may take a request (context-length routing), and which Envoy
+//! cluster the request goes to (the backend's, or the alias's failover cluster). Not to be confused with
+//! placement (`key_placement`), which picks the host inside a backend.
 //!
 //! A route whose backend declares `max_context` takes a request only if the estimated input tokens plus the
 //! requested output tokens fit. When no route fits, the request is refused with 400 `context_length_exceeded`
@@ -11,7 +13,7 @@ use crate::error::GatewayError;
 
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement<'c> {
+pub struct RouteChoice<'c> {
     /// The preferred route among those that fit.
     pub route: &'c Route,
     pub backend: &'c Backend,
@@ -29,7 +31,7 @@ pub fn has_failover(alias: &ModelAlias) -> bool {
 }
 
 /// Places a request of `needed` tokens (input estimate plus requested output).
-pub fn place<'c>(cfg: &'c Config, alias: &'c ModelAlias, needed: u64) -> Result<Placement<'c>, GatewayError> {
+pub fn choose<'c>(cfg: &'c Config, alias: &'c ModelAlias, needed: u64) -> Result<RouteChoice<'c>, GatewayError> {
     let fits = |r: &&Route| {
         cfg.backend(r.backend)
             .and_then(|b| b.max_context)
@@ -51,13 +53,13 @@ pub fn place<'c>(cfg: &'c Config, alias: &'c ModelAlias, needed: u64) -> Result<
     let all_fit = fitting.len() == alias.routes.len();
     let index = cfg.models.iter().position(|m| m.name == alias.name);
     match index {
-        Some(i) if all_fit && has_failover(alias) => Ok(Placement {
+        Some(i) if all_fit && has_failover(alias) => Ok(RouteChoice {
             route,
             backend,
             cluster: failover_cluster(i),
             failover: true,
         }),
-        _ => Ok(Placement {
+        _ => Ok(RouteChoice {
             route,
             backend,
             cluster: backend.name.clone(),
