@@ -27,6 +27,7 @@ pub mod limits;
 pub mod models;
 pub mod placement;
 pub mod request;
+pub mod response_plan;
 pub mod route;
 pub mod status;
 pub mod stream;
