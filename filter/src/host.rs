@@ -122,12 +122,13 @@ fn logged<T>(r: HostResult<T>, what: &str) -> Option<T> {
     r.map_err(|e| log::warn!("llmroute: {what}: {e}")).ok()
 }
 
-/// All request headers, lower-case names, values as bytes.
-pub fn request_headers() -> Vec<(String, Vec<u8>)> {
-    let all = logged(host().get_map(MapType::HttpRequestHeaders), "reading request headers").unwrap_or_default();
+/// All request headers, lower-case names, values as bytes; `None` when the host cannot say (Envoy always has
+/// `:method` and `:path`, so an empty map would be refused as an unknown path: a host error must be a 503).
+pub fn request_headers() -> Option<Vec<(String, Vec<u8>)>> {
+    let all = logged(host().get_map(MapType::HttpRequestHeaders), "reading request headers")?;
     #[cfg(feature = "test-trap")]
     crate::trap::maybe_trap(&all);
-    all
+    Some(all)
 }
 
 pub fn set_request_header(name: &str, value: Option<&str>) {
@@ -375,5 +376,7 @@ pub fn upstream_backend() -> Option<String> {
     ])
 }
 
+#[cfg(test)]
+mod sdk_imports;
 #[cfg(test)]
 mod tests;

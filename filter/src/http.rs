@@ -292,7 +292,9 @@ impl HttpContext for Http {
         let Some(cfg) = self.cfg.clone() else {
             return self.unavailable();
         };
-        let all = host::request_headers();
+        let Some(all) = host::request_headers() else {
+            return self.unavailable();
+        };
         for name in headers::to_strip(all.iter().map(|(n, _)| n.as_str())) {
             host::set_request_header(name, None);
         }

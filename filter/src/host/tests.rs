@@ -158,7 +158,7 @@ fn a_host_that_refuses_every_call_never_makes_a_wrapper_panic() {
         with_status(code, || {
             init_logging(log::LevelFilter::Trace);
             log::error!("a log line the host refuses");
-            assert!(request_headers().is_empty());
+            assert_eq!(request_headers(), None);
             set_request_header("x-a", Some("1"));
             set_request_header("x-a", None);
             set_response_header("x-a", "1");
@@ -216,7 +216,7 @@ fn a_host_that_answers_is_read() {
     *MAP.lock().unwrap() = encode_map(&[(":path", "/v1/chat/completions"), ("x-b", "")]);
     with_status(0, || {
         assert_eq!(
-            request_headers(),
+            request_headers().unwrap(),
             vec![
                 (":path".to_string(), b"/v1/chat/completions".to_vec()),
                 ("x-b".to_string(), Vec::new()),
@@ -251,5 +251,5 @@ fn a_malformed_header_map_is_an_error_not_a_panic() {
     assert_eq!(decode_map(&long_key), None);
 
     *MAP.lock().unwrap() = good[..good.len() - 3].to_vec();
-    with_status(0, || assert!(request_headers().is_empty()));
+    with_status(0, || assert_eq!(request_headers(), None));
 }
