@@ -94,6 +94,8 @@ struct State {
     calls: Vec<Kind>,
     fail_nth: Option<(usize, HostStatus)>,
     fail_kind: Vec<(Kind, HostStatus)>,
+    /// Per key, how many more compare-and-swap writes another worker beats.
+    races: HashMap<String, usize>,
 }
 
 /// See the module doc.
@@ -173,13 +175,6 @@ impl FakeHost {
         self.state().properties.insert(path_key(path), value.to_vec());
     }
 
-    /// Writes shared data as another worker would: the version moves on.
-    pub fn put_shared(&self, key: &str, value: &[u8]) {
-        let mut s = self.state();
-        let version = s.shared.get(key).map_or(1, |(_, v)| v.wrapping_add(1));
-        s.shared.insert(key.to_string(), (value.to_vec(), version));
-    }
-
     /// The `n`th counted call from now on (0 is the next) fails with `status`.
     pub fn fail_nth(&self, n: usize, status: HostStatus) {
         let mut s = self.state();
@@ -190,6 +185,12 @@ impl FakeHost {
     /// Every call of `kind` fails with `status`, until [`FakeHost::heal`].
     pub fn fail_kind(&self, kind: Kind, status: HostStatus) {
         self.state().fail_kind.push((kind, status));
+    }
+
+    /// The next `n` compare-and-swap writes of `key` lose a race: another worker wrote it between the filter's
+    /// read and its write (the version moves on, the write is `CasMismatch`).
+    pub fn race(&self, key: &str, n: usize) {
+        self.state().races.insert(key.to_string(), n);
     }
 
     pub fn heal(&self) {
@@ -368,8 +369,17 @@ impl Host for FakeHost {
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
         self.call(Kind::SetShared, "set_shared_data")?;
         let mut s = self.state();
+        let raced = cas.is_some() && s.races.get(key).is_some_and(|n| *n > 0);
+        if raced {
+            if let Some(n) = s.races.get_mut(key) {
+                *n -= 1;
+            }
+            if let Some((_, version)) = s.shared.get_mut(key) {
+                *version = version.wrapping_add(1);
+            }
+        }
         let current = s.shared.get(key).map(|(_, v)| *v);
-        if cas.is_some_and(|c| Some(c) != current) {
+        if raced || cas.is_some_and(|c| Some(c) != current) {
             return Err(HostError {
                 call: "set_shared_data",
                 status: HostStatus::CasMismatch,
