@@ -265,6 +265,54 @@ fn a_root_without_config_answers_503_in_the_envelope() {
     );
 }
 
+#[test]
+fn a_backend_error_on_messages_is_buffered_and_rewritten_in_the_anthropic_envelope() {
+    let fake = FakeHost::install();
+    let root = root(&fake, CONFIG);
+    let mut x = Exchange::new(&fake, &root, 1);
+    let mut headers = REQUEST_HEADERS;
+    headers[1] = (":path", "/v1/messages");
+    x.request_headers(&headers, false);
+    let body = br#"{"model":"chat","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(x.request_body(body, true), Action::Continue);
+    assert!(fake.replies().is_empty());
+    let error = [
+        (":status", "429"),
+        ("content-type", "text/plain"),
+        ("content-length", "9"),
+    ];
+    assert_eq!(x.response_headers(&error, false), Action::Continue);
+    assert_eq!(x.response_header("request-id").as_deref(), Some("req-0001"));
+    assert_eq!(x.response_header("content-length"), None);
+    assert_eq!(x.response_body(b"too ", false), Action::Pause, "buffered until its end");
+    assert_eq!(x.response_body(b"many", true), Action::Continue);
+    let doc: serde_json::Value = serde_json::from_slice(&x.delivered).unwrap();
+    assert_eq!(doc["type"], "error", "{doc}");
+    assert_eq!(doc["error"]["type"], "rate_limit_error", "{doc}");
+}
+
+#[test]
+fn a_request_envoy_shed_gets_the_overloaded_envelope_and_retry_after() {
+    let fake = FakeHost::install();
+    let root = root(&fake, CONFIG);
+    let mut x = Exchange::new(&fake, &root, 1);
+    x.request_headers(&REQUEST_HEADERS, false);
+    x.request_body(chat(false).as_bytes(), true);
+    let shed = [
+        (":status", "503"),
+        ("x-envoy-overloaded", "true"),
+        ("content-type", "text/plain"),
+    ];
+    assert_eq!(x.response_headers(&shed, false), Action::Continue);
+    assert_eq!(x.response_header("retry-after").as_deref(), Some("1"));
+    assert_eq!(x.response_body(b"upstream ", false), Action::Pause);
+    assert_eq!(x.response_body(b"overflow", true), Action::Continue);
+    let doc: serde_json::Value = serde_json::from_slice(&x.delivered).unwrap();
+    assert!(doc["error"]["message"].is_string(), "{doc}");
+    assert!(!String::from_utf8_lossy(&x.delivered).contains("upstream overflow"));
+    assert_eq!(fake.metric("llmroute_overflow_total"), Some(1));
+}
+
 /// What became of a request: answered by the gateway, or sent on to the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {

@@ -7,11 +7,13 @@
 //! real ABI) stays in the e2e tests of `harness/tests/envoy/`. The core's decisions have their own tests in
 //! `filter/core/tests/`.
 
+mod admission;
 mod budget;
 mod http;
 mod key_placement;
 mod props;
 mod status;
+mod upstream;
 
 use std::rc::Rc;
 

@@ -146,3 +146,21 @@ fn a_host_error_at_any_call_of_a_poll_neither_panics_nor_stops_polling() {
         assert!(latest().is_some(), "call {i}: the next poll stores a snapshot");
     }
 }
+
+#[test]
+fn the_root_context_ticks_the_poll_and_hands_it_the_answer() {
+    use proxy_wasm::traits::{Context, RootContext};
+    let fake = FakeHost::install();
+    let mut root = root(&fake, FLEET);
+    assert!(root.on_vm_start(0));
+    assert_eq!(root.get_type(), Some(proxy_wasm::types::ContextType::HttpContext));
+    root.on_tick();
+    let admin = fake
+        .callouts()
+        .into_iter()
+        .find(|c| c.cluster == ADMIN_CLUSTER)
+        .expect("the poll");
+    let size = answer(&fake, "200", MIXED);
+    root.on_http_call_response(admin.token, 1, size, 0);
+    assert!(latest().is_some());
+}
