@@ -15,15 +15,7 @@ use crate::status::{latest, Poller};
 const MIXED: &[u8] = include_bytes!("../../../testdata/admin/clusters-mixed.json");
 
 /// The fleet of the admin captures in `testdata/admin/`.
-const FLEET: &str = r#"{
-  "version": 1,
-  "backends": [
-    { "name": "llama-a", "kind": "llamacpp",
-      "endpoints": ["127.0.0.1:21081", "127.0.0.1:21082", "127.0.0.1:21083", "127.0.0.1:21084"] },
-    { "name": "vllm-b", "kind": "vllm", "endpoints": ["localhost:21082"], "lb": "least_request" }
-  ],
-  "models": [ { "name": "chat", "routes": [ { "backend": "llama-a", "upstream_model": "q" } ] } ]
-}"#;
+const FLEET: &str = include_str!("../../../testdata/admin/llmroute.json");
 
 fn started() -> (Rc<FakeHost>, Rc<Config>, Poller) {
     let fake = FakeHost::install();
