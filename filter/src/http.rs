@@ -5,7 +5,8 @@
 //! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
 //! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
 //! cluster and affinity headers the route reads, and the token estimate; with bounded-keys placement, also pin
-//! the host (see `key_placement`). Response headers name the affinity source and echo an explicit session key.
+//! the host (see `key_placement`). The response headers follow the core's plan (`llmroute_core::response_plan`):
+//! the affinity source, an echoed session key, debug headers, and what to do with the body.
 
 use std::rc::Rc;
 
