@@ -12,7 +12,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke
+.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 
 e2e: build build-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus)
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
+
+coverage: ## Line coverage of filter/src by its native tests on the fake host (cargo's -C instrument-coverage, the toolchain's llvm-cov; ~2 min the first time): per-file table printed and written to bench/COVERAGE.md
+	CARGO="$(CARGO)" ./scripts/coverage.sh
 
 lint: ## rustfmt check, clippy (unwrap/expect/panic denied in filter code)
 	$(CARGO) fmt --all -- --check

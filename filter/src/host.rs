@@ -1,21 +1,76 @@
 //! Host calls the filter makes, wrapped so that a host error is a value, never a trap.
 //!
-//! Every host call goes through here, and through [`abi`], which calls the proxy-wasm imports directly: the
-//! SDK's context convenience methods unwrap, and its `hostcalls` functions `panic!` on any status they do not
-//! expect; under `panic = "abort"` either kills the VM for every request on that worker. A failure here is a
-//! typed [`HostError`], logged, and the wrapper returns `None`, `false` or nothing.
+//! Every host call goes through here. The glue calls the free functions below (`host::request_body`,
+//! `host::set_shared_data`, ...), which log a failure and return `None`, `false` or nothing; they reach the host
+//! through the small [`Host`] trait: the operations the glue needs (headers, bodies, shared data with its
+//! compare-and-swap version, local replies, HTTP callouts, properties, the clock, logs, metrics), each returning
+//! a typed [`HostResult`].
 //!
-//! The one SDK call left is `dispatch_http_call` (in [`dispatch_get`]): the SDK's dispatcher must register the
-//! call's token to deliver its answer, and that function maps every status Envoy's `proxy_http_call` returns
-//! (`BadArgument`, `InternalFailure`) to an error.
+//! - In the filter, [`host()`] is [`abi::Abi`], a unit struct over the proxy-wasm imports, called directly rather
+//!   than through the SDK: the SDK's context convenience methods unwrap, and its `hostcalls` functions `panic!`
+//!   on any status they do not expect; under `panic = "abort"` either kills the VM for every request on that
+//!   worker. The dispatch is static and the struct has no state, so the trait costs nothing on wasm.
+//! - In native tests (`cfg(test)`), [`host()`] is the [`fake::FakeHost`] the test installed on its thread (an
+//!   in-memory Envoy: header maps, bodies, shared data with versions, a clock, recorded replies and callouts, and
+//!   error injection), or the ABI when none is (whose imports `host/tests.rs` defines). The contexts then run
+//!   natively, unchanged: `filter/src/tests/` drives them the way Envoy would.
+//!
+//! The one SDK call left is `dispatch_http_call` (in [`abi::Abi`]'s `http_call`): the SDK's dispatcher must
+//! register the call's token to deliver its answer, and that function maps every status Envoy's
+//! `proxy_http_call` returns (`BadArgument`, `InternalFailure`) to an error.
 //!
 //! Logging goes through [`Logger`], which drops a message the host refuses instead of unwrapping.
 
 mod abi;
+#[cfg(test)]
+pub mod fake;
 
 pub use abi::{HostError, HostResult, HostStatus};
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
+use std::time::Duration;
+
+/// What the glue asks of the host. Each call returns the host's status as a [`HostError`]; an absent value
+/// (the host's `NotFound`) is `Ok(None)`.
+pub trait Host {
+    fn log(&self, level: LogLevel, message: &str) -> HostResult<()>;
+    fn now_nanos(&self) -> HostResult<u64>;
+    fn set_tick_period_ms(&self, period: u32) -> HostResult<()>;
+    /// Bytes `start..start + max` of a buffer; `None` when the buffer is absent.
+    fn get_buffer(&self, buffer: BufferType, start: usize, max: usize) -> HostResult<Option<Vec<u8>>>;
+    /// Replaces bytes `start..start + size` of a buffer with `value` (`size` 0 at the end appends).
+    fn set_buffer(&self, buffer: BufferType, start: usize, size: usize, value: &[u8]) -> HostResult<()>;
+    fn get_map(&self, map: MapType) -> HostResult<Vec<(String, Vec<u8>)>>;
+    fn get_map_value(&self, map: MapType, key: &str) -> HostResult<Option<Vec<u8>>>;
+    /// Sets `key` to `value`, or removes it when `value` is `None`.
+    fn set_map_value(&self, map: MapType, key: &str, value: Option<&str>) -> HostResult<()>;
+    fn get_property(&self, path: &[&str]) -> HostResult<Option<Vec<u8>>>;
+    /// Sets a property; a path Envoy does not know becomes filter state `wasm.<path>` for the rest of the request.
+    fn set_property(&self, path: &[&str], value: &[u8]) -> HostResult<()>;
+    /// A shared-data value and its compare-and-swap version (`None` when the key is absent).
+    fn get_shared_data(&self, key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)>;
+    /// Writes shared data; with `cas`, only if the version is still `cas` (else `CasMismatch`).
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()>;
+    fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()>;
+    /// Starts a body-less HTTP call to an Envoy cluster; the answer comes to the root context with the token.
+    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32>;
+    fn define_metric(&self, kind: MetricType, name: &str) -> HostResult<u32>;
+    fn increment_metric(&self, id: u32, by: i64) -> HostResult<()>;
+    fn record_metric(&self, id: u32, value: u64) -> HostResult<()>;
+    fn get_metric(&self, id: u32) -> HostResult<u64>;
+}
+
+/// The host every wrapper below calls: Envoy, through the ABI.
+#[cfg(not(test))]
+#[inline(always)]
+fn host() -> abi::Abi {
+    abi::Abi
+}
+
+/// The host every wrapper below calls, in native tests: the fake installed on this thread, else the ABI.
+#[cfg(test)]
+fn host() -> std::rc::Rc<dyn Host> {
+    fake::installed()
+}
 
 /// The `log` crate's sink: `proxy_log`, errors ignored (there is nowhere else to report them).
 struct Logger;
@@ -38,7 +93,7 @@ impl log::Log for Logger {
             log::Level::Warn => LogLevel::Warn,
             log::Level::Error => LogLevel::Error,
         };
-        let _ = abi::log(level as u32, &record.args().to_string());
+        let _ = host().log(level, &record.args().to_string());
     }
 
     fn flush(&self) {}
@@ -49,11 +104,16 @@ pub fn init_logging(level: log::LevelFilter) {
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(level);
     }
-    std::panic::set_hook(Box::new(|info| {
-        let _ = abi::log(
-            LogLevel::Critical as u32,
+    // Native tests keep the default hook's report too, or a failed assertion would only reach the host's log.
+    #[cfg(test)]
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let _ = host().log(
+            LogLevel::Critical,
             &format!("llmroute: panic, this worker's VM is lost: {info}"),
         );
+        #[cfg(test)]
+        previous(info);
     }));
 }
 
@@ -62,35 +122,32 @@ fn logged<T>(r: HostResult<T>, what: &str) -> Option<T> {
     r.map_err(|e| log::warn!("llmroute: {what}: {e}")).ok()
 }
 
-/// All request headers, lower-case names, values as bytes.
-pub fn request_headers() -> Vec<(String, Vec<u8>)> {
-    let all = logged(
-        abi::get_map_pairs(MapType::HttpRequestHeaders as u32),
-        "reading request headers",
-    )
-    .unwrap_or_default();
+/// All request headers, lower-case names, values as bytes; `None` when the host cannot say (Envoy always has
+/// `:method` and `:path`, so an empty map would be refused as an unknown path: a host error must be a 503).
+pub fn request_headers() -> Option<Vec<(String, Vec<u8>)>> {
+    let all = logged(host().get_map(MapType::HttpRequestHeaders), "reading request headers")?;
     #[cfg(feature = "test-trap")]
     crate::trap::maybe_trap(&all);
-    all
+    Some(all)
 }
 
 pub fn set_request_header(name: &str, value: Option<&str>) {
     logged(
-        abi::set_map_value(MapType::HttpRequestHeaders as u32, name, value),
+        host().set_map_value(MapType::HttpRequestHeaders, name, value),
         &format!("setting request header {name}"),
     );
 }
 
 pub fn set_response_header(name: &str, value: &str) {
     logged(
-        abi::set_map_value(MapType::HttpResponseHeaders as u32, name, Some(value)),
+        host().set_map_value(MapType::HttpResponseHeaders, name, Some(value)),
         &format!("setting response header {name}"),
     );
 }
 
 pub fn remove_response_header(name: &str) {
     logged(
-        abi::set_map_value(MapType::HttpResponseHeaders as u32, name, None),
+        host().set_map_value(MapType::HttpResponseHeaders, name, None),
         &format!("removing response header {name}"),
     );
 }
@@ -106,42 +163,43 @@ pub fn response_header(name: &str) -> Option<String> {
 }
 
 fn header(map: MapType, name: &str) -> Option<String> {
-    let bytes = logged(abi::get_map_value(map as u32, name), &format!("reading header {name}"))??;
+    let bytes = logged(host().get_map_value(map, name), &format!("reading header {name}"))??;
     String::from_utf8(bytes).ok()
 }
 
 /// The first `size` bytes of the buffered request body.
 pub fn request_body(size: usize) -> Option<Vec<u8>> {
-    let body = abi::get_buffer(BufferType::HttpRequestBody as u32, 0, size);
+    let body = host().get_buffer(BufferType::HttpRequestBody, 0, size);
     logged(body, "reading the request body").map(Option::unwrap_or_default)
 }
 
 /// Replaces the whole buffered request body (`size` is its current length).
 pub fn replace_request_body(size: usize, body: &[u8]) -> bool {
-    let r = abi::set_buffer(BufferType::HttpRequestBody as u32, 0, size, body);
+    let r = host().set_buffer(BufferType::HttpRequestBody, 0, size, body);
     logged(r, "replacing the request body").is_some()
 }
 
 /// The first `size` bytes of the response body buffer (the chunk being delivered).
 pub fn response_body(size: usize) -> Option<Vec<u8>> {
-    let body = abi::get_buffer(BufferType::HttpResponseBody as u32, 0, size);
+    let body = host().get_buffer(BufferType::HttpResponseBody, 0, size);
     logged(body, "reading the response body").map(Option::unwrap_or_default)
 }
 
 /// Replaces the whole buffered response body (`size` is its current length).
 pub fn replace_response_body(size: usize, body: &[u8]) {
-    let r = abi::set_buffer(BufferType::HttpResponseBody as u32, 0, size, body);
+    let r = host().set_buffer(BufferType::HttpResponseBody, 0, size, body);
     logged(r, "replacing the response body");
 }
 
 /// Appends bytes at the end of the response body buffer.
 pub fn append_response_body(size: usize, bytes: &[u8]) {
-    let r = abi::set_buffer(BufferType::HttpResponseBody as u32, size, 0, bytes);
+    let r = host().set_buffer(BufferType::HttpResponseBody, size, 0, bytes);
     logged(r, "appending to the response body");
 }
 
 pub fn plugin_configuration() -> Option<Vec<u8>> {
-    abi::get_buffer(BufferType::PluginConfiguration as u32, 0, usize::MAX)
+    host()
+        .get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .map_err(|e| log::error!("llmroute: reading the plugin configuration: {e}"))
         .ok()
         .flatten()
@@ -150,7 +208,8 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
 /// A property as a UTF-8 string, such as `["upstream", "address"]`. A property the host cannot serialise (such
 /// as the metadata of a host without any) is `None`, like a missing one.
 pub fn property_string(path: &[&str]) -> Option<String> {
-    let bytes = abi::get_property(path)
+    let bytes = host()
+        .get_property(path)
         .map_err(|e| log::debug!("llmroute: reading property {}: {e}", path.join(".")))
         .ok()??;
     String::from_utf8(bytes).ok()
@@ -160,11 +219,14 @@ pub fn property_string(path: &[&str]) -> Option<String> {
 pub fn send_reply(status: u32, headers: &[(&str, &str)], body: &[u8]) {
     // Marks the reply as the filter's own, so Envoy's local_reply_config leaves its body alone.
     set_request_header(llmroute_core::headers::LOCAL_REPLY, Some("1"));
-    logged(abi::send_local_response(status, headers, body), "sending a local reply");
+    logged(
+        host().send_local_response(status, headers, body),
+        "sending a local reply",
+    );
 }
 
 fn now_nanos() -> Option<u64> {
-    logged(abi::current_time_nanos(), "reading the clock")
+    logged(host().now_nanos(), "reading the clock")
 }
 
 /// A request id for a request that came without a usable one: unique per time and context, hex.
@@ -182,7 +244,7 @@ pub fn now_ms() -> u64 {
 /// Asks the host to call the root context's `on_tick` every `period_ms`.
 pub fn set_tick_period(period_ms: u64) -> bool {
     let period = u32::try_from(period_ms).unwrap_or(u32::MAX);
-    logged(abi::set_tick_period_ms(period), "setting the tick period").is_some()
+    logged(host().set_tick_period_ms(period), "setting the tick period").is_some()
 }
 
 /// Starts a body-less `GET path` to the Envoy cluster `cluster`; the answer arrives in `on_http_call_response`
@@ -202,9 +264,10 @@ pub fn dispatch_get_with(
 ) -> Option<u32> {
     let mut headers = vec![(":method", "GET"), (":path", path), (":authority", authority)];
     headers.extend_from_slice(extra);
-    let timeout = std::time::Duration::from_millis(timeout_ms);
-    hostcalls::dispatch_http_call(cluster, headers, None, Vec::new(), timeout)
-        .map_err(|s| log::debug!("llmroute: calling cluster {cluster} failed: {s:?}"))
+    let timeout = Duration::from_millis(timeout_ms);
+    host()
+        .http_call(cluster, &headers, timeout)
+        .map_err(|e| log::debug!("llmroute: calling cluster {cluster} failed: {e}"))
         .ok()
 }
 
@@ -215,18 +278,18 @@ pub fn http_call_status() -> Option<u32> {
 
 /// The body of the answer being delivered to `on_http_call_response` (`size` is its length).
 pub fn http_call_body(size: usize) -> Option<Vec<u8>> {
-    let body = abi::get_buffer(BufferType::HttpCallResponseBody as u32, 0, size);
+    let body = host().get_buffer(BufferType::HttpCallResponseBody, 0, size);
     logged(body, "reading an http call's answer").map(Option::unwrap_or_default)
 }
 
 /// A value in the VM-wide shared data, with its compare-and-swap token.
 pub fn shared_data(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-    logged(abi::get_shared_data(key), &format!("reading shared data {key}")).unwrap_or((None, None))
+    logged(host().get_shared_data(key), &format!("reading shared data {key}")).unwrap_or((None, None))
 }
 
 /// Writes shared data; with `cas`, only if nobody wrote since it was read. False when it was not written.
 pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
-    match abi::set_shared_data(key, value, cas) {
+    match host().set_shared_data(key, value, cas) {
         Ok(()) => true,
         Err(HostError {
             status: HostStatus::CasMismatch,
@@ -241,17 +304,14 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
 
 /// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
 pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
-    logged(
-        abi::define_metric(kind as u32, name),
-        &format!("defining metric {name}"),
-    )
+    logged(host().define_metric(kind, name), &format!("defining metric {name}"))
 }
 
 /// Writes an access-log field: filter state `wasm.<key>`, which the rendered access log reads. `key` comes from
 /// `envoy_contract::log_fields`; the value must carry no prompt text and no credential.
 pub fn set_log_field(key: &str, value: &str) {
     let _ = logged(
-        abi::set_property(&[key], value.as_bytes()),
+        host().set_property(&[key], value.as_bytes()),
         "setting an access-log field",
     );
 }
@@ -259,7 +319,7 @@ pub fn set_log_field(key: &str, value: &str) {
 /// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).
 pub fn define_counter(name: &str) -> Option<u32> {
     logged(
-        abi::define_metric(MetricType::Counter as u32, name),
+        host().define_metric(MetricType::Counter, name),
         &format!("defining metric {name}"),
     )
 }
@@ -270,7 +330,7 @@ pub fn increment(metric: Option<u32>) {
 
 pub fn add(metric: Option<u32>, n: u64) {
     if let (Some(id), Ok(n)) = (metric, i64::try_from(n)) {
-        let _ = abi::increment_metric(id, n);
+        let _ = host().increment_metric(id, n);
     }
 }
 
@@ -289,18 +349,18 @@ impl llmroute_core::key_placement::in_flight::SharedStore for SharedData {
 
 /// A metric's current value (summed over the VMs), if it was defined and the host answers.
 pub fn metric_value(metric: Option<u32>) -> Option<u64> {
-    abi::get_metric(metric?).ok()
+    host().get_metric(metric?).ok()
 }
 
 pub fn set_gauge(metric: Option<u32>, v: u64) {
     if let Some(id) = metric {
-        let _ = abi::record_metric(id, v);
+        let _ = host().record_metric(id, v);
     }
 }
 
 /// The response's status code (`response.code`), once Envoy has one.
 pub fn response_code() -> Option<u32> {
-    let bytes = logged(abi::get_property(&["response", "code"]), "reading response.code")??;
+    let bytes = logged(host().get_property(&["response", "code"]), "reading response.code")??;
     let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
     u32::try_from(u64::from_le_bytes(raw)).ok()
 }
@@ -316,5 +376,7 @@ pub fn upstream_backend() -> Option<String> {
     ])
 }
 
+#[cfg(test)]
+mod sdk_imports;
 #[cfg(test)]
 mod tests;

@@ -5,13 +5,15 @@
 //! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
 //! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
 //! cluster and affinity headers the route reads, and the token estimate; with bounded-keys placement, also pin
-//! the host (see `key_placement`). Response headers name the affinity source and echo an explicit session key.
+//! the host (see `key_placement`). The response headers follow the core's plan (`llmroute_core::response_plan`):
+//! the affinity source, an echoed session key, debug headers, and what to do with the body.
 
 use std::rc::Rc;
 
 use llmroute_core::auth::Keys;
 use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
+use llmroute_core::response_plan::{self, BodyPlan};
 use llmroute_core::{
     anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey,
 };
@@ -291,7 +293,9 @@ impl HttpContext for Http {
         let Some(cfg) = self.cfg.clone() else {
             return self.unavailable();
         };
-        let all = host::request_headers();
+        let Some(all) = host::request_headers() else {
+            return self.unavailable();
+        };
         for name in headers::to_strip(all.iter().map(|(n, _)| n.as_str())) {
             host::set_request_header(name, None);
         }
@@ -361,77 +365,50 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
-        let bounded = self
-            .cfg
-            .as_ref()
-            .is_some_and(|c| c.affinity.placement.bounded().is_some());
-        if bounded && !debug {
-            // Envoy's stateful-session filter names the upstream host (base64 `IP:port`) on every response it
-            // relays, pinned or not; clients need not know it.
-            host::remove_response_header(key_placement::SESSION_HEADER);
+        let settings = response_plan::Settings {
+            debug_headers: self.cfg.as_ref().is_some_and(|c| c.debug_headers),
+            bounded_placement: self
+                .cfg
+                .as_ref()
+                .is_some_and(|c| c.affinity.placement.bounded().is_some()),
+            request_id: self.request_id.as_deref(),
+        };
+        let routed = self.routed.as_ref().map(|d| response_plan::Routed {
+            api: d.api,
+            cluster: &d.cluster,
+            affinity: d.affinity.map(|a| a.source),
+            echo_session: d.echo_session.as_deref(),
+            placement: self.pin.as_ref().map(|p| p.choice.reason),
+            requests_remaining: self.remaining.requests,
+            tokens_remaining: self.remaining.tokens,
+        });
+        let plan = response_plan::plan(&settings, routed.as_ref(), &host::response_header, &|| {
+            host::property_string(&["upstream", "address"])
+        });
+        for name in &plan.remove {
+            host::remove_response_header(name);
+        }
+        for (name, value) in &plan.set {
+            host::set_response_header(name, value);
         }
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
-        if d.api == Api::Messages {
-            if let Some(id) = &self.request_id {
-                host::set_response_header(anthropic::REQUEST_ID_HEADER, id);
-            }
-        }
-        let source = d.affinity.map_or("none", |a| a.source.header_value());
-        host::set_response_header(headers::AFFINITY_SOURCE, source);
         let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
         host::set_log_field(log_fields::BACKEND, &backend);
         self.backend = Some(backend);
-        if let Some(session) = &d.echo_session {
-            host::set_response_header(headers::SESSION_ECHO, session);
-        }
-        if debug {
-            if let Some(p) = &self.pin {
-                host::set_response_header(headers::PLACEMENT, p.choice.reason.as_str());
+        match plan.body {
+            BodyPlan::Relay => {}
+            BodyPlan::ReplaceOverflow => {
+                self.metrics.overflow();
+                self.replacing_overflow = true;
             }
-            host::set_response_header(headers::CLUSTER, &d.cluster);
-            for (name, left) in [
-                (headers::REQUESTS_REMAINING, self.remaining.requests),
-                (headers::TOKENS_REMAINING, self.remaining.tokens),
-            ] {
-                if let Some(n) = left {
-                    host::set_response_header(name, &n.to_string());
-                }
-            }
-            if let Some(addr) = host::property_string(&["upstream", "address"]) {
-                host::set_response_header(headers::UPSTREAM, &addr);
+            BodyPlan::RewriteError(status) => self.rewriting_error = Some(status),
+            BodyPlan::Watch(media) => {
+                self.watch = Some(ResponseWatch::start(d.api, media, d.strip_usage_chunk));
+                self.publish_summary();
             }
         }
-        if host::response_header("x-envoy-overloaded").as_deref() == Some("true") {
-            // Envoy's circuit breaker shed this request: say when to come back, in the route's dialect.
-            self.metrics.overflow();
-            host::set_response_header("retry-after", "1");
-            host::set_response_header("content-type", "application/json");
-            host::remove_response_header("content-length");
-            self.replacing_overflow = true;
-            return Action::Continue;
-        }
-        let status = host::response_header(":status").and_then(|s| s.parse::<u32>().ok());
-        if let (Api::Messages, Some(status @ 400..)) = (d.api, status) {
-            // A backend error on Messages goes out in the Anthropic envelope, with the gateway's request id.
-            host::set_response_header("content-type", "application/json");
-            host::remove_response_header("content-length");
-            self.rewriting_error = Some(status);
-            return Action::Continue;
-        }
-        let content_type = host::response_header("content-type").unwrap_or_default();
-        if d.api.is_decision() {
-            // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
-            return Action::Continue;
-        }
-        self.watch = ResponseWatch::start(d.api, &content_type, d.strip_usage_chunk);
-        if matches!(self.watch, Some(ResponseWatch::Stream { .. })) {
-            // The gateway may append a closing event or cut the usage chunk, so the length must not be fixed.
-            host::remove_response_header("content-length");
-        }
-        self.publish_summary();
         Action::Continue
     }
 

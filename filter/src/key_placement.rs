@@ -1,5 +1,6 @@
-//! Bounded-keys placement, host side: reads the backend's key table, in-flight counts and host health from
-//! Envoy shared data, asks the core (`llmroute_core::key_placement::choose`) for a host, writes the table back
+//! Bounded-keys placement, host side: reads the backend's key table, and through the core's
+//! `key_placement::views` its in-flight counts, host health and weights, from Envoy shared data, asks the core
+//! (`llmroute_core::key_placement::choose`) for a host, writes the table back
 //! with compare-and-swap, and names the host in the stateful-session header that Envoy's
 //! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
 //!
@@ -11,14 +12,12 @@
 //! and lowered in the log phase, through this worker's ledger: an update that loses its compare-and-swap races is
 //! kept and written by a later update or the next tick, never dropped.
 
-use llmroute_core::config::{Backend, LbPolicy};
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check;
 use std::cell::RefCell;
 
 use llmroute_core::key_placement::in_flight::{Ledger, CAS_ATTEMPTS};
-use llmroute_core::key_placement::{self, table, Bounds, HostChoice, HostView, KeyTable};
-use llmroute_core::status::{self, STALE_AFTER_MS};
+use llmroute_core::key_placement::{self, table, Bounds, HostChoice, KeyTable};
 use llmroute_core::Config;
 
 use crate::host;
@@ -49,21 +48,6 @@ pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
     host::set_shared_data(&shared::hosts(backend), &table::encode_down(taken_at_ms, hosts), None);
 }
 
-/// The addresses placement works on: the configured endpoints, or for a discovered backend the hosts of the
-/// latest fresh poll (sorted, so every worker indexes them alike). `None` when placement cannot apply: an
-/// endpoint named by DNS (Envoy names such hosts by their resolved address), or no fresh host list yet.
-fn addresses(backend: &Backend, now_ms: u64) -> Option<Vec<String>> {
-    if !backend.discovered() {
-        if backend.endpoints.iter().any(|e| !e.is_ip) {
-            return None;
-        }
-        return Some(backend.endpoints.iter().map(|e| e.to_string()).collect());
-    }
-    let (at, list) = table::decode_down(&host::shared_data(&shared::hosts(&backend.name)).0.unwrap_or_default())?;
-    let fresh = now_ms.saturating_sub(at) <= STALE_AFTER_MS;
-    (fresh && !list.is_empty() && list.len() < status::MAX_HOSTS).then_some(list)
-}
-
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
 pub fn store_reported_slots(backend: &str, slots: &[u32]) {
     host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
@@ -78,65 +62,13 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
     );
 }
 
-/// The backend's hosts as the placement sees them, or `None` when placement does not apply to it: not `chwbl`,
-/// or no usable address list (see [`addresses`]).
-///
-/// A discovered backend's list changes as hosts join and leave. Keys follow addresses (the key table names a
-/// host by the hash of its `IP:PORT`, and the rendezvous order depends only on the key and the addresses), so a
-/// change moves only the keys of a removed host, and a new host takes new keys. The in-flight counts are kept
-/// by position in the list; when its length changes they restart from zero, which only loosens the spill bound
-/// for the requests already in flight.
-fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
-    if backend.lb != LbPolicy::Chwbl {
-        return None;
-    }
-    let addresses = addresses(backend, now_ms)?;
-    let down = table::decode_down(&host::shared_data(&shared::down(&backend.name)).0.unwrap_or_default())
-        .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
-        .map(|(_, down)| down);
-    let (counts, _) = host::shared_data(&shared::in_flight(&backend.name));
-    let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), addresses.len());
-    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props` (by address for a
-    // discovered backend, whose list changes), else all equal.
-    let reported = match (&backend.slots, backend.discovered()) {
-        (Some(_), _) => Vec::new(),
-        (None, true) => fleet_check::slots_at(
-            &addresses,
-            &fleet_check::decode_slots_by_address(
-                &host::shared_data(&shared::slots_by_address(&backend.name))
-                    .0
-                    .unwrap_or_default(),
-            ),
-        ),
-        (None, false) => table::decode_in_flight(
-            &host::shared_data(&shared::slots(&backend.name)).0.unwrap_or_default(),
-            backend.endpoints.len(),
-        ),
-    };
-    Some(
-        addresses
-            .into_iter()
-            .enumerate()
-            .map(|(i, address)| HostView {
-                up: !down.as_ref().is_some_and(|d| d.contains(&address)),
-                weight: key_placement::host_weight(
-                    backend.slots.as_ref().and_then(|s| s.get(i).copied()),
-                    reported.get(i).copied().unwrap_or(0),
-                ),
-                in_flight: in_flight.get(i).copied().unwrap_or(0),
-                address,
-            })
-            .collect(),
-    )
-}
-
 /// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
 /// placement is off, does not apply, or no host is up (Envoy's ring decides).
 pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
     let keys = cfg.affinity.placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
-    let hosts = views(backend, now)?;
+    let hosts = key_placement::views(backend, now, &host::SharedData)?;
     let bounds = Bounds::new(keys, backend.balance_factor);
     let table_key = shared::keys(cluster);
     let mut choice = None;

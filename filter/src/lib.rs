@@ -20,6 +20,9 @@ mod status;
 mod trap;
 mod upstream;
 
+#[cfg(test)]
+mod tests;
+
 proxy_wasm::main! {{
     host::init_logging(log::LevelFilter::Info);
     proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));

@@ -7,6 +7,7 @@
 //! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
 //! to read its usage at the end.
 
+use llmroute_core::response_plan::Media;
 use llmroute_core::stream::{self, usage, Outcome, StreamTracker, Usage};
 use llmroute_core::Api;
 
@@ -18,24 +19,17 @@ pub enum ResponseWatch {
 }
 
 impl ResponseWatch {
-    /// Starts watching a response with `content_type`, for `api`.
-    pub fn start(api: Api, content_type: &str, strip_usage_chunk: bool) -> Option<ResponseWatch> {
-        let media = content_type
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
-        match media.as_str() {
-            "text/event-stream" => Some(ResponseWatch::Stream {
+    /// Starts watching a response of `media` (see `llmroute_core::response_plan`), for `api`.
+    pub fn start(api: Api, media: Media, strip_usage_chunk: bool) -> ResponseWatch {
+        match media {
+            Media::EventStream => ResponseWatch::Stream {
                 tracker: StreamTracker::new(api, strip_usage_chunk),
                 eos: false,
-            }),
-            "application/json" => Some(ResponseWatch::Json {
+            },
+            Media::Json => ResponseWatch::Json {
                 copy: Vec::new(),
                 eos: false,
-            }),
-            _ => None,
+            },
         }
     }
 

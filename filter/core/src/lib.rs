@@ -26,6 +26,7 @@ pub mod key_placement;
 pub mod limits;
 pub mod models;
 pub mod request;
+pub mod response_plan;
 pub mod route;
 pub mod route_choice;
 pub mod status;

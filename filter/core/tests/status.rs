@@ -26,22 +26,8 @@ const MIXED: &[u8] = include_bytes!("../../../testdata/admin/clusters-mixed.json
 
 const NOW: u64 = 1_760_000_000_000;
 
-/// The captures' fleet, with upstream model names that must never show.
-const CONFIG: &str = r#"{
-  "version": 1,
-  "backends": [
-    { "name": "llama-a", "kind": "llamacpp",
-      "endpoints": ["127.0.0.1:21081", "127.0.0.1:21082", "127.0.0.1:21083", "127.0.0.1:21084"] },
-    { "name": "vllm-b", "kind": "vllm", "endpoints": ["localhost:21082"], "lb": "least_request" }
-  ],
-  "models": [
-    { "name": "chat", "routes": [ { "backend": "llama-a", "upstream_model": "secret-upstream-qwen" } ] },
-    { "name": "big", "routes": [
-        { "backend": "vllm-b", "upstream_model": "secret-upstream-32b", "priority": 1 },
-        { "backend": "llama-a", "upstream_model": "secret-upstream-small", "priority": 2 } ] },
-    { "name": "only-b", "routes": [ { "backend": "vllm-b", "upstream_model": "secret-upstream-b" } ] }
-  ]
-}"#;
+/// The captures' fleet, with upstream model names that must never show (also the filter's status tests').
+const CONFIG: &str = include_str!("../../../testdata/admin/llmroute.json");
 
 fn config() -> Config {
     load_config(CONFIG).unwrap()

@@ -10,6 +10,82 @@
 
 use std::fmt;
 use std::ptr::{null, null_mut};
+use std::time::Duration;
+
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
+
+use super::Host;
+
+/// The real host: each [`Host`] call is the proxy-wasm import of the same name. No state, so no cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Abi;
+
+impl Host for Abi {
+    fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
+        log(level as u32, message)
+    }
+    fn now_nanos(&self) -> HostResult<u64> {
+        current_time_nanos()
+    }
+    fn set_tick_period_ms(&self, period: u32) -> HostResult<()> {
+        set_tick_period_ms(period)
+    }
+    fn get_buffer(&self, buffer: BufferType, start: usize, max: usize) -> HostResult<Option<Vec<u8>>> {
+        get_buffer(buffer as u32, start, max)
+    }
+    fn set_buffer(&self, buffer: BufferType, start: usize, size: usize, value: &[u8]) -> HostResult<()> {
+        set_buffer(buffer as u32, start, size, value)
+    }
+    fn get_map(&self, map: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
+        get_map_pairs(map as u32)
+    }
+    fn get_map_value(&self, map: MapType, key: &str) -> HostResult<Option<Vec<u8>>> {
+        get_map_value(map as u32, key)
+    }
+    fn set_map_value(&self, map: MapType, key: &str, value: Option<&str>) -> HostResult<()> {
+        set_map_value(map as u32, key, value)
+    }
+    fn get_property(&self, path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+        get_property(path)
+    }
+    fn set_property(&self, path: &[&str], value: &[u8]) -> HostResult<()> {
+        set_property(path, value)
+    }
+    fn get_shared_data(&self, key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+        get_shared_data(key)
+    }
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+        set_shared_data(key, value, cas)
+    }
+    fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
+        send_local_response(status, headers, body)
+    }
+    /// Through the SDK, whose dispatcher must know the token to deliver the answer (see the module doc of `host`).
+    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32> {
+        proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, Vec::new(), timeout).map_err(|s| {
+            HostError {
+                call: "http_call",
+                status: match s {
+                    Status::BadArgument => HostStatus::BadArgument,
+                    Status::InternalFailure => HostStatus::InternalFailure,
+                    other => HostStatus::Other(other as u32),
+                },
+            }
+        })
+    }
+    fn define_metric(&self, kind: MetricType, name: &str) -> HostResult<u32> {
+        define_metric(kind as u32, name)
+    }
+    fn increment_metric(&self, id: u32, by: i64) -> HostResult<()> {
+        increment_metric(id, by)
+    }
+    fn record_metric(&self, id: u32, value: u64) -> HostResult<()> {
+        record_metric(id, value)
+    }
+    fn get_metric(&self, id: u32) -> HostResult<u64> {
+        get_metric(id)
+    }
+}
 
 /// A host call's status other than success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,11 +29,13 @@
 
 pub mod in_flight;
 pub mod table;
+pub mod views;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::BoundedKeys;
 pub use table::{Entry, KeyTable};
+pub use views::views;
 
 /// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
 /// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every

@@ -1,0 +1,160 @@
+//! The response-header plan: when a response's headers arrive, which headers the filter sets and removes, and
+//! what it then does with the body ([`BodyPlan`]). The filter reads what Envoy knows, calls [`plan`] and applies
+//! the answer; nothing else in the response-headers phase decides.
+//!
+//! - Every response: with `bounded_keys` placement and no `debug_headers`, the stateful-session header Envoy's
+//!   session filter adds (the upstream host, base64) is removed; clients need not know it.
+//! - A routed response: the affinity source, the echoed explicit session key, Anthropic's `request-id` on
+//!   `/v1/messages`, and with `debug_headers` the placement reason, cluster, limits left and upstream address.
+//! - Then the body: Envoy's circuit breaker shed the request (`x-envoy-overloaded: true`): the body is replaced
+//!   with the route's overloaded envelope and `retry-after: 1`; a backend error (status 400 or more) on
+//!   `/v1/messages` is rewritten into the Anthropic envelope; decision routes are relayed unwatched; SSE and JSON
+//!   bodies are watched for their end and usage ([`Media`]); anything else is relayed. A watched stream loses
+//!   `content-length`, since the gateway may append a closing event or cut the usage chunk.
+//!
+//! Response headers are read through closures, so only the ones the plan needs are read (each read is a host
+//! call): none for a request the filter did not route.
+
+use crate::affinity::AffinitySource;
+use crate::envoy_contract::SESSION_HEADER;
+use crate::key_placement::PlacementReason;
+use crate::{anthropic, headers, Api};
+
+/// A response body the filter knows how to watch, by its media type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Media {
+    /// `text/event-stream`: an SSE stream.
+    EventStream,
+    /// `application/json`: one document.
+    Json,
+}
+
+impl Media {
+    /// The media type of a `content-type` value, parameters and case ignored; `None` for any other type.
+    pub fn of(content_type: &str) -> Option<Media> {
+        let media = content_type.split(';').next().unwrap_or_default().trim();
+        if media.eq_ignore_ascii_case("text/event-stream") {
+            Some(Media::EventStream)
+        } else if media.eq_ignore_ascii_case("application/json") {
+            Some(Media::Json)
+        } else {
+            None
+        }
+    }
+}
+
+/// What the filter does with the response body after the headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyPlan {
+    /// Relay it untouched and unwatched.
+    Relay,
+    /// Relay it as it comes and watch a copy.
+    Watch(Media),
+    /// Buffer it and rewrite the backend's error (this status) into the Anthropic envelope.
+    RewriteError(u32),
+    /// Envoy shed the request: replace the body with the route's overloaded envelope.
+    ReplaceOverflow,
+}
+
+/// The response headers to set and remove, and the body's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponsePlan {
+    pub set: Vec<(&'static str, String)>,
+    pub remove: Vec<&'static str>,
+    pub body: BodyPlan,
+}
+
+/// What the request phase decided, as far as the response headers need it.
+#[derive(Debug, Clone, Copy)]
+pub struct Routed<'a> {
+    pub api: Api,
+    pub cluster: &'a str,
+    pub affinity: Option<AffinitySource>,
+    /// The explicit session key to echo.
+    pub echo_session: Option<&'a str>,
+    /// Why bounded-keys placement chose the host, when it did.
+    pub placement: Option<PlacementReason>,
+    /// The fewest requests and tokens left in the limit buckets charged.
+    pub requests_remaining: Option<u64>,
+    pub tokens_remaining: Option<u64>,
+}
+
+/// The config and request facts the plan depends on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Settings<'a> {
+    pub debug_headers: bool,
+    pub bounded_placement: bool,
+    pub request_id: Option<&'a str>,
+}
+
+/// The plan for a response. `response_header` reads a response header (lower-case name); `upstream_address`
+/// Envoy's `upstream.address`, read only with `debug_headers`.
+pub fn plan(
+    s: &Settings,
+    routed: Option<&Routed>,
+    response_header: &dyn Fn(&str) -> Option<String>,
+    upstream_address: &dyn Fn() -> Option<String>,
+) -> ResponsePlan {
+    let mut p = ResponsePlan {
+        set: Vec::new(),
+        remove: Vec::new(),
+        body: BodyPlan::Relay,
+    };
+    if s.bounded_placement && !s.debug_headers {
+        p.remove.push(SESSION_HEADER);
+    }
+    let Some(r) = routed else {
+        return p;
+    };
+    if let (Api::Messages, Some(id)) = (r.api, s.request_id) {
+        p.set.push((anthropic::REQUEST_ID_HEADER, id.to_string()));
+    }
+    let source = r.affinity.map_or("none", AffinitySource::header_value);
+    p.set.push((headers::AFFINITY_SOURCE, source.to_string()));
+    if let Some(session) = r.echo_session {
+        p.set.push((headers::SESSION_ECHO, session.to_string()));
+    }
+    if s.debug_headers {
+        if let Some(reason) = r.placement {
+            p.set.push((headers::PLACEMENT, reason.as_str().to_string()));
+        }
+        p.set.push((headers::CLUSTER, r.cluster.to_string()));
+        for (name, left) in [
+            (headers::REQUESTS_REMAINING, r.requests_remaining),
+            (headers::TOKENS_REMAINING, r.tokens_remaining),
+        ] {
+            if let Some(n) = left {
+                p.set.push((name, n.to_string()));
+            }
+        }
+        if let Some(addr) = upstream_address() {
+            p.set.push((headers::UPSTREAM, addr));
+        }
+    }
+    if response_header("x-envoy-overloaded").as_deref() == Some("true") {
+        // Envoy's circuit breaker shed this request: say when to come back, in the route's dialect.
+        p.set.push(("retry-after", "1".to_string()));
+        p.set.push(("content-type", "application/json".to_string()));
+        p.remove.push("content-length");
+        p.body = BodyPlan::ReplaceOverflow;
+        return p;
+    }
+    let status = response_header(":status").and_then(|s| s.parse::<u32>().ok());
+    if let (Api::Messages, Some(status @ 400..)) = (r.api, status) {
+        // A backend error on Messages goes out in the Anthropic envelope, with the gateway's request id.
+        p.set.push(("content-type", "application/json".to_string()));
+        p.remove.push("content-length");
+        p.body = BodyPlan::RewriteError(status);
+        return p;
+    }
+    if r.api.is_decision() {
+        // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
+        return p;
+    }
+    let content_type = response_header("content-type").unwrap_or_default();
+    p.body = Media::of(&content_type).map_or(BodyPlan::Relay, BodyPlan::Watch);
+    if p.body == BodyPlan::Watch(Media::EventStream) {
+        p.remove.push("content-length");
+    }
+    p
+}

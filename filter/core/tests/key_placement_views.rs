@@ -1,0 +1,165 @@
+//! The hosts placement sees (`key_placement::views`), from the values the filter keeps in shared data: addresses
+//! of fixed and discovered backends, stale and fresh down lists, in-flight counts, configured and reported slots.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use llmroute_core::envoy_contract::shared;
+use llmroute_core::fleet_check::encode_slots_by_address;
+use llmroute_core::key_placement::in_flight::SharedStore;
+use llmroute_core::key_placement::table::{encode_down, encode_in_flight};
+use llmroute_core::key_placement::{views, HostView};
+use llmroute_core::status::STALE_AFTER_MS;
+use llmroute_core::Config;
+
+/// Shared data in a map, which remembers every key read.
+#[derive(Default)]
+struct Store {
+    values: HashMap<String, Vec<u8>>,
+    read: RefCell<Vec<String>>,
+}
+
+impl Store {
+    fn with(mut self, key: String, value: Vec<u8>) -> Store {
+        self.values.insert(key, value);
+        self
+    }
+}
+
+impl SharedStore for Store {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.read.borrow_mut().push(key.to_string());
+        (self.values.get(key).cloned(), Some(1))
+    }
+    fn set(&mut self, _: &str, _: &[u8], _: Option<u32>) -> bool {
+        unreachable!("views only reads")
+    }
+}
+
+const NOW: u64 = 1_000_000;
+
+fn cfg(backend: &str) -> Config {
+    common::config(&format!(
+        r#"{{ "version": 1, "backends": [{backend}],
+            "models": [{{ "name": "m", "routes": [{{ "backend": "b", "upstream_model": "x" }}] }}],
+            "affinity": {{ "placement": "bounded_keys" }} }}"#
+    ))
+}
+
+fn fixed(extra: &str) -> Config {
+    cfg(&format!(
+        r#"{{ "name": "b", "kind": "llamacpp", "endpoints": ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]{extra} }}"#
+    ))
+}
+
+fn discovered() -> Config {
+    cfg(r#"{ "name": "b", "kind": "llamacpp", "discovery": {} }"#)
+}
+
+fn summary(v: &[HostView]) -> Vec<(&str, bool, u32, u32)> {
+    v.iter()
+        .map(|h| (h.address.as_str(), h.up, h.weight, h.in_flight))
+        .collect()
+}
+
+#[test]
+fn a_fixed_backend_with_nothing_stored_is_every_endpoint_up_weight_one() {
+    let c = fixed("");
+    let store = Store::default();
+    let v = views(&c.backends[0], NOW, &store).unwrap();
+    assert_eq!(
+        summary(&v),
+        vec![
+            ("10.0.0.1:80", true, 1, 0),
+            ("10.0.0.2:80", true, 1, 0),
+            ("10.0.0.3:80", true, 1, 0)
+        ]
+    );
+    // A fixed backend never reads the discovered host list.
+    assert_eq!(
+        *store.read.borrow(),
+        vec![shared::down("b"), shared::in_flight("b"), shared::slots("b")]
+    );
+}
+
+#[test]
+fn a_fresh_down_list_marks_hosts_down_and_a_stale_one_is_ignored() {
+    let c = fixed("");
+    let down = vec!["10.0.0.2:80".to_string()];
+    let fresh = Store::default().with(shared::down("b"), encode_down(NOW - STALE_AFTER_MS, &down));
+    let v = views(&c.backends[0], NOW, &fresh).unwrap();
+    assert_eq!(v.iter().map(|h| h.up).collect::<Vec<_>>(), vec![true, false, true]);
+    let stale = Store::default().with(shared::down("b"), encode_down(NOW - STALE_AFTER_MS - 1, &down));
+    let v = views(&c.backends[0], NOW, &stale).unwrap();
+    assert!(v.iter().all(|h| h.up));
+}
+
+#[test]
+fn in_flight_counts_are_read_by_position_and_a_ragged_list_reads_as_zeros() {
+    let c = fixed("");
+    let store = Store::default().with(shared::in_flight("b"), encode_in_flight(&[4, 0, 7]));
+    let v = views(&c.backends[0], NOW, &store).unwrap();
+    assert_eq!(v.iter().map(|h| h.in_flight).collect::<Vec<_>>(), vec![4, 0, 7]);
+    let ragged = Store::default().with(shared::in_flight("b"), encode_in_flight(&[4, 0]));
+    let v = views(&c.backends[0], NOW, &ragged).unwrap();
+    assert!(v.iter().all(|h| h.in_flight == 0));
+}
+
+#[test]
+fn configured_slots_win_over_reported_ones_which_win_over_one() {
+    let configured = fixed(r#", "slots": [2, 2, 4]"#);
+    let store = Store::default().with(shared::slots("b"), encode_in_flight(&[9, 9, 9]));
+    let v = views(&configured.backends[0], NOW, &store).unwrap();
+    assert_eq!(v.iter().map(|h| h.weight).collect::<Vec<_>>(), vec![2, 2, 4]);
+    assert!(
+        !store.read.borrow().contains(&shared::slots("b")),
+        "configured slots need no read"
+    );
+
+    let reported = fixed("");
+    let store = Store::default().with(shared::slots("b"), encode_in_flight(&[3, 0, 100_000]));
+    let v = views(&reported.backends[0], NOW, &store).unwrap();
+    assert_eq!(v.iter().map(|h| h.weight).collect::<Vec<_>>(), vec![3, 1, 256]);
+}
+
+#[test]
+fn a_discovered_backend_places_on_the_fresh_polled_list_weighed_by_address() {
+    let c = discovered();
+    let hosts = vec!["10.1.0.1:80".to_string(), "10.1.0.2:80".to_string()];
+    let store = Store::default()
+        .with(shared::hosts("b"), encode_down(NOW - 10, &hosts))
+        .with(
+            shared::slots_by_address("b"),
+            encode_slots_by_address(&[("10.1.0.2:80".into(), 4)]),
+        );
+    let v = views(&c.backends[0], NOW, &store).unwrap();
+    assert_eq!(
+        summary(&v),
+        vec![("10.1.0.1:80", true, 4, 0), ("10.1.0.2:80", true, 4, 0)],
+        "a host the check did not read gets the figure most hosts reported"
+    );
+    // No list yet, an empty one, or a stale one: placement does not apply.
+    assert_eq!(views(&c.backends[0], NOW, &Store::default()), None);
+    let empty = Store::default().with(shared::hosts("b"), encode_down(NOW, &[]));
+    assert_eq!(views(&c.backends[0], NOW, &empty), None);
+    let stale = Store::default().with(shared::hosts("b"), encode_down(NOW - STALE_AFTER_MS - 1, &hosts));
+    assert_eq!(views(&c.backends[0], NOW, &stale), None);
+}
+
+#[test]
+fn placement_does_not_apply_to_dns_endpoints_or_other_policies() {
+    let dns = cfg(r#"{ "name": "b", "kind": "vllm", "endpoints": ["engine.local:80"] }"#);
+    assert_eq!(views(&dns.backends[0], NOW, &Store::default()), None);
+    let rr = cfg(r#"{ "name": "b", "kind": "vllm", "lb": "round_robin", "endpoints": ["10.0.0.1:80"] }"#);
+    let store = Store::default();
+    assert_eq!(views(&rr.backends[0], NOW, &store), None);
+    assert!(
+        store.read.borrow().is_empty(),
+        "nothing is read for a backend placement skips"
+    );
+}

@@ -1,0 +1,185 @@
+//! The response-header plan (`response_plan`): media types, the headers set and removed, the body's plan, and
+//! which response headers are read for it.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::cell::RefCell;
+
+use llmroute_core::envoy_contract::SESSION_HEADER;
+use llmroute_core::key_placement::PlacementReason;
+use llmroute_core::response_plan::{plan, BodyPlan, Media, ResponsePlan, Routed, Settings};
+use llmroute_core::{AffinitySource, Api};
+
+#[test]
+fn media_types_are_read_without_parameters_or_case() {
+    assert_eq!(Media::of("text/event-stream"), Some(Media::EventStream));
+    assert_eq!(
+        Media::of(" Text/Event-Stream ; charset=utf-8"),
+        Some(Media::EventStream)
+    );
+    assert_eq!(Media::of("application/json; charset=utf-8"), Some(Media::Json));
+    assert_eq!(Media::of("APPLICATION/JSON"), Some(Media::Json));
+    for other in [
+        "",
+        "text/plain",
+        "application/jsonl",
+        "application/problem+json",
+        ";application/json",
+    ] {
+        assert_eq!(Media::of(other), None, "{other:?}");
+    }
+}
+
+fn routed(api: Api) -> Routed<'static> {
+    Routed {
+        api,
+        cluster: "pool-a",
+        affinity: Some(AffinitySource::SystemPrompt),
+        echo_session: None,
+        placement: None,
+        requests_remaining: None,
+        tokens_remaining: None,
+    }
+}
+
+/// Plans with these response headers, and returns the plan and the names read.
+fn run(s: &Settings, r: Option<&Routed>, response: &[(&str, &str)]) -> (ResponsePlan, Vec<String>) {
+    let read = RefCell::new(Vec::new());
+    let header = |name: &str| {
+        read.borrow_mut().push(name.to_string());
+        response.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    };
+    let upstream = || {
+        read.borrow_mut().push("upstream.address".to_string());
+        Some("10.0.0.1:80".to_string())
+    };
+    let p = plan(s, r, &header, &upstream);
+    (p, read.into_inner())
+}
+
+fn set<'p>(p: &'p ResponsePlan, name: &str) -> Option<&'p str> {
+    p.set.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn an_unrouted_response_reads_nothing_and_only_loses_the_session_header_under_bounded_keys() {
+    let (p, read) = run(&Settings::default(), None, &[]);
+    assert_eq!(
+        (p.set.len(), p.remove.len(), p.body, read.len()),
+        (0, 0, BodyPlan::Relay, 0)
+    );
+    let bounded = Settings {
+        bounded_placement: true,
+        ..Settings::default()
+    };
+    let (p, read) = run(&bounded, None, &[]);
+    assert_eq!((p.remove, read.len()), (vec![SESSION_HEADER], 0));
+    // With debug headers on, the session header stays for the operator to see.
+    let debug = Settings {
+        debug_headers: true,
+        ..bounded
+    };
+    assert!(run(&debug, None, &[]).0.remove.is_empty());
+}
+
+#[test]
+fn a_stream_is_watched_and_loses_its_length_a_json_body_keeps_it() {
+    let r = routed(Api::Chat);
+    let (p, _) = run(
+        &Settings::default(),
+        Some(&r),
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+    );
+    assert_eq!(p.body, BodyPlan::Watch(Media::EventStream));
+    assert_eq!(p.remove, vec!["content-length"]);
+    assert_eq!(set(&p, "x-llmroute-affinity-source"), Some("system"));
+    let (p, _) = run(&Settings::default(), Some(&r), &[("content-type", "application/json")]);
+    assert_eq!((p.body, p.remove.len()), (BodyPlan::Watch(Media::Json), 0));
+    let (p, _) = run(&Settings::default(), Some(&r), &[("content-type", "text/html")]);
+    assert_eq!(p.body, BodyPlan::Relay);
+}
+
+#[test]
+fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
+    let r = routed(Api::Messages);
+    let (p, read) = run(
+        &Settings::default(),
+        Some(&r),
+        &[("x-envoy-overloaded", "true"), (":status", "503")],
+    );
+    assert_eq!(p.body, BodyPlan::ReplaceOverflow);
+    assert_eq!(
+        (set(&p, "retry-after"), set(&p, "content-type")),
+        (Some("1"), Some("application/json"))
+    );
+    assert_eq!(p.remove, vec!["content-length"]);
+    assert_eq!(
+        read,
+        vec!["x-envoy-overloaded"],
+        "nothing else is read once Envoy shed the request"
+    );
+}
+
+#[test]
+fn a_backend_error_on_messages_is_rewritten_with_the_request_id_but_not_on_chat() {
+    let s = Settings {
+        request_id: Some("rid-1"),
+        ..Settings::default()
+    };
+    let (p, _) = run(
+        &s,
+        Some(&routed(Api::Messages)),
+        &[(":status", "429"), ("content-type", "text/plain")],
+    );
+    assert_eq!(p.body, BodyPlan::RewriteError(429));
+    assert_eq!(set(&p, "request-id"), Some("rid-1"));
+    assert_eq!(p.remove, vec!["content-length"]);
+    let (p, _) = run(
+        &s,
+        Some(&routed(Api::Chat)),
+        &[(":status", "429"), ("content-type", "application/json")],
+    );
+    assert_eq!((p.body, set(&p, "request-id")), (BodyPlan::Watch(Media::Json), None));
+}
+
+#[test]
+fn decision_routes_are_relayed_without_reading_their_media_type() {
+    let (p, read) = run(
+        &Settings::default(),
+        Some(&routed(Api::Decisions)),
+        &[("content-type", "text/event-stream")],
+    );
+    assert_eq!((p.body, p.remove.len()), (BodyPlan::Relay, 0));
+    assert!(!read.contains(&"content-type".to_string()));
+}
+
+#[test]
+fn debug_headers_name_the_placement_cluster_limits_and_upstream() {
+    let r = Routed {
+        placement: Some(PlacementReason::Spilled),
+        requests_remaining: Some(4),
+        tokens_remaining: None,
+        echo_session: Some("s-1"),
+        affinity: None,
+        ..routed(Api::Chat)
+    };
+    let plain = run(&Settings::default(), Some(&r), &[]).0;
+    assert_eq!(set(&plain, "x-llmroute-cluster"), None);
+    assert_eq!(set(&plain, "x-multi-turn-session-id"), Some("s-1"));
+    assert_eq!(set(&plain, "x-llmroute-affinity-source"), Some("none"));
+    let debug = Settings {
+        debug_headers: true,
+        ..Settings::default()
+    };
+    let (p, read) = run(&debug, Some(&r), &[]);
+    assert_eq!(set(&p, "x-llmroute-placement"), Some("spilled"));
+    assert_eq!(set(&p, "x-llmroute-cluster"), Some("pool-a"));
+    assert_eq!(set(&p, "x-llmroute-requests-remaining"), Some("4"));
+    assert_eq!(set(&p, "x-llmroute-tokens-remaining"), None);
+    assert_eq!(set(&p, "x-llmroute-upstream"), Some("10.0.0.1:80"));
+    assert!(read.contains(&"upstream.address".to_string()));
+    assert!(!run(&Settings::default(), Some(&r), &[])
+        .1
+        .contains(&"upstream.address".to_string()));
+}

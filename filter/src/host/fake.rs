@@ -1,0 +1,458 @@
+//! An in-memory Envoy for native tests: the [`Host`] a test installs on its thread with [`FakeHost::install`].
+//!
+//! It keeps what Envoy keeps for one request and one VM: the request, response and callout header maps, the body
+//! buffers, properties (and the access-log fields the filter sets as `wasm.<key>` filter state), shared data with
+//! a version per key, a clock the test moves, the tick period, metrics, and a record of every local reply, HTTP
+//! callout and log line. Every call except logging is counted by [`Kind`], in order, so a test can fail the Nth
+//! call ([`FakeHost::fail_nth`]), every call of one kind ([`FakeHost::fail_kind`]), or assert how many calls a
+//! request makes ([`FakeHost::counts`]). Log lines are recorded, never counted or failed: whether one reaches
+//! the host depends on the log level, which Envoy sets, not on the filter.
+//!
+//! Buffer and map semantics follow Envoy's where the filter relies on them: a header set replaces every value of
+//! that name, `set_buffer` splices (start 0 and the whole size replaces, size 0 at the end appends), a
+//! compare-and-swap write with a stale version is `CasMismatch`, and a missing value is `NotFound` (`Ok(None)`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
+
+use super::abi::{HostError, HostResult, HostStatus};
+use super::Host;
+
+thread_local! {
+    static INSTALLED: RefCell<Option<Rc<FakeHost>>> = const { RefCell::new(None) };
+}
+
+/// The host the wrappers call on this thread: the installed fake, or the ABI.
+pub fn installed() -> Rc<dyn Host> {
+    match INSTALLED.with(|i| i.borrow().clone()) {
+        Some(fake) => fake,
+        None => Rc::new(super::abi::Abi),
+    }
+}
+
+/// The kinds of host call, one per [`Host`] method but `log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Time,
+    TickPeriod,
+    GetBuffer,
+    SetBuffer,
+    GetMap,
+    GetMapValue,
+    SetMapValue,
+    GetProperty,
+    SetProperty,
+    GetShared,
+    SetShared,
+    LocalResponse,
+    HttpCall,
+    DefineMetric,
+    IncrementMetric,
+    RecordMetric,
+    GetMetric,
+}
+
+/// A local reply the filter sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// An HTTP callout the filter started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Callout {
+    pub token: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    now_ns: u64,
+    tick_ms: Option<u32>,
+    maps: HashMap<MapType, Vec<(String, Vec<u8>)>>,
+    buffers: HashMap<BufferType, Vec<u8>>,
+    properties: HashMap<String, Vec<u8>>,
+    shared: HashMap<String, (Vec<u8>, u32)>,
+    replies: Vec<Reply>,
+    callouts: Vec<Callout>,
+    metrics: Vec<(MetricType, String, u64)>,
+    logs: Vec<(LogLevel, String)>,
+    calls: Vec<Kind>,
+    fail_nth: Option<(usize, HostStatus)>,
+    fail_kind: Vec<(Kind, HostStatus)>,
+    /// Per key, how many more compare-and-swap writes another worker beats.
+    races: HashMap<String, usize>,
+}
+
+/// See the module doc.
+#[derive(Default)]
+pub struct FakeHost {
+    state: RefCell<State>,
+}
+
+/// A property path as the fake keys it: the segments joined by `.`.
+fn path_key(path: &[&str]) -> String {
+    path.join(".")
+}
+
+impl FakeHost {
+    /// A fresh fake, installed as this thread's host (replacing any other); the clock reads 1 000 000 ms.
+    pub fn install() -> Rc<FakeHost> {
+        let fake = Rc::new(FakeHost::default());
+        fake.set_now_ms(1_000_000);
+        INSTALLED.with(|i| *i.borrow_mut() = Some(fake.clone()));
+        // Every level reaches the host, so tests see every line the filter could ever log.
+        log::set_max_level(log::LevelFilter::Trace);
+        let _ = log::set_logger(&super::LOGGER);
+        fake
+    }
+
+    fn state(&self) -> std::cell::RefMut<'_, State> {
+        self.state.borrow_mut()
+    }
+
+    /// Counts one call of `kind`, and fails it when the test asked for that.
+    fn call(&self, kind: Kind, name: &'static str) -> HostResult<()> {
+        let mut s = self.state();
+        let index = s.calls.len();
+        s.calls.push(kind);
+        let status = match s.fail_nth {
+            Some((n, status)) if n == index => Some(status),
+            _ => s.fail_kind.iter().find(|(k, _)| *k == kind).map(|(_, st)| *st),
+        };
+        match status {
+            Some(status) => Err(HostError { call: name, status }),
+            None => Ok(()),
+        }
+    }
+
+    // --- What the test sets up and moves.
+
+    pub fn set_now_ms(&self, ms: u64) {
+        self.state().now_ns = ms.saturating_mul(1_000_000);
+    }
+
+    pub fn advance_ms(&self, ms: u64) {
+        let mut s = self.state();
+        s.now_ns = s.now_ns.saturating_add(ms.saturating_mul(1_000_000));
+    }
+
+    pub fn set_map(&self, map: MapType, pairs: &[(&str, &str)]) {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        self.state().maps.insert(map, pairs);
+    }
+
+    pub fn set_buffer_bytes(&self, buffer: BufferType, bytes: &[u8]) {
+        self.state().buffers.insert(buffer, bytes.to_vec());
+    }
+
+    /// Appends to a buffer, as Envoy does while a filter pauses a body; returns the buffer's new length.
+    pub fn append_buffer(&self, buffer: BufferType, bytes: &[u8]) -> usize {
+        let mut s = self.state();
+        let b = s.buffers.entry(buffer).or_default();
+        b.extend_from_slice(bytes);
+        b.len()
+    }
+
+    pub fn set_property_bytes(&self, path: &[&str], value: &[u8]) {
+        self.state().properties.insert(path_key(path), value.to_vec());
+    }
+
+    /// The `n`th counted call from now on (0 is the next) fails with `status`.
+    pub fn fail_nth(&self, n: usize, status: HostStatus) {
+        let mut s = self.state();
+        let at = s.calls.len().saturating_add(n);
+        s.fail_nth = Some((at, status));
+    }
+
+    /// Every call of `kind` fails with `status`, until [`FakeHost::heal`].
+    pub fn fail_kind(&self, kind: Kind, status: HostStatus) {
+        self.state().fail_kind.push((kind, status));
+    }
+
+    /// The next `n` compare-and-swap writes of `key` lose a race: another worker wrote it between the filter's
+    /// read and its write (the version moves on, the write is `CasMismatch`).
+    pub fn race(&self, key: &str, n: usize) {
+        self.state().races.insert(key.to_string(), n);
+    }
+
+    pub fn heal(&self) {
+        let mut s = self.state();
+        s.fail_nth = None;
+        s.fail_kind.clear();
+    }
+
+    // --- What the test reads back.
+
+    pub fn header(&self, map: MapType, name: &str) -> Option<String> {
+        let s = self.state.borrow();
+        let pairs = s.maps.get(&map)?;
+        let (_, v) = pairs.iter().find(|(n, _)| n == name)?;
+        Some(String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn map(&self, map: MapType) -> Vec<(String, String)> {
+        let s = self.state.borrow();
+        let pairs = s.maps.get(&map).cloned().unwrap_or_default();
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+            .collect()
+    }
+
+    pub fn buffer(&self, buffer: BufferType) -> Vec<u8> {
+        self.state.borrow().buffers.get(&buffer).cloned().unwrap_or_default()
+    }
+
+    /// An access-log field the filter set (`host::set_log_field`).
+    pub fn log_field(&self, key: &str) -> Option<String> {
+        let s = self.state.borrow();
+        s.properties.get(key).map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn shared(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.state.borrow().shared.get(key).cloned()
+    }
+
+    pub fn replies(&self) -> Vec<Reply> {
+        self.state.borrow().replies.clone()
+    }
+
+    pub fn callouts(&self) -> Vec<Callout> {
+        self.state.borrow().callouts.clone()
+    }
+
+    pub fn tick_ms(&self) -> Option<u32> {
+        self.state.borrow().tick_ms
+    }
+
+    /// The value of the metric named `name` (as defined, labels included), if it was defined.
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        let s = self.state.borrow();
+        s.metrics.iter().find(|(_, n, _)| n == name).map(|(_, _, v)| *v)
+    }
+
+    pub fn logs(&self) -> Vec<(LogLevel, String)> {
+        self.state.borrow().logs.clone()
+    }
+
+    /// Every counted call so far, in order.
+    pub fn calls(&self) -> Vec<Kind> {
+        self.state.borrow().calls.clone()
+    }
+
+    /// Counted calls per kind, sorted by kind; kinds never called are left out.
+    pub fn counts(&self) -> Vec<(Kind, usize)> {
+        let mut counts: Vec<(Kind, usize)> = Vec::new();
+        for k in self.calls() {
+            match counts.iter_mut().find(|(c, _)| *c == k) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((k, 1)),
+            }
+        }
+        counts.sort();
+        counts
+    }
+
+    /// Forgets the counted calls (not the state), so a test can count one phase.
+    pub fn reset_calls(&self) {
+        let mut s = self.state();
+        s.calls.clear();
+        s.fail_nth = None;
+    }
+}
+
+impl Host for FakeHost {
+    fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
+        self.state().logs.push((level, message.to_string()));
+        Ok(())
+    }
+
+    fn now_nanos(&self) -> HostResult<u64> {
+        self.call(Kind::Time, "get_current_time")?;
+        Ok(self.state().now_ns)
+    }
+
+    fn set_tick_period_ms(&self, period: u32) -> HostResult<()> {
+        self.call(Kind::TickPeriod, "set_tick_period")?;
+        self.state().tick_ms = Some(period);
+        Ok(())
+    }
+
+    fn get_buffer(&self, buffer: BufferType, start: usize, max: usize) -> HostResult<Option<Vec<u8>>> {
+        self.call(Kind::GetBuffer, "get_buffer")?;
+        let s = self.state();
+        let Some(b) = s.buffers.get(&buffer) else {
+            return Ok(None);
+        };
+        let start = start.min(b.len());
+        let end = start.saturating_add(max).min(b.len());
+        Ok(Some(b[start..end].to_vec()))
+    }
+
+    fn set_buffer(&self, buffer: BufferType, start: usize, size: usize, value: &[u8]) -> HostResult<()> {
+        self.call(Kind::SetBuffer, "set_buffer")?;
+        let mut s = self.state();
+        let b = s.buffers.entry(buffer).or_default();
+        let start = start.min(b.len());
+        let end = start.saturating_add(size).min(b.len());
+        b.splice(start..end, value.iter().copied());
+        Ok(())
+    }
+
+    fn get_map(&self, map: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
+        self.call(Kind::GetMap, "get_map")?;
+        Ok(self.state().maps.get(&map).cloned().unwrap_or_default())
+    }
+
+    fn get_map_value(&self, map: MapType, key: &str) -> HostResult<Option<Vec<u8>>> {
+        self.call(Kind::GetMapValue, "get_map_value")?;
+        let s = self.state();
+        let pairs = s.maps.get(&map);
+        Ok(pairs
+            .and_then(|p| p.iter().find(|(n, _)| n == key))
+            .map(|(_, v)| v.clone()))
+    }
+
+    fn set_map_value(&self, map: MapType, key: &str, value: Option<&str>) -> HostResult<()> {
+        let name = if value.is_some() {
+            "set_map_value"
+        } else {
+            "remove_map_value"
+        };
+        self.call(Kind::SetMapValue, name)?;
+        let mut s = self.state();
+        let pairs = s.maps.entry(map).or_default();
+        pairs.retain(|(n, _)| n != key);
+        if let Some(v) = value {
+            pairs.push((key.to_string(), v.as_bytes().to_vec()));
+        }
+        Ok(())
+    }
+
+    fn get_property(&self, path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+        self.call(Kind::GetProperty, "get_property")?;
+        Ok(self.state().properties.get(&path_key(path)).cloned())
+    }
+
+    fn set_property(&self, path: &[&str], value: &[u8]) -> HostResult<()> {
+        self.call(Kind::SetProperty, "set_property")?;
+        self.state().properties.insert(path_key(path), value.to_vec());
+        Ok(())
+    }
+
+    fn get_shared_data(&self, key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+        self.call(Kind::GetShared, "get_shared_data")?;
+        Ok(match self.state().shared.get(key) {
+            Some((v, version)) => (Some(v.clone()), Some(*version)),
+            None => (None, None),
+        })
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+        self.call(Kind::SetShared, "set_shared_data")?;
+        let mut s = self.state();
+        let raced = cas.is_some() && s.races.get(key).is_some_and(|n| *n > 0);
+        if raced {
+            if let Some(n) = s.races.get_mut(key) {
+                *n -= 1;
+            }
+            if let Some((_, version)) = s.shared.get_mut(key) {
+                *version = version.wrapping_add(1);
+            }
+        }
+        let current = s.shared.get(key).map(|(_, v)| *v);
+        if raced || cas.is_some_and(|c| Some(c) != current) {
+            return Err(HostError {
+                call: "set_shared_data",
+                status: HostStatus::CasMismatch,
+            });
+        }
+        let version = current.map_or(1, |v| v.wrapping_add(1));
+        s.shared.insert(key.to_string(), (value.to_vec(), version));
+        Ok(())
+    }
+
+    fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
+        self.call(Kind::LocalResponse, "send_local_response")?;
+        let headers = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.state().replies.push(Reply {
+            status,
+            headers,
+            body: body.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32> {
+        self.call(Kind::HttpCall, "http_call")?;
+        let mut s = self.state();
+        let token = u32::try_from(s.callouts.len()).unwrap_or(u32::MAX).saturating_add(1);
+        s.callouts.push(Callout {
+            token,
+            cluster: cluster.to_string(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            timeout,
+        });
+        Ok(token)
+    }
+
+    fn define_metric(&self, kind: MetricType, name: &str) -> HostResult<u32> {
+        self.call(Kind::DefineMetric, "define_metric")?;
+        let mut s = self.state();
+        let at = match s.metrics.iter().position(|(_, n, _)| n == name) {
+            Some(at) => at,
+            None => {
+                s.metrics.push((kind, name.to_string(), 0));
+                s.metrics.len() - 1
+            }
+        };
+        Ok(u32::try_from(at).unwrap_or(u32::MAX).saturating_add(1))
+    }
+
+    fn increment_metric(&self, id: u32, by: i64) -> HostResult<()> {
+        self.call(Kind::IncrementMetric, "increment_metric")?;
+        let mut s = self.state();
+        let m = metric_at(&mut s, id)?;
+        m.2 = m.2.saturating_add_signed(by);
+        Ok(())
+    }
+
+    fn record_metric(&self, id: u32, value: u64) -> HostResult<()> {
+        self.call(Kind::RecordMetric, "record_metric")?;
+        let mut s = self.state();
+        metric_at(&mut s, id)?.2 = value;
+        Ok(())
+    }
+
+    fn get_metric(&self, id: u32) -> HostResult<u64> {
+        self.call(Kind::GetMetric, "get_metric")?;
+        let mut s = self.state();
+        Ok(metric_at(&mut s, id)?.2)
+    }
+}
+
+fn metric_at(s: &mut State, id: u32) -> HostResult<&mut (MetricType, String, u64)> {
+    let at = usize::try_from(id).ok().and_then(|i| i.checked_sub(1));
+    at.and_then(|i| s.metrics.get_mut(i)).ok_or(HostError {
+        call: "metric",
+        status: HostStatus::NotFound,
+    })
+}

@@ -1,0 +1,99 @@
+//! Admission glue (`admission.rs`) through the request context: API keys read from the VM's environment,
+//! request limits taken from shared-data buckets, and the 401 and 429 answers.
+
+use proxy_wasm::types::{Action, BufferType};
+
+use super::*;
+
+/// The variable the keys come from; only this test module sets it.
+const KEYS_ENV: &str = "LLMROUTE_TEST_GLUE_KEYS";
+const TOKEN: &str = "sk-glue-0123456789abcdef0123";
+
+fn admission_config() -> String {
+    CONFIG.replace(
+        r#""routes": [ { "backend": "llama-a", "upstream_model": "qwen3-0.6b" } ]"#,
+        r#""routes": [ { "backend": "llama-a", "upstream_model": "qwen3-0.6b" } ], "limits": { "requests": "2-M" }"#,
+    )
+    .replace(
+        r#""version": 1,"#,
+        &format!(r#""version": 1, "auth": {{ "keys_env": "{KEYS_ENV}" }},"#),
+    )
+}
+
+fn with_key(token: &str) -> Vec<(&'static str, String)> {
+    let mut h: Vec<(&str, String)> = REQUEST_HEADERS.iter().map(|(n, v)| (*n, v.to_string())).collect();
+    h.push(("authorization", format!("Bearer {token}")));
+    h
+}
+
+fn send(fake: &Rc<FakeHost>, root: &Root, token: &str) -> (Vec<Action>, Option<u32>) {
+    let headers = with_key(token);
+    let borrowed: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let before = fake.replies().len();
+    let mut x = Exchange::new(fake, root, 1);
+    let mut actions = vec![x.request_headers(&borrowed, false)];
+    if fake.replies().len() == before {
+        actions.push(x.request_body(chat(false).as_bytes(), true));
+    }
+    x.log();
+    (actions, fake.replies().get(before).map(|r| r.status))
+}
+
+#[test]
+fn keys_and_request_limits_are_applied_in_order() {
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    let fake = FakeHost::install();
+    let root = root(&fake, &admission_config());
+    assert_eq!(send(&fake, &root, "sk-wrong-0123456789abcdef0123").1, Some(401));
+    assert_eq!(send(&fake, &root, TOKEN), (vec![Action::Pause, Action::Continue], None));
+    assert_eq!(
+        fake.log_field("llmroute.key").as_deref(),
+        Some("team-a"),
+        "the key's name, never its value"
+    );
+    assert_eq!(send(&fake, &root, TOKEN).1, None);
+    assert_eq!(send(&fake, &root, TOKEN).1, Some(429), "the alias allows 2 a minute");
+    let r = fake.replies().last().unwrap().clone();
+    assert!(r.header("retry-after").is_some_and(|s| s.parse::<u64>().unwrap() >= 1));
+    assert_eq!(
+        fake.metric("llmroute_rate_limited_total;alias=chat;key=team-a;kind=requests"),
+        Some(1)
+    );
+    assert_eq!(fake.metric("llmroute_key_requests_total;key=team-a"), Some(2));
+}
+
+#[test]
+fn a_missing_keys_variable_refuses_the_config() {
+    let fake = FakeHost::install();
+    let config = admission_config().replace(KEYS_ENV, "LLMROUTE_TEST_GLUE_KEYS_UNSET");
+    fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
+    assert!(!Root::default().on_configure(config.len()));
+}
+
+#[test]
+fn a_token_reservation_is_settled_on_the_usage_the_engine_reported() {
+    let config = CONFIG
+        .replace(
+            r#""upstream_model": "qwen3-0.6b" } ]"#,
+            r#""upstream_model": "qwen3-0.6b" } ], "limits": { "tokens": "100000-M" }"#,
+        )
+        .replace(r#""version": 1,"#, r#""version": 1, "debug_headers": true,"#);
+    let fake = FakeHost::install();
+    let root = root(&fake, &config);
+    let mut left = Vec::new();
+    for id in 1..=2 {
+        let mut x = Exchange::new(&fake, &root, id);
+        run_chat(&mut x, false);
+        left.push(
+            x.response_header("x-llmroute-tokens-remaining")
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        );
+    }
+    // The second request finds the first one charged exactly what the engine reported (12 + 3 tokens), not what
+    // was reserved for it; the clock stands still, so nothing refilled.
+    let reserved = 100_000 - left[0];
+    assert!(reserved > 15, "{left:?}");
+    assert_eq!(left[1], 100_000 - 15 - reserved, "{left:?}");
+}

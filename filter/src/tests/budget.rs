@@ -1,0 +1,66 @@
+//! The host-call budget of a typical chat request (issue 13): how many calls of each kind one request makes
+//! through the filter, streamed and not, on a warm VM (its metrics already defined). It counts; it does not
+//! time. A change that adds a host call on the request path fails here.
+//!
+//! When a change adds or removes calls on purpose, run `cargo test -p llmroute-filter budget`, check that the
+//! new counts are the ones you meant (the failure prints them in this file's form), paste them below, and say
+//! why in the commit message. Log lines are not counted: whether one reaches the host depends on the level Envoy
+//! sets, not on the filter.
+
+use super::*;
+use crate::host::fake::Kind::{self, *};
+
+/// Counts the calls of the second of two identical requests on one VM.
+fn warm_counts(config: &str, stream: bool) -> Vec<(Kind, usize)> {
+    let fake = FakeHost::install();
+    let root = root(&fake, config);
+    run_chat(&mut Exchange::new(&fake, &root, 1), stream);
+    fake.reset_calls();
+    let mut x = Exchange::new(&fake, &root, 2);
+    run_chat(&mut x, stream);
+    assert!(fake.replies().is_empty(), "the request was routed");
+    fake.counts()
+}
+
+fn check(config: &str, stream: bool, expected: &[(Kind, usize)]) {
+    let got = warm_counts(config, stream);
+    let total: usize = got.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        got, expected,
+        "host calls per request changed (stream={stream}, {total} in all); if on purpose, update the budget to:\n{got:?}"
+    );
+}
+
+#[test]
+fn a_plain_chat_request_makes_this_many_host_calls() {
+    #[rustfmt::skip]
+    check(CONFIG, false, &[
+        (Time, 3),             // request start, end; first response byte
+        (GetBuffer, 2),        // the request body once; the JSON answer's copy for its usage
+        (SetBuffer, 1),        // the body with `model` rewritten
+        (GetMap, 1),           // the request headers, once
+        (GetMapValue, 3),      // x-envoy-overloaded, :status, content-type
+        (SetMapValue, 7),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source
+        (GetProperty, 3),      // upstream backend, response.code_details, response.code
+        (SetProperty, 6),      // access-log fields: alias, upstream model, affinity source, backend, 2 token counts
+        (IncrementMetric, 3),  // requests, input and output tokens
+        (RecordMetric, 4),     // ttfb, duration, prompt and completion tokens
+    ]);
+}
+
+#[test]
+fn a_streamed_chat_request_makes_this_many_host_calls() {
+    #[rustfmt::skip]
+    check(CONFIG, true, &[
+        (Time, 3),
+        (GetBuffer, 4),        // the request body; each of the three SSE chunks
+        (SetBuffer, 1),
+        (GetMap, 1),
+        (GetMapValue, 3),
+        (SetMapValue, 8),      // as above, and content-length removed from the stream
+        (GetProperty, 3),
+        (SetProperty, 8),      // as above, and the outcome twice (stream start and end) ...
+        (IncrementMetric, 4),  // ... and the stream outcome counted
+        (RecordMetric, 4),
+    ]);
+}

@@ -1,0 +1,125 @@
+//! Bounded-keys placement, host side (`key_placement.rs`): the key table's compare-and-swap loop, the in-flight
+//! ledger, and host errors at every call of a pin and its release.
+
+use llmroute_core::envoy_contract::{shared, SESSION_HEADER};
+use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
+use llmroute_core::key_placement::table::decode_in_flight;
+use llmroute_core::key_placement::{session_header_value, KeyTable, PlacementReason};
+use llmroute_core::{load_config, Config};
+use proxy_wasm::types::MapType;
+
+use super::*;
+use crate::host::fake::Kind;
+use crate::host::HostStatus;
+use crate::key_placement::{pin, seed, settle};
+
+const KEY: u64 = 0x0123_4567_89ab_cdef;
+
+fn setup() -> (Rc<FakeHost>, Config) {
+    let fake = FakeHost::install();
+    let cfg = load_config(&bounded_config()).unwrap();
+    seed(&cfg);
+    settle();
+    fake.reset_calls();
+    (fake, cfg)
+}
+
+fn in_flight(fake: &FakeHost) -> Vec<u32> {
+    decode_in_flight(&fake.shared(&shared::in_flight("llama-a")).unwrap().0, 2)
+}
+
+fn table(fake: &FakeHost) -> KeyTable {
+    KeyTable::decode(&fake.shared(&shared::keys("llama-a")).unwrap().0)
+}
+
+#[test]
+fn a_new_key_is_placed_pinned_and_its_count_released() {
+    let (fake, cfg) = setup();
+    let first = pin(&cfg, "llama-a", KEY).unwrap();
+    assert_eq!(first.choice.reason, PlacementReason::Placed);
+    let address = ["127.0.0.1:8081", "127.0.0.1:8082"][first.choice.host];
+    let session = fake.header(MapType::HttpRequestHeaders, SESSION_HEADER);
+    assert_eq!(session, Some(session_header_value(address)));
+    assert!(table(&fake).get(KEY).is_some(), "the key is in the shared table");
+    let second = pin(&cfg, "llama-a", KEY).unwrap();
+    assert_eq!(
+        (second.choice.reason, second.choice.host),
+        (PlacementReason::Pinned, first.choice.host)
+    );
+    let mut counts = vec![0, 0];
+    counts[first.choice.host] = 2;
+    assert_eq!(in_flight(&fake), counts);
+    first.release();
+    second.release();
+    assert_eq!(in_flight(&fake), vec![0, 0]);
+    // Not placed at all: another placement, an unknown backend.
+    assert!(pin(&load_config(CONFIG).unwrap(), "llama-a", KEY).is_none());
+    assert!(pin(&cfg, "nowhere", KEY).is_none());
+}
+
+#[test]
+fn a_lost_compare_and_swap_is_retried_on_a_fresh_read() {
+    let (fake, cfg) = setup();
+    fake.race(&shared::keys("llama-a"), 1);
+    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    assert_eq!(p.choice.reason, PlacementReason::Placed);
+    assert!(table(&fake).get(KEY).is_some(), "the second try wrote the key");
+    let table_reads = fake
+        .counts()
+        .iter()
+        .find(|(k, _)| *k == Kind::GetShared)
+        .map(|(_, n)| *n);
+    // views: down, in-flight, slots; the table twice; the ledger's read of the counts.
+    assert_eq!(table_reads, Some(6));
+}
+
+#[test]
+fn a_table_that_loses_every_race_still_routes_the_request() {
+    let (fake, cfg) = setup();
+    fake.race(&shared::keys("llama-a"), CAS_ATTEMPTS);
+    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    assert_eq!(p.choice.reason, PlacementReason::Placed);
+    assert!(fake.header(MapType::HttpRequestHeaders, SESSION_HEADER).is_some());
+    assert!(
+        table(&fake).get(KEY).is_none(),
+        "not written: a later request places the key again"
+    );
+}
+
+#[test]
+fn an_in_flight_update_that_loses_its_races_is_owed_until_the_tick() {
+    let (fake, cfg) = setup();
+    fake.race(&shared::in_flight("llama-a"), CAS_ATTEMPTS);
+    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    assert_eq!(in_flight(&fake), vec![0, 0], "owed, not written");
+    settle();
+    assert_eq!(in_flight(&fake).iter().sum::<u32>(), 1, "the tick writes what was owed");
+    fake.race(&shared::in_flight("llama-a"), CAS_ATTEMPTS);
+    p.release();
+    assert_eq!(in_flight(&fake).iter().sum::<u32>(), 1);
+    settle();
+    assert_eq!(in_flight(&fake), vec![0, 0]);
+}
+
+#[test]
+fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
+    let (clean, cfg) = setup();
+    pin(&cfg, "llama-a", KEY).unwrap().release();
+    let n = clean.calls().len();
+    for status in [
+        HostStatus::InternalFailure,
+        HostStatus::CasMismatch,
+        HostStatus::Other(77),
+    ] {
+        for i in 0..n {
+            let (fake, cfg) = setup();
+            fake.fail_nth(i, status);
+            if let Some(p) = pin(&cfg, "llama-a", KEY) {
+                p.release();
+            }
+            fake.heal();
+            settle();
+            assert_eq!(in_flight(&fake), vec![0, 0], "call {i} failing with {status:?}");
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The status poll (`status.rs`): one root context per interval claims the lease and calls Envoy's admin API,
+//! the answer becomes the shared snapshot and placement's down lists, and a failed or missing answer keeps the
+//! last snapshot.
+
+use llmroute_core::envoy_contract::shared;
+use llmroute_core::key_placement::table::decode_down;
+use llmroute_core::status::{ADMIN_CLUSTER, ADMIN_PATH, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, TICK_MS};
+use llmroute_core::{load_config, Config};
+use proxy_wasm::types::{BufferType, LogLevel, MapType};
+
+use super::*;
+use crate::host::HostStatus;
+use crate::status::{latest, Poller};
+
+const MIXED: &[u8] = include_bytes!("../../../testdata/admin/clusters-mixed.json");
+
+/// The fleet of the admin captures in `testdata/admin/`.
+const FLEET: &str = include_str!("../../../testdata/admin/llmroute.json");
+
+fn started() -> (Rc<FakeHost>, Rc<Config>, Poller) {
+    let fake = FakeHost::install();
+    let cfg = Rc::new(load_config(FLEET).unwrap());
+    let mut poller = Poller::default();
+    poller.start(cfg.clone());
+    (fake, cfg, poller)
+}
+
+fn answer(fake: &FakeHost, status: &str, body: &[u8]) -> usize {
+    fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
+    fake.set_buffer_bytes(BufferType::HttpCallResponseBody, body);
+    body.len()
+}
+
+#[test]
+fn one_root_context_polls_per_interval_and_stores_the_snapshot() {
+    let (fake, _, mut poller) = started();
+    assert_eq!(fake.tick_ms(), Some(u32::try_from(TICK_MS).unwrap()));
+    poller.on_tick();
+    let calls = fake.callouts();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].cluster, ADMIN_CLUSTER);
+    assert!(calls[0]
+        .headers
+        .contains(&(":path".to_string(), ADMIN_PATH.to_string())));
+    // Another worker's root context on the same tick finds the lease taken.
+    let mut other = Poller::default();
+    other.start(Rc::new(load_config(FLEET).unwrap()));
+    other.on_tick();
+    assert_eq!(fake.callouts().len(), 1);
+
+    assert!(latest().is_none());
+    poller.on_response(calls[0].token + 100, answer(&fake, "200", MIXED));
+    assert!(latest().is_none(), "an answer to another call is ignored");
+    poller.on_response(calls[0].token, answer(&fake, "200", MIXED));
+    let fleet = latest().expect("a snapshot");
+    assert_eq!(fleet.backends.len(), 2);
+    let (_, down) = decode_down(&fake.shared(&shared::down("llama-a")).unwrap().0).unwrap();
+    assert!(
+        down.contains(&"127.0.0.1:21084".to_string()),
+        "placement sees the down hosts: {down:?}"
+    );
+    // Not due again until the interval has passed.
+    poller.on_tick();
+    assert_eq!(fake.callouts().len(), 1);
+    fake.advance_ms(POLL_INTERVAL_MS + 1);
+    poller.on_tick();
+    assert_eq!(fake.callouts().len(), 2);
+}
+
+#[test]
+fn a_failed_poll_keeps_the_last_snapshot_and_warns_once() {
+    let (fake, _, mut poller) = started();
+    poller.on_tick();
+    poller.on_response(fake.callouts()[0].token, answer(&fake, "200", MIXED));
+    let stored = fake.shared(shared::STATUS_SNAPSHOT).unwrap();
+    for (status, body) in [("503", &b"no"[..]), ("200", &b"{\"cluster_statuses\": 3}"[..])] {
+        fake.advance_ms(POLL_INTERVAL_MS + 1);
+        poller.on_tick();
+        let token = fake.callouts().last().unwrap().token;
+        poller.on_response(token, answer(&fake, status, body));
+        assert_eq!(fake.shared(shared::STATUS_SNAPSHOT).unwrap().0, stored.0, "{status}");
+    }
+    let warnings = fake
+        .logs()
+        .into_iter()
+        .filter(|(l, m)| *l == LogLevel::Warn && m.contains("status poll"))
+        .count();
+    assert_eq!(warnings, 1, "one warning per failure streak");
+}
+
+#[test]
+fn an_admin_cluster_that_cannot_be_called_hands_the_lease_back() {
+    let (fake, _, mut poller) = started();
+    fake.fail_kind(crate::host::fake::Kind::HttpCall, HostStatus::BadArgument);
+    poller.on_tick();
+    assert_eq!(fake.shared(shared::STATUS_LEASE).unwrap().0, 0u64.to_le_bytes());
+    fake.heal();
+    let mut other = Poller::default();
+    other.start(Rc::new(load_config(FLEET).unwrap()));
+    other.on_tick();
+    assert_eq!(fake.callouts().len(), 1, "the next root context polls at once");
+}
+
+#[test]
+fn an_answer_that_never_comes_is_forgotten_after_the_timeout() {
+    let (fake, _, mut poller) = started();
+    poller.on_tick();
+    fake.advance_ms(POLL_TIMEOUT_MS + TICK_MS);
+    poller.on_tick();
+    assert_eq!(fake.callouts().len(), 1, "still waiting");
+    fake.advance_ms(POLL_INTERVAL_MS);
+    poller.on_tick();
+    assert_eq!(fake.callouts().len(), 2, "a new poll once the old one timed out");
+    let late = fake.callouts()[0].token;
+    poller.on_response(late, answer(&fake, "200", MIXED));
+    assert!(latest().is_none(), "a late answer is ignored");
+}
+
+#[test]
+fn a_host_error_at_any_call_of_a_poll_neither_panics_nor_stops_polling() {
+    let (clean, _, mut poller) = started();
+    clean.reset_calls();
+    poller.on_tick();
+    poller.on_response(clean.callouts()[0].token, answer(&clean, "200", MIXED));
+    let n = clean.calls().len();
+    for i in 0..n {
+        let (fake, _, mut poller) = started();
+        fake.fail_nth(i, HostStatus::InternalFailure);
+        poller.on_tick();
+        if let Some(c) = fake.callouts().first() {
+            poller.on_response(c.token, answer(&fake, "200", MIXED));
+        }
+        fake.heal();
+        fake.advance_ms(POLL_INTERVAL_MS + POLL_TIMEOUT_MS + 2 * TICK_MS);
+        poller.on_tick();
+        let token = fake.callouts().last().map(|c| c.token);
+        poller.on_response(token.unwrap(), answer(&fake, "200", MIXED));
+        assert!(latest().is_some(), "call {i}: the next poll stores a snapshot");
+    }
+}
+
+#[test]
+fn the_root_context_ticks_the_poll_and_hands_it_the_answer() {
+    use proxy_wasm::traits::{Context, RootContext};
+    let fake = FakeHost::install();
+    let mut root = root(&fake, FLEET);
+    assert!(root.on_vm_start(0));
+    assert_eq!(root.get_type(), Some(proxy_wasm::types::ContextType::HttpContext));
+    root.on_tick();
+    let admin = fake
+        .callouts()
+        .into_iter()
+        .find(|c| c.cluster == ADMIN_CLUSTER)
+        .expect("the poll");
+    let size = answer(&fake, "200", MIXED);
+    root.on_http_call_response(admin.token, 1, size, 0);
+    assert!(latest().is_some());
+}
