@@ -7,12 +7,12 @@
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
 mod admission;
+mod fleet_check;
 mod host;
 mod http;
 mod key_placement;
 mod lease;
 mod metrics;
-mod props;
 mod response;
 mod root;
 mod status;

@@ -1,6 +1,6 @@
 //! The root context: loads and validates the plugin configuration, and hands it to each request. The main
 //! role's root context also polls Envoy's admin API for the status endpoints (see `status`), and checks that the
-//! llama.cpp servers of each backend agree in `/props` (see `props`).
+//! llama.cpp servers of each backend agree in `/props` (see `fleet_check`).
 //!
 //! A bad configuration makes `on_configure` return false, which makes Envoy refuse the plugin; the errors are
 //! logged one per line. `llmroute validate` runs the same validator before deployment.
@@ -12,10 +12,10 @@ use llmroute_core::Config;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use crate::fleet_check::FleetCheck;
 use crate::host;
 use crate::http::Http;
 use crate::metrics::Metrics;
-use crate::props::Prober;
 use crate::status::Poller;
 use crate::upstream::Upstream;
 
@@ -30,14 +30,14 @@ pub struct Root {
     /// True when this plugin instance is the failover clusters' upstream filter.
     upstream: bool,
     poller: Poller,
-    /// The `/props` fleet check of the llama.cpp backends (see `props`).
-    props: Prober,
+    /// The `/props` fleet check of the llama.cpp backends (see `fleet_check`).
+    fleet_check: FleetCheck,
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         self.poller.on_response(token_id, body_size);
-        self.props.on_response(token_id, body_size);
+        self.fleet_check.on_response(token_id, body_size);
     }
 }
 
@@ -79,7 +79,7 @@ impl RootContext for Root {
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
-                        self.props.start(cfg.clone());
+                        self.fleet_check.start(cfg.clone());
                     }
                 }
                 true
@@ -96,7 +96,7 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         crate::key_placement::settle();
         self.poller.on_tick();
-        self.props.on_tick();
+        self.fleet_check.on_tick();
         self.metrics.vm_memory_tick();
     }
 

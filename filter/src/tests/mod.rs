@@ -9,9 +9,9 @@
 
 mod admission;
 mod budget;
+mod fleet_check;
 mod http;
 mod key_placement;
-mod props;
 mod status;
 mod upstream;
 

@@ -38,7 +38,7 @@ struct Round {
 
 /// One root context's side of the fleet check.
 #[derive(Default)]
-pub struct Prober {
+pub struct FleetCheck {
     /// Set when the config has anything to check (see `fleet_check::checks_anything`).
     cfg: Option<Rc<Config>>,
     round: Option<Round>,
@@ -50,7 +50,7 @@ pub struct Prober {
     missing_logged: bool,
 }
 
-impl Prober {
+impl FleetCheck {
     /// Starts checking the llama.cpp backends of `cfg`, from `on_configure`. Does nothing without any.
     pub fn start(&mut self, cfg: Rc<Config>) {
         self.round = None;

@@ -9,15 +9,15 @@ use llmroute_core::status::TICK_MS;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
 use super::*;
+use crate::fleet_check::FleetCheck;
 use crate::host::HostStatus;
-use crate::props::Prober;
 
 const WARNINGS: &str = "llmroute_fleet_warnings_total";
 const CHECKS: &str = "llmroute_fleet_checks_total";
 
-fn started() -> (Rc<FakeHost>, Prober) {
+fn started() -> (Rc<FakeHost>, FleetCheck) {
     let fake = FakeHost::install();
-    let mut prober = Prober::default();
+    let mut prober = FleetCheck::default();
     prober.start(Rc::new(load_config(CONFIG).unwrap()));
     (fake, prober)
 }
@@ -26,7 +26,7 @@ fn props(n_ctx: u32, slots: u32) -> String {
     format!(r#"{{"default_generation_settings":{{"n_ctx":{n_ctx}}},"total_slots":{slots}}}"#)
 }
 
-fn answer(fake: &FakeHost, prober: &mut Prober, token: u32, status: &str, body: &str) {
+fn answer(fake: &FakeHost, prober: &mut FleetCheck, token: u32, status: &str, body: &str) {
     fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
     fake.set_buffer_bytes(BufferType::HttpCallResponseBody, body.as_bytes());
     prober.on_response(token, body.len());
@@ -81,7 +81,7 @@ fn a_server_that_never_answers_is_left_out_after_the_timeout() {
 #[test]
 fn a_config_without_llama_fleets_checks_nothing() {
     let fake = FakeHost::install();
-    let mut prober = Prober::default();
+    let mut prober = FleetCheck::default();
     prober.start(Rc::new(load_config(&CONFIG.replace("llamacpp", "vllm")).unwrap()));
     prober.on_tick();
     assert!(fake.callouts().is_empty());
