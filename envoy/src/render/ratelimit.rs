@@ -186,4 +186,34 @@ mod tests {
         let peeks = limits.iter().filter(|l| l["hits_addend"]["number"] == 0).count();
         assert_eq!(peeks, 2);
     }
+
+    /// The shipped envoyproxy/ratelimit example speaks the descriptors rendered here.
+    #[test]
+    fn the_shipped_ratelimit_config_uses_the_rendered_descriptors() {
+        let doc: Value = serde_yaml_ng::from_str(include_str!("../../ratelimit/config.yaml")).unwrap();
+        let cfg =
+            llmroute_core::load_config(&format!("{DOC}global_limits: {{ address: '127.0.0.1:8081' }}\n")).unwrap();
+        let domain = cfg.global_limits.map(|g| g.domain);
+        assert_eq!(
+            doc["domain"].as_str(),
+            domain.as_deref(),
+            "the default global_limits.domain"
+        );
+        let top = doc["descriptors"].as_array().unwrap();
+        let kinds: Vec<&str> = top.iter().filter_map(|d| d["value"].as_str()).collect();
+        assert_eq!(kinds, [global::REQUESTS, global::TOKENS]);
+        for d in top {
+            assert_eq!(d["key"], global::KIND);
+            for inner in d["descriptors"].as_array().unwrap() {
+                let key = inner["key"].as_str().unwrap();
+                assert!(key == global::ALIAS || key == global::KEY, "{inner}");
+                let unit = inner["rate_limit"]["unit"].as_str().unwrap();
+                assert!(["second", "minute", "hour", "day"].contains(&unit), "{inner}");
+                assert!(
+                    inner["rate_limit"]["requests_per_unit"].as_u64().unwrap() > 0,
+                    "{inner}"
+                );
+            }
+        }
+    }
 }
