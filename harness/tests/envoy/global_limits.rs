@@ -116,13 +116,14 @@ async fn descriptors_carry_alias_and_key_and_the_usage_is_charged_when_the_strea
     let streamed = r
         .text
         .lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter_map(|v| {
             let u = v.get("usage")?;
             Some(u["prompt_tokens"].as_u64()? + u["completion_tokens"].as_u64()?)
         })
-        .last()
+        .next()
         .expect("no usage in the stream");
     let calls = wait_calls(&rls, 4).await;
     let done = stream_done(&calls);
