@@ -9,7 +9,8 @@
 //!   [`global::ALIAS_HEADER`] and [`global::KEY_HEADER`]:
 //!   - `(llmroute, requests), (alias, A)` and `(llmroute, requests), (key, K)`: one hit each, before the request;
 //!   - `(llmroute, tokens), (alias, A)` and `(llmroute, tokens), (key, K)` with `hits_addend: 0`: a check that
-//!     charges nothing for a service that reads an explicit 0 as a peek (not verified against envoyproxy/ratelimit here), before the request;
+//!     charges nothing for a service that reads an explicit 0 as a peek (not verified against envoyproxy/ratelimit
+//!     here), before the request;
 //!   - the same two token descriptors with `apply_on_stream_done` and `hits_addend` read from the filter state
 //!     [`global::TOKENS_CHARGED`]: the usage is charged when the stream is done.
 //!
