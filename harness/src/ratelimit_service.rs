@@ -8,9 +8,9 @@
 //! It records every call (domain, descriptors with their entries and per-descriptor `hits_addend`, the request's
 //! own `hits_addend`), and answers by one rule: a descriptor whose entries match a configured limit counts hits
 //! against it (whatever the answer, as envoyproxy/ratelimit counts them); a call is OVER_LIMIT when any
-//! descriptor passes its limit. An explicit `hits_addend` of 0 is a
-//! peek: over only when the limit is already used up, as recent envoyproxy/ratelimit releases are said to read it. Over-limit statuses
-//! carry `duration_until_reset`, so Envoy's `x-ratelimit-reset` (and the gateway's `Retry-After`) can be checked.
+//! descriptor passes its limit. An explicit `hits_addend` of 0 is a peek: over only when the limit is already used
+//! up, as recent envoyproxy/ratelimit releases are said to read it. Over-limit statuses carry
+//! `duration_until_reset`, so Envoy's `x-ratelimit-reset` (and the gateway's `Retry-After`) can be checked.
 
 use std::collections::HashMap;
 use std::io;
