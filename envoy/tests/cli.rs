@@ -213,13 +213,18 @@ fn check_bootstrap(path: &Path, yaml: &str) {
         want.push("envoy.filters.http.compressor");
     }
     want.push("llmroute");
+    // With `global_limits`, Envoy's rate-limit filter reads the descriptor headers the wasm filter sets.
+    let global = doc.get("global_limits").is_some();
+    if global {
+        want.push("envoy.filters.http.ratelimit");
+    }
     if bounded {
         want.push("envoy.filters.http.stateful_session");
     }
     want.push("envoy.filters.http.router");
     assert_eq!(names, want, "{name}");
     if bounded {
-        let at = usize::from(compress) + 1;
+        let at = usize::from(compress) + usize::from(global) + 1;
         let state = &hcm(&v)["http_filters"][at]["typed_config"]["session_state"]["typed_config"];
         assert_eq!(state["name"], "x-llmroute-endpoint", "{name}");
     }

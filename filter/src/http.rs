@@ -38,6 +38,8 @@ pub struct Http {
     charges: Vec<Charge>,
     /// What the buckets had left after this request was admitted (debug headers).
     remaining: crate::admission::Remaining,
+    /// With `global_limits`: what the rate-limit filter's stream-done call may charge.
+    global: Option<crate::global_limits::Pending>,
     metrics: Metrics,
     context_id: u32,
     /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
@@ -71,6 +73,7 @@ impl Http {
             key: None,
             charges: Vec::new(),
             remaining: Default::default(),
+            global: None,
             metrics,
             context_id,
             replacing_overflow: false,
@@ -197,6 +200,11 @@ impl Http {
             }
         }
         self.charges = charges;
+        if let Some(g) = &cfg.global_limits {
+            let (input, max_output) = (decision.input_tokens, decision.max_output_tokens);
+            let key = self.key.as_deref();
+            self.global = Some(crate::global_limits::admit(g, &decision.alias, key, input, max_output));
+        }
         if let Some(k) = &self.key {
             self.metrics.key_request(k);
         }
@@ -266,6 +274,9 @@ impl Http {
             if let Some(n) = n {
                 host::set_log_field(key, &n.to_string());
             }
+        }
+        if let (Some(g), Some(used)) = (&self.global, w.used_tokens()) {
+            g.publish(Some(used));
         }
     }
 
@@ -394,6 +405,20 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
+        if let Some(refusal) = self.global.as_ref().and_then(|g| g.on_response_headers()) {
+            // Envoy's rate-limit filter answered (its body is already in the route's envelope): it costs nothing.
+            self.global = None;
+            self.metrics.rejected(refusal.metric_reason());
+            if refusal == llmroute_core::global_limits::Refusal::OverLimit {
+                let key = self.key.as_deref().unwrap_or("none");
+                self.metrics.rate_limited(&d.alias, key, "global");
+            }
+            if !self.charges.is_empty() {
+                crate::admission::settle(&self.charges, 0);
+            }
+            self.charges.clear();
+            return Action::Continue;
+        }
         let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
         host::set_log_field(log_fields::BACKEND, &backend);
         self.backend = Some(backend);

@@ -8,6 +8,7 @@
 
 mod admission;
 mod fleet_check;
+mod global_limits;
 mod host;
 mod http;
 mod key_placement;

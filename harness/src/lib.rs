@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod fleet;
 pub mod gguf;
 pub mod llama;
+pub mod ratelimit_service;
 pub use llmroute_envoy::render;
 pub use llmroute_synth::rng;
 pub mod sdk_clients;

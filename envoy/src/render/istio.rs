@@ -169,6 +169,10 @@ pub fn manifests(cfg: &Config, config_text: &str, opts: &IstioOptions) -> Result
     let Some((_, first)) = backends.first() else {
         return Err("backends: at least one backend is needed".into());
     };
+    if cfg.global_limits.is_some() {
+        // Refused rather than dropped: without the rate-limit filter the limits would silently not apply.
+        return Err("global_limits: the Istio manifests do not carry Envoy's rate-limit filter yet; render --target envoy or --target filter, or leave global_limits out".into());
+    }
     let failover = cfg.models.iter().any(has_failover);
     if failover && matches!(opts.wasm, WasmSource::Remote { .. }) {
         return Err("models[].routes: failover across backends runs the module as an upstream filter too, which needs --wasm PATH; --wasm-url is not supported with failover yet".into());
@@ -528,6 +532,19 @@ mod tests {
             p[1]["patch"]["value"]["config_discovery"]["type_urls"][0],
             WASM_TYPE_URL
         );
+    }
+
+    #[test]
+    fn global_limits_are_refused_not_dropped() {
+        let doc = format!("{DOC}\nglobal_limits: {{ address: '127.0.0.1:8081' }}\n");
+        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let err = manifests(
+            &cfg,
+            &doc,
+            &IstioOptions::sidecar(WasmSource::Local("/w.wasm".into()), "models"),
+        )
+        .unwrap_err();
+        assert!(err.starts_with("global_limits:"), "{err}");
     }
 
     #[test]

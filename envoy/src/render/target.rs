@@ -3,7 +3,8 @@
 //! bootstrap (`--target envoy`) is assembled from, so the two cannot drift.
 //!
 //! - `http_filters`: the entries that go before the router, in order: the wasm filter (inline, or through ECDS
-//!   when [`RenderOptions::ecds_path`] is set), then the stateful-session filter with `bounded_keys` placement.
+//!   when [`RenderOptions::ecds_path`] is set), Envoy's rate-limit filter with `global_limits`, then the
+//!   stateful-session filter with `bounded_keys` placement.
 //! - `route`: the RouteAction for inference paths (`cluster_header`, `hash_policy`, retry policy, timeout).
 //! - `failover_route`: only when an alias has routes to several backends. A whole route (match plus action) that
 //!   must come before the inference route: requests for such aliases carry `x-llmroute-alias` and need the retry
@@ -24,8 +25,8 @@ use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, stateful_session, tls, RenderOptions,
-    BUFFER_SLACK,
+    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, ratelimit, stateful_session, tls,
+    RenderOptions, BUFFER_SLACK,
 };
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
@@ -49,6 +50,7 @@ pub struct Pieces {
 pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<Pieces, String> {
     let plugin_config = config_json(config_text)?;
     let mut clusters = cluster::clusters(cfg);
+    clusters.extend(cfg.global_limits.as_ref().map(ratelimit::cluster));
     if opts.with_filter {
         clusters.extend(failover::clusters(cfg, &plugin_config, opts));
     }
@@ -72,6 +74,10 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
             Some(path) => ecds::discovered_filter(path),
             None => super::wasm_filter(plugin_config, opts),
         });
+        if let Some(g) = &cfg.global_limits {
+            // After the wasm filter: its descriptors read the headers the filter sets once the body is read.
+            http_filters.push(ratelimit::filter(g));
+        }
         if cfg.affinity.placement.bounded().is_some() {
             http_filters.push(stateful_session());
         }

@@ -197,6 +197,40 @@ pub mod log_fields {
     }
 }
 
+/// Envoy's rate-limit filter (`global_limits`): what the filter sets after admission, and what the renderer's
+/// route `rate_limits` read. Descriptor values are config-defined names only (an alias, an API key's name), so
+/// their number is bounded by the config; clients cannot set the headers, which are in the stripped
+/// `x-llmroute-` namespace.
+pub mod global {
+    /// Request header: the alias the request was admitted under.
+    pub const ALIAS_HEADER: &str = "x-llmroute-limit-alias";
+    /// Request header: the name of the API key the request presented (set only with `auth`).
+    pub const KEY_HEADER: &str = "x-llmroute-limit-key";
+    /// The first entry of every descriptor: `(KIND, REQUESTS)` or `(KIND, TOKENS)`.
+    pub const KIND: &str = "llmroute";
+    pub const REQUESTS: &str = "requests";
+    pub const TOKENS: &str = "tokens";
+    /// The second entry's key: the alias, or the key name.
+    pub const ALIAS: &str = "alias";
+    pub const KEY: &str = "key";
+    /// Filter state (`set_property`) with the tokens to charge when the stream is done; the stream-done rate
+    /// limit reads it as `%FILTER_STATE(wasm.llmroute.tokens_charged:PLAIN)%` (see [`super::log_fields::filter_state`]).
+    pub const TOKENS_CHARGED: &str = "llmroute.tokens_charged";
+    /// The cluster of the rate-limit service (HTTP/2).
+    pub const CLUSTER: &str = "llmroute_ratelimit";
+    /// Envoy's rate-limit filter.
+    pub const FILTER: &str = "envoy.filters.http.ratelimit";
+    /// `response.code_details` of the rate-limit filter's own replies: over a limit, and the service failing
+    /// with `failure_mode: deny`.
+    pub const DETAILS_LIMITED: &str = "request_rate_limited";
+    pub const DETAILS_SERVICE_ERROR: &str = "rate_limiter_error";
+    /// Envoy's response flags for the same two replies (`local_reply_config` matches on them).
+    pub const FLAG_LIMITED: &str = "RL";
+    pub const FLAG_SERVICE_ERROR: &str = "RLSE";
+    /// The response header Envoy's rate-limit filter sets from the service's `duration_until_reset` (seconds).
+    pub const RESET_HEADER: &str = "x-ratelimit-reset";
+}
+
 /// Shared-data keys, one family per piece of state the workers share.
 pub mod shared {
     /// A backend's `bounded_keys` key table.

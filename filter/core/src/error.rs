@@ -343,7 +343,7 @@ const fn reply(status: u16, code: &'static str, anthropic_type: &'static str, me
 }
 
 /// Envoy's local replies, most specific first. A reply that matches none takes [`envoy_fallback`].
-pub const ENVOY_REPLIES: [EnvoyReply; 10] = [
+pub const ENVOY_REPLIES: [EnvoyReply; 12] = [
     EnvoyReply {
         response_flag: Some("UO"),
         ..reply(503, "overloaded", "overloaded_error", OVERFLOW_MESSAGE)
@@ -356,6 +356,27 @@ pub const ENVOY_REPLIES: [EnvoyReply; 10] = [
             "gateway_overloaded",
             "overloaded_error",
             "The gateway is overloaded; retry later.",
+        )
+    },
+    // Envoy's rate-limit filter (`global_limits`): the service answered OVER_LIMIT. The filter adds Retry-After.
+    EnvoyReply {
+        response_flag: Some(crate::envoy_contract::global::FLAG_LIMITED),
+        openai_type: "rate_limit_error",
+        ..reply(
+            429,
+            "rate_limit_exceeded",
+            "rate_limit_error",
+            "Rate limit exceeded; retry after the time in Retry-After.",
+        )
+    },
+    // The rate-limit service could not answer and `global_limits.failure_mode` is `deny`.
+    EnvoyReply {
+        response_flag: Some(crate::envoy_contract::global::FLAG_SERVICE_ERROR),
+        ..reply(
+            503,
+            "rate_limit_unavailable",
+            "api_error",
+            "The rate-limit service could not be reached; retry later.",
         )
     },
     reply(

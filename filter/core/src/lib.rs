@@ -20,6 +20,7 @@ pub mod error;
 pub mod estimate;
 pub mod fields;
 pub mod fleet_check;
+pub mod global_limits;
 pub mod headers;
 pub mod json;
 pub mod key_placement;

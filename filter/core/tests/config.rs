@@ -1203,3 +1203,49 @@ fn a_credential_without_tls_is_refused_unless_every_endpoint_is_loopback() {
     let with_tls = credential_doc(&["10.0.0.5:8000"], Some(json!({ "ca_file": "/etc/ca.pem" })));
     assert!(load(&with_tls).is_ok(), "{:?}", load(&with_tls).err());
 }
+
+#[test]
+fn global_limits_are_off_by_default_and_filled_with_defaults_when_set() {
+    assert_eq!(loads(&minimal()).global_limits, None);
+    let cfg = loads(&edit(minimal(), |v| {
+        v["global_limits"] = json!({ "address": "rls.internal:8081" })
+    }));
+    let g = cfg.global_limits.unwrap();
+    assert_eq!(g.address, parse_endpoint("rls.internal:8081").unwrap());
+    assert_eq!((g.domain.as_str(), g.timeout_ms), ("llmroute", 100));
+    assert!(g.failure_mode_allow);
+    assert_eq!(g.default_max_tokens, 1024);
+    let deny =
+        loads(&edit(
+            minimal(),
+            |v| {
+                v["global_limits"] = json!({ "address": "127.0.0.1:8081", "failure_mode": "deny", "domain": "a.b-c_d" })
+            },
+        ));
+    assert!(!deny.global_limits.unwrap().failure_mode_allow);
+}
+
+#[test]
+fn global_limits_refusals_name_field_value_and_reason() {
+    let v = edit(
+        minimal(),
+        |v| {
+            v["global_limits"] =
+                json!({ "address": "127.0.0.1:0", "domain": "", "timeout_ms": 10001, "failure_mode": "Allow" })
+        },
+    );
+    let fields: Vec<String> = errors(&v).into_iter().map(|e| e.field).collect();
+    assert_eq!(
+        fields,
+        [
+            "global_limits.address",
+            "global_limits.domain",
+            "global_limits.timeout_ms",
+            "global_limits.failure_mode"
+        ]
+    );
+    let unknown = edit(minimal(), |v| {
+        v["global_limits"] = json!({ "address": "127.0.0.1:8081", "cluster": "x" })
+    });
+    assert!(errors(&unknown)[0].reason.contains("unknown field `cluster`"));
+}

@@ -16,6 +16,7 @@ mod edge;
 mod etcd_discovery;
 mod failure;
 mod fleet_check;
+mod global_limits;
 mod istio;
 mod nvcf;
 mod observability;

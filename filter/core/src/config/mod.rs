@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use raw::{
-    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawLimits, RawModel, RawRateLimits, RawRoute,
-    RawTokens, RawUsage,
+    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits, RawModel,
+    RawRateLimits, RawRoute, RawTokens, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{ListenTls, UpstreamTls};
@@ -253,6 +253,17 @@ pub struct Auth {
     pub limits: Option<RateLimits>,
 }
 
+/// `global_limits`: where the rate-limit service is, and how Envoy treats it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalLimits {
+    pub address: Endpoint,
+    pub domain: String,
+    pub timeout_ms: u64,
+    /// Let requests through when the service cannot answer.
+    pub failure_mode_allow: bool,
+    pub default_max_tokens: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AffinityConfig {
     /// Lower-case header names, checked in order.
@@ -336,6 +347,8 @@ pub struct Config {
     pub auth: Option<Auth>,
     /// The access log's file (`access_log.path`); `None` writes it to Envoy's standard output.
     pub access_log_path: Option<String>,
+    /// Envoy's rate-limit filter and its service (`global_limits`); `None`: limits are this Envoy's alone.
+    pub global_limits: Option<GlobalLimits>,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

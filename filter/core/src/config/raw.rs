@@ -57,6 +57,31 @@ pub struct RawConfig {
     /// The access log: one JSON line per request. Default: Envoy's standard output.
     #[serde(default)]
     pub access_log: Option<RawAccessLog>,
+    /// Limits shared by several Envoys, through Envoy's rate-limit filter and a rate-limit service such as
+    /// envoyproxy/ratelimit. Off without it.
+    #[serde(default)]
+    pub global_limits: Option<RawGlobalLimits>,
+}
+
+/// Envoy's rate-limit filter, in front of a gRPC rate-limit service (`docs/admission.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGlobalLimits {
+    /// The service's gRPC address, `HOST:PORT` (an IP literal or a DNS name). Envoy speaks HTTP/2 to it.
+    pub address: String,
+    /// The rate-limit domain, as in the service's config. `A-Z a-z 0-9 _ . -`, 1 to 64; default `llmroute`.
+    #[serde(default)]
+    pub domain: Option<String>,
+    /// How long Envoy waits for the service, in milliseconds. `1` to `10000`; default 100.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// When the service cannot answer: `allow` (the request goes on, the default) or `deny` (503).
+    #[serde(default)]
+    pub failure_mode: Option<String>,
+    /// Output tokens charged for a request that names no `max_tokens` and whose response reports no usage.
+    /// `1` to `10000000`; default 1024.
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
 }
 
 /// Inbound API keys.

@@ -95,6 +95,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     if let Some(path) = &access_log_path {
         check_abs_path(&mut errs, "access_log.path", path);
     }
+    let global_limits = raw.global_limits.as_ref().and_then(|g| global_limits(&mut errs, g));
 
     match (errs.errors.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
@@ -114,6 +115,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
                 auth,
                 access_log_path,
+                global_limits,
                 warnings: errs.warnings,
                 alias_index,
             })
@@ -427,6 +429,64 @@ fn auth(errs: &mut Errors, a: &RawAuth) -> Auth {
         keys_env: name.clone(),
         limits: rate_limits(errs, "auth.limits", a.limits.as_ref()),
     }
+}
+
+/// `global_limits`: the service's address, its domain, the timeout and what to do when it cannot answer.
+fn global_limits(errs: &mut Errors, g: &RawGlobalLimits) -> Option<GlobalLimits> {
+    let address = parse_endpoint(&g.address)
+        .map_err(|reason| {
+            errs.push(
+                "global_limits.address",
+                &g.address,
+                format!("{reason}; write the rate-limit service's gRPC address, such as 127.0.0.1:8081"),
+            )
+        })
+        .ok();
+    let domain = g.domain.clone().unwrap_or_else(|| "llmroute".into());
+    let domain_ok =
+        (1..=64).contains(&domain.len()) && domain.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if !domain_ok {
+        errs.push(
+            "global_limits.domain",
+            format!("{domain:?}"),
+            "must be 1 to 64 characters of A-Z a-z 0-9 _ . - (the `domain` of the rate-limit service's config)",
+        );
+    }
+    let timeout_ms = g.timeout_ms.unwrap_or(100);
+    if !(1..=10_000).contains(&timeout_ms) {
+        errs.push(
+            "global_limits.timeout_ms",
+            timeout_ms,
+            "must be between 1 and 10000: every admitted request waits for the service this long at most",
+        );
+    }
+    let failure_mode_allow = match g.failure_mode.as_deref() {
+        None | Some("allow") => true,
+        Some("deny") => false,
+        Some(other) => {
+            errs.push(
+                "global_limits.failure_mode",
+                other,
+                "must be `allow` (requests go on when the service cannot answer) or `deny` (they get a 503)",
+            );
+            true
+        }
+    };
+    let default_max_tokens = g.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    if !(1..=10_000_000).contains(&default_max_tokens) {
+        errs.push(
+            "global_limits.default_max_tokens",
+            default_max_tokens,
+            "must be between 1 and 10000000 (output tokens charged when a request names no max_tokens and no usage is reported)",
+        );
+    }
+    Some(GlobalLimits {
+        address: address?,
+        domain,
+        timeout_ms,
+        failure_mode_allow,
+        default_max_tokens,
+    })
 }
 
 /// A limits block: at least one of `requests` and `tokens`, each in the `AMOUNT-UNIT,...` syntax.

@@ -1,0 +1,53 @@
+//! Host side of `global_limits` (decisions in `llmroute_core::global_limits`): sets the descriptor headers after
+//! admission, recognises the rate-limit filter's own replies on the way back, and writes the tokens its
+//! stream-done call charges.
+
+use llmroute_core::config::GlobalLimits;
+use llmroute_core::envoy_contract::global;
+use llmroute_core::global_limits::{self, Refusal};
+
+use crate::host;
+
+/// What an admitted request may be charged, kept from admission to the end of the response.
+#[derive(Debug, Clone, Copy)]
+pub struct Pending {
+    reserved: u64,
+}
+
+/// Sets the headers the route's descriptors read. Client copies were stripped in the headers phase.
+pub fn admit(g: &GlobalLimits, alias: &str, key: Option<&str>, input: u64, max_output: Option<u64>) -> Pending {
+    for (name, value) in global_limits::descriptor_headers(alias, key) {
+        host::set_request_header(name, Some(value));
+    }
+    Pending {
+        reserved: global_limits::reservation(g, input, max_output),
+    }
+}
+
+impl Pending {
+    /// At response headers: the rate-limit filter's own reply is named (an over-limit one gets `Retry-After` from
+    /// the service's reset time); any other response is charged the reservation until usage comes.
+    pub fn on_response_headers(&self) -> Option<Refusal> {
+        let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
+        match global_limits::refusal(&details) {
+            Some(r) => {
+                if r == Refusal::OverLimit {
+                    let reset = host::response_header(global::RESET_HEADER);
+                    let after = global_limits::retry_after_s(reset.as_deref());
+                    host::set_response_header("retry-after", &after.to_string());
+                }
+                Some(r)
+            }
+            None => {
+                self.publish(None);
+                None
+            }
+        }
+    }
+
+    /// The tokens the stream-done call charges: the usage when reported, else the reservation.
+    pub fn publish(&self, used: Option<u64>) {
+        let n = global_limits::charge(self.reserved, used).tokens();
+        host::set_log_field(global::TOKENS_CHARGED, &n.to_string());
+    }
+}
