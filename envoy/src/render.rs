@@ -23,6 +23,7 @@ mod failover;
 pub mod istio;
 pub mod observe;
 mod probe;
+mod store;
 pub mod target;
 mod tls;
 

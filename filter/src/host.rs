@@ -208,6 +208,26 @@ pub fn dispatch_get_with(
         .ok()
 }
 
+/// Starts a `POST path` with a JSON `body` to the Envoy cluster `cluster` (the placement store's etcd); as
+/// [`dispatch_get`] otherwise.
+pub fn dispatch_post(cluster: &str, path: &str, body: &[u8], timeout_ms: u64) -> Option<u32> {
+    let headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", cluster),
+        ("content-type", "application/json"),
+    ];
+    let timeout = std::time::Duration::from_millis(timeout_ms);
+    hostcalls::dispatch_http_call(cluster, headers, Some(body), Vec::new(), timeout)
+        .map_err(|s| log::debug!("llmroute: calling cluster {cluster} failed: {s:?}"))
+        .ok()
+}
+
+/// Resumes the request the filter paused (after an HTTP callout answered).
+pub fn resume_request() {
+    logged(abi::continue_stream(0), "resuming the request");
+}
+
 /// The `:status` of the answer being delivered to `on_http_call_response`, if there is one.
 pub fn http_call_status() -> Option<u32> {
     header(MapType::HttpCallResponseHeaders, ":status")?.parse().ok()

@@ -86,7 +86,7 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
 /// change moves only the keys of a removed host, and a new host takes new keys. The in-flight counts are kept
 /// by position in the list; when its length changes they restart from zero, which only loosens the spill bound
 /// for the requests already in flight.
-fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
+pub(crate) fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
     if backend.lb != LbPolicy::Chwbl {
         return None;
     }
@@ -133,6 +133,11 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
 /// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
 /// placement is off, does not apply, or no host is up (Envoy's ring decides).
 pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
+    pin_stored(cfg, cluster, key, None)
+}
+
+/// [`pin`], for a key the placement store just settled on the host with id `stored` (see `placement_store`).
+pub fn pin_stored(cfg: &Config, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
     let keys = cfg.affinity.placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
@@ -143,7 +148,7 @@ pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = host::shared_data(&table_key);
         let mut t = KeyTable::decode(&bytes.unwrap_or_default());
-        let c = key_placement::choose(&mut t, &hosts, key, now, &bounds)?;
+        let c = key_placement::choose_stored(&mut t, &hosts, key, stored, now, &bounds)?;
         choice = Some(c);
         if !c.table_changed || host::set_shared_data(&table_key, &t.encode(), cas) {
             break;

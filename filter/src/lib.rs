@@ -12,6 +12,7 @@ mod http;
 mod key_placement;
 mod lease;
 mod metrics;
+mod placement_store;
 mod props;
 mod response;
 mod root;

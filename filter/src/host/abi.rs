@@ -130,6 +130,7 @@ extern "C" {
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
 }
 
 /// Takes ownership of `size` bytes the host allocated through `proxy_on_memory_allocate`.
@@ -316,6 +317,12 @@ pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
     // SAFETY: no pointers.
     check("record_metric", unsafe { proxy_record_metric(id, value) })
+}
+
+/// Resumes a stream the filter paused (`0`: the request, as the ABI numbers streams).
+pub fn continue_stream(stream: u32) -> HostResult<()> {
+    // SAFETY: no pointers.
+    check("continue_stream", unsafe { proxy_continue_stream(stream) })
 }
 
 pub fn get_metric(id: u32) -> HostResult<u64> {
