@@ -8,8 +8,9 @@
 //!   request where the store says, or locally on a fallback. Known keys never reach this module.
 //! - **Root side.** [`Syncer`]: once a second one root context per Envoy (a compare-and-swap lease in shared data)
 //!   reads each backend's keys modified since the last revision it saw and merges them into the shared key table;
-//!   once an epoch it grants a new etcd lease for new keys and re-attaches the keys its requests used. A failed
-//!   call is logged and retried on the next round; requests never wait for this side.
+//!   once an epoch it grants a new etcd lease for new keys and re-attaches the keys its requests used; and it
+//!   settles the keys placed locally while etcd failed (kept, or moved once to the host another replica stored).
+//!   A failed call is logged and retried on the next round; requests never wait for this side.
 
 use std::rc::Rc;
 
@@ -17,7 +18,7 @@ use llmroute_core::config::PlacementStore;
 use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
-use llmroute_core::key_placement::store::{self, Lease, Outcome, Reply};
+use llmroute_core::key_placement::store::{self, Lease, Outcome, Pending, Reply, Settled};
 use llmroute_core::key_placement::{Bounds, KeyTable};
 use llmroute_core::status::POLL_INTERVAL_MS;
 use llmroute_core::Config;
@@ -75,6 +76,7 @@ pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
+            note_pending(cluster, key);
             None
         }
     }
@@ -88,6 +90,7 @@ pub fn finish(cfg: &Config, w: &Waiting, body_size: usize, metrics: &Metrics) ->
     metrics.placement_store(outcome);
     if let Outcome::Fallback(f) = outcome {
         log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
+        note_pending(&w.cluster, w.key);
     }
     key_placement::pin_stored(cfg, &w.cluster, w.key, outcome.stored(w.proposed))
 }
@@ -118,6 +121,8 @@ enum Job {
     Range { backend: String, seen: i64 },
     /// Keys re-attached to a new lease.
     Refresh,
+    /// A key placed during an outage, proposed with the host the local table holds.
+    Settle { backend: String, key: u64 },
 }
 
 /// One root context's side of the store (see the module doc).
@@ -125,7 +130,7 @@ enum Job {
 pub struct Syncer {
     cfg: Option<Rc<Config>>,
     /// Calls in flight: token, job, when sent.
-    pending: Vec<(u32, Job, u64)>,
+    calls: Vec<(u32, Job, u64)>,
 }
 
 fn due(last: u64, now: u64) -> bool {
@@ -147,9 +152,9 @@ impl Syncer {
         };
         let now = host::now_ms();
         // A call the host never answered is forgotten (a late answer is ignored).
-        self.pending
+        self.calls
             .retain(|(_, _, at)| now.saturating_sub(*at) <= SYNC_TIMEOUT_MS.saturating_add(POLL_INTERVAL_MS));
-        if !self.pending.is_empty() || !crate::lease::claim(shared::STORE_SYNC_LEASE, now, due) {
+        if !self.calls.is_empty() || !crate::lease::claim(shared::STORE_SYNC_LEASE, now, due) {
             return;
         }
         let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
@@ -168,26 +173,59 @@ impl Syncer {
                 seen,
             };
             self.send(store::RANGE_PATH, &body, job, now);
+            self.settle_pending(st, b, lease.id, now);
+        }
+    }
+
+    /// Proposes to the store the keys of `b` placed locally while it failed, a few per round.
+    fn settle_pending(&mut self, st: &PlacementStore, b: &llmroute_core::config::Backend, lease: i64, now: u64) {
+        let pending = Pending::decode(&host::shared_data(&shared::store_pending(&b.name)).0.unwrap_or_default());
+        if pending.is_empty() {
+            return;
+        }
+        let Some(hosts) = key_placement::views(b, now) else {
+            return;
+        };
+        let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
+        for &key in pending.keys().iter().take(Pending::PER_ROUND) {
+            let address = table
+                .get(key)
+                .and_then(|e| hosts.iter().find(|h| h.id() == e.host))
+                .map(|h| h.address.clone());
+            let Some(address) = address else {
+                // Forgotten, or on a host no longer listed: a later request settles it afresh.
+                update_pending(&b.name, |p| p.remove(key));
+                continue;
+            };
+            let body = store::create_request(&st.prefix, &b.name, key, &address, lease);
+            let job = Job::Settle {
+                backend: b.name.clone(),
+                key,
+            };
+            self.send(store::TXN_PATH, &body, job, now);
         }
     }
 
     fn send(&mut self, path: &str, body: &str, job: Job, now: u64) {
         match host::dispatch_post(PLACEMENT_STORE_CLUSTER, path, body.as_bytes(), SYNC_TIMEOUT_MS) {
-            Some(token) => self.pending.push((token, job, now)),
+            Some(token) => self.calls.push((token, job, now)),
             None => log::debug!("llmroute: the placement store's cluster could not be called"),
         }
     }
 
     pub fn on_response(&mut self, token: u32, body_size: usize) {
-        let Some(i) = self.pending.iter().position(|(t, _, _)| *t == token) else {
+        let Some(i) = self.calls.iter().position(|(t, _, _)| *t == token) else {
             return;
         };
-        let (_, job, _) = self.pending.swap_remove(i);
+        let (_, job, _) = self.calls.swap_remove(i);
         let Some(cfg) = self.cfg.clone() else { return };
         let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.affinity.placement.bounded()) else {
             return;
         };
         let answer = call_body(body_size);
+        if let Job::Settle { backend, key } = &job {
+            return settle(backend, *key, store::settle_outcome(reply(answer.as_ref())));
+        }
         let body = match &answer {
             Some((200, body)) => body.as_slice(),
             Some((status, _)) => return log::info!("llmroute: placement store answered {status} ({job:?})"),
@@ -219,6 +257,7 @@ impl Syncer {
                     log::info!("llmroute: placement store lease refresh: {e}");
                 }
             }
+            Job::Settle { .. } => {}
         }
     }
 
@@ -248,6 +287,42 @@ fn merge(backend: &str, prefix: &str, kvs: &[etcd_json::Kv], now: u64, max_keys:
         }
     }
     false
+}
+
+/// Applies a pending key's settlement: kept or moved once, then no longer pending; or left for the next round.
+fn settle(backend: &str, key: u64, settled: Settled) {
+    match settled {
+        Settled::Retry => return,
+        Settled::Kept => {}
+        Settled::MoveTo(host) => {
+            let table_key = shared::keys(backend);
+            for _ in 0..CAS_ATTEMPTS {
+                let (bytes, cas) = host::shared_data(&table_key);
+                let mut t = KeyTable::decode(&bytes.unwrap_or_default());
+                if !t.set_host(key, host) || host::set_shared_data(&table_key, &t.encode(), cas) {
+                    break;
+                }
+            }
+        }
+    }
+    update_pending(backend, |p| p.remove(key));
+}
+
+/// Remembers a key placed locally because the store failed, for the root to settle later.
+fn note_pending(backend: &str, key: u64) {
+    update_pending(backend, |p| p.add(key));
+}
+
+/// Changes `backend`'s pending list with compare-and-swap; `change` says whether it changed anything.
+fn update_pending(backend: &str, change: impl Fn(&mut Pending) -> bool) {
+    let key = shared::store_pending(backend);
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(&key);
+        let mut p = Pending::decode(&bytes.unwrap_or_default());
+        if !change(&mut p) || host::set_shared_data(&key, &p.encode(), cas) {
+            return;
+        }
+    }
 }
 
 fn read_revision(backend: &str) -> i64 {

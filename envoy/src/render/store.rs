@@ -37,7 +37,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
             "timeout": "1s",
             "interval": "1s",
             "no_traffic_interval": "1s",
-            "unhealthy_threshold": 1,
+            "unhealthy_threshold": 2,
             "healthy_threshold": 1,
             "http_health_check": { "path": "/health" },
         }],

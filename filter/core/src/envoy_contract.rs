@@ -239,6 +239,10 @@ pub mod shared {
     pub const STORE_SYNC_LEASE: &str = "llmroute.store.sync";
     /// The etcd lease new keys are attached to (`key_placement::store::Lease`).
     pub const STORE_LEASE: &str = "llmroute.store.lease";
+    /// A backend's keys placed locally while the placement store failed, to settle once it answers.
+    pub fn store_pending(backend: &str) -> String {
+        format!("llmroute.store.pending.{backend}")
+    }
     /// The etcd revision up to which a backend's keys were read from the placement store.
     pub fn store_revision(backend: &str) -> String {
         format!("llmroute.store.rev.{backend}")

@@ -75,7 +75,9 @@ pub fn range_body(prefix: &str, limit: u64, min_mod_revision: i64) -> String {
         "limit": limit.to_string(),
     });
     if min_mod_revision > 0 {
-        body["min_mod_revision"] = Value::from(min_mod_revision.to_string());
+        if let Some(fields) = body.as_object_mut() {
+            fields.insert("min_mod_revision".into(), Value::from(min_mod_revision.to_string()));
+        }
     }
     body.to_string()
 }
@@ -163,10 +165,17 @@ pub enum TxnAnswer {
     Exists { kv: Option<Kv>, revision: i64 },
 }
 
+/// The value at a JSON pointer (`/a/b`), `Null` when absent: reading never fails.
+fn at<'a>(v: &'a Value, pointer: &str) -> &'a Value {
+    v.pointer(pointer).unwrap_or(&Value::Null)
+}
+
 fn parse(text: &[u8]) -> Result<Value, EtcdJsonError> {
     let v: Value = serde_json::from_slice(text).map_err(|_| EtcdJsonError::NotJson)?;
     if v.get("error").is_some() || v.get("code").is_some_and(|c| int(c) != 0) {
-        return Err(EtcdJsonError::Etcd { code: int(&v["code"]) });
+        return Err(EtcdJsonError::Etcd {
+            code: int(at(&v, "/code")),
+        });
     }
     if !v.is_object() {
         return Err(EtcdJsonError::NotJson);
@@ -179,17 +188,17 @@ fn kvs(v: &Value) -> Vec<Kv> {
     list.iter()
         .filter_map(|kv| {
             Some(Kv {
-                key: unb64(kv["key"].as_str()?)?,
-                value: kv["value"].as_str().and_then(unb64).unwrap_or_default(),
-                lease: int(&kv["lease"]),
-                mod_revision: int(&kv["mod_revision"]),
+                key: unb64(at(kv, "/key").as_str()?)?,
+                value: at(kv, "/value").as_str().and_then(unb64).unwrap_or_default(),
+                lease: int(at(kv, "/lease")),
+                mod_revision: int(at(kv, "/mod_revision")),
             })
         })
         .collect()
 }
 
 fn revision(v: &Value) -> Result<i64, EtcdJsonError> {
-    match int(&v["header"]["revision"]) {
+    match int(at(v, "/header/revision")) {
         0 => Err(EtcdJsonError::Missing("header.revision")),
         r => Ok(r),
     }
@@ -199,9 +208,9 @@ fn revision(v: &Value) -> Result<i64, EtcdJsonError> {
 pub fn parse_range(text: &[u8]) -> Result<RangeAnswer, EtcdJsonError> {
     let v = parse(text)?;
     Ok(RangeAnswer {
-        kvs: kvs(&v["kvs"]),
+        kvs: kvs(at(&v, "/kvs")),
         revision: revision(&v)?,
-        more: v["more"].as_bool().unwrap_or(false),
+        more: at(&v, "/more").as_bool().unwrap_or(false),
     })
 }
 
@@ -209,20 +218,20 @@ pub fn parse_range(text: &[u8]) -> Result<RangeAnswer, EtcdJsonError> {
 pub fn parse_create(text: &[u8]) -> Result<TxnAnswer, EtcdJsonError> {
     let v = parse(text)?;
     let revision = revision(&v)?;
-    if v["succeeded"].as_bool() == Some(true) {
+    if at(&v, "/succeeded").as_bool() == Some(true) {
         return Ok(TxnAnswer::Created { revision });
     }
-    let responses = v["responses"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let responses = at(&v, "/responses").as_array().map(Vec::as_slice).unwrap_or_default();
     let kv = responses
         .iter()
-        .find_map(|r| kvs(&r["response_range"]["kvs"]).into_iter().next());
+        .find_map(|r| kvs(at(r, "/response_range/kvs")).into_iter().next());
     Ok(TxnAnswer::Exists { kv, revision })
 }
 
 /// Reads the answer to [`puts_body`]: the revision it was written at.
 pub fn parse_puts(text: &[u8]) -> Result<i64, EtcdJsonError> {
     let v = parse(text)?;
-    match v["succeeded"].as_bool() {
+    match at(&v, "/succeeded").as_bool() {
         Some(true) => revision(&v),
         _ => Err(EtcdJsonError::Missing("succeeded")),
     }
@@ -231,7 +240,7 @@ pub fn parse_puts(text: &[u8]) -> Result<i64, EtcdJsonError> {
 /// Reads a `/v3/lease/grant` answer: the new lease's id.
 pub fn parse_grant(text: &[u8]) -> Result<i64, EtcdJsonError> {
     let v = parse(text)?;
-    match int(&v["ID"]) {
+    match int(at(&v, "/ID")) {
         0 => Err(EtcdJsonError::Missing("ID")),
         id => Ok(id),
     }
@@ -240,5 +249,5 @@ pub fn parse_grant(text: &[u8]) -> Result<i64, EtcdJsonError> {
 /// Reads a `/v3/lease/keepalive` answer: the lease's remaining TTL in seconds, 0 when it no longer exists.
 pub fn parse_keepalive(text: &[u8]) -> Result<i64, EtcdJsonError> {
     let v = parse(text)?;
-    Ok(int(&v["result"]["TTL"]))
+    Ok(int(at(&v, "/result/TTL")))
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
-use llmroute_core::key_placement::store::{self, Fallback, Lease, Outcome, Reply};
+use llmroute_core::key_placement::store::{self, Fallback, Lease, Outcome, Pending, Reply, Settled};
 use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_core::{load_config, ConfigErrors};
 use proptest::prelude::*;
@@ -565,4 +565,34 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
         let errs = refused(&config(store.clone(), placement)).join("\n");
         assert!(errs.contains(want), "{store} with {placement}: {errs}");
     }
+}
+
+#[test]
+fn keys_placed_during_an_outage_wait_in_a_bounded_list_and_settle_once() {
+    let mut p = Pending::default();
+    assert!(p.add(1) && p.add(2) && !p.add(1));
+    assert_eq!(Pending::decode(&p.encode()), p);
+    assert_eq!(Pending::decode(b"ragged"), Pending::default());
+    assert!(p.remove(1) && !p.remove(1));
+    assert_eq!(p.keys(), [2]);
+    for k in 0..(Pending::MAX as u64 + 10) {
+        p.add(k + 100);
+    }
+    assert_eq!(p.keys().len(), Pending::MAX);
+    assert_eq!(p.keys()[0], 110, "the oldest are dropped first");
+
+    let ok = |body: &'static str| Reply::Answer {
+        status: 200,
+        body: body.as_bytes(),
+    };
+    assert_eq!(store::settle_outcome(ok(CREATED)), Settled::Kept);
+    assert_eq!(
+        store::settle_outcome(ok(EXISTS)),
+        Settled::MoveTo(host_id("127.0.0.1:8001"))
+    );
+    assert_eq!(store::settle_outcome(Reply::NoAnswer), Settled::Retry);
+    assert_eq!(
+        store::settle_outcome(Reply::Answer { status: 503, body: b"" }),
+        Settled::Retry
+    );
 }

@@ -13,6 +13,10 @@
 //! - **When etcd is slow or gone** (no answer within `timeout_ms`, an error, an unreadable answer), the request is
 //!   placed locally and proceeds ([`Outcome::Fallback`], counted by reason). When etcd is back and holds another
 //!   host for that key, the stored placement wins at the next refresh ([`merge`]): the key moves once.
+//! - **Keys placed during an outage** are remembered per backend ([`Pending`]). Once etcd answers again, the
+//!   root context settles each with the same create-if-absent transaction, proposing the host the local table
+//!   holds ([`settle_outcome`]): the first replica to reach etcd stores its host, and every other one adopts it.
+//!   So a key moves at most once, and replicas agree again without waiting for the key to idle out.
 //! - **The local view**: every second one root context per replica reads the keys modified since the revision it
 //!   last saw ([`range_request`], [`next_revision`]) and [`merge`]s them into the local table, so the key-count
 //!   bounds of new placements see the whole fleet's keys.
@@ -281,4 +285,82 @@ pub fn refresh_batches(
         .take(MAX_REFRESH_BATCHES)
         .map(|batch| etcd_json::puts_body(batch, lease))
         .collect()
+}
+
+/// Keys of one backend placed locally while the store failed, waiting to be settled with it: little-endian `u64`s,
+/// at most [`Pending::MAX`] (past it the oldest are dropped: those keys stay where this replica put them until
+/// another replica stores them or they idle out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    keys: Vec<u64>,
+}
+
+impl Pending {
+    pub const MAX: usize = 1024;
+    /// Keys settled per root round.
+    pub const PER_ROUND: usize = 32;
+
+    pub fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Adds `key` (once). True when the list changed.
+    pub fn add(&mut self, key: u64) -> bool {
+        if self.keys.contains(&key) {
+            return false;
+        }
+        self.keys.push(key);
+        if self.keys.len() > Self::MAX {
+            self.keys.remove(0);
+        }
+        true
+    }
+
+    /// Removes `key`. True when it was there.
+    pub fn remove(&mut self, key: u64) -> bool {
+        let before = self.keys.len();
+        self.keys.retain(|k| *k != key);
+        self.keys.len() != before
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.keys.iter().flat_map(|k| k.to_le_bytes()).collect()
+    }
+
+    /// Reads [`Pending::encode`]'s bytes; ragged bytes read as an empty list.
+    pub fn decode(bytes: &[u8]) -> Pending {
+        if !bytes.len().is_multiple_of(8) {
+            return Pending::default();
+        }
+        let keys = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .take(Self::MAX)
+            .collect();
+        Pending { keys }
+    }
+}
+
+/// What settling a key placed during an outage does to the local table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Stored with this replica's host: nothing moves.
+    Kept,
+    /// Another replica stored it first: the key moves to the host with this id (once).
+    MoveTo(u32),
+    /// The store still fails: try again next round.
+    Retry,
+}
+
+/// Reads the reply to a pending key's create-if-absent transaction.
+pub fn settle_outcome(reply: Reply<'_>) -> Settled {
+    match create_outcome(reply) {
+        Outcome::Won => Settled::Kept,
+        Outcome::Adopted { host } => Settled::MoveTo(host),
+        Outcome::Fallback(_) => Settled::Retry,
+    }
 }
