@@ -10,7 +10,7 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use serde_json::{json, Value};
 
-use super::{duration_ms, socket};
+use super::{duration_ms, push, socket};
 
 /// Appends the store's cluster when the config has a placement store.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {
@@ -44,13 +44,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
         // Every member may be down at once; the filter then places locally, so never panic-route to them all.
         "common_lb_config": { "healthy_panic_threshold": { "value": 0 } },
     });
-    let clusters = &mut bootstrap["static_resources"]["clusters"];
-    if !clusters.is_array() {
-        *clusters = json!([]);
-    }
-    if let Some(list) = clusters.as_array_mut() {
-        list.push(cluster);
-    }
+    push(&mut bootstrap["static_resources"]["clusters"], cluster);
 }
 
 #[cfg(test)]

@@ -9,31 +9,17 @@ use std::collections::HashMap;
 
 use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
 use llmroute_core::key_placement::store::{self, Fallback, Lease, Outcome, Pending, Reply, Settled};
-use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, HostView, KeyTable, PlacementReason};
+use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, KeyTable, PlacementReason};
 use llmroute_core::{load_config, ConfigErrors};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const TTL: u64 = 300_000;
+mod common;
 
-fn hosts(n: usize) -> Vec<HostView> {
-    (0..n)
-        .map(|i| HostView {
-            address: format!("127.0.0.1:{}", 8001 + i),
-            up: true,
-            weight: 1,
-            in_flight: 0,
-        })
-        .collect()
-}
+use common::{hosts, PLACEMENT_TTL as TTL};
 
 fn bounds() -> Bounds {
-    Bounds {
-        key_factor: 125,
-        in_flight_factor: 150,
-        idle_ttl_ms: TTL,
-        max_keys: 4096,
-    }
+    common::bounds(125)
 }
 
 fn json_of(body: &str) -> Value {
