@@ -140,9 +140,18 @@ fn due(last: u64, now: u64) -> bool {
 impl Syncer {
     /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks).
     pub fn start(&mut self, cfg: Rc<Config>) {
-        if cfg.affinity.placement_store.is_some() && cfg.affinity.placement.bounded().is_some() {
-            self.cfg = Some(cfg);
+        if cfg.affinity.placement_store.is_none() || cfg.affinity.placement.bounded().is_none() {
+            return;
         }
+        // Seeded once per process, so every later write of a pending list is a compare-and-swap (a first write
+        // without one could drop another worker's key).
+        for b in &cfg.backends {
+            let key = shared::store_pending(&b.name);
+            if host::shared_data(&key).1.is_none() {
+                host::set_shared_data(&key, &[], None);
+            }
+        }
+        self.cfg = Some(cfg);
     }
 
     pub fn on_tick(&mut self) {
