@@ -299,15 +299,20 @@ impl Http {
 
 impl Context for Http {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
-        let (Some(w), Some(cfg)) = (self.store_wait.take(), self.cfg.clone()) else {
+        let (Some(mut w), Some(cfg)) = (self.store_wait.take(), self.cfg.clone()) else {
             return;
         };
         if w.token() != token_id {
             self.store_wait = Some(w);
             return;
         }
-        self.pinned(crate::placement_store::finish(&cfg, &w, body_size, &self.metrics));
-        host::resume_request();
+        match crate::placement_store::finish(&cfg, &mut w, body_size, &self.metrics) {
+            crate::placement_store::Step::Retrying => self.store_wait = Some(w),
+            crate::placement_store::Step::Pinned(pin) => {
+                self.pinned(pin);
+                host::resume_request();
+            }
+        }
     }
 }
 

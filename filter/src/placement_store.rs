@@ -38,6 +38,18 @@ pub struct Waiting {
     key: u64,
     /// The host id this replica proposed.
     proposed: u32,
+    /// The transaction, kept for one retry on another member.
+    body: String,
+    timeout_ms: u64,
+    retried: bool,
+}
+
+/// What became of a paused request when its answer came.
+pub enum Step {
+    /// Placed (through the store or, on a fallback, locally): resume the request.
+    Pinned(Option<Pin>),
+    /// Sent once more, to another etcd member: keep waiting.
+    Retrying,
 }
 
 impl Waiting {
@@ -73,6 +85,9 @@ pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option
             cluster: cluster.to_string(),
             key,
             proposed: host.id(),
+            body,
+            timeout_ms: store.timeout_ms,
+            retried: false,
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
@@ -82,17 +97,35 @@ pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option
     }
 }
 
-/// The answer to `w`'s transaction is being delivered (`body_size` bytes): count how the key was settled and pin
-/// the request there.
-pub fn finish(cfg: &Config, w: &Waiting, body_size: usize, metrics: &Metrics) -> Option<Pin> {
+/// The answer to `w`'s transaction is being delivered (`body_size` bytes): send it once more if the member was
+/// gone, else count how the key was settled and pin the request there.
+pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics) -> Step {
     let body = call_body(body_size);
+    if !w.retried && store::retry_once(reply(body.as_ref())) {
+        w.retried = true;
+        let sent = host::dispatch_post(
+            PLACEMENT_STORE_CLUSTER,
+            store::TXN_PATH,
+            w.body.as_bytes(),
+            w.timeout_ms,
+        );
+        if let Some(token) = sent {
+            w.token = token;
+            return Step::Retrying;
+        }
+    }
     let outcome = store::create_outcome(reply(body.as_ref()));
     metrics.placement_store(outcome);
     if let Outcome::Fallback(f) = outcome {
         log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
         note_pending(&w.cluster, w.key);
     }
-    key_placement::pin_stored(cfg, &w.cluster, w.key, outcome.stored(w.proposed))
+    Step::Pinned(key_placement::pin_stored(
+        cfg,
+        &w.cluster,
+        w.key,
+        outcome.stored(w.proposed),
+    ))
 }
 
 /// The answer's body, when there is an answer (`None`: Envoy delivered none, such as after a timeout).

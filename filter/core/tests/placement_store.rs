@@ -582,3 +582,21 @@ fn keys_placed_during_an_outage_wait_in_a_bounded_list_and_settle_once() {
         Settled::Retry
     );
 }
+
+#[test]
+fn only_a_503_is_sent_again_to_another_member() {
+    assert!(store::retry_once(Reply::Answer {
+        status: 503,
+        body: b"no healthy upstream"
+    }));
+    assert!(!store::retry_once(Reply::Answer {
+        status: 200,
+        body: CREATED.as_bytes()
+    }));
+    assert!(!store::retry_once(Reply::Answer {
+        status: 404,
+        body: LEASE_GONE.as_bytes()
+    }));
+    assert!(!store::retry_once(Reply::NoAnswer), "a timeout is not doubled");
+    assert!(!store::retry_once(Reply::NotSent));
+}

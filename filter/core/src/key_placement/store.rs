@@ -160,6 +160,14 @@ pub fn create_outcome(reply: Reply<'_>) -> Outcome {
     }
 }
 
+/// True when a new key's transaction should be sent once more, to another etcd member, before falling back: the
+/// answer was a 503, which is what Envoy answers when the member it picked refused the connection or had just
+/// died (and what etcd answers without a leader). Each new key is retried at most once, so a dead member costs a
+/// new key one more round trip until Envoy's health checks take it out, instead of a fallback.
+pub fn retry_once(reply: Reply<'_>) -> bool {
+    matches!(reply, Reply::Answer { status: 503, .. })
+}
+
 /// The host id a stored value names: its `IP:PORT` text, hashed as the table names hosts. `None` for a value that
 /// is not a short printable address.
 fn stored_host(kv: &Kv) -> Option<u32> {
