@@ -58,25 +58,13 @@ impl Etcd {
     }
 
     async fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
         self.runs += 1;
-        let log = std::fs::File::create(self.log_path()).map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
         let client = self.url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(bin)
-            .args(["--name", "llmroute-test"])
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("llmroute-test={peer}")])
-            .args(["--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("starting etcd: {e}"))?;
+        let initial = format!("llmroute-test={peer}");
+        let ports = (self.client_port, self.peer_port);
+        let data = self.dir.path().join("data");
+        let child = spawn_member("llmroute-test", &data, ports, &initial, &self.log_path())?;
         self.child = Some(child);
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -85,10 +73,8 @@ impl Etcd {
                 self.child = None;
                 return Err(format!("etcd exited with {status}:\n{}", self.log()));
             }
-            if let Ok(r) = http.get(format!("{client}/health")).send().await {
-                if r.text().await.is_ok_and(|t| t.contains("\"true\"")) {
-                    return Ok(());
-                }
+            if healthy(&http, &client).await {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 self.stop();
@@ -214,7 +200,6 @@ impl EtcdCluster {
     }
 
     async fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
         let initial = self
             .ports
             .iter()
@@ -222,34 +207,17 @@ impl EtcdCluster {
             .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        for (i, (client, peer)) in self.ports.clone().into_iter().enumerate() {
-            let log = std::fs::File::create(self.log_path(i)).map_err(|e| e.to_string())?;
-            let err = log.try_clone().map_err(|e| e.to_string())?;
-            let client = format!("http://127.0.0.1:{client}");
-            let peer = format!("http://127.0.0.1:{peer}");
-            let child = Command::new(&bin)
-                .args(["--name", &format!("m{i}")])
-                .arg("--data-dir")
-                .arg(self.dir.path().join(format!("data-{i}")))
-                .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-                .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-                .args(["--initial-cluster", &initial, "--initial-cluster-state", "new"])
-                .args(["--log-level", "warn"])
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(err)
-                .spawn()
-                .map_err(|e| format!("starting etcd: {e}"))?;
+        for (i, ports) in self.ports.clone().into_iter().enumerate() {
+            let data = self.dir.path().join(format!("data-{i}"));
+            let child = spawn_member(&format!("m{i}"), &data, ports, &initial, &self.log_path(i))?;
             self.children.push(Some(child));
         }
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         for url in self.urls() {
             loop {
-                if let Ok(r) = http.get(format!("{url}/health")).send().await {
-                    if r.text().await.is_ok_and(|t| t.contains("\"true\"")) {
-                        break;
-                    }
+                if healthy(&http, &url).await {
+                    break;
                 }
                 if Instant::now() > deadline {
                     let log = self.log();
@@ -286,6 +254,43 @@ impl Drop for EtcdCluster {
                 self.log()
             );
         }
+    }
+}
+
+/// Starts one etcd member named `name` with its data in `data`, on loopback `(client, peer)` ports, in the cluster
+/// `initial` (`name=peer-url,...`), writing its output to `log`.
+fn spawn_member(
+    name: &str,
+    data: &Path,
+    (client, peer): (u16, u16),
+    initial: &str,
+    log: &Path,
+) -> Result<Child, String> {
+    let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let client = format!("http://127.0.0.1:{client}");
+    let peer = format!("http://127.0.0.1:{peer}");
+    Command::new(bin)
+        .args(["--name", name])
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", initial, "--initial-cluster-state", "new"])
+        .args(["--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("starting etcd: {e}"))
+}
+
+/// True when the member at `url` says it is healthy (it has a leader).
+async fn healthy(http: &reqwest::Client, url: &str) -> bool {
+    match http.get(format!("{url}/health")).send().await {
+        Ok(r) => r.text().await.is_ok_and(|t| t.contains("\"true\"")),
+        Err(_) => false,
     }
 }
 
