@@ -9,9 +9,8 @@
 use std::io::{BufRead, BufReader, Read};
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
-use serde_json::{json, Value};
+use llmroute_core::etcd_json::{self, int};
+use serde_json::Value;
 
 /// Most keys one range read returns; a prefix holding more is cut, and the cut is reported.
 pub const RANGE_LIMIT: u64 = 4096;
@@ -86,7 +85,7 @@ impl Client {
     }
 
     /// POSTs `body` to `path` on each endpoint in turn until one answers.
-    fn call(&mut self, agent: &ureq::Agent, path: &str, body: &Value) -> Result<ureq::Response, EtcdError> {
+    fn call(&mut self, agent: &ureq::Agent, path: &str, body: &str) -> Result<ureq::Response, EtcdError> {
         let n = self.endpoints.len().max(1);
         let mut last = EtcdError("no etcd endpoint configured".into());
         for step in 0..self.endpoints.len() {
@@ -95,7 +94,7 @@ impl Client {
             match agent
                 .post(&format!("{base}{path}"))
                 .set("content-type", "application/json")
-                .send_string(&body.to_string())
+                .send_string(body)
             {
                 Ok(resp) => {
                     self.current = i;
@@ -113,7 +112,7 @@ impl Client {
         Err(last)
     }
 
-    fn json(&mut self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+    fn json(&mut self, path: &str, body: &str) -> Result<Value, EtcdError> {
         let agent = self.agent.clone();
         let resp = self.call(&agent, path, body)?;
         let text = resp
@@ -124,39 +123,39 @@ impl Client {
 
     /// Every key under `prefix` (which should end with `/`).
     pub fn range_prefix(&mut self, prefix: &str) -> Result<Range, EtcdError> {
-        let v = self.json(
-            "/v3/kv/range",
-            &json!({ "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "limit": RANGE_LIMIT }),
-        )?;
-        let kvs = v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
-        let kvs = kvs
-            .iter()
+        let body = etcd_json::range_body(prefix, RANGE_LIMIT, 0);
+        let agent = self.agent.clone();
+        let resp = self.call(&agent, "/v3/kv/range", &body)?;
+        let text = resp
+            .into_string()
+            .map_err(|e| EtcdError(format!("/v3/kv/range: reading the answer: {e}")))?;
+        let r = etcd_json::parse_range(text.as_bytes()).map_err(|e| EtcdError(format!("/v3/kv/range: {e}")))?;
+        let kvs = r
+            .kvs
+            .into_iter()
             .filter_map(|kv| {
                 Some(Kv {
-                    key: String::from_utf8(unb64(kv["key"].as_str()?)?).ok()?,
-                    value: kv["value"].as_str().and_then(unb64).unwrap_or_default(),
-                    lease: int(&kv["lease"]),
+                    key: String::from_utf8(kv.key).ok()?,
+                    value: kv.value,
+                    lease: kv.lease,
                 })
             })
             .collect();
         Ok(Range {
             kvs,
-            revision: int(&v["header"]["revision"]),
-            more: v["more"].as_bool().unwrap_or(false),
+            revision: r.revision,
+            more: r.more,
         })
     }
 
     pub fn put(&mut self, key: &str, value: &str, lease: i64) -> Result<(), EtcdError> {
-        self.json(
-            "/v3/kv/put",
-            &json!({ "key": b64(key), "value": b64(value), "lease": lease.to_string() }),
-        )
-        .map(drop)
+        self.json("/v3/kv/put", &etcd_json::put_body(key, value, lease))
+            .map(drop)
     }
 
     /// A new lease of `ttl_s` seconds; its id.
     pub fn grant(&mut self, ttl_s: u64) -> Result<i64, EtcdError> {
-        let v = self.json("/v3/lease/grant", &json!({ "TTL": ttl_s.to_string() }))?;
+        let v = self.json("/v3/lease/grant", &etcd_json::grant_body(ttl_s))?;
         match int(&v["ID"]) {
             0 => Err(EtcdError(format!("lease grant: no lease id in {v}"))),
             id => Ok(id),
@@ -165,7 +164,7 @@ impl Client {
 
     /// Refreshes the lease; its remaining TTL in seconds, 0 when the lease no longer exists.
     pub fn keepalive(&mut self, id: i64) -> Result<i64, EtcdError> {
-        let v = self.json("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        let v = self.json("/v3/lease/keepalive", &etcd_json::keepalive_body(id))?;
         if let Some(err) = v.get("error") {
             return Err(EtcdError(format!("lease keepalive: {err}")));
         }
@@ -174,17 +173,12 @@ impl Client {
 
     /// Ends the lease: every key attached to it goes at once.
     pub fn revoke(&mut self, id: i64) -> Result<(), EtcdError> {
-        self.json("/v3/lease/revoke", &json!({ "ID": id.to_string() }))
-            .map(drop)
+        self.json("/v3/lease/revoke", &etcd_json::revoke_body(id)).map(drop)
     }
 
     /// Watches `prefix` from `start_revision` until something changes, the stream stays idle, or it fails.
     pub fn watch(&mut self, prefix: &str, start_revision: i64) -> Result<WatchEnd, EtcdError> {
-        let body = json!({ "create_request": {
-            "key": b64(prefix),
-            "range_end": b64(prefix_end(prefix)),
-            "start_revision": start_revision.to_string(),
-        }});
+        let body = etcd_json::watch_body(prefix, start_revision);
         let agent = self.watch_agent.clone();
         let resp = self.call(&agent, "/v3/watch", &body)?;
         let mut lines = BufReader::new(resp.into_reader().take(u64::MAX));
@@ -216,53 +210,9 @@ impl Client {
     }
 }
 
-fn b64(s: impl AsRef<[u8]>) -> String {
-    B64.encode(s.as_ref())
-}
-
-fn unb64(s: &str) -> Option<Vec<u8>> {
-    B64.decode(s).ok()
-}
-
-/// An int64 as proto3 JSON writes it: a string, a number, or absent for 0.
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::String(s) => s.parse().unwrap_or(0),
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// The end of the key range holding every key that starts with `prefix`: the prefix with its last byte
-/// incremented (bytes 0xff dropped first), or `"\0"` (every key) for a prefix of only 0xff bytes.
-pub fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut bytes = prefix.as_bytes().to_vec();
-    while let Some(last) = bytes.pop() {
-        if last < 0xff {
-            bytes.push(last + 1);
-            return bytes;
-        }
-    }
-    vec![0]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_end_increments_the_last_byte() {
-        assert_eq!(prefix_end("/llmroute/a/"), b"/llmroute/a0");
-        assert_eq!(prefix_end("a"), b"b");
-    }
-
-    #[test]
-    fn ints_come_as_strings_numbers_or_nothing() {
-        assert_eq!(int(&json!("7587878")), 7_587_878);
-        assert_eq!(int(&json!(12)), 12);
-        assert_eq!(int(&Value::Null), 0);
-        assert_eq!(int(&json!("x")), 0);
-    }
 
     #[test]
     fn no_endpoint_is_an_error_not_a_panic() {

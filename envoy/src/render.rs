@@ -24,6 +24,7 @@ pub mod istio;
 pub mod observe;
 mod probe;
 mod ratelimit;
+mod store;
 pub mod target;
 mod tls;
 
@@ -139,6 +140,16 @@ pub(crate) fn stateful_session() -> Value {
             },
         },
     })
+}
+
+/// Appends `item` to the JSON list `list`, which becomes a list first if it is not one.
+pub(crate) fn push(list: &mut Value, item: Value) {
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    if let Some(items) = list.as_array_mut() {
+        items.push(item);
+    }
 }
 
 pub(crate) fn socket(address: &str, port: u16) -> Value {

@@ -51,8 +51,15 @@ pub trait Host {
     /// Writes shared data; with `cas`, only if the version is still `cas` (else `CasMismatch`).
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()>;
     fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()>;
-    /// Starts a body-less HTTP call to an Envoy cluster; the answer comes to the root context with the token.
-    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32>;
+    /// Starts an HTTP call to an Envoy cluster, with an optional body; the answer comes to the calling context
+    /// with the token.
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> HostResult<u32>;
     fn define_metric(&self, kind: MetricType, name: &str) -> HostResult<u32>;
     fn increment_metric(&self, id: u32, by: i64) -> HostResult<()>;
     fn record_metric(&self, id: u32, value: u64) -> HostResult<()>;
@@ -266,9 +273,30 @@ pub fn dispatch_get_with(
     headers.extend_from_slice(extra);
     let timeout = Duration::from_millis(timeout_ms);
     host()
-        .http_call(cluster, &headers, timeout)
+        .http_call(cluster, &headers, None, timeout)
         .map_err(|e| log::debug!("llmroute: calling cluster {cluster} failed: {e}"))
         .ok()
+}
+
+/// Starts a `POST path` with a JSON `body` to the Envoy cluster `cluster` (the placement store's etcd); as
+/// [`dispatch_get`] otherwise.
+pub fn dispatch_post(cluster: &str, path: &str, body: &[u8], timeout_ms: u64) -> Option<u32> {
+    let headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", cluster),
+        ("content-type", "application/json"),
+    ];
+    let timeout = Duration::from_millis(timeout_ms);
+    host()
+        .http_call(cluster, &headers, Some(body), timeout)
+        .map_err(|e| log::debug!("llmroute: calling cluster {cluster} failed: {e}"))
+        .ok()
+}
+
+/// Resumes the request the filter paused (after an HTTP callout answered).
+pub fn resume_request() {
+    logged(abi::continue_stream(0), "resuming the request");
 }
 
 /// The `:status` of the answer being delivered to `on_http_call_response`, if there is one.

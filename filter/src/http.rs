@@ -54,6 +54,8 @@ pub struct Http {
     watch: Option<ResponseWatch>,
     /// The host bounded-keys placement pinned the request to.
     pin: Option<Pin>,
+    /// The placement store's answer the paused request waits for.
+    store_wait: Option<crate::placement_store::Waiting>,
     /// When the request started, and when the first response body byte came (host clock, ms).
     started_ms: u64,
     first_byte_ms: Option<u64>,
@@ -83,6 +85,7 @@ impl Http {
             routed: None,
             watch: None,
             pin: None,
+            store_wait: None,
             started_ms: 0,
             first_byte_ms: None,
             backend: None,
@@ -227,10 +230,10 @@ impl Http {
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {
-                self.pin = key_placement::pin(cfg, &decision.cluster, a.hash);
-                if let Some(p) = &self.pin {
-                    self.metrics.placement(p.choice.reason);
-                    host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
+                // A key new to a replica with a placement store waits for etcd (see `placement_store`).
+                self.store_wait = crate::placement_store::begin(cfg, &decision.cluster, a.hash, &self.metrics);
+                if self.store_wait.is_none() {
+                    self.pinned(key_placement::pin(cfg, &decision.cluster, a.hash));
                 }
             }
         }
@@ -254,7 +257,18 @@ impl Http {
             decision.affinity.map_or("none", |a| a.source.as_str())
         );
         self.routed = Some(decision);
-        Action::Continue
+        match self.store_wait {
+            Some(_) => Action::Pause,
+            None => Action::Continue,
+        }
+    }
+
+    fn pinned(&mut self, pin: Option<Pin>) {
+        self.pin = pin;
+        if let Some(p) = &self.pin {
+            self.metrics.placement(p.choice.reason);
+            host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
+        }
     }
 
     /// Writes the outcome and usage seen so far to the access-log fields. Called when the response ends and when
@@ -296,7 +310,24 @@ impl Http {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let (Some(mut w), Some(cfg)) = (self.store_wait.take(), self.cfg.clone()) else {
+            return;
+        };
+        if w.token() != token_id {
+            self.store_wait = Some(w);
+            return;
+        }
+        match crate::placement_store::finish(&cfg, &mut w, body_size, &self.metrics) {
+            crate::placement_store::Step::Retrying => self.store_wait = Some(w),
+            crate::placement_store::Step::Pinned(pin) => {
+                self.pinned(pin);
+                host::resume_request();
+            }
+        }
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

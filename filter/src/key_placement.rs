@@ -65,6 +65,11 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
 /// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
 /// placement is off, does not apply, or no host is up (Envoy's ring decides).
 pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
+    pin_stored(cfg, cluster, key, None)
+}
+
+/// [`pin`], for a key the placement store just settled on the host with id `stored` (see `placement_store`).
+pub fn pin_stored(cfg: &Config, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
     let keys = cfg.affinity.placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
@@ -75,7 +80,7 @@ pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = host::shared_data(&table_key);
         let mut t = KeyTable::decode(&bytes.unwrap_or_default());
-        let c = key_placement::choose(&mut t, &hosts, key, now, &bounds)?;
+        let c = key_placement::choose_stored(&mut t, &hosts, key, stored, now, &bounds)?;
         choice = Some(c);
         if !c.table_changed || host::set_shared_data(&table_key, &t.encode(), cas) {
             break;

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use llmroute_core::envoy_contract::metrics as names;
+use llmroute_core::key_placement::store::Outcome as StoreOutcome;
 use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
 use proxy_wasm::types::MetricType;
@@ -78,14 +79,20 @@ impl Metrics {
     }
 
     /// Defines the closed-set series that alerts divide by, so they read 0 rather than nothing before the first
-    /// event: each stream outcome, and each placement reason when `bounded_keys` placement is on.
-    pub fn prime(&self, bounded_placement: bool) {
+    /// event: each stream outcome, each placement reason when `bounded_keys` placement is on, and each placement
+    /// store outcome when the store is configured.
+    pub fn prime(&self, bounded_placement: bool, placement_store: bool) {
         for o in Outcome::ALL {
             self.add(names::STREAM_OUTCOMES, &[("outcome", o.as_str())], 0);
         }
         if bounded_placement {
             for r in PlacementReason::ALL {
                 self.add(names::PLACEMENTS, &[("reason", r.as_str())], 0);
+            }
+        }
+        if placement_store {
+            for o in StoreOutcome::LABELS {
+                self.add(names::PLACEMENT_STORE, &[("outcome", o)], 0);
             }
         }
     }
@@ -121,6 +128,11 @@ impl Metrics {
 
     pub fn placement(&self, r: PlacementReason) {
         self.add(names::PLACEMENTS, &[("reason", r.as_str())], 1);
+    }
+
+    /// A new key settled through the placement store, or placed locally when the store failed.
+    pub fn placement_store(&self, o: StoreOutcome) {
+        self.add(names::PLACEMENT_STORE, &[("outcome", o.as_str())], 1);
     }
 
     /// A routed request is over: count it, its tokens, and record its timings and sizes.

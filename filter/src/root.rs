@@ -16,6 +16,7 @@ use crate::fleet_check::FleetCheck;
 use crate::host;
 use crate::http::Http;
 use crate::metrics::Metrics;
+use crate::placement_store::Syncer;
 use crate::status::Poller;
 use crate::upstream::Upstream;
 
@@ -32,12 +33,15 @@ pub struct Root {
     poller: Poller,
     /// The `/props` fleet check of the llama.cpp backends (see `fleet_check`).
     fleet_check: FleetCheck,
+    /// The shared placement store's refresh (see `placement_store`).
+    store: Syncer,
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         self.poller.on_response(token_id, body_size);
         self.fleet_check.on_response(token_id, body_size);
+        self.store.on_response(token_id, body_size);
     }
 }
 
@@ -75,11 +79,13 @@ impl RootContext for Root {
                         }
                     }
                     crate::admission::seed(&cfg, self.keys.as_deref());
-                    self.metrics.prime(cfg.affinity.placement.bounded().is_some());
+                    let store = cfg.affinity.placement_store.is_some();
+                    self.metrics.prime(cfg.affinity.placement.bounded().is_some(), store);
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
                         self.fleet_check.start(cfg.clone());
+                        self.store.start(cfg.clone());
                     }
                 }
                 true
@@ -97,6 +103,7 @@ impl RootContext for Root {
         crate::key_placement::settle();
         self.poller.on_tick();
         self.fleet_check.on_tick();
+        self.store.on_tick();
         self.metrics.vm_memory_tick();
     }
 

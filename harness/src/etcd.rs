@@ -1,6 +1,7 @@
 //! A real single-member etcd for tests and the demo (Debian `etcd-server`, `make etcd`), on random loopback
 //! ports, its data in a temporary directory, killed on drop. [`Etcd::stop`] and [`Etcd::restart`] keep the data
-//! and the ports, so a test can take etcd away and bring it back. Also: the `llmroute` CLI's long-running
+//! and the ports, so a test can take etcd away and bring it back. [`EtcdCluster`] runs three such members as one
+//! cluster, so a test can kill one and keep the quorum. Also: the `llmroute` CLI's long-running
 //! subcommands (`discover`, `register`) as child processes killed on drop, with their logs kept.
 
 use std::path::{Path, PathBuf};
@@ -57,25 +58,13 @@ impl Etcd {
     }
 
     async fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
         self.runs += 1;
-        let log = std::fs::File::create(self.log_path()).map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
         let client = self.url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(bin)
-            .args(["--name", "llmroute-test"])
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("llmroute-test={peer}")])
-            .args(["--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("starting etcd: {e}"))?;
+        let initial = format!("llmroute-test={peer}");
+        let ports = (self.client_port, self.peer_port);
+        let data = self.dir.path().join("data");
+        let child = spawn_member("llmroute-test", &data, ports, &initial, &self.log_path())?;
         self.child = Some(child);
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -84,10 +73,8 @@ impl Etcd {
                 self.child = None;
                 return Err(format!("etcd exited with {status}:\n{}", self.log()));
             }
-            if let Ok(r) = http.get(format!("{client}/health")).send().await {
-                if r.text().await.is_ok_and(|t| t.contains("\"true\"")) {
-                    return Ok(());
-                }
+            if healthy(&http, &client).await {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 self.stop();
@@ -150,6 +137,160 @@ impl Drop for Etcd {
         if std::thread::panicking() {
             eprintln!("----- etcd log -----\n{}\n----- end of etcd log -----", self.log());
         }
+    }
+}
+
+/// A 3-member etcd cluster on loopback, each member on its own random ports and data directory; killed on drop.
+pub struct EtcdCluster {
+    children: Vec<Option<Child>>,
+    ports: Vec<(u16, u16)>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    pub const MEMBERS: usize = 3;
+
+    /// Starts three members and waits until every one reports itself healthy (a leader is elected).
+    pub async fn start() -> Result<EtcdCluster, String> {
+        let mut last = String::new();
+        for attempt in 0..5 {
+            let ports = (0..Self::MEMBERS as u32)
+                .map(|i| random_ports(attempt * 10 + 200 + i))
+                .collect::<Vec<_>>();
+            let unique: std::collections::BTreeSet<u16> = ports.iter().flat_map(|(a, b)| [*a, *b]).collect();
+            if unique.len() != Self::MEMBERS * 2 {
+                continue;
+            }
+            let mut c = EtcdCluster {
+                children: Vec::new(),
+                ports,
+                dir: tempfile::tempdir().map_err(|e| e.to_string())?,
+            };
+            match c.spawn_and_wait().await {
+                Ok(()) => return Ok(c),
+                Err(log) => last = log,
+            }
+        }
+        Err(format!("the etcd cluster did not start after 5 attempts:\n{last}"))
+    }
+
+    /// Every member's client URL, `http://127.0.0.1:PORT`.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|(c, _)| format!("http://127.0.0.1:{c}"))
+            .collect()
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("etcd-{i}.log"))
+    }
+
+    /// Every member's log.
+    pub fn log(&self) -> String {
+        (0..self.ports.len())
+            .map(|i| {
+                format!(
+                    "--- member {i} ---\n{}",
+                    std::fs::read_to_string(self.log_path(i)).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let initial = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (i, ports) in self.ports.clone().into_iter().enumerate() {
+            let data = self.dir.path().join(format!("data-{i}"));
+            let child = spawn_member(&format!("m{i}"), &data, ports, &initial, &self.log_path(i))?;
+            self.children.push(Some(child));
+        }
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for url in self.urls() {
+            loop {
+                if healthy(&http, &url).await {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let log = self.log();
+                    self.stop_all();
+                    return Err(format!("the etcd cluster was not healthy within 30 s:\n{log}"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills member `i` (its data stays).
+    pub fn stop_member(&mut self, i: usize) {
+        if let Some(mut c) = self.children.get_mut(i).and_then(Option::take) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for i in 0..self.children.len() {
+            self.stop_member(i);
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.stop_all();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- etcd cluster log -----\n{}\n----- end of etcd cluster log -----",
+                self.log()
+            );
+        }
+    }
+}
+
+/// Starts one etcd member named `name` with its data in `data`, on loopback `(client, peer)` ports, in the cluster
+/// `initial` (`name=peer-url,...`), writing its output to `log`.
+fn spawn_member(
+    name: &str,
+    data: &Path,
+    (client, peer): (u16, u16),
+    initial: &str,
+    log: &Path,
+) -> Result<Child, String> {
+    let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let client = format!("http://127.0.0.1:{client}");
+    let peer = format!("http://127.0.0.1:{peer}");
+    Command::new(bin)
+        .args(["--name", name])
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", initial, "--initial-cluster-state", "new"])
+        .args(["--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("starting etcd: {e}"))
+}
+
+/// True when the member at `url` says it is healthy (it has a leader).
+async fn healthy(http: &reqwest::Client, url: &str) -> bool {
+    match http.get(format!("{url}/health")).send().await {
+        Ok(r) => r.text().await.is_ok_and(|t| t.contains("\"true\"")),
+        Err(_) => false,
     }
 }
 

@@ -15,17 +15,11 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract::ADMIN_CLUSTER;
 use serde_json::{json, Value};
 
-use super::socket;
+use super::{push, socket};
 
 /// Appends the admin cluster to the bootstrap's clusters.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {
-    let clusters = &mut bootstrap["static_resources"]["clusters"];
-    if !clusters.is_array() {
-        *clusters = json!([]);
-    }
-    if let Some(list) = clusters.as_array_mut() {
-        list.push(cluster(cfg.admin));
-    }
+    push(&mut bootstrap["static_resources"]["clusters"], cluster(cfg.admin));
 }
 
 /// Where the filter reaches the admin interface bound at `admin`.

@@ -26,6 +26,8 @@ use llmroute_core::config::{Backend, Config};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
+use super::push;
+
 /// The SDS secret that holds a backend's token.
 pub fn secret_name(backend: &str) -> String {
     format!("llmroute-credential-{backend}")
@@ -232,15 +234,6 @@ fn tag_endpoints(cluster: &mut Value, backend: &str) {
                 md[contract::METADATA_BACKEND] = Value::from(backend);
             }
         }
-    }
-}
-
-fn push(list: &mut Value, item: Value) {
-    if !list.is_array() {
-        *list = json!([]);
-    }
-    if let Some(items) = list.as_array_mut() {
-        items.push(item);
     }
 }
 

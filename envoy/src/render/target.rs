@@ -11,7 +11,7 @@
 //!   priority that moves on to the next backend.
 //! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the `/props`
 //!   probe clusters (per endpoint, and original-destination ones for discovered llama.cpp backends), and
-//!   `llmroute_admin`. A multi-route alias is routed to its aggregate; without it the request names a cluster that
+//!   `llmroute_admin`, and with `affinity.placement_store` the etcd cluster `llmroute_placement_store`. A multi-route alias is routed to its aggregate; without it the request names a cluster that
 //!   does not exist.
 //! - `secrets`: only when a backend has `credential_env`: the SDS secrets the aggregates' injectors read.
 //!
@@ -25,8 +25,8 @@ use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, ratelimit, stateful_session, tls,
-    RenderOptions, BUFFER_SLACK,
+    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, ratelimit, stateful_session, store,
+    tls, RenderOptions, BUFFER_SLACK,
 };
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
@@ -60,6 +60,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     credentials::apply(cfg, &mut scratch);
     probe::apply(cfg, &mut scratch);
     admin::apply(cfg, &mut scratch);
+    store::apply(cfg, &mut scratch);
     let all = take_array(&mut scratch["static_resources"]["clusters"]);
     let is_backend = |c: &Value| cfg.backends.iter().any(|b| c["name"].as_str() == Some(b.name.as_str()));
     let (backend_clusters, clusters): (Vec<Value>, Vec<Value>) = all.into_iter().partition(is_backend);

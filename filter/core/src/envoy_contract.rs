@@ -36,6 +36,9 @@ pub const METADATA_KIND: &str = "kind";
 
 /// The cluster the filter polls for Envoy's view of its hosts (`/llmroute/status`, `/readyz`, discovered hosts).
 pub const ADMIN_CLUSTER: &str = "llmroute_admin";
+/// The cluster through which the filter reaches etcd's HTTP/JSON gateway for the shared placement table
+/// (`affinity.placement_store.etcd`).
+pub const PLACEMENT_STORE_CLUSTER: &str = "llmroute_placement_store";
 /// The name prefix of the single-host clusters through which the filter reads llama.cpp `/props`.
 pub const PROBE_CLUSTER_PREFIX: &str = "llmroute-probe-";
 /// The name prefix of the original-destination clusters through which the filter reads llama.cpp `/props` from
@@ -105,6 +108,9 @@ pub mod metrics {
     pub const COMPLETION_TOKENS: &str = "llmroute_request_completion_tokens";
     /// Counter: requests admitted under an API key, by the key's configured name (`key`).
     pub const KEY_REQUESTS: &str = "llmroute_key_requests_total";
+    /// New keys settled through the shared placement store, by how: `{outcome=won|adopted|timeout|not_sent|error}`;
+    /// the last three are fallbacks to local placement.
+    pub const PLACEMENT_STORE: &str = "llmroute_placement_store_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
 
@@ -263,6 +269,18 @@ pub mod shared {
     pub const STATUS_SNAPSHOT: &str = "llmroute.status.snapshot";
     /// The lease that lets one worker at a time run the `/props` check.
     pub const PROPS_LEASE: &str = "llmroute.props.lease";
+    /// The lease that lets one worker at a time refresh the key tables from the placement store.
+    pub const STORE_SYNC_LEASE: &str = "llmroute.store.sync";
+    /// The etcd lease new keys are attached to (`key_placement::store::Lease`).
+    pub const STORE_LEASE: &str = "llmroute.store.lease";
+    /// A backend's keys placed locally while the placement store failed, to settle once it answers.
+    pub fn store_pending(backend: &str) -> String {
+        format!("llmroute.store.pending.{backend}")
+    }
+    /// The etcd revision up to which a backend's keys were read from the placement store.
+    pub fn store_revision(backend: &str) -> String {
+        format!("llmroute.store.rev.{backend}")
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +294,7 @@ mod tests {
         assert!(discovered_probe_cluster("a").starts_with(RESERVED_CLUSTER_PREFIX));
         assert!(!discovered_probe_cluster("a-0").starts_with(PROBE_CLUSTER_PREFIX));
         assert!(ADMIN_CLUSTER.starts_with(RESERVED_CLUSTER_PREFIX));
+        assert!(PLACEMENT_STORE_CLUSTER.starts_with(RESERVED_CLUSTER_PREFIX));
         assert_eq!(failover_cluster(3), "llmroute-failover-3");
         assert_eq!(probe_cluster("a", 1), "llmroute-probe-a-1");
     }

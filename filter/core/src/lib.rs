@@ -18,6 +18,7 @@ pub mod endpoint;
 pub mod envoy_contract;
 pub mod error;
 pub mod estimate;
+pub mod etcd_json;
 pub mod fields;
 pub mod fleet_check;
 pub mod global_limits;

@@ -13,27 +13,9 @@ use llmroute_core::key_placement::{
 };
 use proptest::prelude::*;
 
-const TTL: u64 = 300_000;
+mod common;
 
-fn hosts(n: usize) -> Vec<HostView> {
-    (0..n)
-        .map(|i| HostView {
-            address: format!("127.0.0.1:{}", 8001 + i),
-            up: true,
-            weight: 1,
-            in_flight: 0,
-        })
-        .collect()
-}
-
-fn bounds(key_factor: u32) -> Bounds {
-    Bounds {
-        key_factor,
-        in_flight_factor: 150,
-        idle_ttl_ms: TTL,
-        max_keys: 4096,
-    }
-}
+use common::{bounds, hosts, PLACEMENT_TTL as TTL};
 
 fn host_of(t: &mut KeyTable, h: &[HostView], key: u64, now: u64, b: &Bounds) -> (usize, PlacementReason) {
     let c = choose(t, h, key, now, b).unwrap();

@@ -61,8 +61,14 @@ impl Host for Abi {
         send_local_response(status, headers, body)
     }
     /// Through the SDK, whose dispatcher must know the token to deliver the answer (see the module doc of `host`).
-    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32> {
-        proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, Vec::new(), timeout).map_err(|s| {
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> HostResult<u32> {
+        proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, Vec::new(), timeout).map_err(|s| {
             HostError {
                 call: "http_call",
                 status: match s {
@@ -206,6 +212,7 @@ extern "C" {
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
 }
 
 /// Takes ownership of `size` bytes the host allocated through `proxy_on_memory_allocate`.
@@ -392,6 +399,12 @@ pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
     // SAFETY: no pointers.
     check("record_metric", unsafe { proxy_record_metric(id, value) })
+}
+
+/// Resumes a stream the filter paused (`0`: the request, as the ABI numbers streams).
+pub fn continue_stream(stream: u32) -> HostResult<()> {
+    // SAFETY: no pointers.
+    check("continue_stream", unsafe { proxy_continue_stream(stream) })
 }
 
 pub fn get_metric(id: u32) -> HostResult<u64> {

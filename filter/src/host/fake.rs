@@ -76,6 +76,7 @@ pub struct Callout {
     pub token: u32,
     pub cluster: String,
     pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
     pub timeout: Duration,
 }
 
@@ -401,7 +402,13 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn http_call(&self, cluster: &str, headers: &[(&str, &str)], timeout: Duration) -> HostResult<u32> {
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> HostResult<u32> {
         self.call(Kind::HttpCall, "http_call")?;
         let mut s = self.state();
         let token = u32::try_from(s.callouts.len()).unwrap_or(u32::MAX).saturating_add(1);
@@ -409,6 +416,7 @@ impl Host for FakeHost {
             token,
             cluster: cluster.to_string(),
             headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: body.map(<[u8]>::to_vec),
             timeout,
         });
         Ok(token)

@@ -21,6 +21,7 @@ mod istio;
 mod nvcf;
 mod observability;
 mod placement;
+mod replicas;
 mod resilience;
 mod smuggling;
 mod status;

@@ -19,7 +19,7 @@ pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use raw::{
     RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits, RawModel,
-    RawRateLimits, RawRoute, RawTokens, RawUsage,
+    RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{ListenTls, UpstreamTls};
@@ -272,6 +272,25 @@ pub struct AffinityConfig {
     pub conversation_id: bool,
     pub anthropic_user_id: bool,
     pub placement: KeyPlacement,
+    /// `affinity.placement_store`: the key table shared by every replica (only with `bounded_keys`).
+    pub placement_store: Option<PlacementStore>,
+}
+
+/// The etcd cluster that holds the key table every replica shares (see `key_placement::store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementStore {
+    /// etcd client addresses; the renderer makes them the endpoints of the store's cluster.
+    pub endpoints: Vec<Endpoint>,
+    /// Without a trailing `/`.
+    pub prefix: String,
+    /// How long a new key's first request waits for etcd.
+    pub timeout_ms: u64,
+}
+
+impl PlacementStore {
+    pub const DEFAULT_PREFIX: &'static str = "/llmroute";
+    pub const DEFAULT_TIMEOUT_MS: u64 = 50;
+    pub const MAX_TIMEOUT_MS: u64 = 10_000;
 }
 
 /// How an affinity key finds its host inside a `chwbl` backend.

@@ -283,6 +283,34 @@ pub struct RawAffinity {
     /// `16` to `65536`; default 4096.
     #[serde(default)]
     pub max_keys: Option<usize>,
+    /// `bounded_keys`: one key table shared by every Envoy replica, in etcd, so replicas place each key alike.
+    /// Without it each Envoy keeps its own table.
+    #[serde(default)]
+    pub placement_store: Option<RawPlacementStore>,
+}
+
+/// Where the shared key table lives.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlacementStore {
+    /// etcd, reached through its HTTP/JSON gateway by the filter's HTTP callouts.
+    pub etcd: RawStoreEtcd,
+}
+
+/// The etcd cluster that holds the shared key table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStoreEtcd {
+    /// etcd client addresses, `IP:PORT` or `http://IP:PORT` (1 to 16); `llmroute render` makes them one cluster.
+    pub endpoints: Vec<String>,
+    /// The key prefix: keys live under `<prefix>/keys/<backend>/`. Starts with `/`, no trailing `/`.
+    /// Default `/llmroute`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// How long a new key's first request waits for etcd before it is placed locally, in milliseconds.
+    /// `1` to `10000`; default 50.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
 }
 
 /// Input bounds.

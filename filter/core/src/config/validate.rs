@@ -306,9 +306,25 @@ fn discovery(errs: &mut Errors, at: &str, d: &RawDiscovery) -> Discovery {
 /// that makes `<prefix>/<IP:PORT>` keys.
 fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
     let list = e.endpoints.clone().unwrap_or_default();
+    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &list)
+        .iter()
+        .map(|ep| format!("http://{ep}"))
+        .collect();
+    let prefix = e.prefix.clone().unwrap_or_default();
+    etcd_prefix(
+        errs,
+        &format!("{at}.prefix"),
+        &prefix,
+        "such as /llmroute/backends/llama-a (instances register as <prefix>/<IP:PORT>)",
+    );
+    EtcdSource { endpoints, prefix }
+}
+
+/// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, 1 to [`EtcdSource::MAX_ENDPOINTS`] of them.
+fn etcd_endpoints(errs: &mut Errors, field: &str, list: &[String]) -> Vec<Endpoint> {
     if list.is_empty() || list.len() > EtcdSource::MAX_ENDPOINTS {
         errs.push(
-            format!("{at}.endpoints"),
+            field,
             format!("{list:?}"),
             format!(
                 "needs 1 to {} etcd client addresses, such as [\"127.0.0.1:2379\"]",
@@ -320,36 +336,81 @@ fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
     for (j, text) in list.iter().enumerate() {
         let bare = text.strip_prefix("http://").unwrap_or(text);
         match parse_endpoint(bare) {
-            Ok(ep) => endpoints.push(format!("http://{ep}")),
+            Ok(ep) => endpoints.push(ep),
             Err(_) if text.starts_with("https://") => errs.push(
-                format!("{at}.endpoints[{j}]"),
+                format!("{field}[{j}]"),
                 text,
                 "TLS to etcd is not supported; reach etcd over http:// (or HOST:PORT) on a trusted network",
             ),
             Err(why) => errs.push(
-                format!("{at}.endpoints[{j}]"),
+                format!("{field}[{j}]"),
                 text,
                 format!("{why}; write HOST:PORT or http://HOST:PORT"),
             ),
         }
     }
-    let prefix = e.prefix.clone().unwrap_or_default();
+    endpoints
+}
+
+/// An etcd key prefix: starts with `/`, no trailing `/`, bounded, no spaces or control characters.
+fn etcd_prefix(errs: &mut Errors, field: &str, prefix: &str, example: &str) {
     let ok = (2..=EtcdSource::MAX_PREFIX).contains(&prefix.len())
         && prefix.starts_with('/')
         && !prefix.ends_with('/')
         && !prefix.chars().any(|c| c.is_control() || c.is_whitespace());
     if !ok {
         errs.push(
-            format!("{at}.prefix"),
+            field,
             format!("{prefix:?}"),
             format!(
                 "must start with `/`, not end with `/`, be at most {} bytes and hold no spaces or control \
-                 characters, such as /llmroute/backends/llama-a (instances register as <prefix>/<IP:PORT>)",
+                 characters, {example}",
                 EtcdSource::MAX_PREFIX
             ),
         );
     }
-    EtcdSource { endpoints, prefix }
+}
+
+/// `affinity.placement_store`: only with `bounded_keys`, whose table it shares.
+fn placement_store(errs: &mut Errors, raw: Option<&RawAffinity>, bounded: bool) -> Option<PlacementStore> {
+    let store = raw.and_then(|a| a.placement_store.as_ref())?;
+    let at = "affinity.placement_store.etcd";
+    if !bounded {
+        errs.push(
+            "affinity.placement_store",
+            "etcd",
+            "shares the bounded_keys key table between replicas; set affinity.placement: bounded_keys, or remove it",
+        );
+    }
+    let e = &store.etcd;
+    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &e.endpoints);
+    let prefix = e
+        .prefix
+        .clone()
+        .unwrap_or_else(|| PlacementStore::DEFAULT_PREFIX.to_string());
+    etcd_prefix(
+        errs,
+        &format!("{at}.prefix"),
+        &prefix,
+        "such as /llmroute (keys live under <prefix>/keys/<backend>/)",
+    );
+    let timeout_ms = e.timeout_ms.unwrap_or(PlacementStore::DEFAULT_TIMEOUT_MS);
+    if !(1..=PlacementStore::MAX_TIMEOUT_MS).contains(&timeout_ms) {
+        errs.push(
+            format!("{at}.timeout_ms"),
+            timeout_ms,
+            format!(
+                "must be between 1 and {} (how long a new key's first request waits for etcd before it is placed \
+                 locally)",
+                PlacementStore::MAX_TIMEOUT_MS
+            ),
+        );
+    }
+    Some(PlacementStore {
+        endpoints,
+        prefix,
+        timeout_ms,
+    })
 }
 
 fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
@@ -586,12 +647,15 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
             format!("must be at most {MAX_USER_PREFIX_BYTES}"),
         );
     }
+    let placement = placement(errs, raw);
+    let placement_store = placement_store(errs, raw, placement.bounded().is_some());
     AffinityConfig {
         session_headers: headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
         user_prefix_bytes,
         conversation_id: raw.and_then(|a| a.conversation_id).unwrap_or(false),
         anthropic_user_id: raw.and_then(|a| a.anthropic_user_id).unwrap_or(false),
-        placement: placement(errs, raw),
+        placement,
+        placement_store,
     }
 }
 

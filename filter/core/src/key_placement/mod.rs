@@ -28,6 +28,7 @@
 //! checks, outlier ejection and retries still pick another host when the pinned one fails.
 
 pub mod in_flight;
+pub mod store;
 pub mod table;
 pub mod views;
 
@@ -197,6 +198,20 @@ pub fn key_bound(factor: u32, total: u64, weight: u32, total_weight: u64) -> u64
 /// Decides the host for `key` at `now_ms`, updating `table`. `None` when no host is up: the filter then leaves
 /// the choice to Envoy's ring.
 pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<HostChoice> {
+    choose_stored(table, hosts, key, None, now_ms, b)
+}
+
+/// [`choose`], for a key whose host the shared placement store (see [`store`]) just settled as the host with id
+/// `stored`: a key the table does not know yet goes there (if that host is up) instead of being placed by the
+/// bounds. A key the table knows, on an up host, stays put as in [`choose`].
+pub fn choose_stored(
+    table: &mut KeyTable,
+    hosts: &[HostView],
+    key: u64,
+    stored: Option<u32>,
+    now_ms: u64,
+    b: &Bounds,
+) -> Option<HostChoice> {
     let mut changed = table.expire(now_ms, b.idle_ttl_ms);
     if !hosts.iter().any(|h| h.up) {
         return None;
@@ -206,8 +221,14 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
     let pinned = known
         .and_then(|e| hosts.iter().position(|h| h.id() == e.host))
         .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
-    let (home, reason) = match (known, pinned) {
-        (Some(e), Some(home)) => {
+    let stored = stored.and_then(|id| hosts.iter().position(|h| h.id() == id && h.up));
+    let (home, reason) = match (known, pinned, stored) {
+        (None, _, Some(home)) => {
+            table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
+            changed = true;
+            (home, PlacementReason::Placed)
+        }
+        (Some(e), Some(home), _) => {
             if table.promote(key, now_ms, b.max_keys) {
                 changed = true;
             } else if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {

@@ -103,6 +103,18 @@ impl KeyTable {
         self.enforce(key, max_keys);
     }
 
+    /// Moves a key the table already has to `host`, keeping its segment and its `last_ms`. True when it moved.
+    pub fn set_host(&mut self, key: u64, host: u32) -> bool {
+        let Ok(i) = self.find(key) else { return false };
+        match self.entries.get_mut(i) {
+            Some(e) if e.host != host => {
+                e.host = host;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Marks `key`, seen again at `now_ms`, as established. True when it was on probation (the table changed).
     pub fn promote(&mut self, key: u64, now_ms: u64, max_keys: usize) -> bool {
         let Ok(i) = self.find(key) else { return false };

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use llmroute_core::json::{scan_object, Member, Span, MAX_DEPTH};
+use llmroute_core::key_placement::{Bounds, HostView};
 use llmroute_core::{load_config, route, Api, Config, GatewayError, RouteDecision, SessionKey};
 
 /// Two backends, four aliases. `local-chat` is renamed upstream, `same` is not, `big` has two routes whose
@@ -254,5 +255,30 @@ impl Lcg {
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
+    }
+}
+
+/// The idle TTL of the placement tests' bounds.
+pub const PLACEMENT_TTL: u64 = 300_000;
+
+/// `n` equal, up, idle hosts `127.0.0.1:8001`, `:8002`, ...
+pub fn hosts(n: usize) -> Vec<HostView> {
+    (0..n)
+        .map(|i| HostView {
+            address: format!("127.0.0.1:{}", 8001 + i),
+            up: true,
+            weight: 1,
+            in_flight: 0,
+        })
+        .collect()
+}
+
+/// Placement bounds with `key_factor`, Envoy's in-flight factor 150, [`PLACEMENT_TTL`] and 4096 keys.
+pub fn bounds(key_factor: u32) -> Bounds {
+    Bounds {
+        key_factor,
+        in_flight_factor: 150,
+        idle_ttl_ms: PLACEMENT_TTL,
+        max_keys: 4096,
     }
 }

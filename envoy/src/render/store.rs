@@ -1,0 +1,98 @@
+//! The cluster through which the filter reaches etcd for the shared placement table
+//! (`affinity.placement_store.etcd`, see `llmroute_core::key_placement::store`).
+//!
+//! Named [`PLACEMENT_STORE_CLUSTER`](llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER), a name backends may
+//! not take; its endpoints are the configured etcd members (STATIC for IP literals, STRICT_DNS otherwise). Envoy
+//! health-checks each member's `/health` every second and drops a dead one from the rotation, so a member going
+//! away costs at most a few callouts, each of which falls back to local placement. No route names this cluster.
+
+use llmroute_core::config::Config;
+use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
+use serde_json::{json, Value};
+
+use super::{duration_ms, push, socket};
+
+/// Appends the store's cluster when the config has a placement store.
+pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+    let Some(store) = &cfg.affinity.placement_store else {
+        return;
+    };
+    let endpoints: Vec<Value> = store
+        .endpoints
+        .iter()
+        .map(|e| json!({ "endpoint": { "address": socket(&e.host, e.port) } }))
+        .collect();
+    let kind = if store.endpoints.iter().all(|e| e.is_ip) {
+        "STATIC"
+    } else {
+        "STRICT_DNS"
+    };
+    let cluster = json!({
+        "name": PLACEMENT_STORE_CLUSTER,
+        "type": kind,
+        "connect_timeout": duration_ms(store.timeout_ms.max(250)),
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": { "cluster_name": PLACEMENT_STORE_CLUSTER, "endpoints": [{ "lb_endpoints": endpoints }] },
+        "health_checks": [{
+            "timeout": "1s",
+            "interval": "1s",
+            "no_traffic_interval": "1s",
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "http_health_check": { "path": "/health" },
+        }],
+        // Every member may be down at once; the filter then places locally, so never panic-route to them all.
+        "common_lb_config": { "healthy_panic_threshold": { "value": 0 } },
+    });
+    push(&mut bootstrap["static_resources"]["clusters"], cluster);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::render::{bootstrap, RenderOptions};
+    use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
+    use serde_json::Value;
+
+    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\naffinity:\n  placement: bounded_keys\n";
+
+    fn store_clusters(doc: &str) -> Vec<Value> {
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["name"] == PLACEMENT_STORE_CLUSTER)
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn the_store_cluster_lists_every_etcd_member_and_checks_their_health() {
+        let doc = format!(
+            "{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379', 'http://127.0.0.2:2379']\n      timeout_ms: 40\n"
+        );
+        let found = store_clusters(&doc);
+        assert_eq!(found.len(), 1);
+        let c = &found[0];
+        assert_eq!(c["type"], "STATIC");
+        let eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap();
+        let addrs: Vec<String> = eps
+            .iter()
+            .map(|e| {
+                let s = &e["endpoint"]["address"]["socket_address"];
+                format!("{}:{}", s["address"].as_str().unwrap(), s["port_value"])
+            })
+            .collect();
+        assert_eq!(addrs, ["127.0.0.1:2379", "127.0.0.2:2379"]);
+        assert_eq!(c["health_checks"][0]["http_health_check"]["path"], "/health");
+        assert_eq!(c["common_lb_config"]["healthy_panic_threshold"]["value"], 0);
+    }
+
+    #[test]
+    fn no_store_no_cluster_and_names_resolve_by_dns() {
+        assert!(store_clusters(DOC).is_empty());
+        let doc = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['etcd-0.local:2379']\n");
+        assert_eq!(store_clusters(&doc)[0]["type"], "STRICT_DNS");
+    }
+}

@@ -1,0 +1,374 @@
+//! The shared placement store: one key table for every Envoy replica, kept in etcd
+//! (`affinity.placement_store.etcd`), so that replicas behind a balancer place each key alike.
+//!
+//! Without it each replica's table lives in its own shared data, and two replicas that see different traffic place
+//! the same new key on different hosts. With it:
+//!
+//! - **A known key** is read from the local table, as before: no extra latency.
+//! - **A new key** (unknown to the local table, or idled out of it) costs one etcd transaction,
+//!   [`etcd_json::create_if_absent_body`]: create `<prefix>/keys/<backend>/<key as 16 hex digits>` = the local
+//!   choice's `IP:PORT`, unless it exists, in which case read it. The replica that created it uses its own
+//!   choice ([`Outcome::Won`]); one that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's
+//!   first request on a replica waits for etcd.
+//! - **When etcd is slow or gone** (no answer within `timeout_ms`, an error, an unreadable answer), the request is
+//!   placed locally and proceeds ([`Outcome::Fallback`], counted by reason). When etcd is back and holds another
+//!   host for that key, the stored placement wins at the next refresh ([`merge`]): the key moves once.
+//! - **Keys placed during an outage** are remembered per backend ([`Pending`]). Once etcd answers again, the
+//!   root context settles each with the same create-if-absent transaction, proposing the host the local table
+//!   holds ([`settle_outcome`]): the first replica to reach etcd stores its host, and every other one adopts it.
+//!   So a key moves at most once, and replicas agree again without waiting for the key to idle out.
+//! - **The local view**: every second one root context per replica reads the keys modified since the revision it
+//!   last saw ([`range_request`], [`next_revision`]) and [`merge`]s them into the local table, so the key-count
+//!   bounds of new placements see the whole fleet's keys.
+//! - **Idle expiry**: keys are attached to a lease that one root context per replica grants every [`epoch_ms`],
+//!   with a TTL of `key_idle_ttl_s` plus one epoch ([`lease_ttl_s`]). At each new lease the replica re-attaches
+//!   the keys its own requests touched during the last epoch ([`refresh_batches`]). A key no replica uses is
+//!   deleted by etcd between `key_idle_ttl_s` and `key_idle_ttl_s` plus two epochs after its last request.
+//!
+//! Down hosts, the in-flight spill, and Envoy's health checks, ejection and retries are unchanged: they act on the
+//! host the table holds, exactly as with a local table (see [`super::choose_stored`]). Everything here is pure:
+//! the filter's `placement_store` module sends the bodies and hands the answers back.
+
+use super::{host_id, Bounds, HostView, KeyTable};
+use crate::etcd_json::{self, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
+
+/// The gateway path of a transaction.
+pub const TXN_PATH: &str = "/v3/kv/txn";
+/// The gateway path of a range read.
+pub const RANGE_PATH: &str = "/v3/kv/range";
+/// The gateway path of a lease grant.
+pub const GRANT_PATH: &str = "/v3/lease/grant";
+/// The largest callout answer the filter reads; a range of `max_keys` (at most 65 536) keys of about 150 bytes
+/// each fits.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+/// At most this many refresh transactions (of [`etcd_json::MAX_TXN_OPS`] keys each) per backend and epoch: keys
+/// touched beyond them are not re-attached and idle out one epoch early.
+pub const MAX_REFRESH_BATCHES: usize = 64;
+
+/// The etcd prefix under which `backend`'s keys live: `<prefix>/keys/<backend>/`.
+pub fn backend_prefix(prefix: &str, backend: &str) -> String {
+    format!("{prefix}/keys/{backend}/")
+}
+
+/// The etcd key of affinity key `key` in `backend`.
+pub fn key_path(prefix: &str, backend: &str, key: u64) -> String {
+    format!("{}{key:016x}", backend_prefix(prefix, backend))
+}
+
+/// The affinity key an etcd key under `backend_prefix` names; `None` for anything else.
+pub fn key_of(backend_prefix: &str, etcd_key: &[u8]) -> Option<u64> {
+    let rest = etcd_key.strip_prefix(backend_prefix.as_bytes())?;
+    if rest.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(rest).ok()?, 16).ok()
+}
+
+/// The body of a new key's create-if-absent transaction: the key, stored as the `IP:PORT` of `address`.
+pub fn create_request(prefix: &str, backend: &str, key: u64, address: &str, lease: i64) -> String {
+    etcd_json::create_if_absent_body(&key_path(prefix, backend, key), address, lease)
+}
+
+/// True when `key` must be settled with the store before it is placed: the local table does not hold it, or
+/// holds it past its idle TTL (the placement would forget it and place it afresh).
+pub fn needs_store(table: &KeyTable, key: u64, now_ms: u64, b: &Bounds) -> bool {
+    table
+        .get(key)
+        .is_none_or(|e| now_ms.saturating_sub(e.last_ms) >= b.idle_ttl_ms)
+}
+
+/// Where the local table alone would place `key`, without changing the table: the host this replica proposes in
+/// its transaction. `None` when no host is up.
+pub fn proposal(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<usize> {
+    let mut scratch = table.clone();
+    super::choose(&mut scratch, hosts, key, now_ms, b).map(|c| c.host)
+}
+
+/// What came back from a callout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply<'a> {
+    /// An HTTP answer.
+    Answer { status: u32, body: &'a [u8] },
+    /// No answer within the callout's timeout, or the connection failed (Envoy delivers no headers).
+    NoAnswer,
+    /// The callout could not even be sent (the store's cluster is missing, the host refused).
+    NotSent,
+}
+
+/// Why a request was placed locally instead of through the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// etcd did not answer within `timeout_ms` (or could not be connected to).
+    Timeout,
+    /// The callout could not be sent.
+    NotSent,
+    /// etcd answered with an error, or with something that is not a transaction's answer.
+    Error,
+}
+
+/// How the store settled a new key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// This replica created the key with its own choice.
+    Won,
+    /// The key existed: the host with this id holds it.
+    Adopted { host: u32 },
+    /// Placed locally; the request proceeds.
+    Fallback(Fallback),
+}
+
+impl Outcome {
+    /// Every metric label value, for priming the counters.
+    pub const LABELS: [&'static str; 5] = ["won", "adopted", "timeout", "not_sent", "error"];
+
+    /// The metric label (`outcome`) of this outcome.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Won => "won",
+            Outcome::Adopted { .. } => "adopted",
+            Outcome::Fallback(Fallback::Timeout) => "timeout",
+            Outcome::Fallback(Fallback::NotSent) => "not_sent",
+            Outcome::Fallback(Fallback::Error) => "error",
+        }
+    }
+
+    /// The host id the store settled on, given the one this replica proposed; `None` for a fallback.
+    pub fn stored(self, proposed: u32) -> Option<u32> {
+        match self {
+            Outcome::Won => Some(proposed),
+            Outcome::Adopted { host } => Some(host),
+            Outcome::Fallback(_) => None,
+        }
+    }
+}
+
+/// Reads a create-if-absent transaction's reply.
+pub fn create_outcome(reply: Reply<'_>) -> Outcome {
+    let body = match reply {
+        Reply::NotSent => return Outcome::Fallback(Fallback::NotSent),
+        Reply::NoAnswer => return Outcome::Fallback(Fallback::Timeout),
+        Reply::Answer { status: 200, body } => body,
+        Reply::Answer { .. } => return Outcome::Fallback(Fallback::Error),
+    };
+    match etcd_json::parse_create(body) {
+        Ok(TxnAnswer::Created { .. }) => Outcome::Won,
+        Ok(TxnAnswer::Exists { kv: Some(kv), .. }) => match stored_host(&kv) {
+            Some(host) => Outcome::Adopted { host },
+            None => Outcome::Fallback(Fallback::Error),
+        },
+        Ok(TxnAnswer::Exists { kv: None, .. }) | Err(_) => Outcome::Fallback(Fallback::Error),
+    }
+}
+
+/// True when a new key's transaction should be sent once more, to another etcd member, before falling back: the
+/// answer was a 503, which is what Envoy answers when the member it picked refused the connection or had just
+/// died (and what etcd answers without a leader). Each new key is retried at most once, so a dead member costs a
+/// new key one more round trip until Envoy's health checks take it out, instead of a fallback.
+pub fn retry_once(reply: Reply<'_>) -> bool {
+    matches!(reply, Reply::Answer { status: 503, .. })
+}
+
+/// The host id a stored value names: its `IP:PORT` text, hashed as the table names hosts. `None` for a value that
+/// is not a short printable address.
+fn stored_host(kv: &Kv) -> Option<u32> {
+    let text = std::str::from_utf8(&kv.value).ok()?;
+    let ok = (3..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_graphic());
+    ok.then(|| host_id(text))
+}
+
+/// The body of the refresh read of `backend`'s keys: those modified after revision `seen` (all when `seen` is 0),
+/// at most `max_keys`.
+pub fn range_request(prefix: &str, backend: &str, seen: i64, max_keys: usize) -> String {
+    let min = if seen > 0 { seen.saturating_add(1) } else { 0 };
+    etcd_json::range_body(&backend_prefix(prefix, backend), max_keys as u64, min)
+}
+
+/// Reads a refresh read's reply.
+pub fn range_answer(reply: Reply<'_>) -> Result<RangeAnswer, EtcdJsonError> {
+    match reply {
+        Reply::Answer { status: 200, body } => etcd_json::parse_range(body),
+        Reply::Answer { .. } | Reply::NoAnswer | Reply::NotSent => Err(EtcdJsonError::NotJson),
+    }
+}
+
+/// The revision to read from next time, after an answer read at `answer_revision` when `seen` was the last one.
+/// A store whose revision went backwards was replaced (restored from a snapshot, or wiped): read it all again.
+/// A cut answer (`more`) is read again from the same revision, so nothing is skipped.
+pub fn next_revision(seen: i64, answer: &RangeAnswer) -> i64 {
+    if answer.revision < seen {
+        0
+    } else if answer.more {
+        seen
+    } else {
+        answer.revision
+    }
+}
+
+/// Brings the stored placements of `kvs` (read under `backend_prefix`) into the local table: a key the table
+/// lacks is added (on probation, seen at `now_ms`); a key it holds on another host moves to the stored host (the
+/// stored placement wins). A key the table holds on the same host is left alone, so its `last_ms` still says
+/// when this replica's own requests last used it. True when the table changed.
+pub fn merge(table: &mut KeyTable, backend_prefix: &str, kvs: &[Kv], now_ms: u64, max_keys: usize) -> bool {
+    let mut changed = false;
+    for kv in kvs {
+        let (Some(key), Some(host)) = (key_of(backend_prefix, &kv.key), stored_host(kv)) else {
+            continue;
+        };
+        match table.get(key) {
+            Some(_) => changed |= table.set_host(key, host),
+            None => {
+                table.insert(key, host, now_ms, max_keys);
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+/// How often a replica grants a new lease for the keys it creates and refreshes: a quarter of the idle TTL, at
+/// least a second.
+pub fn epoch_ms(idle_ttl_ms: u64) -> u64 {
+    (idle_ttl_ms / 4).max(1000)
+}
+
+/// The TTL of each epoch's lease, in seconds: the idle TTL plus one epoch, so a key created late in an epoch still
+/// lives at least the idle TTL.
+pub fn lease_ttl_s(idle_ttl_ms: u64) -> u64 {
+    idle_ttl_ms.saturating_add(epoch_ms(idle_ttl_ms)).div_ceil(1000)
+}
+
+/// The lease new keys are attached to, as one replica's workers share it: its id and when it was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lease {
+    pub id: i64,
+    pub granted_ms: u64,
+}
+
+impl Lease {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.id.to_le_bytes().to_vec();
+        out.extend_from_slice(&self.granted_ms.to_le_bytes());
+        out
+    }
+
+    /// Reads [`Lease::encode`]'s bytes; anything else is no lease (id 0, which etcd reads as "no lease").
+    pub fn decode(bytes: &[u8]) -> Lease {
+        let (Some(id), Some(at)) = (bytes.get(..8), bytes.get(8..16)) else {
+            return Lease::default();
+        };
+        Lease {
+            id: i64::from_le_bytes(id.try_into().unwrap_or_default()),
+            granted_ms: u64::from_le_bytes(at.try_into().unwrap_or_default()),
+        }
+    }
+
+    /// True when a new lease should be granted at `now_ms`: there is none, or this one is an epoch old.
+    pub fn due(&self, now_ms: u64, idle_ttl_ms: u64) -> bool {
+        self.id == 0 || now_ms.saturating_sub(self.granted_ms) >= epoch_ms(idle_ttl_ms)
+    }
+}
+
+/// The transactions that re-attach, to a new lease, the keys of the table that this replica's own requests used
+/// since `since_ms` (established keys seen at or after it), each stored as its host's `IP:PORT`. Keys on hosts not
+/// in `hosts` are skipped. At most [`MAX_REFRESH_BATCHES`] bodies of [`etcd_json::MAX_TXN_OPS`] keys.
+pub fn refresh_batches(
+    table: &KeyTable,
+    hosts: &[HostView],
+    since_ms: u64,
+    prefix: &str,
+    backend: &str,
+    lease: i64,
+) -> Vec<String> {
+    let pairs: Vec<(String, String)> = table
+        .entries()
+        .iter()
+        .filter(|e| e.established && e.last_ms >= since_ms)
+        .filter_map(|e| {
+            let host = hosts.iter().find(|h| h.id() == e.host)?;
+            Some((key_path(prefix, backend, e.key), host.address.clone()))
+        })
+        .collect();
+    pairs
+        .chunks(etcd_json::MAX_TXN_OPS)
+        .take(MAX_REFRESH_BATCHES)
+        .map(|batch| etcd_json::puts_body(batch, lease))
+        .collect()
+}
+
+/// Keys of one backend placed locally while the store failed, waiting to be settled with it: little-endian `u64`s,
+/// at most [`Pending::MAX`] (past it the oldest are dropped: those keys stay where this replica put them until
+/// another replica stores them or they idle out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    keys: Vec<u64>,
+}
+
+impl Pending {
+    pub const MAX: usize = 1024;
+    /// Keys settled per root round.
+    pub const PER_ROUND: usize = 32;
+
+    pub fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Adds `key` (once). True when the list changed.
+    pub fn add(&mut self, key: u64) -> bool {
+        if self.keys.contains(&key) {
+            return false;
+        }
+        self.keys.push(key);
+        if self.keys.len() > Self::MAX {
+            self.keys.remove(0);
+        }
+        true
+    }
+
+    /// Removes `key`. True when it was there.
+    pub fn remove(&mut self, key: u64) -> bool {
+        let before = self.keys.len();
+        self.keys.retain(|k| *k != key);
+        self.keys.len() != before
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.keys.iter().flat_map(|k| k.to_le_bytes()).collect()
+    }
+
+    /// Reads [`Pending::encode`]'s bytes; ragged bytes read as an empty list.
+    pub fn decode(bytes: &[u8]) -> Pending {
+        if !bytes.len().is_multiple_of(8) {
+            return Pending::default();
+        }
+        let keys = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .take(Self::MAX)
+            .collect();
+        Pending { keys }
+    }
+}
+
+/// What settling a key placed during an outage does to the local table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Stored with this replica's host: nothing moves.
+    Kept,
+    /// Another replica stored it first: the key moves to the host with this id (once).
+    MoveTo(u32),
+    /// The store still fails: try again next round.
+    Retry,
+}
+
+/// Reads the reply to a pending key's create-if-absent transaction.
+pub fn settle_outcome(reply: Reply<'_>) -> Settled {
+    match create_outcome(reply) {
+        Outcome::Won => Settled::Kept,
+        Outcome::Adopted { host } => Settled::MoveTo(host),
+        Outcome::Fallback(_) => Settled::Retry,
+    }
+}

@@ -1,0 +1,382 @@
+//! The shared placement store, host side (`affinity.placement_store.etcd`): the HTTP callouts to etcd's JSON
+//! gateway through the `llmroute_placement_store` cluster. What to send and what an answer means is decided by
+//! `llmroute_core::key_placement::store`; this module only sends and hands back.
+//!
+//! - **Request side.** For a key the local table lacks, [`begin`] sends the create-if-absent transaction with the
+//!   host the local table would choose, and the request context pauses. [`finish`] reads the answer (or Envoy's
+//!   "no answer" after `timeout_ms`), counts the outcome in `llmroute_placement_store_total{outcome}`, and pins the
+//!   request where the store says, or locally on a fallback. Known keys never reach this module.
+//! - **Root side.** [`Syncer`]: once a second one root context per Envoy (a compare-and-swap lease in shared data)
+//!   reads each backend's keys modified since the last revision it saw and merges them into the shared key table;
+//!   once an epoch it grants a new etcd lease for new keys and re-attaches the keys its requests used; and it
+//!   settles the keys placed locally while etcd failed (kept, or moved once to the host another replica stored).
+//!   A failed call is logged and retried on the next round; requests never wait for this side.
+
+use std::rc::Rc;
+
+use llmroute_core::config::PlacementStore;
+use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
+use llmroute_core::etcd_json;
+use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
+use llmroute_core::key_placement::store::{self, Lease, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::{Bounds, KeyTable};
+use llmroute_core::status::POLL_INTERVAL_MS;
+use llmroute_core::Config;
+
+use crate::host;
+use crate::key_placement::{self, Pin};
+use crate::metrics::Metrics;
+
+/// How long the root side's calls may take; they never hold a request.
+const SYNC_TIMEOUT_MS: u64 = 2000;
+
+/// A request paused while etcd settles its key.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    token: u32,
+    cluster: String,
+    key: u64,
+    /// The host id this replica proposed.
+    proposed: u32,
+    /// The transaction, kept for one retry on another member.
+    body: String,
+    timeout_ms: u64,
+    retried: bool,
+}
+
+/// What became of a paused request when its answer came.
+pub enum Step {
+    /// Placed (through the store or, on a fallback, locally): resume the request.
+    Pinned(Option<Pin>),
+    /// Sent once more, to another etcd member: keep waiting.
+    Retrying,
+}
+
+impl Waiting {
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+}
+
+/// Sends the transaction for `key` in `cluster` when the store is configured and the local table lacks the key.
+/// `None`: nothing to wait for; pin as usual (a transaction that could not be sent is counted here).
+pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
+    let store = cfg.affinity.placement_store.as_ref()?;
+    let keys = cfg.affinity.placement.bounded()?;
+    let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
+    let now = host::now_ms();
+    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
+    let bounds = Bounds::new(keys, backend.balance_factor);
+    let table = KeyTable::decode(&host::shared_data(&shared::keys(cluster)).0.unwrap_or_default());
+    if !store::needs_store(&table, key, now, &bounds) {
+        return None;
+    }
+    let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
+    let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+    let body = store::create_request(&store.prefix, cluster, key, &host.address, lease.id);
+    match host::dispatch_post(
+        PLACEMENT_STORE_CLUSTER,
+        store::TXN_PATH,
+        body.as_bytes(),
+        store.timeout_ms,
+    ) {
+        Some(token) => Some(Waiting {
+            token,
+            cluster: cluster.to_string(),
+            key,
+            proposed: host.id(),
+            body,
+            timeout_ms: store.timeout_ms,
+            retried: false,
+        }),
+        None => {
+            metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
+            note_pending(cluster, key);
+            None
+        }
+    }
+}
+
+/// The answer to `w`'s transaction is being delivered (`body_size` bytes): send it once more if the member was
+/// gone, else count how the key was settled and pin the request there.
+pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics) -> Step {
+    let body = call_body(body_size);
+    if !w.retried && store::retry_once(reply(body.as_ref())) {
+        w.retried = true;
+        let sent = host::dispatch_post(
+            PLACEMENT_STORE_CLUSTER,
+            store::TXN_PATH,
+            w.body.as_bytes(),
+            w.timeout_ms,
+        );
+        if let Some(token) = sent {
+            w.token = token;
+            return Step::Retrying;
+        }
+    }
+    let outcome = store::create_outcome(reply(body.as_ref()));
+    metrics.placement_store(outcome);
+    if let Outcome::Fallback(f) = outcome {
+        log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
+        note_pending(&w.cluster, w.key);
+    }
+    Step::Pinned(key_placement::pin_stored(
+        cfg,
+        &w.cluster,
+        w.key,
+        outcome.stored(w.proposed),
+    ))
+}
+
+/// The answer's body, when there is an answer (`None`: Envoy delivered none, such as after a timeout).
+fn call_body(body_size: usize) -> Option<(u32, Vec<u8>)> {
+    let status = host::http_call_status()?;
+    let body = match body_size {
+        0 => Vec::new(),
+        n => host::http_call_body(n.min(store::MAX_ANSWER_BYTES)).unwrap_or_default(),
+    };
+    Some((status, body))
+}
+
+fn reply(answer: Option<&(u32, Vec<u8>)>) -> Reply<'_> {
+    match answer {
+        Some((status, body)) => Reply::Answer { status: *status, body },
+        None => Reply::NoAnswer,
+    }
+}
+
+/// What a root context's outstanding call was for.
+#[derive(Debug, Clone)]
+enum Job {
+    /// A new lease; the one it replaces.
+    Grant { previous: Lease },
+    /// A backend's keys modified after revision `seen`.
+    Range { backend: String, seen: i64 },
+    /// Keys re-attached to a new lease.
+    Refresh,
+    /// A key placed during an outage, proposed with the host the local table holds.
+    Settle { backend: String, key: u64 },
+}
+
+/// One root context's side of the store (see the module doc).
+#[derive(Default)]
+pub struct Syncer {
+    cfg: Option<Rc<Config>>,
+    /// Calls in flight: token, job, when sent.
+    calls: Vec<(u32, Job, u64)>,
+}
+
+fn due(last: u64, now: u64) -> bool {
+    now.saturating_sub(last) >= POLL_INTERVAL_MS
+}
+
+impl Syncer {
+    /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks).
+    pub fn start(&mut self, cfg: Rc<Config>) {
+        if cfg.affinity.placement_store.is_none() || cfg.affinity.placement.bounded().is_none() {
+            return;
+        }
+        // Seeded once per process, so every later write of a pending list is a compare-and-swap (a first write
+        // without one could drop another worker's key).
+        for b in &cfg.backends {
+            let key = shared::store_pending(&b.name);
+            if host::shared_data(&key).1.is_none() {
+                host::set_shared_data(&key, &[], None);
+            }
+        }
+        self.cfg = Some(cfg);
+    }
+
+    pub fn on_tick(&mut self) {
+        let Some(cfg) = self.cfg.clone() else { return };
+        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.affinity.placement.bounded()) else {
+            return;
+        };
+        let now = host::now_ms();
+        // A call the host never answered is forgotten (a late answer is ignored).
+        self.calls
+            .retain(|(_, _, at)| now.saturating_sub(*at) <= SYNC_TIMEOUT_MS.saturating_add(POLL_INTERVAL_MS));
+        if !self.calls.is_empty() || !crate::lease::claim(shared::STORE_SYNC_LEASE, now, due) {
+            return;
+        }
+        let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+        if lease.due(now, keys.idle_ttl_ms) {
+            let body = etcd_json::grant_body(store::lease_ttl_s(keys.idle_ttl_ms));
+            self.send(store::GRANT_PATH, &body, Job::Grant { previous: lease }, now);
+        }
+        for b in &cfg.backends {
+            if llmroute_core::key_placement::views(b, now, &host::SharedData).is_none() {
+                continue;
+            }
+            let seen = read_revision(&b.name);
+            let body = store::range_request(&st.prefix, &b.name, seen, keys.max_keys);
+            let job = Job::Range {
+                backend: b.name.clone(),
+                seen,
+            };
+            self.send(store::RANGE_PATH, &body, job, now);
+            self.settle_pending(st, b, lease.id, now);
+        }
+    }
+
+    /// Proposes to the store the keys of `b` placed locally while it failed, a few per round.
+    fn settle_pending(&mut self, st: &PlacementStore, b: &llmroute_core::config::Backend, lease: i64, now: u64) {
+        let pending = Pending::decode(&host::shared_data(&shared::store_pending(&b.name)).0.unwrap_or_default());
+        if pending.is_empty() {
+            return;
+        }
+        let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData) else {
+            return;
+        };
+        let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
+        for &key in pending.keys().iter().take(Pending::PER_ROUND) {
+            let address = table
+                .get(key)
+                .and_then(|e| hosts.iter().find(|h| h.id() == e.host))
+                .map(|h| h.address.clone());
+            let Some(address) = address else {
+                // Forgotten, or on a host no longer listed: a later request settles it afresh.
+                update_pending(&b.name, |p| p.remove(key));
+                continue;
+            };
+            let body = store::create_request(&st.prefix, &b.name, key, &address, lease);
+            let job = Job::Settle {
+                backend: b.name.clone(),
+                key,
+            };
+            self.send(store::TXN_PATH, &body, job, now);
+        }
+    }
+
+    fn send(&mut self, path: &str, body: &str, job: Job, now: u64) {
+        match host::dispatch_post(PLACEMENT_STORE_CLUSTER, path, body.as_bytes(), SYNC_TIMEOUT_MS) {
+            Some(token) => self.calls.push((token, job, now)),
+            None => log::debug!("llmroute: the placement store's cluster could not be called"),
+        }
+    }
+
+    pub fn on_response(&mut self, token: u32, body_size: usize) {
+        let Some(i) = self.calls.iter().position(|(t, _, _)| *t == token) else {
+            return;
+        };
+        let (_, job, _) = self.calls.swap_remove(i);
+        let Some(cfg) = self.cfg.clone() else { return };
+        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.affinity.placement.bounded()) else {
+            return;
+        };
+        let answer = call_body(body_size);
+        if let Job::Settle { backend, key } = &job {
+            return settle(backend, *key, store::settle_outcome(reply(answer.as_ref())));
+        }
+        let body = match &answer {
+            Some((200, body)) => body.as_slice(),
+            Some((status, _)) => return log::info!("llmroute: placement store answered {status} ({job:?})"),
+            None => return log::info!("llmroute: placement store did not answer ({job:?})"),
+        };
+        let now = host::now_ms();
+        match job {
+            Job::Grant { previous } => match etcd_json::parse_grant(body) {
+                Ok(id) => {
+                    let lease = Lease { id, granted_ms: now };
+                    host::set_shared_data(shared::STORE_LEASE, &lease.encode(), None);
+                    if previous.id != 0 {
+                        self.refresh(&cfg, st, previous.granted_ms, id, now);
+                    }
+                }
+                Err(e) => log::info!("llmroute: placement store lease grant: {e}"),
+            },
+            Job::Range { backend, seen } => match etcd_json::parse_range(body) {
+                Ok(range) => {
+                    let prefix = store::backend_prefix(&st.prefix, &backend);
+                    if merge(&backend, &prefix, &range.kvs, now, keys.max_keys) {
+                        write_revision(&backend, store::next_revision(seen, &range));
+                    }
+                }
+                Err(e) => log::info!("llmroute: placement store read of {backend}: {e}"),
+            },
+            Job::Refresh => {
+                if let Err(e) = etcd_json::parse_puts(body) {
+                    log::info!("llmroute: placement store lease refresh: {e}");
+                }
+            }
+            Job::Settle { .. } => {}
+        }
+    }
+
+    /// Re-attaches to lease `id` the keys this replica's requests used since `since_ms`.
+    fn refresh(&mut self, cfg: &Config, st: &PlacementStore, since_ms: u64, id: i64, now: u64) {
+        for b in &cfg.backends {
+            let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData) else {
+                continue;
+            };
+            let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
+            for body in store::refresh_batches(&table, &hosts, since_ms, &st.prefix, &b.name, id) {
+                self.send(store::TXN_PATH, &body, Job::Refresh, now);
+            }
+        }
+    }
+}
+
+/// Merges stored placements into `backend`'s shared table with compare-and-swap. False when every try lost its
+/// race (the same keys are read again next round).
+fn merge(backend: &str, prefix: &str, kvs: &[etcd_json::Kv], now: u64, max_keys: usize) -> bool {
+    let key = shared::keys(backend);
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(&key);
+        let mut t = KeyTable::decode(&bytes.unwrap_or_default());
+        if !store::merge(&mut t, prefix, kvs, now, max_keys) || host::set_shared_data(&key, &t.encode(), cas) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Applies a pending key's settlement: kept or moved once, then no longer pending; or left for the next round.
+fn settle(backend: &str, key: u64, settled: Settled) {
+    match settled {
+        Settled::Retry => return,
+        Settled::Kept => {}
+        Settled::MoveTo(host) => {
+            let table_key = shared::keys(backend);
+            for _ in 0..CAS_ATTEMPTS {
+                let (bytes, cas) = host::shared_data(&table_key);
+                let mut t = KeyTable::decode(&bytes.unwrap_or_default());
+                if !t.set_host(key, host) || host::set_shared_data(&table_key, &t.encode(), cas) {
+                    break;
+                }
+            }
+        }
+    }
+    update_pending(backend, |p| p.remove(key));
+}
+
+/// Remembers a key placed locally because the store failed, for the root to settle later.
+fn note_pending(backend: &str, key: u64) {
+    update_pending(backend, |p| p.add(key));
+}
+
+/// Changes `backend`'s pending list with compare-and-swap; `change` says whether it changed anything.
+fn update_pending(backend: &str, change: impl Fn(&mut Pending) -> bool) {
+    let key = shared::store_pending(backend);
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(&key);
+        let mut p = Pending::decode(&bytes.unwrap_or_default());
+        if !change(&mut p) || host::set_shared_data(&key, &p.encode(), cas) {
+            return;
+        }
+    }
+}
+
+fn read_revision(backend: &str) -> i64 {
+    let bytes = host::shared_data(&shared::store_revision(backend))
+        .0
+        .unwrap_or_default();
+    bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, i64::from_le_bytes)
+}
+
+fn write_revision(backend: &str, revision: i64) {
+    host::set_shared_data(&shared::store_revision(backend), &revision.to_le_bytes(), None);
+}

@@ -1,0 +1,441 @@
+//! Envoy replicas that agree (`affinity.placement_store.etcd`), with a real etcd, three real Envoy replicas running
+//! the real filter, and emulated engines. Requests go to a random replica each:
+//! - the core's etcd bodies and answers, sent to the real etcd: create-if-absent wins once and tells the loser the
+//!   winner's host; a range by revision returns only what changed; keys carry a lease;
+//! - with the store every key lands on one host, whichever replica took the request (0 disagreements); the same
+//!   run without the store disagrees (both printed);
+//! - with etcd killed no request fails and the fallbacks are counted; once it is back the keys placed during the
+//!   outage converge on one host, and new keys agree again.
+//!
+//! The issue's bench setup has a 3-member etcd cluster; these tests use one member (`harness/src/etcd.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
+use llmroute_core::etcd_json;
+use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
+use llmroute_core::key_placement::{host_id, KeyTable};
+use llmroute_harness::envoy::Envoy;
+use llmroute_harness::etcd::{Etcd, EtcdCluster};
+use llmroute_harness::fleet::Fleet;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const BACKEND: &str = "llama-r";
+const REPLICAS: usize = 3;
+
+async fn etcd_call(etcd: &Etcd, path: &str, body: String) -> (u32, Vec<u8>) {
+    let r = client()
+        .post(format!("{}{path}", etcd.url()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (u32::from(r.status().as_u16()), r.bytes().await.unwrap().to_vec())
+}
+
+fn answer(r: &(u32, Vec<u8>)) -> Reply<'_> {
+    Reply::Answer {
+        status: r.0,
+        body: &r.1,
+    }
+}
+
+#[tokio::test]
+async fn the_store_bodies_and_answers_hold_against_a_real_etcd() {
+    let etcd = Etcd::start().await.unwrap();
+    let (a, b) = ("10.0.0.1:8001", "10.0.0.2:8001");
+    let grant = etcd_call(&etcd, store::GRANT_PATH, etcd_json::grant_body(30)).await;
+    let lease = etcd_json::parse_grant(&grant.1).unwrap();
+
+    let first = etcd_call(
+        &etcd,
+        store::TXN_PATH,
+        store::create_request("/t", BACKEND, 7, a, lease),
+    )
+    .await;
+    assert_eq!(store::create_outcome(answer(&first)), Outcome::Won, "{first:?}");
+    let second = etcd_call(
+        &etcd,
+        store::TXN_PATH,
+        store::create_request("/t", BACKEND, 7, b, lease),
+    )
+    .await;
+    assert_eq!(
+        store::create_outcome(answer(&second)),
+        Outcome::Adopted { host: host_id(a) },
+        "the loser learns the winner's host"
+    );
+    let listed = etcd
+        .ctl(&["get", &store::key_path("/t", BACKEND, 7), "-w", "json"])
+        .unwrap();
+    assert!(
+        listed.contains(&format!("\"lease\":{lease}")),
+        "the key carries the lease: {listed}"
+    );
+
+    // Read everything, then only what changed since.
+    let all = etcd_call(&etcd, store::RANGE_PATH, store::range_request("/t", BACKEND, 0, 64)).await;
+    let all = store::range_answer(answer(&all)).unwrap();
+    assert_eq!(all.kvs.len(), 1);
+    let mut table = KeyTable::default();
+    assert!(store::merge(
+        &mut table,
+        &store::backend_prefix("/t", BACKEND),
+        &all.kvs,
+        1,
+        64
+    ));
+    assert_eq!(table.get(7).unwrap().host, host_id(a));
+    let seen = store::next_revision(0, &all);
+    let none = etcd_call(&etcd, store::RANGE_PATH, store::range_request("/t", BACKEND, seen, 64)).await;
+    assert!(store::range_answer(answer(&none)).unwrap().kvs.is_empty());
+    let third = etcd_call(&etcd, store::TXN_PATH, store::create_request("/t", BACKEND, 8, b, 0)).await;
+    assert_eq!(store::create_outcome(answer(&third)), Outcome::Won);
+    let changed = etcd_call(&etcd, store::RANGE_PATH, store::range_request("/t", BACKEND, seen, 64)).await;
+    let changed = store::range_answer(answer(&changed)).unwrap();
+    assert_eq!(changed.kvs.len(), 1);
+    assert!(changed.kvs[0].key.ends_with(b"0000000000000008"));
+
+    // A refresh re-attaches keys to a new lease in one transaction.
+    let refresh = etcd_json::puts_body(&[(store::key_path("/t", BACKEND, 8), b.to_string())], lease);
+    let done = etcd_call(&etcd, store::TXN_PATH, refresh).await;
+    assert!(etcd_json::parse_puts(&done.1).is_ok(), "{done:?}");
+
+    // A lease etcd no longer has is an error, and the replica places locally.
+    let stale = etcd_call(
+        &etcd,
+        store::TXN_PATH,
+        store::create_request("/t", BACKEND, 9, a, 12345),
+    )
+    .await;
+    assert_eq!(
+        store::create_outcome(answer(&stale)),
+        Outcome::Fallback(Fallback::Error),
+        "{stale:?}"
+    );
+}
+
+fn config(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Value {
+    config_with(fleet, etcd.map(|e| vec![e.url()]), timeout_ms)
+}
+
+fn config_with(fleet: &Fleet, etcd: Option<Vec<String>>, timeout_ms: u64) -> Value {
+    let mut backend = fleet.backend_entry(150);
+    backend["health"] = json!({"interval_ms": 300, "timeout_ms": 250, "unhealthy": 2, "healthy": 1});
+    let mut affinity = json!({"placement": "bounded_keys"});
+    if let Some(endpoints) = etcd {
+        affinity["placement_store"] =
+            json!({"etcd": {"endpoints": endpoints, "prefix": "/e2e", "timeout_ms": timeout_ms}});
+    }
+    json!({
+        "version": 1,
+        "backends": [backend],
+        "models": [{"name": ALIAS, "routes": [{"backend": BACKEND, "upstream_model": UPSTREAM}]}],
+        "affinity": affinity,
+        "debug_headers": true,
+    })
+}
+
+async fn replicas(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Vec<Envoy> {
+    replicas_of(fleet, config(fleet, etcd, timeout_ms)).await
+}
+
+async fn replicas_of(fleet: &Fleet, cfg: Value) -> Vec<Envoy> {
+    let _ = fleet;
+    let mut out = Vec::new();
+    for _ in 0..REPLICAS {
+        out.push(Envoy::start(cfg.clone()).await.unwrap());
+    }
+    for e in &out {
+        e.wait_snapshot_healthy(BACKEND, 3, Duration::from_secs(15))
+            .await
+            .unwrap();
+    }
+    out
+}
+
+fn tenant_body(t: usize) -> Value {
+    chat(
+        Some(&format!("You are the assistant of replicated tenant {t}. Be brief.")),
+        "hi",
+    )
+}
+
+/// A small deterministic generator, so a failing order can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Sends `rounds` rounds in which every tenant of `tenants` sends one request, all at once, each to a random
+/// replica. Every request must succeed. Returns, per tenant, the engines that served it with their counts. A
+/// request the placement spilled (its key's host was over the in-flight bound of the replica that took it) is
+/// counted under `spilled`, not under its engine: spilling is per replica by design and moves no key.
+async fn spray(
+    envoys: &[Envoy],
+    tenants: std::ops::Range<usize>,
+    rounds: usize,
+    rng: &mut Rng,
+) -> BTreeMap<usize, BTreeMap<String, usize>> {
+    let c = client();
+    let mut served: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+    for _ in 0..rounds {
+        let sends = tenants.clone().map(|t| {
+            let url = envoys[rng.next(envoys.len())].url("/v1/chat/completions");
+            let c = c.clone();
+            async move { (t, post_json(&c, url, tenant_body(t).to_string(), &[]).await) }
+        });
+        for (t, r) in futures_util::future::join_all(sends).await {
+            assert_eq!(r.status, 200, "tenant {t}: {:?}", r.body);
+            let engine = match r.header("x-llmroute-placement") {
+                Some("spilled") => "spilled".to_string(),
+                _ => r.header("x-emu-backend").unwrap_or("").to_string(),
+            };
+            *served.entry(t).or_default().entry(engine).or_default() += 1;
+        }
+    }
+    served
+}
+
+/// Like [`spray`], but in round `r` tenant `t` goes to replica `(t + r) % replicas`: over as many rounds as there
+/// are replicas, every replica sees every tenant.
+async fn rotate(
+    envoys: &[Envoy],
+    tenants: std::ops::Range<usize>,
+    rounds: usize,
+) -> BTreeMap<usize, BTreeMap<String, usize>> {
+    let c = client();
+    let mut served: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+    for round in 0..rounds {
+        let sends = tenants.clone().map(|t| {
+            let url = envoys[(t + round) % envoys.len()].url("/v1/chat/completions");
+            let c = c.clone();
+            async move { (t, post_json(&c, url, tenant_body(t).to_string(), &[]).await) }
+        });
+        for (t, r) in futures_util::future::join_all(sends).await {
+            assert_eq!(r.status, 200, "tenant {t}: {:?}", r.body);
+            let engine = r.header("x-emu-backend").unwrap_or("").to_string();
+            *served.entry(t).or_default().entry(engine).or_default() += 1;
+        }
+    }
+    served
+}
+
+/// Waits (15 s at most) until every tenant of `tenants` is served by one engine whichever replica takes it.
+async fn converge(envoys: &[Envoy], tenants: std::ops::Range<usize>) -> Option<Duration> {
+    wait_for(Duration::from_secs(15), || {
+        let tenants = tenants.clone();
+        async move {
+            let c = client();
+            let mut all_one = true;
+            for t in tenants {
+                let mut engines = BTreeSet::new();
+                for e in envoys {
+                    let r = post_json(&c, e.url("/v1/chat/completions"), tenant_body(t).to_string(), &[]).await;
+                    assert_eq!(r.status, 200);
+                    engines.insert(r.header("x-emu-backend").unwrap_or("").to_string());
+                }
+                all_one &= engines.len() == 1;
+            }
+            all_one
+        }
+    })
+    .await
+}
+
+/// Sprays fresh batches of 12 new keys (up to 20, a quarter second apart) until one is placed with no fallback and
+/// no disagreement: whether that happened, and `(disagreements, fallbacks)` per batch.
+async fn fresh_keys_agree(envoys: &[Envoy], rng: &mut Rng) -> (bool, Vec<(usize, u64)>) {
+    let mut attempts = Vec::new();
+    for batch in 0..20 {
+        let first = 1000 + batch * 100;
+        let before = fallbacks(envoys).await;
+        let placed = spray(envoys, first..first + 12, 3, rng).await;
+        let fell_back = fallbacks(envoys).await - before;
+        attempts.push((disagreements(&placed), fell_back));
+        if disagreements(&placed) == 0 && fell_back == 0 {
+            return (true, attempts);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    (false, attempts)
+}
+
+/// Requests not served by their tenant's most used engine (spilled requests aside).
+fn disagreements(served: &BTreeMap<usize, BTreeMap<String, usize>>) -> usize {
+    served
+        .values()
+        .map(|by| {
+            let placed: Vec<usize> = by.iter().filter(|(e, _)| *e != "spilled").map(|(_, n)| *n).collect();
+            placed.iter().sum::<usize>() - placed.iter().max().copied().unwrap_or(0)
+        })
+        .sum()
+}
+
+async fn store_count(envoys: &[Envoy], outcome: &str) -> u64 {
+    let name = stat_name(PLACEMENT_STORE, &[("outcome", outcome)]);
+    let mut sum = 0;
+    for e in envoys {
+        sum += e.stat(&name).await.unwrap_or(0);
+    }
+    sum
+}
+
+async fn fallbacks(envoys: &[Envoy]) -> u64 {
+    let mut sum = 0;
+    for f in [Fallback::Timeout, Fallback::NotSent, Fallback::Error] {
+        sum += store_count(envoys, Outcome::Fallback(f).as_str()).await;
+    }
+    sum
+}
+
+#[tokio::test]
+async fn three_replicas_sharing_etcd_place_every_key_on_one_host_and_lone_ones_do_not() {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let tenants = 0..12;
+
+    let alone = replicas(&fleet, None, 0).await;
+    let without = spray(&alone, tenants.clone(), 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
+    drop(alone);
+    let shared = replicas(&fleet, Some(&etcd), 1000).await;
+    let with = spray(&shared, tenants.clone(), 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
+
+    println!(
+        "without the store: {} of 72 requests off their tenant's host: {without:?}",
+        disagreements(&without)
+    );
+    println!(
+        "with the store:    {} of 72 requests off their tenant's host: {with:?}",
+        disagreements(&with)
+    );
+    assert_eq!(disagreements(&with), 0, "{with:?}");
+    assert!(
+        disagreements(&without) > 0,
+        "lone replicas were expected to disagree: {without:?}"
+    );
+    assert_eq!(
+        store_count(&shared, "won").await,
+        12,
+        "each key is created in etcd exactly once"
+    );
+    assert_eq!(fallbacks(&shared).await, 0);
+    let hosts: BTreeSet<&String> = with
+        .values()
+        .flat_map(|by| by.keys())
+        .filter(|e| *e != "spilled")
+        .collect();
+    // The keys still spread (a host a loaded machine's health check briefly called down takes none).
+    assert!(hosts.len() >= 2, "the keys still spread over the engines: {with:?}");
+}
+
+#[tokio::test]
+async fn with_etcd_gone_no_request_fails_and_once_back_the_replicas_agree_again() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    // A generous timeout: on a loaded test machine a write can take 200 ms; etcd down refuses at once anyway.
+    let envoys = replicas(&fleet, Some(&etcd), 1000).await;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let before = spray(&envoys, 0..6, 3, &mut rng).await;
+    assert_eq!(disagreements(&before), 0, "{before:?}");
+
+    let fallbacks_before = fallbacks(&envoys).await;
+    etcd.stop();
+    // Every replica sees every new key while etcd is down, so none will ever send it to etcd as a new key: only
+    // the settling of the keys placed during the outage can put them there.
+    let during = rotate(&envoys, 100..106, 3).await;
+    let counted = fallbacks(&envoys).await - fallbacks_before;
+    println!("etcd down: every request served, {counted} fallbacks, {during:?}");
+    assert_eq!(
+        counted, 18,
+        "each new key's first request on each replica falls back and is counted"
+    );
+    let old = spray(&envoys, 0..6, 1, &mut rng).await;
+    assert_eq!(
+        disagreements(&old),
+        0,
+        "keys placed before the outage stay put: {old:?}"
+    );
+
+    etcd.restart().await.unwrap();
+    // The keys placed during the outage are settled by each replica's root: etcd gets them, and they converge on
+    // one host.
+    let stored = wait_for(Duration::from_secs(15), || {
+        let etcd = &etcd;
+        async move {
+            let keys = etcd
+                .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
+                .unwrap_or_default();
+            keys.lines().filter(|l| l.starts_with("/e2e/keys/")).count() == 12
+        }
+    })
+    .await;
+    let listed = etcd
+        .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
+        .unwrap_or_default();
+    assert!(
+        stored.is_some(),
+        "the keys placed during the outage never reached etcd: {listed}"
+    );
+    let converged = converge(&envoys, 100..106).await;
+    assert!(converged.is_some(), "keys placed while etcd was down never converged");
+    // New keys agree again once each replica's Envoy holds etcd healthy again (its health check runs every
+    // second).
+    let (agreed, attempts) = fresh_keys_agree(&envoys, &mut rng).await;
+    let mut outcomes = Vec::new();
+    for o in Outcome::LABELS {
+        outcomes.push((o, store_count(&envoys, o).await));
+    }
+    println!(
+        "etcd back: outage keys converged in {converged:?}; fresh batches (disagreements, fallbacks): {attempts:?}; \
+         store outcomes: {outcomes:?}"
+    );
+    assert!(agreed, "new keys never agreed again after etcd came back: {attempts:?}");
+}
+
+#[tokio::test]
+async fn killing_one_member_of_three_under_load_fails_no_request_and_agreement_holds_after() {
+    let mut cluster = EtcdCluster::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let envoys = replicas_of(&fleet, config_with(&fleet, Some(cluster.urls()), 1000)).await;
+    let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+    let before = spray(&envoys, 0..12, 2, &mut rng).await;
+    assert_eq!(disagreements(&before), 0, "{before:?}");
+
+    // New keys keep coming while member 0 dies: callouts that land on it fall back, none fails a request.
+    let fallbacks_before = fallbacks(&envoys).await;
+    let mut load_rng = Rng(0x2545_f491_4f6c_dd1d);
+    let load = spray(&envoys, 100..124, 6, &mut load_rng);
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cluster.stop_member(0);
+    };
+    let (during, ()) = tokio::join!(load, kill);
+    let fell_back = fallbacks(&envoys).await - fallbacks_before;
+    println!(
+        "member 0 killed under load: 144 requests served, {fell_back} fallbacks, {} off their tenant's host",
+        disagreements(&during)
+    );
+
+    // Keys that fell back while the cluster elected a new leader are settled, and converge on one host.
+    let converged = converge(&envoys, 100..124).await;
+    assert!(converged.is_some(), "keys placed during the kill never converged");
+    // Fresh keys agree with no fallback.
+    let (agreed, attempts) = fresh_keys_agree(&envoys, &mut rng).await;
+    println!("two members left: fresh batches (disagreements, fallbacks): {attempts:?}");
+    assert!(
+        agreed,
+        "new keys never agreed again on the two members left: {attempts:?}"
+    );
+    let old = spray(&envoys, 0..12, 1, &mut rng).await;
+    assert_eq!(disagreements(&old), 0, "keys placed before the kill stay put: {old:?}");
+}
