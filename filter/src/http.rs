@@ -13,7 +13,7 @@ use llmroute_core::auth::Keys;
 use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
 use llmroute_core::{
-    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey,
+    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionHeaders,
 };
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -42,7 +42,7 @@ pub struct Http {
     replacing_overflow: bool,
     request_id: Option<String>,
     /// Set while an inference body is being buffered.
-    reading: Option<(Api, Option<SessionKey>)>,
+    reading: Option<(Api, SessionHeaders)>,
     body_size: usize,
     /// What was decided, for the response headers.
     routed: Option<RouteDecision>,
@@ -173,7 +173,7 @@ impl Http {
         };
         let edited = stripped.is_some();
         let body = stripped.unwrap_or(body);
-        let decision = match route(cfg, api, &body, session.as_ref()) {
+        let decision = match route(cfg, api, &body, &session) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
@@ -217,7 +217,7 @@ impl Http {
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {
-                self.pin = key_placement::pin(cfg, &decision.cluster, a.hash);
+                self.pin = key_placement::pin(cfg, &decision.placement, &decision.cluster, a.hash);
                 if let Some(p) = &self.pin {
                     self.metrics.placement(p.choice.reason);
                     host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
@@ -362,10 +362,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
-        let bounded = self
-            .cfg
-            .as_ref()
-            .is_some_and(|c| c.affinity.placement.bounded().is_some());
+        let bounded = self.cfg.as_ref().is_some_and(|c| c.any_bounded_keys());
         if bounded && !debug {
             // Envoy's stateful-session filter names the upstream host (base64 `IP:port`) on every response it
             // relays, pinned or not; clients need not know it.

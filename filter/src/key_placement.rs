@@ -3,15 +3,16 @@
 //! with compare-and-swap, and names the host in the stateful-session header that Envoy's
 //! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
 //!
-//! Hosts are weighed by the backend's `slots`, or else by the `total_slots` each llama.cpp server last reported to
-//! the `/props` check (see `props`), at most `MAX_SLOTS` (256) each.
+//! Hosts are weighed by the backend's `slots`; else, for a discovered host, by the weight Envoy gives it (the
+//! `slots` it registered in etcd, read from the status poll); else by the `total_slots` each llama.cpp server last
+//! reported to the `/props` check (see `props`); at most `MAX_SLOTS` (256) each.
 //!
 //! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
 //! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
 //! and lowered in the log phase, through this worker's ledger: an update that loses its compare-and-swap races is
 //! kept and written by a later update or the next tick, never dropped.
 
-use llmroute_core::config::{Backend, LbPolicy};
+use llmroute_core::config::{Backend, KeyPlacement, LbPolicy};
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check;
 use std::cell::RefCell;
@@ -64,6 +65,15 @@ fn addresses(backend: &Backend, now_ms: u64) -> Option<Vec<String>> {
     (fresh && !list.is_empty() && list.len() < status::MAX_HOSTS).then_some(list)
 }
 
+/// Keeps Envoy's weight of each host of the discovered `backend` that weighs more than 1, by `IP:PORT`.
+pub fn store_weights(backend: &str, weights: &[(String, u32)]) {
+    host::set_shared_data(
+        &shared::weights(backend),
+        &fleet_check::encode_slots_by_address(weights),
+        None,
+    );
+}
+
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
 pub fn store_reported_slots(backend: &str, slots: &[u32]) {
     host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
@@ -96,21 +106,22 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
         .map(|(_, down)| down);
     let (counts, _) = host::shared_data(&shared::in_flight(&backend.name));
     let in_flight = table::decode_in_flight(&counts.unwrap_or_default(), addresses.len());
-    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props` (by address for a
-    // discovered backend, whose list changes), else all equal.
-    let reported = match (&backend.slots, backend.discovered()) {
-        (Some(_), _) => Vec::new(),
-        (None, true) => fleet_check::slots_at(
-            &addresses,
-            &fleet_check::decode_slots_by_address(
-                &host::shared_data(&shared::slots_by_address(&backend.name))
-                    .0
-                    .unwrap_or_default(),
-            ),
+    // Capacity: the config's `slots`, else a discovered host's Envoy weight (its registered `slots`), else what
+    // each llama.cpp server reported in `/props` (by address for a discovered backend, whose list changes), else
+    // all equal (see `key_placement::host_weight`).
+    let by_address = |key: String| fleet_check::decode_slots_by_address(&host::shared_data(&key).0.unwrap_or_default());
+    let (registered, reported) = match (&backend.slots, backend.discovered()) {
+        (Some(_), _) => (Vec::new(), Vec::new()),
+        (None, true) => (
+            key_placement::weights_at(&addresses, &by_address(shared::weights(&backend.name))),
+            fleet_check::slots_at(&addresses, &by_address(shared::slots_by_address(&backend.name))),
         ),
-        (None, false) => table::decode_in_flight(
-            &host::shared_data(&shared::slots(&backend.name)).0.unwrap_or_default(),
-            backend.endpoints.len(),
+        (None, false) => (
+            Vec::new(),
+            table::decode_in_flight(
+                &host::shared_data(&shared::slots(&backend.name)).0.unwrap_or_default(),
+                backend.endpoints.len(),
+            ),
         ),
     };
     Some(
@@ -121,6 +132,7 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
                 up: !down.as_ref().is_some_and(|d| d.contains(&address)),
                 weight: key_placement::host_weight(
                     backend.slots.as_ref().and_then(|s| s.get(i).copied()),
+                    registered.get(i).copied().unwrap_or(0),
                     reported.get(i).copied().unwrap_or(0),
                 ),
                 in_flight: in_flight.get(i).copied().unwrap_or(0),
@@ -130,10 +142,11 @@ fn views(backend: &Backend, now_ms: u64) -> Option<Vec<HostView>> {
     )
 }
 
-/// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
-/// placement is off, does not apply, or no host is up (Envoy's ring decides).
-pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
-    let keys = cfg.affinity.placement.bounded()?;
+/// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when the
+/// request's placement (its alias' own, else the top-level one) is `hash`, placement does not apply, or no host is
+/// up (Envoy's ring decides).
+pub fn pin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
+    let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = views(backend, now)?;
@@ -186,7 +199,7 @@ pub fn settle() {
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.
 pub fn seed(cfg: &Config) {
-    if cfg.affinity.placement.bounded().is_none() {
+    if !cfg.any_bounded_keys() {
         return;
     }
     for b in &cfg.backends {

@@ -75,7 +75,7 @@ impl RootContext for Root {
                         }
                     }
                     crate::admission::seed(&cfg, self.keys.as_deref());
-                    self.metrics.prime(cfg.affinity.placement.bounded().is_some());
+                    self.metrics.prime(cfg.any_bounded_keys());
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());

@@ -72,7 +72,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
             Some(path) => ecds::discovered_filter(path),
             None => super::wasm_filter(plugin_config, opts),
         });
-        if cfg.affinity.placement.bounded().is_some() {
+        if cfg.any_bounded_keys() {
             http_filters.push(stateful_session());
         }
     }
