@@ -312,6 +312,29 @@ mod tests {
     }
 
     #[test]
+    fn one_alias_with_its_own_bounded_keys_adds_the_stateful_session_filter() {
+        let names = |doc: &str| -> Vec<String> {
+            let cfg = load(doc);
+            let p = pieces(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+            let d = filter_document(&p);
+            d["http_filters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let hash = DOC.replace("affinity: { placement: bounded_keys }\n", "");
+        assert_eq!(names(&hash), ["llmroute"]);
+        let per_alias = hash.replace(
+            "  - name: solo\n",
+            "  - name: solo\n    affinity: { placement: bounded_keys }\n",
+        );
+        assert_ne!(per_alias, hash);
+        assert_eq!(names(&per_alias), ["llmroute", "envoy.filters.http.stateful_session"]);
+    }
+
+    #[test]
     fn the_filter_document_has_the_pieces_and_no_backend_cluster() {
         let cfg = load(DOC);
         let p = pieces(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();

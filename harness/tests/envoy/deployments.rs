@@ -3,8 +3,9 @@
 //!   pasted in passes the checks the bootstrap gets: routing by alias with the model rewritten, affinity, failover
 //!   across a multi-route alias, a refusal in JSON;
 //! - every good fixture's pieces, pasted into a plain listener, pass `envoy --mode validate`;
-//! - the filter delivered through ECDS from a watched file takes new aliases, models and affinity settings under
-//!   load without a failed request, and refuses a bad push while keeping the old config (stats and log show it).
+//! - the filter delivered through ECDS from a watched file takes new aliases, models, affinity settings and an
+//!   alias' own affinity under load without a failed request, and refuses a bad push while keeping the old config
+//!   (stats and log show it).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -599,6 +600,51 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     })
     .await;
     assert!(log_has.is_some(), "the filter logs why it refused the push");
+
+    // (d) One alias' own routing method: local-chat reads x-session-id again for itself, while the top-level
+    // list stays x-tenant; the next requests follow it, and none fails.
+    let mut doc_d = doc_b.clone();
+    doc_d["models"][0]["affinity"] = json!({ "session_headers": ["x-session-id"] });
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_d.to_string(), &opts).unwrap(),
+    );
+    let took = wait_for(Duration::from_secs(15), || {
+        let c = c.clone();
+        let envoy = &envoy;
+        async move {
+            let resp = c
+                .post(envoy.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-session-id", "probe-d")
+                .body(chat_for("local-chat", "probe").to_string())
+                .send()
+                .await
+                .unwrap();
+            let h = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+            h("x-llmroute-affinity-source").as_deref() == Some("session")
+                && h("x-multi-turn-session-id").as_deref() == Some("probe-d")
+        }
+    })
+    .await;
+    assert!(took.is_some(), "the alias' own session headers never took effect");
+    assert_eq!(ecds_stat(&envoy, "update_success").await, accepted.map(|n| n + 1));
+    wait_more(60).await;
+    assert_eq!(last_sources(30), vec!["session".to_string(); 30]);
+    // new-chat has no affinity of its own: the top-level x-tenant still keys it, x-session-id does not.
+    for (header, want) in [("x-session-id", "user-prefix"), ("x-tenant", "session")] {
+        let resp = c
+            .post(envoy.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header(header, "t-1")
+            .body(chat_for("new-chat", "other alias").to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let source = resp.headers().get("x-llmroute-affinity-source").cloned();
+        assert_eq!(source.as_ref().and_then(|v| v.to_str().ok()), Some(want), "{header}");
+    }
 
     stop.store(true, Ordering::SeqCst);
     for w in workers {
