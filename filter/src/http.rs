@@ -362,10 +362,10 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let debug = self.cfg.as_ref().is_some_and(|c| c.debug_headers);
-        let bounded = self.cfg.as_ref().is_some_and(|c| c.any_bounded_keys());
-        if bounded && !debug {
+        if !debug {
             // Envoy's stateful-session filter names the upstream host (base64 `IP:port`) on every response it
-            // relays, pinned or not; clients need not know it.
+            // relays, pinned or not; clients need not know it. Removed whatever the config in force says: a live
+            // (ECDS) change may have turned every alias to `hash` while the bootstrap still has that filter.
             host::remove_response_header(key_placement::SESSION_HEADER);
         }
         let Some(d) = &self.routed else {
