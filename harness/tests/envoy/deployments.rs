@@ -17,7 +17,7 @@ use llmroute_harness::fleet::Fleet;
 use llmroute_harness::render::{bootstrap_yaml, ecds, target, RenderOptions};
 use serde_json::{json, Value};
 
-use crate::support::{client, post, tally, wait_for};
+use crate::support::{client, post, post_json, tally, wait_for};
 
 const MARK: &str = "@llmroute ";
 
@@ -364,6 +364,15 @@ async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// One chat request for `alias` carrying the header `(name, value)`: its status, `x-llmroute-affinity-source` and
+/// echoed `x-multi-turn-session-id` ("" when absent).
+async fn keyed(c: &reqwest::Client, envoy: &Envoy, alias: &str, header: (&str, &str)) -> (u16, String, String) {
+    let body = chat_for(alias, "probe").to_string();
+    let r = post_json(c, envoy.url("/v1/chat/completions"), body, &[header]).await;
+    let h = |n: &str| r.header(n).unwrap_or_default().to_string();
+    (r.status, h("x-llmroute-affinity-source"), h("x-multi-turn-session-id"))
+}
+
 struct Outcome {
     status: u16,
     backend: String,
@@ -521,23 +530,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         &ecds_path,
         &ecds::discovery_response(&doc_b.to_string(), &opts).unwrap(),
     );
-    let took = wait_for(Duration::from_secs(15), || {
-        let c = c.clone();
-        let envoy = &envoy;
-        async move {
-            let resp = c
-                .post(envoy.url("/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .header("x-session-id", "probe")
-                .body(chat_for("local-chat", "probe").to_string())
-                .send()
-                .await
-                .unwrap();
-            resp.headers()
-                .get("x-llmroute-affinity-source")
-                .and_then(|v| v.to_str().ok())
-                == Some("user-prefix")
-        }
+    let took = wait_for(Duration::from_secs(15), || async {
+        keyed(&c, &envoy, "local-chat", ("x-session-id", "probe")).await.1 == "user-prefix"
     })
     .await;
     assert!(took.is_some(), "the new affinity settings never took effect");
@@ -609,22 +603,9 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         &ecds_path,
         &ecds::discovery_response(&doc_d.to_string(), &opts).unwrap(),
     );
-    let took = wait_for(Duration::from_secs(15), || {
-        let c = c.clone();
-        let envoy = &envoy;
-        async move {
-            let resp = c
-                .post(envoy.url("/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .header("x-session-id", "probe-d")
-                .body(chat_for("local-chat", "probe").to_string())
-                .send()
-                .await
-                .unwrap();
-            let h = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-            h("x-llmroute-affinity-source").as_deref() == Some("session")
-                && h("x-multi-turn-session-id").as_deref() == Some("probe-d")
-        }
+    let took = wait_for(Duration::from_secs(15), || async {
+        let (_, source, echo) = keyed(&c, &envoy, "local-chat", ("x-session-id", "probe-d")).await;
+        source == "session" && echo == "probe-d"
     })
     .await;
     assert!(took.is_some(), "the alias' own session headers never took effect");
@@ -633,17 +614,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     assert_eq!(last_sources(30), vec!["session".to_string(); 30]);
     // new-chat has no affinity of its own: the top-level x-tenant still keys it, x-session-id does not.
     for (header, want) in [("x-session-id", "user-prefix"), ("x-tenant", "session")] {
-        let resp = c
-            .post(envoy.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header(header, "t-1")
-            .body(chat_for("new-chat", "other alias").to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let source = resp.headers().get("x-llmroute-affinity-source").cloned();
-        assert_eq!(source.as_ref().and_then(|v| v.to_str().ok()), Some(want), "{header}");
+        let (status, source, _) = keyed(&c, &envoy, "new-chat", (header, "t-1")).await;
+        assert_eq!((status, source.as_str()), (200, want), "{header}");
     }
 
     stop.store(true, Ordering::SeqCst);

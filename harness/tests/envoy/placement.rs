@@ -36,14 +36,18 @@ fn config(fleet: &Fleet, debug: bool, extra_backend: Value) -> Value {
 async fn start(debug: bool, extra_backend: Value) -> (Fleet, Envoy) {
     let fleet = Fleet::start("llama-a", 3).await.unwrap();
     let envoy = Envoy::start(config(&fleet, debug, extra_backend)).await.unwrap();
-    // Ready once the filter's own snapshot of Envoy's health (polled every second) has every host up: until
-    // then placement leaves keys to Envoy's ring.
+    wait_all_up(&envoy).await;
+    (fleet, envoy)
+}
+
+/// Ready once the filter's own snapshot of Envoy's health (polled every second) has all 3 hosts up: until then
+/// placement leaves keys to Envoy's ring.
+async fn wait_all_up(envoy: &Envoy) {
     let ok = wait_for(Duration::from_secs(10), || async {
-        healthy_in_snapshot(&envoy).await == Some(3)
+        healthy_in_snapshot(envoy).await == Some(3)
     })
     .await;
     assert!(ok.is_some(), "hosts never became healthy in the filter's snapshot");
-    (fleet, envoy)
 }
 
 /// Healthy hosts of the backend, as the filter's status snapshot has them.
@@ -217,11 +221,7 @@ async fn one_alias_places_keys_itself_while_another_keeps_the_ring() {
     doc["models"].as_array_mut().unwrap().push(ring);
     let envoy = Envoy::start(doc.clone()).await.unwrap();
     assert!(envoy.bootstrap_yaml().contains("envoy.filters.http.stateful_session"));
-    let ok = wait_for(Duration::from_secs(10), || async {
-        healthy_in_snapshot(&envoy).await == Some(3)
-    })
-    .await;
-    assert!(ok.is_some(), "hosts never became healthy in the filter's snapshot");
+    wait_all_up(&envoy).await;
     let mut predict = Predictor::with(&doc, ALIAS, fleet.endpoints(), &[1, 1, 1]);
     let c = client();
     for (n, t) in [0, 1, 2, 3, 4, 5, 0, 3, 1, 4, 2, 5].into_iter().enumerate() {
