@@ -411,7 +411,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     assert!(envoy.bootstrap_yaml().contains("config_discovery"));
     let c = client();
 
-    // Steady load: 4 workers, local-chat with a session header, until told to stop (at most 700 requests).
+    // Steady load: 4 workers, local-chat with a session header, until told to stop (at most 3000 requests: alone,
+    // the whole test takes about 660, and a busy machine stretches every wait on a push).
     let stop = Arc::new(AtomicBool::new(false));
     let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
     let mut workers = Vec::new();
@@ -424,7 +425,7 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         );
         workers.push(tokio::spawn(async move {
             let mut i = 0;
-            while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 700 {
+            while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 3000 {
                 let body = chat_for("local-chat", &format!("load {w} {i}"));
                 let resp = c
                     .post(&url)

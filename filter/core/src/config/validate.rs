@@ -84,6 +84,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
     check_unique(&mut errs, "models", raw.models.iter().map(|m| m.name.as_str()));
     errs.0.append(&mut affinity_errs.0);
+    errs.1.append(&mut affinity_errs.1);
     placement_warnings(&mut errs, &affinity, &models, &backends);
     let session_headers_shared = models
         .iter()
