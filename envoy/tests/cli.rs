@@ -197,7 +197,7 @@ fn check_bootstrap(path: &Path, yaml: &str) {
     let embedded = wasm["configuration"]["value"].as_str().expect("embedded config");
     let embedded: Value = serde_json::from_str(embedded).expect("the embedded config is JSON");
     assert_eq!(embedded, doc, "{name}: embedded config is the document as written");
-    // With bounded-keys placement, Envoy's stateful-session filter reads the filter's host choice; it must sit
+    // With bounded-keys placement (top-level or an alias' own), Envoy's stateful-session filter reads the filter's host choice; it must sit
     // between the wasm filter and the router.
     let names: Vec<&str> = hcm(&v)["http_filters"]
         .as_array()
@@ -205,7 +205,11 @@ fn check_bootstrap(path: &Path, yaml: &str) {
         .iter()
         .map(|f| f["name"].as_str().unwrap())
         .collect();
-    let bounded = doc["affinity"]["placement"] == "bounded_keys";
+    // The top-level placement, or any alias' own (`models[].affinity.placement`).
+    let alias_bounded = doc["models"]
+        .as_array()
+        .is_some_and(|ms| ms.iter().any(|m| m["affinity"]["placement"] == "bounded_keys"));
+    let bounded = doc["affinity"]["placement"] == "bounded_keys" || alias_bounded;
     // With `compress_responses`, Envoy's compressor goes first, so it compresses what the wasm filter relayed.
     let compress = doc["compress_responses"] == true;
     let mut want: Vec<&str> = Vec::new();

@@ -15,7 +15,7 @@ use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
 use llmroute_core::response_plan::{self, BodyPlan};
 use llmroute_core::{
-    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionKey,
+    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionHeaders,
 };
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -46,7 +46,7 @@ pub struct Http {
     replacing_overflow: bool,
     request_id: Option<String>,
     /// Set while an inference body is being buffered.
-    reading: Option<(Api, Option<SessionKey>)>,
+    reading: Option<(Api, SessionHeaders)>,
     body_size: usize,
     /// What was decided, for the response headers.
     routed: Option<RouteDecision>,
@@ -181,7 +181,7 @@ impl Http {
         };
         let edited = stripped.is_some();
         let body = stripped.unwrap_or(body);
-        let decision = match route(cfg, api, &body, session.as_ref()) {
+        let decision = match route(cfg, api, &body, &session) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
@@ -231,9 +231,10 @@ impl Http {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {
                 // A key new to a replica with a placement store waits for etcd (see `placement_store`).
-                self.store_wait = crate::placement_store::begin(cfg, &decision.cluster, a.hash, &self.metrics);
+                self.store_wait =
+                    crate::placement_store::begin(cfg, &decision.placement, &decision.cluster, a.hash, &self.metrics);
                 if self.store_wait.is_none() {
-                    self.pinned(key_placement::pin(cfg, &decision.cluster, a.hash));
+                    self.pinned(key_placement::pin(cfg, &decision.placement, &decision.cluster, a.hash));
                 }
             }
         }
@@ -409,10 +410,6 @@ impl HttpContext for Http {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let settings = response_plan::Settings {
             debug_headers: self.cfg.as_ref().is_some_and(|c| c.debug_headers),
-            bounded_placement: self
-                .cfg
-                .as_ref()
-                .is_some_and(|c| c.affinity.placement.bounded().is_some()),
             request_id: self.request_id.as_deref(),
         };
         let routed = self.routed.as_ref().map(|d| response_plan::Routed {

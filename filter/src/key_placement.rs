@@ -4,14 +4,16 @@
 //! with compare-and-swap, and names the host in the stateful-session header that Envoy's
 //! `envoy.filters.http.stateful_session` filter (added by `llmroute render`) turns into the upstream host.
 //!
-//! Hosts are weighed by the backend's `slots`, or else by the `total_slots` each llama.cpp server last reported to
-//! the `/props` check (see `props`), at most `MAX_SLOTS` (256) each.
+//! Hosts are weighed by the backend's `slots`; else, for a discovered host, by the weight Envoy gives it (the
+//! `slots` it registered in etcd, read from the status poll); else by the `total_slots` each llama.cpp server last
+//! reported to the `/props` check (see `fleet_check`); at most `MAX_SLOTS` (256) each.
 //!
 //! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
 //! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
 //! and lowered in the log phase, through this worker's ledger: an update that loses its compare-and-swap races is
 //! kept and written by a later update or the next tick, never dropped.
 
+use llmroute_core::config::KeyPlacement;
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check;
 use std::cell::RefCell;
@@ -48,6 +50,15 @@ pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
     host::set_shared_data(&shared::hosts(backend), &table::encode_down(taken_at_ms, hosts), None);
 }
 
+/// Keeps Envoy's weight of each host of the discovered `backend` that weighs more than 1, by `IP:PORT`.
+pub fn store_weights(backend: &str, weights: &[(String, u32)]) {
+    host::set_shared_data(
+        &shared::weights(backend),
+        &fleet_check::encode_slots_by_address(weights),
+        None,
+    );
+}
+
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
 pub fn store_reported_slots(backend: &str, slots: &[u32]) {
     host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
@@ -62,15 +73,16 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
     );
 }
 
-/// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when
-/// placement is off, does not apply, or no host is up (Envoy's ring decides).
-pub fn pin(cfg: &Config, cluster: &str, key: u64) -> Option<Pin> {
-    pin_stored(cfg, cluster, key, None)
+/// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when the
+/// request's placement (its alias' own, else the top-level one) is `hash`, placement does not apply, or no host is
+/// up (Envoy's ring decides).
+pub fn pin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
+    pin_stored(cfg, placement, cluster, key, None)
 }
 
 /// [`pin`], for a key the placement store just settled on the host with id `stored` (see `placement_store`).
-pub fn pin_stored(cfg: &Config, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
-    let keys = cfg.affinity.placement.bounded()?;
+pub fn pin_stored(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
+    let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = key_placement::views(backend, now, &host::SharedData)?;
@@ -123,7 +135,7 @@ pub fn settle() {
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.
 pub fn seed(cfg: &Config) {
-    if cfg.affinity.placement.bounded().is_none() {
+    if !cfg.any_bounded_keys() {
         return;
     }
     for b in &cfg.backends {

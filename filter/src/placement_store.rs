@@ -14,7 +14,7 @@
 
 use std::rc::Rc;
 
-use llmroute_core::config::PlacementStore;
+use llmroute_core::config::{BoundedKeys, KeyPlacement, PlacementStore};
 use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
@@ -34,6 +34,8 @@ const SYNC_TIMEOUT_MS: u64 = 2000;
 #[derive(Debug, Clone)]
 pub struct Waiting {
     token: u32,
+    /// The request's `bounded_keys` parameters, to pin it once the answer comes.
+    keys: BoundedKeys,
     cluster: String,
     key: u64,
     /// The host id this replica proposed.
@@ -60,9 +62,9 @@ impl Waiting {
 
 /// Sends the transaction for `key` in `cluster` when the store is configured and the local table lacks the key.
 /// `None`: nothing to wait for; pin as usual (a transaction that could not be sent is counted here).
-pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
+pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
     let store = cfg.affinity.placement_store.as_ref()?;
-    let keys = cfg.affinity.placement.bounded()?;
+    let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
@@ -82,6 +84,7 @@ pub fn begin(cfg: &Config, cluster: &str, key: u64, metrics: &Metrics) -> Option
     ) {
         Some(token) => Some(Waiting {
             token,
+            keys: *keys,
             cluster: cluster.to_string(),
             key,
             proposed: host.id(),
@@ -122,6 +125,7 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
     }
     Step::Pinned(key_placement::pin_stored(
         cfg,
+        &KeyPlacement::BoundedKeys(w.keys),
         &w.cluster,
         w.key,
         outcome.stored(w.proposed),
@@ -173,7 +177,7 @@ fn due(last: u64, now: u64) -> bool {
 impl Syncer {
     /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks).
     pub fn start(&mut self, cfg: Rc<Config>) {
-        if cfg.affinity.placement_store.is_none() || cfg.affinity.placement.bounded().is_none() {
+        if cfg.affinity.placement_store.is_none() || cfg.bounded_keys().is_none() {
             return;
         }
         // Seeded once per process, so every later write of a pending list is a compare-and-swap (a first write
@@ -189,7 +193,7 @@ impl Syncer {
 
     pub fn on_tick(&mut self) {
         let Some(cfg) = self.cfg.clone() else { return };
-        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.affinity.placement.bounded()) else {
+        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.bounded_keys()) else {
             return;
         };
         let now = host::now_ms();
@@ -261,7 +265,7 @@ impl Syncer {
         };
         let (_, job, _) = self.calls.swap_remove(i);
         let Some(cfg) = self.cfg.clone() else { return };
-        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.affinity.placement.bounded()) else {
+        let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.bounded_keys()) else {
             return;
         };
         let answer = call_body(body_size);

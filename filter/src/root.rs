@@ -80,7 +80,7 @@ impl RootContext for Root {
                     }
                     crate::admission::seed(&cfg, self.keys.as_deref());
                     let store = cfg.affinity.placement_store.is_some();
-                    self.metrics.prime(cfg.affinity.placement.bounded().is_some(), store);
+                    self.metrics.prime(cfg.any_bounded_keys(), store);
                     crate::key_placement::seed(&cfg);
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());

@@ -86,6 +86,7 @@ impl Poller {
                     crate::key_placement::store_down(&b.name, fleet.taken_at_ms, &b.down);
                     if cfg.backends.iter().any(|c| c.name == b.name && c.discovered()) {
                         crate::key_placement::store_hosts(&b.name, fleet.taken_at_ms, &b.hosts);
+                        crate::key_placement::store_weights(&b.name, &b.weights);
                     }
                 }
                 if self.failing {

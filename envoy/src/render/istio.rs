@@ -348,7 +348,7 @@ fn envoy_filter(
         } } } })
     };
     patches.push(json!({ "applyTo": "HTTP_FILTER", "match": router_match(ctx), "patch": { "operation": "INSERT_BEFORE", "value": filter } }));
-    if cfg.affinity.placement.bounded().is_some() {
+    if cfg.any_bounded_keys() {
         // Inserted after the wasm filter, before the router: the same order as the standalone bootstrap.
         patches.push(json!({ "applyTo": "HTTP_FILTER", "match": router_match(ctx), "patch": { "operation": "INSERT_BEFORE", "value": stateful_session() } }));
     }

@@ -79,7 +79,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
             // After the wasm filter: its descriptors read the headers the filter sets once the body is read.
             http_filters.push(ratelimit::filter(g));
         }
-        if cfg.affinity.placement.bounded().is_some() {
+        if cfg.any_bounded_keys() {
             http_filters.push(stateful_session());
         }
     }
@@ -316,6 +316,29 @@ mod tests {
             }
             assert_eq!(v.get("node").is_some(), opts.with_filter && opts.ecds_path.is_some());
         }
+    }
+
+    #[test]
+    fn one_alias_with_its_own_bounded_keys_adds_the_stateful_session_filter() {
+        let names = |doc: &str| -> Vec<String> {
+            let cfg = load(doc);
+            let p = pieces(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+            let d = filter_document(&p);
+            d["http_filters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let hash = DOC.replace("affinity: { placement: bounded_keys }\n", "");
+        assert_eq!(names(&hash), ["llmroute"]);
+        let per_alias = hash.replace(
+            "  - name: solo\n",
+            "  - name: solo\n    affinity: { placement: bounded_keys }\n",
+        );
+        assert_ne!(per_alias, hash);
+        assert_eq!(names(&per_alias), ["llmroute", "envoy.filters.http.stateful_session"]);
     }
 
     #[test]

@@ -19,11 +19,11 @@ use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::folds_to;
 use crate::json::{nav, scan_object, MAX_DEPTH};
-use crate::route::{body_patch, resolve_alias, RouteDecision, SessionKey};
+use crate::route::{body_patch, resolve_alias, RouteDecision, SessionSource};
 use crate::route_choice;
 
 /// Decides a decision-route request.
-pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -> Result<RouteDecision, GatewayError> {
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let mut models = members
         .iter()
@@ -34,6 +34,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     }
     let model = string_value(body, model_member, "model")?;
     let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
+    let session = session.key_for(&alias.affinity)?;
     let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
     let choice = route_choice::choose(cfg, alias, input_tokens)?;
     let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
@@ -46,8 +47,9 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         failover: choice.failover,
         model_from_client: prefix_rest.is_some(),
         upstream_model,
-        affinity: session.map(|s| s.affinity),
-        echo_session: session.map(|s| s.value.clone()),
+        affinity: session.as_ref().map(|s| s.affinity),
+        placement: alias.affinity.placement,
+        echo_session: session.map(|s| s.value),
         input_tokens,
         // Decision routes do not read the body beyond `model`: no output bound to reserve against.
         max_output_tokens: None,

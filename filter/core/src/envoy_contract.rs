@@ -263,6 +263,10 @@ pub mod shared {
     pub fn slots_by_address(backend: &str) -> String {
         format!("llmroute.slotsat.{backend}")
     }
+    /// Envoy's weight of each host of a discovered backend that weighs more than 1, by its `IP:PORT`.
+    pub fn weights(backend: &str) -> String {
+        format!("llmroute.weights.{backend}")
+    }
     /// The lease that lets one worker at a time run the status poll.
     pub const STATUS_LEASE: &str = "llmroute.status.lease";
     /// The status poll's latest snapshot.

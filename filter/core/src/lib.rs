@@ -31,6 +31,7 @@ pub mod request;
 pub mod response_plan;
 pub mod route;
 pub mod route_choice;
+pub mod session;
 pub mod status;
 pub mod stream;
 pub mod text;
@@ -40,7 +41,8 @@ pub use affinity::{Affinity, AffinitySource};
 pub use config::{load as load_config, Config, ConfigError, ConfigErrors};
 pub use endpoint::{classify, Api, Endpoint, Envelope};
 pub use error::GatewayError;
-pub use route::{route, session_from_headers, BodyPatch, RouteDecision, SessionKey};
+pub use route::{route, BodyPatch, RouteDecision};
+pub use session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 
 /// The version reported by the CLI and logged by the filter at VM start.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -390,6 +390,7 @@ mod tests {
             in_flight: 0,
             down: Vec::new(),
             hosts: Vec::new(),
+            weights: Vec::new(),
         };
         let fleet = FleetStatus {
             taken_at_ms: 10_000,

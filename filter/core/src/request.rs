@@ -8,7 +8,7 @@ use crate::auth::{self, Keys};
 use crate::config::Config;
 use crate::endpoint::{classify, Api, Endpoint, Envelope};
 use crate::error::GatewayError;
-use crate::route::{session_from_headers, SessionKey};
+use crate::session::SessionHeaders;
 use crate::status::StatusPage;
 
 /// A request the filter will handle.
@@ -16,8 +16,8 @@ use crate::status::StatusPage;
 pub struct RequestStart {
     pub endpoint: Endpoint,
     pub envelope: Envelope,
-    /// From a configured session header.
-    pub session: Option<SessionKey>,
+    /// The configured session headers it carried; the alias, known from the body, picks its key.
+    pub session: SessionHeaders,
 }
 
 /// A request refused in the headers phase, with the dialect to refuse it in.
@@ -50,10 +50,16 @@ pub fn start<'h>(
         _ if wants_anthropic => Envelope::Anthropic,
         _ => Envelope::OpenAi,
     };
-    let mut session = None;
+    let mut session = SessionHeaders::default();
     if let Endpoint::Inference(_) = endpoint {
         check_media_type(header("content-type"), header("content-encoding")).map_err(|e| refuse(e, envelope))?;
-        session = session_from_headers(cfg, &header).map_err(|e| refuse(e, envelope))?;
+        session = SessionHeaders::read(cfg, &header);
+        if cfg.session_headers_shared() {
+            // Every alias reads the top-level list: a bad value is refused before any body byte is buffered.
+            session
+                .first(&cfg.affinity.session_headers)
+                .map_err(|e| refuse(e, envelope))?;
+        }
     }
     Ok(RequestStart {
         endpoint,

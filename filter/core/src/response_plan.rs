@@ -83,7 +83,6 @@ pub struct Routed<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Settings<'a> {
     pub debug_headers: bool,
-    pub bounded_placement: bool,
     pub request_id: Option<&'a str>,
 }
 
@@ -100,7 +99,10 @@ pub fn plan(
         remove: Vec::new(),
         body: BodyPlan::Relay,
     };
-    if s.bounded_placement && !s.debug_headers {
+    // Envoy's stateful-session filter names the upstream host (base64 `IP:PORT`) on every response it relays,
+    // pinned or not; clients need not know it. Removed whatever the config in force says: a live (ECDS) change
+    // may have turned every alias to `hash` while the bootstrap still has that filter.
+    if !s.debug_headers {
         p.remove.push(SESSION_HEADER);
     }
     let Some(r) = routed else {

@@ -9,13 +9,14 @@
 
 use crate::affinity::{self, Affinity, AffinitySource};
 use crate::api::{self, string_value};
-use crate::config::{Config, ModelAlias};
+use crate::config::{Config, KeyPlacement, ModelAlias};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate;
 use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
 use crate::route_choice;
+pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,13 +54,6 @@ impl BodyPatch {
     }
 }
 
-/// An explicit session id read from a request header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionKey {
-    pub value: String,
-    pub affinity: Affinity,
-}
-
 /// Where a request goes and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteDecision {
@@ -70,6 +64,8 @@ pub struct RouteDecision {
     pub cluster: String,
     pub upstream_model: String,
     pub affinity: Option<Affinity>,
+    /// How the key finds its host: the alias' own placement, else the top-level one.
+    pub placement: KeyPlacement,
     /// The explicit key the client chose, echoed in `x-multi-turn-session-id` so later turns can pin to it.
     pub echo_session: Option<String>,
     /// True when `cluster` is the alias's failover cluster.
@@ -109,29 +105,9 @@ impl RouteDecision {
     }
 }
 
-/// Finds the session key in the request headers: the first configured header present wins.
-/// `header` returns a header's value by lower-case name.
-pub fn session_from_headers<'h>(
-    cfg: &Config,
-    header: impl Fn(&str) -> Option<&'h [u8]>,
-) -> Result<Option<SessionKey>, GatewayError> {
-    for name in &cfg.affinity.session_headers {
-        if let Some(v) = header(name) {
-            affinity::check_explicit(v).map_err(|reason| GatewayError::InvalidSessionHeader {
-                header: name.clone(),
-                reason,
-            })?;
-            return Ok(Some(SessionKey {
-                value: String::from_utf8_lossy(v).into_owned(),
-                affinity: affinity::explicit(v, AffinitySource::SessionHeader),
-            }));
-        }
-    }
-    Ok(None)
-}
-
-/// Decides an inference request. `session` is the key from the headers, if any.
-pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) -> Result<RouteDecision, GatewayError> {
+/// Decides an inference request. `session` gives the explicit key from the headers, for the alias' own
+/// `session_headers`.
+pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -> Result<RouteDecision, GatewayError> {
     if api.is_decision() {
         return crate::decisions::route(cfg, api, body, session);
     }
@@ -143,14 +119,15 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         .ok_or(GatewayError::MissingField { field: "model" })?;
     let model = string_value(body, model_member, "model")?;
     let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
+    let session = session.key_for(&alias.affinity)?;
     let ctx = api::Context {
         alias: &alias.name,
-        affinity: &cfg.affinity,
+        affinity: &alias.affinity,
     };
     let inspection = api::inspect(api, body, &fields, &ctx)?;
     let cache_key = prompt_cache_key(body, &fields)?;
     let explicit = cache_key
-        .or_else(|| session.map(|s| (s.value.clone(), s.affinity)))
+        .or_else(|| session.map(|s| (s.value, s.affinity)))
         .or_else(|| {
             let (value, source) = inspection.explicit.clone()?;
             let a = affinity::explicit(value.as_bytes(), source);
@@ -176,6 +153,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         model_from_client: prefix_rest.is_some(),
         upstream_model,
         affinity,
+        placement: alias.affinity.placement,
         echo_session,
         input_tokens,
         max_output_tokens,

@@ -84,6 +84,10 @@ pub struct BackendHealth {
     /// the backend's hosts are discovered (the status pages show only each host's id, see [`host_list`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// `IP:PORT` and Envoy's weight of each host weighing more than 1, at most [`MAX_HOSTS`]: a discovered
+    /// host's registered `slots` (see `key_placement::host_weight`). Never shown on the status pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<(String, u32)>,
 }
 
 /// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
@@ -151,6 +155,9 @@ struct AdminHost {
     stats: Vec<AdminStat>,
     #[serde(default)]
     health_status: HostHealth,
+    /// The host's load-balancing weight (EDS `load_balancing_weight`; 1 when none was given).
+    #[serde(default)]
+    weight: u32,
 }
 
 #[derive(Default, Deserialize)]
@@ -265,10 +272,14 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 in_flight: 0,
                 down: Vec::new(),
                 hosts: Vec::new(),
+                weights: Vec::new(),
             };
             for h in &c.host_statuses {
                 if b.hosts.len() < MAX_HOSTS {
                     b.hosts.extend(h.address.text());
+                    if h.weight > 1 {
+                        b.weights.extend(h.address.text().map(|a| (a, h.weight)));
+                    }
                 }
                 b.total = b.total.saturating_add(1);
                 match h.health_status.state() {
@@ -508,6 +519,7 @@ mod tests {
                 in_flight: 9,
                 down: Vec::new(),
                 hosts: vec!["10.0.0.1:8080".into()],
+                weights: Vec::new(),
             }],
         };
         assert_eq!(FleetStatus::decode(&f.encode()), Some(f));

@@ -8,8 +8,8 @@ use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS}
 use llmroute_core::key_placement::table::established_cap;
 use llmroute_core::key_placement::table::{decode_down, decode_in_flight, encode_down, encode_in_flight};
 use llmroute_core::key_placement::{
-    bound, choose, host_id, host_weight, key_bound, live_keys, rendezvous_order, session_header_value, Bounds,
-    HostView, KeyTable, PlacementReason, MAX_SLOTS,
+    bound, choose, host_id, host_weight, key_bound, live_keys, rendezvous_order, session_header_value, weights_at,
+    Bounds, HostView, KeyTable, PlacementReason, MAX_SLOTS,
 };
 use proptest::prelude::*;
 
@@ -331,14 +331,14 @@ fn established_keys_keep_room_for_probation() {
 #[test]
 fn slots_are_capped_wherever_they_weigh() {
     assert_eq!(MAX_SLOTS, 256);
-    assert_eq!(host_weight(Some(4), 9), 4);
-    assert_eq!(host_weight(None, 4), 4);
-    assert_eq!(host_weight(None, 0), 1);
-    assert_eq!(host_weight(None, u32::MAX), MAX_SLOTS);
-    assert_eq!(host_weight(Some(u32::MAX), 0), MAX_SLOTS);
+    assert_eq!(host_weight(Some(4), 0, 9), 4);
+    assert_eq!(host_weight(None, 0, 4), 4);
+    assert_eq!(host_weight(None, 0, 0), 1);
+    assert_eq!(host_weight(None, 0, u32::MAX), MAX_SLOTS);
+    assert_eq!(host_weight(Some(u32::MAX), 0, 0), MAX_SLOTS);
     // A server that reports u32::MAX slots next to two of 4 takes at most 256/264 of new keys, not all of them.
     let mut h = hosts(3);
-    for (x, w) in h.iter_mut().zip([host_weight(None, u32::MAX), 4, 4]) {
+    for (x, w) in h.iter_mut().zip([host_weight(None, 0, u32::MAX), 4, 4]) {
         x.weight = w;
     }
     let mut t = KeyTable::default();
@@ -347,6 +347,22 @@ fn slots_are_capped_wherever_they_weigh() {
     }
     let counts = live_keys(&t, &h);
     assert!(counts[1] >= 35 && counts[2] >= 35, "{counts:?}");
+}
+
+#[test]
+fn weights_come_from_config_then_registration_then_props_then_one() {
+    // Config `slots` win over everything.
+    assert_eq!(host_weight(Some(2), 6, 4), 2);
+    // A discovered host's Envoy weight (the registration's `slots`) wins over what `/props` reported.
+    assert_eq!(host_weight(None, 6, 4), 6);
+    // Weight 1 is every unweighted host's: it reads as unset, and `/props` decides.
+    assert_eq!(host_weight(None, 1, 4), 4);
+    assert_eq!(host_weight(None, 0, 4), 4);
+    assert_eq!(host_weight(None, 1, 0), 1);
+    assert_eq!(host_weight(None, 1000, 0), MAX_SLOTS);
+    let addrs: Vec<String> = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"].map(String::from).to_vec();
+    let listed = [("10.0.0.3:80".to_string(), 6), ("10.0.0.9:80".to_string(), 8)];
+    assert_eq!(weights_at(&addrs, &listed), [0, 0, 6]);
 }
 
 /// Shared data whose compare-and-swap fails while `mismatches` lasts (as when other workers keep writing the

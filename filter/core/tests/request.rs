@@ -40,6 +40,11 @@ fn sorted_keys(v: &Value) -> Vec<String> {
     keys
 }
 
+/// The session key the headers give an alias that reads the top-level `session_headers`.
+fn key(cfg: &Config, s: &RequestStart) -> Option<SessionKey> {
+    s.session.first(&cfg.affinity.session_headers).unwrap()
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Endpoints and envelopes
 
@@ -50,7 +55,7 @@ fn every_inference_path_starts_in_its_own_envelope() {
         let s = started(&cfg, "POST", api.path(), &[JSON]);
         assert_eq!(s.endpoint, Endpoint::Inference(api));
         assert_eq!(s.envelope, api.envelope(), "{}", api.name());
-        assert_eq!(s.session, None);
+        assert_eq!(key(&cfg, &s), None);
     }
     assert_eq!(
         started(&cfg, "POST", "/v1/messages", &[JSON]).envelope,
@@ -133,14 +138,14 @@ fn models_need_no_content_type_and_ignore_session_headers() {
         "/v1/models",
         &[("content-type", "text/html"), ("x-session-id", "")],
     );
-    assert_eq!((s.endpoint, s.session), (Endpoint::ListModels, None));
+    assert_eq!((key(&cfg, &s), s.endpoint), (None, Endpoint::ListModels));
     let s = started(
         &cfg,
         "GET",
         "/v1/models/x",
         &[("content-encoding", "gzip"), ("x-session-id", "ok")],
     );
-    assert_eq!(s.session, None);
+    assert_eq!(key(&cfg, &s), None);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -254,13 +259,16 @@ fn session_header_is_read_for_inference() {
         &[JSON, ("x-multi-turn-session-id", "conv-42")],
     );
     assert_eq!(
-        s.session,
+        key(&two_backends(), &s),
         Some(SessionKey {
             value: "conv-42".into(),
             affinity: explicit(b"conv-42", AffinitySource::SessionHeader)
         })
     );
-    assert_eq!(s.session.unwrap().affinity.header_value(), "ad8ebf05ba1818ab");
+    assert_eq!(
+        key(&two_backends(), &s).unwrap().affinity.header_value(),
+        "ad8ebf05ba1818ab"
+    );
 }
 
 #[test]
@@ -303,7 +311,7 @@ fn configured_session_headers_are_used() {
         "/v1/responses",
         &[JSON, ("x-conv", "c1"), ("x-session-id", "ignored")],
     );
-    assert_eq!(s.session.map(|k| k.value), Some("c1".into()));
+    assert_eq!(key(&cfg, &s).map(|k| k.value), Some("c1".into()));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -324,12 +332,12 @@ fn every_capture_starts_with_its_recorded_method_path_and_headers() {
         );
         let api = sdk_api(name);
         assert_eq!(
-            (s.endpoint, s.envelope),
+            (s.endpoint.clone(), s.envelope),
             (Endpoint::Inference(api), api.envelope()),
             "{name}"
         );
         let want = name.contains("claude-code").then(|| "cc-sess-1".to_string());
-        assert_eq!(s.session.map(|k| k.value), want, "{name}");
+        assert_eq!(key(&cfg, &s).map(|k| k.value), want, "{name}");
     }
 }
 

@@ -192,6 +192,21 @@ fn a_large_fleet_parses_and_sums() {
     assert_eq!(figures(&f, "llama-a"), (400, 0, 500, in_flight));
 }
 
+#[test]
+fn host_weights_above_one_are_kept_by_address_and_never_shown() {
+    // As Envoy 1.40 answers for an EDS cluster: `weight` per host, 1 when the endpoint named none.
+    let doc = r#"{"cluster_statuses":[{"name":"llama-a","host_statuses":[
+        {"address":{"socket_address":{"address":"127.0.0.1","port_value":18001}},"health_status":{"eds_health_status":"HEALTHY"},"weight":4,"locality":{}},
+        {"address":{"socket_address":{"address":"127.0.0.1","port_value":18002}},"health_status":{"eds_health_status":"HEALTHY"},"weight":1,"locality":{}},
+        {"address":{"socket_address":{"address":"127.0.0.1","port_value":18003}},"health_status":{"eds_health_status":"HEALTHY"}}]}]}"#;
+    let f = parse_clusters(doc.as_bytes(), &config(), NOW).unwrap();
+    let b = f.backend("llama-a").unwrap();
+    assert_eq!(b.weights, [("127.0.0.1:18001".to_string(), 4)]);
+    assert_eq!(FleetStatus::decode(&f.encode()).unwrap(), f);
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW)).unwrap();
+    assert!(!page.contains("18001") && !page.contains("weight"), "{page}");
+}
+
 // --- readiness ---
 
 #[test]
@@ -271,6 +286,7 @@ fn degraded_only_is_not_ready() {
                 in_flight: 0,
                 down: Vec::new(),
                 hosts: Vec::new(),
+                weights: Vec::new(),
             },
             BackendHealth {
                 name: "vllm-b".into(),
@@ -280,6 +296,7 @@ fn degraded_only_is_not_ready() {
                 in_flight: 0,
                 down: Vec::new(),
                 hosts: Vec::new(),
+                weights: Vec::new(),
             },
         ],
     };

@@ -40,7 +40,7 @@ fn a_plain_chat_request_makes_this_many_host_calls() {
         (SetBuffer, 1),        // the body with `model` rewritten
         (GetMap, 1),           // the request headers, once
         (GetMapValue, 3),      // x-envoy-overloaded, :status, content-type
-        (SetMapValue, 7),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source
+        (SetMapValue, 8),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source; the stateful-session header removed from the response
         (GetProperty, 3),      // upstream backend, response.code_details, response.code
         (SetProperty, 6),      // access-log fields: alias, upstream model, affinity source, backend, 2 token counts
         (IncrementMetric, 3),  // requests, input and output tokens
@@ -57,7 +57,7 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
         (SetBuffer, 1),
         (GetMap, 1),
         (GetMapValue, 3),
-        (SetMapValue, 8),      // as above, and content-length removed from the stream
+        (SetMapValue, 9),      // as above, and content-length removed from the stream
         (GetProperty, 3),
         (SetProperty, 8),      // as above, and the outcome twice (stream start and end) ...
         (IncrementMetric, 4),  // ... and the stream outcome counted

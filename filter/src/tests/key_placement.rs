@@ -35,13 +35,13 @@ fn table(fake: &FakeHost) -> KeyTable {
 #[test]
 fn a_new_key_is_placed_pinned_and_its_count_released() {
     let (fake, cfg) = setup();
-    let first = pin(&cfg, "llama-a", KEY).unwrap();
+    let first = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(first.choice.reason, PlacementReason::Placed);
     let address = ["127.0.0.1:8081", "127.0.0.1:8082"][first.choice.host];
     let session = fake.header(MapType::HttpRequestHeaders, SESSION_HEADER);
     assert_eq!(session, Some(session_header_value(address)));
     assert!(table(&fake).get(KEY).is_some(), "the key is in the shared table");
-    let second = pin(&cfg, "llama-a", KEY).unwrap();
+    let second = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(
         (second.choice.reason, second.choice.host),
         (PlacementReason::Pinned, first.choice.host)
@@ -53,15 +53,16 @@ fn a_new_key_is_placed_pinned_and_its_count_released() {
     second.release();
     assert_eq!(in_flight(&fake), vec![0, 0]);
     // Not placed at all: another placement, an unknown backend.
-    assert!(pin(&load_config(CONFIG).unwrap(), "llama-a", KEY).is_none());
-    assert!(pin(&cfg, "nowhere", KEY).is_none());
+    let cfg = load_config(CONFIG).unwrap();
+    assert!(pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).is_none());
+    assert!(pin(&cfg, &cfg.affinity.placement, "nowhere", KEY).is_none());
 }
 
 #[test]
 fn a_lost_compare_and_swap_is_retried_on_a_fresh_read() {
     let (fake, cfg) = setup();
     fake.race(&shared::keys("llama-a"), 1);
-    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(p.choice.reason, PlacementReason::Placed);
     assert!(table(&fake).get(KEY).is_some(), "the second try wrote the key");
     let table_reads = fake
@@ -77,7 +78,7 @@ fn a_lost_compare_and_swap_is_retried_on_a_fresh_read() {
 fn a_table_that_loses_every_race_still_routes_the_request() {
     let (fake, cfg) = setup();
     fake.race(&shared::keys("llama-a"), CAS_ATTEMPTS);
-    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(p.choice.reason, PlacementReason::Placed);
     assert!(fake.header(MapType::HttpRequestHeaders, SESSION_HEADER).is_some());
     assert!(
@@ -90,7 +91,7 @@ fn a_table_that_loses_every_race_still_routes_the_request() {
 fn an_in_flight_update_that_loses_its_races_is_owed_until_the_tick() {
     let (fake, cfg) = setup();
     fake.race(&shared::in_flight("llama-a"), CAS_ATTEMPTS);
-    let p = pin(&cfg, "llama-a", KEY).unwrap();
+    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(in_flight(&fake), vec![0, 0], "owed, not written");
     settle();
     assert_eq!(in_flight(&fake).iter().sum::<u32>(), 1, "the tick writes what was owed");
@@ -104,7 +105,7 @@ fn an_in_flight_update_that_loses_its_races_is_owed_until_the_tick() {
 #[test]
 fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
     let (clean, cfg) = setup();
-    pin(&cfg, "llama-a", KEY).unwrap().release();
+    pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap().release();
     let n = clean.calls().len();
     for status in [
         HostStatus::InternalFailure,
@@ -114,7 +115,7 @@ fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
         for i in 0..n {
             let (fake, cfg) = setup();
             fake.fail_nth(i, status);
-            if let Some(p) = pin(&cfg, "llama-a", KEY) {
+            if let Some(p) = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY) {
                 p.release();
             }
             fake.heal();

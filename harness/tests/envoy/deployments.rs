@@ -3,8 +3,9 @@
 //!   pasted in passes the checks the bootstrap gets: routing by alias with the model rewritten, affinity, failover
 //!   across a multi-route alias, a refusal in JSON;
 //! - every good fixture's pieces, pasted into a plain listener, pass `envoy --mode validate`;
-//! - the filter delivered through ECDS from a watched file takes new aliases, models and affinity settings under
-//!   load without a failed request, and refuses a bad push while keeping the old config (stats and log show it).
+//! - the filter delivered through ECDS from a watched file takes new aliases, models, affinity settings and an
+//!   alias' own affinity under load without a failed request, and refuses a bad push while keeping the old config
+//!   (stats and log show it).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use llmroute_harness::fleet::Fleet;
 use llmroute_harness::render::{bootstrap_yaml, ecds, target, RenderOptions};
 use serde_json::{json, Value};
 
-use crate::support::{client, post, tally, wait_for};
+use crate::support::{client, post, post_json, tally, wait_for};
 
 const MARK: &str = "@llmroute ";
 
@@ -363,6 +364,15 @@ async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// One chat request for `alias` carrying the header `(name, value)`: its status, `x-llmroute-affinity-source` and
+/// echoed `x-multi-turn-session-id` ("" when absent).
+async fn keyed(c: &reqwest::Client, envoy: &Envoy, alias: &str, header: (&str, &str)) -> (u16, String, String) {
+    let body = chat_for(alias, "probe").to_string();
+    let r = post_json(c, envoy.url("/v1/chat/completions"), body, &[header]).await;
+    let h = |n: &str| r.header(n).unwrap_or_default().to_string();
+    (r.status, h("x-llmroute-affinity-source"), h("x-multi-turn-session-id"))
+}
+
 struct Outcome {
     status: u16,
     backend: String,
@@ -401,7 +411,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     assert!(envoy.bootstrap_yaml().contains("config_discovery"));
     let c = client();
 
-    // Steady load: 4 workers, local-chat with a session header, until told to stop (at most 700 requests).
+    // Steady load: 4 workers, local-chat with a session header, until told to stop (at most 3000 requests: alone,
+    // the whole test takes about 660, and a busy machine stretches every wait on a push).
     let stop = Arc::new(AtomicBool::new(false));
     let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
     let mut workers = Vec::new();
@@ -414,7 +425,7 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         );
         workers.push(tokio::spawn(async move {
             let mut i = 0;
-            while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 700 {
+            while !stop.load(Ordering::SeqCst) && results.lock().unwrap().len() < 3000 {
                 let body = chat_for("local-chat", &format!("load {w} {i}"));
                 let resp = c
                     .post(&url)
@@ -520,23 +531,8 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
         &ecds_path,
         &ecds::discovery_response(&doc_b.to_string(), &opts).unwrap(),
     );
-    let took = wait_for(Duration::from_secs(15), || {
-        let c = c.clone();
-        let envoy = &envoy;
-        async move {
-            let resp = c
-                .post(envoy.url("/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .header("x-session-id", "probe")
-                .body(chat_for("local-chat", "probe").to_string())
-                .send()
-                .await
-                .unwrap();
-            resp.headers()
-                .get("x-llmroute-affinity-source")
-                .and_then(|v| v.to_str().ok())
-                == Some("user-prefix")
-        }
+    let took = wait_for(Duration::from_secs(15), || async {
+        keyed(&c, &envoy, "local-chat", ("x-session-id", "probe")).await.1 == "user-prefix"
     })
     .await;
     assert!(took.is_some(), "the new affinity settings never took effect");
@@ -599,6 +595,29 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     })
     .await;
     assert!(log_has.is_some(), "the filter logs why it refused the push");
+
+    // (d) One alias' own routing method: local-chat reads x-session-id again for itself, while the top-level
+    // list stays x-tenant; the next requests follow it, and none fails.
+    let mut doc_d = doc_b.clone();
+    doc_d["models"][0]["affinity"] = json!({ "session_headers": ["x-session-id"] });
+    push(
+        &ecds_path,
+        &ecds::discovery_response(&doc_d.to_string(), &opts).unwrap(),
+    );
+    let took = wait_for(Duration::from_secs(15), || async {
+        let (_, source, echo) = keyed(&c, &envoy, "local-chat", ("x-session-id", "probe-d")).await;
+        source == "session" && echo == "probe-d"
+    })
+    .await;
+    assert!(took.is_some(), "the alias' own session headers never took effect");
+    assert_eq!(ecds_stat(&envoy, "update_success").await, accepted.map(|n| n + 1));
+    wait_more(60).await;
+    assert_eq!(last_sources(30), vec!["session".to_string(); 30]);
+    // new-chat has no affinity of its own: the top-level x-tenant still keys it, x-session-id does not.
+    for (header, want) in [("x-session-id", "user-prefix"), ("x-tenant", "session")] {
+        let (status, source, _) = keyed(&c, &envoy, "new-chat", (header, "t-1")).await;
+        assert_eq!((status, source.as_str()), (200, want), "{header}");
+    }
 
     stop.store(true, Ordering::SeqCst);
     for w in workers {

@@ -2,7 +2,8 @@
 //! discover` and `llmroute register` processes, and the real filter in Envoy: instances registered with plain
 //! `etcdctl` get traffic within 2 s; a revoked or an expired lease takes its host out with no failed request
 //! under load; while etcd is down nothing changes, and changes flow again once it is back; `register` revokes
-//! its lease as soon as the engine's health URL fails.
+//! its lease as soon as the engine's health URL fails; a registration's `slots` weighs its host in `bounded_keys`
+//! placement ahead of what `/props` reports.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,16 +56,22 @@ struct Setup {
 /// Starts etcd and three engines, registers `initial` of them with `etcdctl` on a 60 s lease, then `discover`
 /// and Envoy, and waits until the filter sees them.
 async fn setup(initial: usize) -> Setup {
-    let etcd = Etcd::start().await.unwrap();
     let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    setup_fleet(fleet, &vec![2; initial]).await
+}
+
+/// As [`setup`], with `fleet`'s first engines registered with `slots`, one entry each.
+async fn setup_fleet(fleet: Fleet, slots: &[u32]) -> Setup {
+    let initial = slots.len();
+    let etcd = Etcd::start().await.unwrap();
     let addrs = fleet.endpoints();
     let lease = etcd.grant(60).unwrap();
-    for a in &addrs[..initial] {
+    for (a, n) in addrs.iter().zip(slots) {
         etcd.ctl(&[
             "put",
             &format!("--lease={lease}"),
             &format!("{PREFIX}/{a}"),
-            r#"{"slots": 2}"#,
+            &format!(r#"{{"slots": {n}}}"#),
         ])
         .unwrap();
     }
@@ -512,4 +519,47 @@ async fn register_revokes_its_lease_when_the_health_url_fails() {
     })
     .await;
     assert!(again.is_some(), "not registered again:\n{}", register.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_slots_weigh_placement_over_what_props_reports() {
+    // Every engine answers /props with total_slots 2, but the third registers with slots 6: the registration
+    // wins (config slots > registered slots > /props > 1), so it takes its share of new keys, 6 of 10.
+    let fleet = Fleet::start_with(BACKEND, 3, |o| o.total_slots = 2).await.unwrap();
+    let s = setup_fleet(fleet, &[2, 2, 6]).await;
+    let addrs = s.fleet.endpoints();
+    let checked = wait_for(Duration::from_secs(15), || async {
+        s.envoy.stat("wasmcustom.llmroute_fleet_checks_total").await >= Some(1)
+    })
+    .await;
+    assert!(checked.is_some(), "no /props round:\n{}", s.envoy.log());
+    // The filter indexes a discovered backend's hosts in address order.
+    let mut sorted = addrs.clone();
+    sorted.sort();
+    let weights: Vec<u32> = sorted.iter().map(|a| if *a == addrs[2] { 6 } else { 2 }).collect();
+    let mut predict = crate::placement::Predictor::with(&config(&s.etcd, &s.eds), ALIAS, sorted.clone(), &weights);
+    let c = client();
+    for t in 0..12 {
+        let body = chat(Some(&format!("You are the assistant of etcd tenant {t}.")), "hi");
+        let want = predict.next_for(&body);
+        let r = post_json(&c, s.envoy.url("/v1/chat/completions"), body.to_string(), &[]).await;
+        assert_eq!(r.status, 200, "tenant {t}");
+        let engine = r.header("x-emu-backend").unwrap_or_default();
+        let at = s
+            .fleet
+            .engines
+            .iter()
+            .position(|e| e.name() == engine)
+            .map(|i| &addrs[i]);
+        assert_eq!(
+            at,
+            Some(&sorted[want.host]),
+            "tenant {t}: the core predicts {want:?} over {sorted:?} weighing {weights:?}\n{}",
+            s.envoy.log()
+        );
+    }
+    let big = sorted.iter().position(|a| *a == addrs[2]).unwrap();
+    let counts = predict.live_keys();
+    let others = counts.iter().enumerate().filter(|(i, _)| *i != big).map(|(_, n)| *n);
+    assert!(counts[big] >= 6 && others.clone().all(|n| n <= 3), "{counts:?}");
 }

@@ -1,7 +1,8 @@
 //! `affinity.placement: bounded_keys` through the real filter in Envoy: keys spread by count and stay put,
 //! the wasm build places keys exactly as the native core predicts, a down host's keys move, a busy host spills
 //! without moving its keys, retries still leave a failing pinned host, clients cannot pick the host, and on
-//! engines with a slot-limited prefix cache every repeat of six tenants is warm.
+//! engines with a slot-limited prefix cache every repeat of six tenants is warm; one alias may place keys itself
+//! (`models[].affinity.placement`) while another keeps the ring.
 
 use std::time::Duration;
 
@@ -35,14 +36,18 @@ fn config(fleet: &Fleet, debug: bool, extra_backend: Value) -> Value {
 async fn start(debug: bool, extra_backend: Value) -> (Fleet, Envoy) {
     let fleet = Fleet::start("llama-a", 3).await.unwrap();
     let envoy = Envoy::start(config(&fleet, debug, extra_backend)).await.unwrap();
-    // Ready once the filter's own snapshot of Envoy's health (polled every second) has every host up: until
-    // then placement leaves keys to Envoy's ring.
+    wait_all_up(&envoy).await;
+    (fleet, envoy)
+}
+
+/// Ready once the filter's own snapshot of Envoy's health (polled every second) has all 3 hosts up: until then
+/// placement leaves keys to Envoy's ring.
+async fn wait_all_up(envoy: &Envoy) {
     let ok = wait_for(Duration::from_secs(10), || async {
-        healthy_in_snapshot(&envoy).await == Some(3)
+        healthy_in_snapshot(envoy).await == Some(3)
     })
     .await;
     assert!(ok.is_some(), "hosts never became healthy in the filter's snapshot");
-    (fleet, envoy)
 }
 
 /// Healthy hosts of the backend, as the filter's status snapshot has them.
@@ -72,7 +77,7 @@ async fn send(c: &reqwest::Client, envoy: &Envoy, fleet: &Fleet, t: usize, extra
 }
 
 /// The native core's placement, fed the same requests as the filter: where Envoy must send the next one.
-struct Predictor {
+pub(crate) struct Predictor {
     cfg: llmroute_core::Config,
     hosts: Vec<HostView>,
     bounds: Bounds,
@@ -82,9 +87,17 @@ struct Predictor {
 impl Predictor {
     /// For the `config` of `fleet`, its hosts weighing `weights`, all up and idle.
     fn new(fleet: &Fleet, weights: &[u32]) -> Predictor {
-        let cfg = llmroute_core::load_config(&config(fleet, false, json!({})).to_string()).unwrap();
-        let hosts = fleet
-            .endpoints()
+        Predictor::with(&config(fleet, false, json!({})), ALIAS, fleet.endpoints(), weights)
+    }
+
+    /// For the llmroute config `doc` and its alias `alias` (whose first route's backend places keys), over the
+    /// hosts at `addresses` (in the order the filter indexes them) weighing `weights`, all up and idle.
+    pub(crate) fn with(doc: &Value, alias: &str, addresses: Vec<String>, weights: &[u32]) -> Predictor {
+        let cfg = llmroute_core::load_config(&doc.to_string()).unwrap();
+        let a = cfg.alias(alias).unwrap();
+        let backend = &cfg.backends[a.routes[0].backend];
+        let bounds = Bounds::new(a.affinity.placement.bounded().unwrap(), backend.balance_factor);
+        let hosts = addresses
             .into_iter()
             .zip(weights)
             .map(|(address, w)| HostView {
@@ -94,7 +107,6 @@ impl Predictor {
                 in_flight: 0,
             })
             .collect();
-        let bounds = Bounds::new(cfg.affinity.placement.bounded().unwrap(), 150);
         Predictor {
             cfg,
             hosts,
@@ -105,13 +117,23 @@ impl Predictor {
 
     /// The choice for tenant `t`'s request, keyed as the filter keys it.
     fn next(&mut self, t: usize) -> key_placement::HostChoice {
-        let body = tenant_body(t).to_string();
+        self.next_for(&tenant_body(t))
+    }
+
+    /// The choice for a chat request with `body`, keyed as the filter keys it.
+    pub(crate) fn next_for(&mut self, body: &Value) -> key_placement::HostChoice {
+        let body = body.to_string();
         let key = llmroute_core::route(&self.cfg, Api::Chat, body.as_bytes(), None)
             .unwrap()
             .affinity
             .unwrap()
             .hash;
         key_placement::choose(&mut self.table, &self.hosts, key, 0, &self.bounds).unwrap()
+    }
+
+    /// Live keys per host, in the order of the hosts.
+    pub(crate) fn live_keys(&self) -> Vec<u64> {
+        key_placement::live_keys(&self.table, &self.hosts)
     }
 }
 
@@ -185,6 +207,52 @@ async fn envoy_places_keys_as_the_core_predicts() {
             "the host address must not reach clients without debug headers"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_alias_places_keys_itself_while_another_keeps_the_ring() {
+    // The top-level placement is hash; only ALIAS sets bounded_keys for itself (its routing method). The
+    // renderer still adds the stateful-session filter, and only ALIAS's requests are pinned.
+    let fleet = Fleet::start("llama-a", 3).await.unwrap();
+    let mut doc = config(&fleet, true, json!({}));
+    doc["affinity"] = json!({ "placement": "hash" });
+    doc["models"][0]["affinity"] = json!({ "placement": "bounded_keys" });
+    let ring = json!({ "name": "ring-chat", "routes": [{ "backend": fleet.backend, "upstream_model": UPSTREAM }] });
+    doc["models"].as_array_mut().unwrap().push(ring);
+    let envoy = Envoy::start(doc.clone()).await.unwrap();
+    assert!(envoy.bootstrap_yaml().contains("envoy.filters.http.stateful_session"));
+    wait_all_up(&envoy).await;
+    let mut predict = Predictor::with(&doc, ALIAS, fleet.endpoints(), &[1, 1, 1]);
+    let c = client();
+    for (n, t) in [0, 1, 2, 3, 4, 5, 0, 3, 1, 4, 2, 5].into_iter().enumerate() {
+        let want = predict.next(t);
+        let a = send(&c, &envoy, &fleet, t, &[]).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(
+            a.engine,
+            Some(want.host),
+            "request {n} (tenant {t}): the core predicts {want:?}"
+        );
+        assert_eq!(a.reason.as_deref(), Some(want.reason.as_str()), "request {n}");
+    }
+    assert_eq!(predict.live_keys(), [2, 2, 2]);
+    for t in 0..6 {
+        let mut body = tenant_body(t);
+        body["model"] = json!("ring-chat");
+        let r = post_json(&c, envoy.url("/v1/chat/completions"), body.to_string(), &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-llmroute-affinity-source"), Some("system"), "keyed");
+        assert_eq!(
+            r.header("x-llmroute-placement"),
+            None,
+            "ring-chat keeps Envoy's ring:\n{}",
+            envoy.log()
+        );
+    }
+    assert_eq!(
+        envoy.stat(&stat_name(PLACEMENTS, &[("reason", "placed")])).await,
+        Some(6)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,7 +441,7 @@ async fn without_configured_slots_the_servers_own_total_slots_weigh_the_hosts() 
     // The 1-slot hosts may hold at most 2 of 12 keys each, so the 4-slot host holds at least 8. Bounds, not an
     // exact split: the hosts' rendezvous order depends on their addresses, whose ports are random, and the
     // request-by-request match with the native core above is the exact check.
-    let counts = key_placement::live_keys(&predict.table, &predict.hosts);
+    let counts = predict.live_keys();
     assert!(counts[2] >= 8 && counts[0] <= 2 && counts[1] <= 2, "{counts:?}");
 }
 

@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let path = std::str::from_utf8(h.path).unwrap_or_default();
     let refused = match request::start(cfg, method, path, find) {
         Ok(start) => {
-            if let Some(s) = &start.session {
+            if let Ok(Some(s)) = start.session.first(&cfg.affinity.session_headers) {
                 assert!(header_safe(s.value.as_bytes()));
             }
             let query = path.split_once('?').map_or("", |(_, q)| q);

@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use raw::{
-    RawAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits, RawModel,
-    RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUsage,
+    RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
+    RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{ListenTls, UpstreamTls};
@@ -243,6 +243,9 @@ pub struct ModelAlias {
     pub endpoints: ApiSet,
     pub model_prefix_routing: bool,
     pub limits: Option<RateLimits>,
+    /// The alias' effective affinity: the top-level `affinity` with the alias' own `affinity` fields over it,
+    /// merged once at load so a request reads one struct.
+    pub affinity: AffinityConfig,
 }
 
 /// Inbound API keys: where they are, and the limits each key has.
@@ -371,9 +374,39 @@ pub struct Config {
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,
+    session_header_names: Vec<String>,
+    session_headers_shared: bool,
 }
 
 impl Config {
+    /// True when any alias places keys with `bounded_keys` (the top-level setting or its own): the filter then
+    /// keeps key tables, and the renderer adds the stateful-session filter that turns its pin into the host.
+    pub fn any_bounded_keys(&self) -> bool {
+        self.bounded_keys().is_some()
+    }
+
+    /// The `bounded_keys` parameters, when the top level or any alias places keys that way. They are set at the
+    /// top level only (the key table is the backend's, shared by its aliases), so every alias that places keys
+    /// carries the same ones.
+    pub fn bounded_keys(&self) -> Option<&BoundedKeys> {
+        self.affinity
+            .placement
+            .bounded()
+            .or_else(|| self.models.iter().find_map(|m| m.affinity.placement.bounded()))
+    }
+
+    /// Every session header any alias reads, lower case, each once: the top-level list first, then the aliases'
+    /// own, in order. The headers phase captures these before the body names the alias.
+    pub fn session_header_names(&self) -> &[String] {
+        &self.session_header_names
+    }
+
+    /// True when no alias has its own `session_headers`: every request reads the top-level list, so the headers
+    /// phase can pick (and refuse) the key before the body.
+    pub fn session_headers_shared(&self) -> bool {
+        self.session_headers_shared
+    }
+
     /// The alias a client named, if it exists.
     pub fn alias(&self, name: &str) -> Option<&ModelAlias> {
         self.alias_index.get(name).and_then(|&i| self.models.get(i))

@@ -233,6 +233,27 @@ pub struct RawModel {
     /// Request and token limits for this alias, shared by all its clients.
     #[serde(default)]
     pub limits: Option<RawRateLimits>,
+    /// This alias' own affinity settings (its routing method); each field left out is the top-level
+    /// `affinity`'s.
+    #[serde(default)]
+    pub affinity: Option<RawAliasAffinity>,
+}
+
+/// The affinity settings one alias may set for itself. Same names, values and checks as in [`RawAffinity`];
+/// the `bounded_keys` parameters (`key_balance_factor`, `key_idle_ttl_s`, `max_keys`) stay top-level, because
+/// the key table they shape belongs to the backend, which several aliases may share.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAliasAffinity {
+    /// `hash` or `bounded_keys`, as `affinity.placement`.
+    #[serde(default)]
+    pub placement: Option<String>,
+    /// As `affinity.user_prefix_bytes`.
+    #[serde(default)]
+    pub user_prefix_bytes: Option<usize>,
+    /// As `affinity.session_headers`: replaces the top-level list for this alias.
+    #[serde(default)]
+    pub session_headers: Option<Vec<String>>,
 }
 
 /// One way to serve an alias.

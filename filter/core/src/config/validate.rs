@@ -14,6 +14,8 @@ use crate::endpoint::Api;
 const NAME_MAX: usize = 255;
 const PATH_MAX: usize = 4096;
 const MODEL_NAME_MAX: usize = 256;
+/// Most session headers one list may name: each is looked up per request.
+const MAX_SESSION_HEADERS: usize = 16;
 
 /// The accumulator every check below writes to.
 type Errors = Diagnostics;
@@ -55,19 +57,38 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         .map(|(i, b)| (b.name.as_str(), i))
         .collect();
 
+    let alias_bounded = raw
+        .models
+        .iter()
+        .any(|m| m.affinity.as_ref().and_then(|a| a.placement.as_deref()) == Some("bounded_keys"));
+    // Checked ahead of the aliases, which inherit it, but reported after them, in document order.
+    let mut affinity_errs = Diagnostics::default();
+    let (affinity, bounded_keys) = affinity(&mut affinity_errs, raw.affinity.as_ref(), alias_bounded);
     let models: Vec<ModelAlias> = raw
         .models
         .iter()
         .enumerate()
-        .filter_map(|(i, m)| model(&mut errs, i, m, &backend_index))
+        .filter_map(|(i, m)| model(&mut errs, i, m, &backend_index, (&affinity, bounded_keys)))
         .collect();
     if raw.models.is_empty() {
         errs.push("models", "[]", "at least one model alias is needed");
     }
     check_unique(&mut errs, "models", raw.models.iter().map(|m| m.name.as_str()));
-
-    let affinity = affinity(&mut errs, raw.affinity.as_ref());
-    placement_warnings(&mut errs, &affinity, &backends);
+    errs.errors.append(&mut affinity_errs.errors);
+    errs.warnings.append(&mut affinity_errs.warnings);
+    placement_warnings(&mut errs, &affinity, &models, &backends);
+    let session_headers_shared = models
+        .iter()
+        .all(|m| m.affinity.session_headers == affinity.session_headers);
+    let mut session_header_names: Vec<String> = Vec::new();
+    for name in std::iter::once(&affinity)
+        .chain(models.iter().map(|m| &m.affinity))
+        .flat_map(|a| &a.session_headers)
+    {
+        if !session_header_names.contains(name) {
+            session_header_names.push(name.clone());
+        }
+    }
     let limits = limits(&mut errs, raw.limits.as_ref());
     let listen_tls = tls::listen_tls(raw.listen_tls.as_ref(), &mut errs);
     let retries = resilience::retries(raw.retries.as_ref(), &mut errs);
@@ -118,6 +139,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 global_limits,
                 warnings: errs.warnings,
                 alias_index,
+                session_headers_shared,
+                session_header_names,
             })
         }
         _ => Err(ConfigErrors(errs.errors)),
@@ -433,7 +456,13 @@ fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
     seen
 }
 
-fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usize>) -> Option<ModelAlias> {
+fn model(
+    errs: &mut Errors,
+    i: usize,
+    m: &RawModel,
+    backends: &HashMap<&str, usize>,
+    (global, bounded_keys): (&AffinityConfig, BoundedKeys),
+) -> Option<ModelAlias> {
     let before = errs.errors.len();
     check_model_name(errs, &format!("models[{i}].name"), &m.name);
     if m.routes.is_empty() {
@@ -463,13 +492,42 @@ fn model(errs: &mut Errors, i: usize, m: &RawModel, backends: &HashMap<&str, usi
     routes.sort_by_key(|r| r.priority);
     let endpoints = endpoint_set(errs, i, m.endpoints.as_deref());
     let limits = rate_limits(errs, &format!("models[{i}].limits"), m.limits.as_ref());
+    let affinity = alias_affinity(errs, i, m.affinity.as_ref(), global, bounded_keys);
     (errs.errors.len() == before).then(|| ModelAlias {
         name: m.name.clone(),
         routes,
         endpoints,
         model_prefix_routing: m.model_prefix_routing.unwrap_or(false),
         limits,
+        affinity,
     })
+}
+
+/// An alias' effective affinity: the top-level settings, with each field the alias sets checked like its
+/// top-level namesake and put in its place. `bounded_keys` takes the top-level parameters.
+fn alias_affinity(
+    errs: &mut Errors,
+    i: usize,
+    raw: Option<&RawAliasAffinity>,
+    global: &AffinityConfig,
+    bounded_keys: BoundedKeys,
+) -> AffinityConfig {
+    let mut a = global.clone();
+    let Some(raw) = raw else { return a };
+    let at = |f: &str| format!("models[{i}].affinity.{f}");
+    if let Some(headers) = &raw.session_headers {
+        a.session_headers = session_headers(errs, &at("session_headers"), headers);
+    }
+    if let Some(n) = raw.user_prefix_bytes {
+        a.user_prefix_bytes = user_prefix_bytes(errs, &at("user_prefix_bytes"), n);
+    }
+    if let Some(name) = &raw.placement {
+        a.placement = match placement_name(errs, &at("placement"), name) {
+            true => KeyPlacement::BoundedKeys(bounded_keys),
+            false => KeyPlacement::Hash,
+        };
+    }
+    a
 }
 
 fn auth(errs: &mut Errors, a: &RawAuth) -> Auth {
@@ -611,12 +669,35 @@ fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet
     set
 }
 
-fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
+/// The top-level affinity, and the `bounded_keys` parameters every alias that places keys that way uses.
+fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) -> (AffinityConfig, BoundedKeys) {
     let headers = raw
         .and_then(|a| a.session_headers.clone())
         .unwrap_or_else(|| DEFAULT_SESSION_HEADERS.iter().map(|h| h.to_string()).collect());
+    let session_headers = session_headers(errs, "affinity.session_headers", &headers);
+    let user_prefix_bytes = user_prefix_bytes(
+        errs,
+        "affinity.user_prefix_bytes",
+        raw.and_then(|a| a.user_prefix_bytes)
+            .unwrap_or(DEFAULT_USER_PREFIX_BYTES),
+    );
+    let (placement, bounded_keys) = placement(errs, raw, alias_bounded);
+    let placement_store = placement_store(errs, raw, alias_bounded || placement.bounded().is_some());
+    let cfg = AffinityConfig {
+        session_headers,
+        user_prefix_bytes,
+        conversation_id: raw.and_then(|a| a.conversation_id).unwrap_or(false),
+        anthropic_user_id: raw.and_then(|a| a.anthropic_user_id).unwrap_or(false),
+        placement,
+        placement_store,
+    };
+    (cfg, bounded_keys)
+}
+
+/// A session-header list at `field`: valid, non-credential, client-owned names, each once; lower-cased.
+fn session_headers(errs: &mut Errors, field: &str, headers: &[String]) -> Vec<String> {
     for (i, h) in headers.iter().enumerate() {
-        let field = format!("affinity.session_headers[{i}]");
+        let field = format!("{field}[{i}]");
         if h.is_empty() || h.len() > 128 || !h.bytes().all(is_token_byte) {
             errs.push(field, h, "not a valid HTTP header name");
         } else if h.to_ascii_lowercase().starts_with("x-llmroute-") {
@@ -636,51 +717,66 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>) -> AffinityConfig {
             );
         }
     }
-    check_unique(errs, "affinity.session_headers", headers.iter().map(String::as_str));
-    let user_prefix_bytes = raw
-        .and_then(|a| a.user_prefix_bytes)
-        .unwrap_or(DEFAULT_USER_PREFIX_BYTES);
-    if user_prefix_bytes > MAX_USER_PREFIX_BYTES {
+    if headers.len() > MAX_SESSION_HEADERS {
         errs.push(
-            "affinity.user_prefix_bytes",
-            user_prefix_bytes,
-            format!("must be at most {MAX_USER_PREFIX_BYTES}"),
+            field,
+            headers.len(),
+            format!("at most {MAX_SESSION_HEADERS} session headers; list the ones your clients send"),
         );
     }
-    let placement = placement(errs, raw);
-    let placement_store = placement_store(errs, raw, placement.bounded().is_some());
-    AffinityConfig {
-        session_headers: headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
-        user_prefix_bytes,
-        conversation_id: raw.and_then(|a| a.conversation_id).unwrap_or(false),
-        anthropic_user_id: raw.and_then(|a| a.anthropic_user_id).unwrap_or(false),
-        placement,
-        placement_store,
-    }
+    check_unique(errs, field, headers.iter().map(String::as_str));
+    headers.iter().map(|h| h.to_ascii_lowercase()).collect()
 }
 
-/// Settings that load but would do nothing: `slots` without bounded-keys placement, and bounded-keys placement
-/// on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
-/// addresses).
-fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, backends: &[Backend]) {
-    let bounded = affinity.placement.bounded().is_some();
-    for (i, b) in backends.iter().enumerate() {
-        let warn = |field: String, value: String, reason: &str| ConfigError {
+fn user_prefix_bytes(errs: &mut Errors, field: &str, n: usize) -> usize {
+    if n > MAX_USER_PREFIX_BYTES {
+        errs.push(field, n, format!("must be at most {MAX_USER_PREFIX_BYTES}"));
+    }
+    n
+}
+
+/// True for `bounded_keys`, false for `hash`; anything else is an error at `field`.
+fn placement_name(errs: &mut Errors, field: &str, name: &str) -> bool {
+    let bounded = name == "bounded_keys";
+    if !bounded && name != "hash" {
+        errs.push(
             field,
-            value,
-            reason: reason.to_string(),
+            name,
+            format!("unknown placement; expected one of {}", KeyPlacement::NAMES),
+        );
+    }
+    bounded
+}
+
+/// Settings that load but would do nothing: `slots` on a backend no alias places keys on, and bounded-keys
+/// placement on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
+/// addresses). A backend is placed on when the top-level placement is `bounded_keys`, or an alias whose own
+/// placement is routes to it.
+fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, models: &[ModelAlias], backends: &[Backend]) {
+    let global = affinity.placement.bounded().is_some();
+    for (i, b) in backends.iter().enumerate() {
+        let by_alias = models
+            .iter()
+            .position(|m| m.affinity.placement.bounded().is_some() && m.routes.iter().any(|r| r.backend == i));
+        let (bounded, setting) = match (global, by_alias) {
+            (true, _) => (true, "affinity.placement".to_string()),
+            (false, Some(m)) => (true, format!("models[{m}].affinity.placement")),
+            (false, None) => (false, String::new()),
         };
+        let warn = |field: String, value: String, reason: String| ConfigError { field, value, reason };
         if let (Some(slots), false) = (&b.slots, bounded) {
-            let reason = "only used by affinity.placement: bounded_keys; ignored";
+            let reason =
+                "only used by affinity.placement: bounded_keys (top-level, or an alias' own on a route here); ignored"
+                    .to_string();
             errs.warnings
                 .push(warn(format!("backends[{i}].slots"), format!("{slots:?}"), reason));
         }
         if bounded && b.lb != LbPolicy::Chwbl {
-            let reason = "affinity.placement: bounded_keys applies only to lb: chwbl; this backend is not pinned";
+            let reason = format!("{setting}: bounded_keys applies only to lb: chwbl; this backend is not pinned");
             errs.warnings
                 .push(warn(format!("backends[{i}].lb"), b.lb.as_str().to_string(), reason));
         } else if bounded && !b.discovered() && b.endpoints.iter().any(|e| !e.is_ip) {
-            let reason = "affinity.placement: bounded_keys needs IP endpoints; this backend keeps Envoy's ring hash";
+            let reason = format!("{setting}: bounded_keys needs IP endpoints; this backend keeps Envoy's ring hash");
             let names: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
             errs.warnings
                 .push(warn(format!("backends[{i}].endpoints"), names.join(", "), reason));
@@ -688,16 +784,11 @@ fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, backends: &[
     }
 }
 
-fn placement(errs: &mut Errors, raw: Option<&RawAffinity>) -> KeyPlacement {
+/// The top-level placement, and the `bounded_keys` parameters (checked when the top-level placement or any
+/// alias' own is `bounded_keys`, refused otherwise since they would do nothing).
+fn placement(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) -> (KeyPlacement, BoundedKeys) {
     let name = raw.and_then(|a| a.placement.as_deref()).unwrap_or("hash");
-    let bounded = name == "bounded_keys";
-    if !bounded && name != "hash" {
-        errs.push(
-            "affinity.placement",
-            name,
-            format!("unknown placement; expected one of {}", KeyPlacement::NAMES),
-        );
-    }
+    let bounded = placement_name(errs, "affinity.placement", name);
     let d = BoundedKeys::default();
     let factor = raw.and_then(|a| a.key_balance_factor);
     let ttl_s = raw.and_then(|a| a.key_idle_ttl_s);
@@ -716,20 +807,26 @@ fn placement(errs: &mut Errors, raw: Option<&RawAffinity>) -> KeyPlacement {
     for (field, value, lo, hi, unit) in checks {
         let Some(v) = value else { continue };
         let field = format!("affinity.{field}");
-        if !bounded {
-            errs.push(field, v, format!("only applies to placement: bounded_keys, not {name}"));
+        if !bounded && !alias_bounded {
+            errs.push(
+                field,
+                v,
+                format!("only applies to placement: bounded_keys (top-level or an alias' own), not {name}"),
+            );
         } else if !(lo..=hi).contains(&v) {
             errs.push(field, v, format!("must be between {lo} and {hi} ({unit})"));
         }
     }
-    if !bounded {
-        return KeyPlacement::Hash;
-    }
-    KeyPlacement::BoundedKeys(BoundedKeys {
+    let params = BoundedKeys {
         key_balance_factor: factor.unwrap_or(d.key_balance_factor),
         idle_ttl_ms: ttl_s.map_or(d.idle_ttl_ms, |s| s.saturating_mul(1000)),
         max_keys: max_keys.unwrap_or(d.max_keys),
-    })
+    };
+    let placement = match bounded {
+        true => KeyPlacement::BoundedKeys(params),
+        false => KeyPlacement::Hash,
+    };
+    (placement, params)
 }
 
 fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {

@@ -43,13 +43,24 @@ pub use views::views;
 /// new key; 256 is well above any real `-np`.
 pub const MAX_SLOTS: u32 = 256;
 
-/// A host's placement weight: the config's `slots` for it, else the `total_slots` the server last reported (0
-/// when unknown), else 1; never more than [`MAX_SLOTS`].
-pub fn host_weight(configured: Option<u32>, reported: u32) -> u32 {
+/// A host's placement weight, first found wins: the config's `slots` for it; the weight Envoy gives a
+/// discovered host (its EDS `load_balancing_weight`, which `llmroute discover` sets from the etcd registration's
+/// `weight`, else `slots`; 0 or 1 reads as unset, since 1 is also every unweighted host's); the `total_slots` the
+/// server last reported to the `/props` check (0 when unknown); else 1. Never more than [`MAX_SLOTS`].
+pub fn host_weight(configured: Option<u32>, registered: u32, reported: u32) -> u32 {
     configured
+        .or(Some(registered).filter(|n| *n > 1))
         .or(Some(reported).filter(|n| *n > 0))
         .unwrap_or(1)
         .clamp(1, MAX_SLOTS)
+}
+
+/// The weight of each of `addresses` in `weights` (`IP:PORT`, weight pairs), 0 for a host not listed.
+pub fn weights_at(addresses: &[String], weights: &[(String, u32)]) -> Vec<u32> {
+    addresses
+        .iter()
+        .map(|a| weights.iter().find(|(w, _)| w == a).map_or(0, |(_, n)| *n))
+        .collect()
 }
 
 /// A touch that moves `last_ms` by less than this is not written back, to spare shared-data writes.

@@ -1,5 +1,6 @@
 //! The hosts of one backend as bounded-keys placement sees them ([`HostView`]s): which addresses it places keys
-//! on, which of them the status poll found down, their weights and their requests in flight, all decoded from
+//! on, which of them the status poll found down, their weights (config `slots`, else a discovered host's Envoy
+//! weight, else `/props`) and their requests in flight, all decoded from
 //! the values the filter keeps in Envoy shared data (see `envoy_contract::shared`).
 //!
 //! The values are read through a [`SharedStore`], so only the ones this backend needs are read (each read is a
@@ -13,7 +14,7 @@
 //! for the requests already in flight.
 
 use super::in_flight::SharedStore;
-use super::{host_weight, table, HostView};
+use super::{host_weight, table, weights_at, HostView};
 use crate::config::{Backend, LbPolicy};
 use crate::envoy_contract::shared;
 use crate::fleet_check;
@@ -51,15 +52,20 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
         .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
         .map(|(_, down)| down);
     let in_flight = table::decode_in_flight(&read(store, &shared::in_flight(&backend.name)), addresses.len());
-    // Capacity: the config's `slots`, else what each llama.cpp server reported in `/props` (by address for a
-    // discovered backend, whose list changes), else all equal.
-    let reported = match (&backend.slots, backend.discovered()) {
-        (Some(_), _) => Vec::new(),
-        (None, true) => fleet_check::slots_at(
-            &addresses,
-            &fleet_check::decode_slots_by_address(&read(store, &shared::slots_by_address(&backend.name))),
+    // Capacity: the config's `slots`, else a discovered host's Envoy weight (its registered `slots`), else what
+    // each llama.cpp server reported in `/props` (by address for a discovered backend, whose list changes), else
+    // all equal (see `host_weight`).
+    let by_address = |key: String| fleet_check::decode_slots_by_address(&read(store, &key));
+    let (registered, reported) = match (&backend.slots, backend.discovered()) {
+        (Some(_), _) => (Vec::new(), Vec::new()),
+        (None, true) => (
+            weights_at(&addresses, &by_address(shared::weights(&backend.name))),
+            fleet_check::slots_at(&addresses, &by_address(shared::slots_by_address(&backend.name))),
         ),
-        (None, false) => table::decode_in_flight(&read(store, &shared::slots(&backend.name)), backend.endpoints.len()),
+        (None, false) => (
+            Vec::new(),
+            table::decode_in_flight(&read(store, &shared::slots(&backend.name)), backend.endpoints.len()),
+        ),
     };
     Some(
         addresses
@@ -69,6 +75,7 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
                 up: !down.as_ref().is_some_and(|d| d.contains(&address)),
                 weight: host_weight(
                     backend.slots.as_ref().and_then(|s| s.get(i).copied()),
+                    registered.get(i).copied().unwrap_or(0),
                     reported.get(i).copied().unwrap_or(0),
                 ),
                 in_flight: in_flight.get(i).copied().unwrap_or(0),
