@@ -24,7 +24,7 @@ use llmroute_core::stream::Usage;
 use crate::host;
 use crate::key_placement::{self, Pin};
 use crate::metrics::{Finished, Metrics};
-use crate::response::ResponseWatch;
+use crate::response::{Hold, ResponseWatch};
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
@@ -422,6 +422,13 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         let content_type = host::response_header("content-type").unwrap_or_default();
+        if d.assemble && status == Some(200) && crate::response::is_event_stream(&content_type) {
+            // The client asked for one JSON answer: hold the headers until it is rebuilt from the stream.
+            let limit = self.cfg.as_ref().map_or(0, |c| c.limits.max_assembled_bytes);
+            self.watch = Some(ResponseWatch::assemble(d.api, limit));
+            self.publish_summary();
+            return Action::Pause;
+        }
         if d.api.is_decision() {
             // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
             return Action::Continue;
@@ -456,9 +463,12 @@ impl HttpContext for Http {
                 self.first_byte_ms = Some(host::now_ms());
             }
             if let Some(w) = &mut self.watch {
-                w.on_body(body_size, end_of_stream, self.request_id.as_deref());
+                let hold = w.on_body(body_size, end_of_stream, self.request_id.as_deref());
                 if end_of_stream {
                     self.publish_summary();
+                }
+                if let Hold::Wait = hold {
+                    return Action::Pause;
                 }
             }
             return Action::Continue;

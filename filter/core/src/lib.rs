@@ -30,6 +30,7 @@ pub mod request;
 pub mod route;
 pub mod status;
 pub mod stream;
+pub mod stream_always;
 pub mod text;
 pub mod upstream;
 

@@ -23,6 +23,7 @@ mod placement;
 mod resilience;
 mod smuggling;
 mod status;
+mod stream_upstream;
 mod streams;
 mod support;
 mod tls;
