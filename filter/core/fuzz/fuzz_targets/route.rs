@@ -30,13 +30,13 @@ fuzz_target!(|data: &[u8]| {
     let sent_len = d.body_len(body.len());
     if let Some(patch) = &d.patch {
         let out = patch.apply(body);
-        assert_eq!(out.len(), sent_len, "content-length disagrees with the edited body");
+        assert_eq!(Some(out.len()), sent_len, "content-length disagrees with the edited body");
         assert!(
             scan_object(&out, MAX_DEPTH).is_ok(),
             "the edited body is no longer a JSON object"
         );
     } else {
-        assert_eq!(sent_len, body.len());
+        assert_eq!(sent_len, Some(body.len()));
     }
     assert!(header_safe(d.cluster.as_bytes()));
     assert!(header_safe(d.alias.as_bytes()));
