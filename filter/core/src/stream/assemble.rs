@@ -17,7 +17,8 @@
 //! has no answer: the filter sends a 502 in the API's error envelope instead, never a truncated body.
 //!
 //! Memory: the SSE reader holds at most one event of `limit` bytes; the answer's parts (text, arguments, kept
-//! objects) count against the same `limit`, and past it everything held is dropped. Members of the JSON output
+//! objects, and each new choice or tool call at the size of the event that made it) count against the same
+//! `limit`, and past it everything held is dropped. Members of the JSON output
 //! come out sorted by key (serde_json's map), as a serde_json-built engine answer does.
 
 use std::collections::BTreeMap;
@@ -144,14 +145,14 @@ impl Assembler {
         if self.failure.is_some() {
             return;
         }
-        let mut events = Vec::new();
-        self.reader.feed_spans(chunk, |ev, _| events.push(ev));
-        for ev in events {
-            if self.failure.is_some() || self.terminal {
-                break;
+        // Each event is handled as the reader completes it, so a chunk of many small events is never held twice.
+        let mut reader = std::mem::take(&mut self.reader);
+        reader.feed_spans(chunk, |ev, _| {
+            if self.failure.is_none() && !self.terminal {
+                self.event(ev);
             }
-            self.event(ev);
-        }
+        });
+        self.reader = reader;
     }
 
     /// True once the answer can no longer be built (the filter may stop reading).
@@ -267,6 +268,10 @@ impl Assembler {
         let choices = doc.get_mut("choices").map(Value::take);
         for c in choices.into_iter().filter_map(into_array).flatten() {
             let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            if !chat.choices.contains_key(&index) {
+                // A new choice costs the event that made it, so many empty ones cannot grow past the bound.
+                grew = grew.saturating_add(size);
+            }
             grew = grew.saturating_add(chat.choices.entry(index).or_default().merge(c, size));
         }
         self.hold(grew);
@@ -312,6 +317,9 @@ impl Choice {
             .saturating_add(append(&mut self.refusal, delta.get("refusal")));
         for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
             let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            if !self.tool_calls.contains_key(&index) {
+                grew = grew.saturating_add(size);
+            }
             let t = self.tool_calls.entry(index).or_default();
             if let Some(id) = call.get("id").filter(|v| v.is_string()) {
                 t.id = Some(id.clone());

@@ -222,3 +222,19 @@ fn the_failure_body_is_an_openai_error_with_the_request_id() {
     assert_eq!(v["error"]["code"], "upstream_stream_cut");
     assert_eq!(v["request_id"], "rid-1");
 }
+
+#[test]
+fn many_empty_choices_or_tool_calls_count_against_the_bound() {
+    let mut a = Assembler::new(Api::Chat, 4096);
+    for i in 0..200u64 {
+        let mut c = chunk(json!({}), Value::Null);
+        c["choices"][0]["index"] = json!(i);
+        a.feed(data(c).as_bytes());
+    }
+    assert_eq!(a.failed(), Some(Failure::TooLarge));
+    let mut a = Assembler::new(Api::Chat, 4096);
+    for i in 0..200u64 {
+        a.feed(data(chunk(json!({"tool_calls": [{"index": i}]}), Value::Null)).as_bytes());
+    }
+    assert_eq!(a.failed(), Some(Failure::TooLarge));
+}
