@@ -142,7 +142,6 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
-    let has_options = has_stream_options(body, &members);
     let model_member = fields
         .get("model")
         .ok_or(GatewayError::MissingField { field: "model" })?;
@@ -172,7 +171,10 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     let placement = placement::place(cfg, alias, needed)?;
     let upstream_model = prefix_rest.unwrap_or(&placement.route.upstream_model).to_string();
     let stream_edits = match alias.stream_upstream {
-        StreamUpstream::Always => stream_always::edits(api, body, fields.get("stream"), has_options),
+        StreamUpstream::Always => {
+            let has_options = has_stream_options(body, &members);
+            stream_always::edits(api, body, fields.get("stream"), has_options)
+        }
         StreamUpstream::AsSent => None,
     };
     let assemble = stream_edits.is_some();
