@@ -5,6 +5,7 @@
 //! - a stream that ends before its terminal event, carries an error event, or grows past
 //!   `limits.max_assembled_bytes` becomes a 502 in the OpenAI envelope with the request id, never a truncated
 //!   body;
+//! - Envoy holds none of the stream: the filter empties its buffer after every chunk.
 //! - a request the client streams itself, and every request to an `as_sent` alias, go through as before.
 
 use llmroute_harness::envoy::Envoy;
@@ -17,7 +18,7 @@ const ALWAYS: &str = "always-chat";
 const AS_SENT: &str = "plain-chat";
 
 /// One engine behind two aliases of the same upstream model: one streams upstream always, one as sent.
-async fn setup(max_assembled_bytes: Option<usize>) -> (Fleet, Envoy) {
+async fn setup(limits: Option<Value>) -> (Fleet, Envoy) {
     let fleet = Fleet::start("stream-up", 1).await.unwrap();
     let route = json!([{ "backend": fleet.backend, "upstream_model": UPSTREAM }]);
     let mut cfg = json!({
@@ -28,8 +29,8 @@ async fn setup(max_assembled_bytes: Option<usize>) -> (Fleet, Envoy) {
             { "name": AS_SENT, "routes": route },
         ],
     });
-    if let Some(n) = max_assembled_bytes {
-        cfg["limits"] = json!({ "max_assembled_bytes": n });
+    if let Some(limits) = limits {
+        cfg["limits"] = limits;
     }
     let envoy = Envoy::start(cfg).await.unwrap();
     (fleet, envoy)
@@ -209,7 +210,7 @@ async fn a_connection_cut_mid_stream_is_a_json_502_never_a_truncated_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_over_the_bound_is_a_502() {
-    let (_fleet, envoy) = setup(Some(4096)).await;
+    let (_fleet, envoy) = setup(Some(json!({ "max_assembled_bytes": 4096 }))).await;
     let headers = [("x-emu-chunks", "2000"), ("x-request-id", "rid-big")];
     let r = send(&client(), &envoy, "/v1/chat/completions", &chat_body(ALWAYS), &headers).await;
     check(&envoy, r.status == 502, &format!("{} {}", r.status, r.text));
@@ -226,4 +227,21 @@ async fn an_answer_over_the_bound_is_a_502() {
     )
     .await;
     check(&envoy, r.status == 200, &r.text);
+}
+
+/// Envoy's own buffer is emptied after every chunk: a stream several times the listener's buffer limit
+/// (`max_body_bytes` + 1 MiB) is rebuilt whole, which Envoy would refuse if it held the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_holds_none_of_the_stream() {
+    let (_fleet, envoy) = setup(Some(json!({ "max_body_bytes": 1024 }))).await;
+    let headers = [("x-emu-chunks", "20000")];
+    let r = send(&client(), &envoy, "/v1/chat/completions", &chat_body(ALWAYS), &headers).await;
+    check(
+        &envoy,
+        r.status == 200,
+        &format!("{} {}", r.status, r.text.get(..300).unwrap_or(&r.text)),
+    );
+    let content = r.body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with("tok0 tok1 ") && content.ends_with("tok19999 "));
+    assert_eq!(r.body["usage"]["completion_tokens"], 20000);
 }
