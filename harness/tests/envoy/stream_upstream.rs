@@ -5,7 +5,7 @@
 //! - a stream that ends before its terminal event, carries an error event, or grows past
 //!   `limits.max_assembled_bytes` becomes a 502 in the OpenAI envelope with the request id, never a truncated
 //!   body;
-//! - Envoy holds none of the stream: the filter empties its buffer after every chunk.
+//! - Envoy holds none of the stream: the filter empties its buffer after every chunk;
 //! - a request the client streams itself, and every request to an `as_sent` alias, go through as before.
 
 use llmroute_harness::envoy::Envoy;
