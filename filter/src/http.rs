@@ -26,7 +26,7 @@ use llmroute_core::stream::Usage;
 use crate::host;
 use crate::key_placement::{self, Pin};
 use crate::metrics::{Finished, Metrics};
-use crate::response::ResponseWatch;
+use crate::response::{Hold, ResponseWatch};
 
 pub struct Http {
     cfg: Option<Rc<Config>>,
@@ -420,6 +420,7 @@ impl HttpContext for Http {
             placement: self.pin.as_ref().map(|p| p.choice.reason),
             requests_remaining: self.remaining.requests,
             tokens_remaining: self.remaining.tokens,
+            assemble: d.assemble,
         });
         let plan = response_plan::plan(&settings, routed.as_ref(), &host::response_header, &|| {
             host::property_string(&["upstream", "address"])
@@ -461,6 +462,13 @@ impl HttpContext for Http {
                 self.watch = Some(ResponseWatch::start(d.api, media, d.strip_usage_chunk));
                 self.publish_summary();
             }
+            BodyPlan::Assemble => {
+                // The client asked for one JSON answer: hold the headers until it is rebuilt from the stream.
+                let limit = self.cfg.as_ref().map_or(0, |c| c.limits.max_assembled_bytes);
+                self.watch = Some(ResponseWatch::assemble(d.api, limit));
+                self.publish_summary();
+                return Action::Pause;
+            }
         }
         Action::Continue
     }
@@ -486,9 +494,12 @@ impl HttpContext for Http {
                 self.first_byte_ms = Some(host::now_ms());
             }
             if let Some(w) = &mut self.watch {
-                w.on_body(body_size, end_of_stream, self.request_id.as_deref());
+                let hold = w.on_body(body_size, end_of_stream, self.request_id.as_deref());
                 if end_of_stream {
                     self.publish_summary();
+                }
+                if let Hold::Wait = hold {
+                    return Action::Pause;
                 }
             }
             return Action::Continue;

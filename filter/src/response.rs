@@ -6,16 +6,43 @@
 //! ends inside an event keeps that partial event until the next chunk completes it (see `StreamTracker::relay`),
 //! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
 //! to read its usage at the end.
+//!
+//! The other exception is a stream the gateway asked for on the client's behalf (`stream_upstream: always`):
+//! the response headers wait, each chunk is read into the core's `Assembler` and dropped from Envoy's buffer
+//! (so Envoy holds nothing), and at the end the client gets the rebuilt JSON answer, or a 502 in the API's
+//! envelope when there is none (see `stream::assemble`).
 
+use llmroute_core::headers;
 use llmroute_core::response_plan::Media;
-use llmroute_core::stream::{self, usage, Outcome, StreamTracker, Usage};
+use llmroute_core::stream::{self, assemble, usage, Assembler, Outcome, StreamTracker, Usage, Verdict};
 use llmroute_core::Api;
 
 use crate::host;
 
 pub enum ResponseWatch {
-    Stream { tracker: StreamTracker, eos: bool },
-    Json { copy: Vec<u8>, eos: bool },
+    Stream {
+        tracker: StreamTracker,
+        eos: bool,
+    },
+    Json {
+        copy: Vec<u8>,
+        eos: bool,
+    },
+    /// A stream being rebuilt into one JSON answer; `verdict` is set once it ended.
+    Assemble {
+        asm: Option<Assembler>,
+        usage: Usage,
+        verdict: Option<Verdict>,
+        eos: bool,
+    },
+}
+
+/// What the filter does with a response body callback.
+pub enum Hold {
+    /// Let the bytes (as they now are) through.
+    Relay,
+    /// Keep the headers and body back: the answer is not complete yet.
+    Wait,
 }
 
 impl ResponseWatch {
@@ -33,9 +60,69 @@ impl ResponseWatch {
         }
     }
 
-    /// Watches one body callback; may cut bytes from the chunk or append the closing error event.
-    pub fn on_body(&mut self, size: usize, end_of_stream: bool, request_id: Option<&str>) {
+    /// Starts rebuilding a stream into one answer of at most `limit` bytes; the caller holds the headers back
+    /// (the response plan already made them JSON's, without a length).
+    pub fn assemble(api: Api, limit: usize) -> ResponseWatch {
+        ResponseWatch::Assemble {
+            asm: Some(Assembler::new(api, limit)),
+            usage: Usage::default(),
+            verdict: None,
+            eos: false,
+        }
+    }
+
+    /// Watches one body callback; may cut bytes from the chunk, append the closing error event, or (when
+    /// assembling) hold everything back and replace it with the answer at the end.
+    pub fn on_body(&mut self, size: usize, end_of_stream: bool, request_id: Option<&str>) -> Hold {
         match self {
+            ResponseWatch::Assemble {
+                asm,
+                usage,
+                verdict,
+                eos,
+            } => {
+                let chunk = match size {
+                    0 => Vec::new(),
+                    _ => host::response_body(size).unwrap_or_default(),
+                };
+                let Some(a) = asm.as_mut() else {
+                    return Hold::Relay;
+                };
+                a.feed(&chunk);
+                *usage = a.usage();
+                if !end_of_stream && a.failed().is_none() {
+                    // Envoy keeps nothing: the assembler has what it needs of these bytes.
+                    host::replace_response_body(size, &[]);
+                    return Hold::Wait;
+                }
+                *eos = end_of_stream;
+                let (body, v) = match asm.take().map(Assembler::finish) {
+                    Some(Ok(body)) => (body, Verdict::Complete),
+                    Some(Err(f)) => {
+                        log::debug!("llmroute: no answer from the stream: {}", f.code());
+                        let v = match f {
+                            assemble::Failure::UpstreamError => Verdict::UpstreamError,
+                            _ => Verdict::MissingTerminal,
+                        };
+                        *verdict = Some(v);
+                        let body = assemble::failure_body(f, request_id);
+                        if !end_of_stream {
+                            // Settled before the stream ended (over the bound): answer now, and Envoy drops the
+                            // upstream stream.
+                            host::send_reply(assemble::Failure::STATUS, &reply_headers(f, request_id), &body);
+                            return Hold::Wait;
+                        }
+                        host::set_response_header(":status", &assemble::Failure::STATUS.to_string());
+                        host::set_response_header(headers::ERROR, f.code());
+                        (body, v)
+                    }
+                    None => return Hold::Relay,
+                };
+                *verdict = Some(v);
+                host::set_response_header("content-length", &body.len().to_string());
+                host::replace_response_body(size, &body);
+                Hold::Relay
+            }
             ResponseWatch::Stream { tracker, eos } => {
                 let mut size = size;
                 let chunk = match size {
@@ -52,12 +139,14 @@ impl ResponseWatch {
                         host::append_response_body(size, &tail);
                     }
                 }
+                Hold::Relay
             }
             ResponseWatch::Json { copy, eos } => {
                 if size > 0 && copy.len().saturating_add(size) <= usage::MAX_USAGE_DOC {
                     copy.extend(host::response_body(size).unwrap_or_default());
                 }
                 *eos |= end_of_stream;
+                Hold::Relay
             }
         }
     }
@@ -70,6 +159,11 @@ impl ResponseWatch {
             ResponseWatch::Json { copy, eos: true } => {
                 usage::from_value(&usage::parse_doc(std::str::from_utf8(copy).ok()?)?)
             }
+            ResponseWatch::Assemble {
+                usage,
+                verdict: Some(Verdict::Complete),
+                ..
+            } => *usage,
             _ => return None,
         };
         Some(
@@ -96,6 +190,21 @@ impl ResponseWatch {
                     .unwrap_or_default(),
             ),
             ResponseWatch::Json { .. } => (None, Usage::default()),
+            ResponseWatch::Assemble {
+                usage, verdict, eos, ..
+            } => {
+                let v = verdict.unwrap_or(Verdict::MissingTerminal);
+                (Some(stream::outcome(*eos, v, code_details)), *usage)
+            }
         }
     }
+}
+
+/// The headers of the gateway's own 502 when an answer is settled before its stream ended.
+fn reply_headers(f: assemble::Failure, request_id: Option<&str>) -> Vec<(&str, &str)> {
+    let mut h = vec![("content-type", "application/json"), (headers::ERROR, f.code())];
+    if let Some(id) = request_id {
+        h.push((headers::REQUEST_ID, id));
+    }
+    h
 }

@@ -16,6 +16,9 @@
 //!   load: while its `/health` answers 503, Envoy flags it failed and sends it nothing (its `rq_total` does not
 //!   move, no upstream 503 ever), and once ready it serves again.
 //! - `the_props_fleet_check_warns_about_servers_started_differently`: `-c` and `-np` differ across a backend.
+//! - `a_rebuilt_answer_matches_llama_servers_own_non_streamed_answer`: the same greedy request to a
+//!   `stream_upstream: always` alias and to an `as_sent` one: equal but for `id`, `created` and the durations in
+//!   `timings` (and key order, which is not compared).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -531,4 +534,58 @@ async fn the_props_fleet_check_warns_about_servers_started_differently() {
     )
     .await;
     assert!(o.ok, "{o:?}");
+}
+
+/// `stream_upstream: always` against a real llama-server: the answer the filter rebuilds from the stream is the
+/// engine's own non-streamed answer, but for what is measured or drawn per request (see the test body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_answer_matches_llama_servers_own_non_streamed_answer() {
+    let fleet = fleet(1).await;
+    let server = fleet.servers[0].alias().to_string();
+    let route = json!([{ "backend": fleet.backend, "upstream_model": server }]);
+    let config = json!({
+        "version": 1,
+        "backends": [fleet.backend_entry("chwbl")],
+        "models": [
+            { "name": "plain", "routes": route },
+            { "name": "always", "routes": route, "stream_upstream": "always" },
+        ],
+    });
+    let envoy = envoy(config).await;
+    let ask = |alias: &str| {
+        json!({"model": alias, "temperature": 0, "seed": 7, "max_tokens": 12, "cache_prompt": false,
+            "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count to five."}]})
+    };
+    let c = client();
+    let mut answers = Vec::new();
+    for alias in ["plain", "always"] {
+        let r = c
+            .post(envoy.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(ask(alias).to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        println!("{alias}: {text}");
+        assert_eq!(status, 200, "{alias}: {text}\n{}", envoy.log());
+        answers.push(serde_json::from_str::<Value>(&text).unwrap());
+    }
+    let (plain, rebuilt) = (&answers[0], &answers[1]);
+    let content = &rebuilt["choices"][0]["message"]["content"];
+    assert!(content.as_str().is_some_and(|t| !t.is_empty()), "{rebuilt}");
+    assert_eq!(rebuilt["usage"]["completion_tokens"], 12, "{rebuilt}");
+    // Drawn or measured per request: `id` (random), `created` (the clock), and the durations in `timings`.
+    let normalise = |v: &Value| {
+        let mut v = v.clone();
+        let o = v.as_object_mut().unwrap();
+        o.remove("id");
+        o.remove("created");
+        if let Some(t) = o.get_mut("timings").and_then(Value::as_object_mut) {
+            t.retain(|k, _| k.ends_with("_n"));
+        }
+        v
+    };
+    assert_eq!(normalise(rebuilt), normalise(plain));
 }

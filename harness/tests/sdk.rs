@@ -10,6 +10,8 @@
 //!   the emulator's dialects are what the SDKs expect, independent of the gateway.
 //! - `sdks_work_through_the_gateway`: a 3-engine fleet behind Envoy and the filter. The engines' request logs
 //!   must show every inference call and no client credential.
+//! - `sdks_work_through_a_stream_always_alias`: the same checks with `stream_upstream: always`, so the plain
+//!   chat and responses answers the SDKs parse are the ones the filter rebuilt from streams.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -112,6 +114,32 @@ async fn sdks_work_through_the_gateway() {
         INFERENCE_CALLS,
         "every inference call reaches exactly one engine: {counts:?}"
     );
+}
+
+/// Every check again with the alias set to `stream_upstream: always`: the plain chat and responses answers the
+/// SDKs parse (with strict validation) are rebuilt by the filter from streams; every other call is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdks_work_through_a_stream_always_alias() {
+    python();
+    let fleet = Fleet::start("llama-a", 1).await.unwrap();
+    let mut cfg = single_backend_config(&fleet, ALIAS, UPSTREAM, 150);
+    cfg["models"][0]["stream_upstream"] = serde_json::json!("always");
+    let envoy = Envoy::start(cfg).await.unwrap();
+    let output = run_checks(&envoy.url(""), &[]).await;
+    if !output.status.success() {
+        eprintln!("{}", envoy.log());
+    }
+    assert_passed(&output);
+    let streamed = fleet.engines[0]
+        .inference_requests()
+        .iter()
+        .filter(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            body["stream"] == true
+        })
+        .count();
+    // Chat and responses, plain and streamed, plus the streamed completions and both messages streams.
+    assert_eq!(streamed, 7, "the plain chat and responses calls went upstream streamed");
 }
 
 /// The anthropic SDK reads the request id from `request-id`: on an answer, on a gateway refusal and on a backend

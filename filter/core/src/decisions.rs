@@ -40,8 +40,9 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
     Ok(RouteDecision {
         api,
-        patch: body_patch(body, model_member, &upstream_model, None),
+        patch: body_patch(body, model_member, &upstream_model, Vec::new()),
         strip_usage_chunk: false,
+        assemble: false,
         alias: alias.name.clone(),
         cluster: choice.cluster,
         failover: choice.failover,

@@ -34,6 +34,7 @@ pub mod route_choice;
 pub mod session;
 pub mod status;
 pub mod stream;
+pub mod stream_always;
 pub mod text;
 pub mod upstream;
 

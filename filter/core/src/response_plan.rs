@@ -54,6 +54,9 @@ pub enum BodyPlan {
     RewriteError(u32),
     /// Envoy shed the request: replace the body with the route's overloaded envelope.
     ReplaceOverflow,
+    /// The gateway streamed a request the client did not (`stream_upstream: always`): hold the headers and
+    /// rebuild one JSON answer from the stream.
+    Assemble,
 }
 
 /// The response headers to set and remove, and the body's plan.
@@ -77,6 +80,8 @@ pub struct Routed<'a> {
     /// The fewest requests and tokens left in the limit buckets charged.
     pub requests_remaining: Option<u64>,
     pub tokens_remaining: Option<u64>,
+    /// The gateway streamed a request the client did not (`stream_upstream: always`).
+    pub assemble: bool,
 }
 
 /// The config and request facts the plan depends on.
@@ -154,7 +159,15 @@ pub fn plan(
         return p;
     }
     let content_type = response_header("content-type").unwrap_or_default();
-    p.body = Media::of(&content_type).map_or(BodyPlan::Relay, BodyPlan::Watch);
+    let media = Media::of(&content_type);
+    if r.assemble && status == Some(200) && media == Some(Media::EventStream) {
+        // The client asked for one JSON answer: it is rebuilt from the stream, its length known only then.
+        p.set.push(("content-type", "application/json".to_string()));
+        p.remove.push("content-length");
+        p.body = BodyPlan::Assemble;
+        return p;
+    }
+    p.body = media.map_or(BodyPlan::Relay, BodyPlan::Watch);
     if p.body == BodyPlan::Watch(Media::EventStream) {
         p.remove.push("content-length");
     }

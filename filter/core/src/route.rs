@@ -9,7 +9,7 @@
 
 use crate::affinity::{self, Affinity, AffinitySource};
 use crate::api::{self, string_value};
-use crate::config::{Config, KeyPlacement, ModelAlias};
+use crate::config::{Config, KeyPlacement, ModelAlias, StreamUpstream};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate;
@@ -17,6 +17,7 @@ use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
 use crate::route_choice;
 pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
+use crate::stream_always;
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +82,9 @@ pub struct RouteDecision {
     pub patch: Option<BodyPatch>,
     /// The gateway added `stream_options.include_usage`, so the stream's usage chunk is not the client's.
     pub strip_usage_chunk: bool,
+    /// The gateway sent a non-streamed request upstream as a stream (`stream_upstream: always`): the response
+    /// must be rebuilt into one JSON answer (see `stream::assemble`).
+    pub assemble: bool,
 }
 
 impl RouteDecision {
@@ -143,10 +147,21 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
     let choice = route_choice::choose(cfg, alias, needed)?;
     let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
+    let stream_edits = match alias.stream_upstream {
+        StreamUpstream::Always => {
+            let has_options = has_stream_options(body, &members);
+            stream_always::edits(api, body, fields.get("stream"), has_options)
+        }
+        StreamUpstream::AsSent => None,
+    };
+    let assemble = stream_edits.is_some();
+    let mut edits = stream_edits.unwrap_or_default();
+    edits.extend(usage_insert.map(|at| Edit::insert(at, INCLUDE_USAGE)));
     Ok(RouteDecision {
         api,
-        patch: body_patch(body, model_member, &upstream_model, usage_insert),
+        patch: body_patch(body, model_member, &upstream_model, edits),
         strip_usage_chunk: usage_insert.is_some(),
+        assemble,
         alias: alias.name.clone(),
         cluster: choice.cluster,
         failover: choice.failover,
@@ -200,7 +215,7 @@ fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<(String, Affi
 }
 
 /// The text the gateway adds to ask a stream for its usage.
-const INCLUDE_USAGE: &str = ",\"stream_options\":{\"include_usage\":true}";
+pub(crate) const INCLUDE_USAGE: &str = ",\"stream_options\":{\"include_usage\":true}";
 
 /// Where to add `stream_options.include_usage`: the offset of the body's closing brace, when the config asks for
 /// it and the request is a streamed chat or completions request without `stream_options` of its own.
@@ -209,43 +224,67 @@ fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, mem
         return None;
     }
     let streaming = fields.get("stream").is_some_and(|m| m.value.of(body) == b"true");
-    // Keys are compared as the engine's JSON parser sees them: escapes decoded (`"stream\u005foptions"`) and,
-    // for engines whose parsers fold case, in any letter case. Any such key means the client chose.
-    let has_options = members
-        .iter()
-        .any(|m| nav::str_value(body, m.key).is_some_and(|k| crate::fields::folds_to(&k, "stream_options")));
-    if !streaming || has_options {
+    if !streaming || has_stream_options(body, members) {
         return None;
     }
     body.iter().rposition(|&b| b == b'}')
 }
 
-/// The one edit to the body: `model` set to `upstream` (when the bytes differ) and, at `insert_at`, the
-/// include-usage option. Both fall in one span, so the body is copied once.
-pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
-    let new_model = serde_json::Value::from(upstream).to_string();
-    let model_changes = model.value.of(body) != new_model.as_bytes();
-    match (model_changes, insert_at) {
-        (false, None) => None,
-        (true, None) => Some(BodyPatch {
-            span: model.value,
-            replacement: new_model,
-        }),
-        (false, Some(at)) => Some(BodyPatch {
+/// True when the body has `stream_options` of its own. Keys are compared as the engine's JSON parser sees them:
+/// escapes decoded (`"stream\u005foptions"`) and, for engines whose parsers fold case, in any letter case. Any
+/// such key means the client chose.
+fn has_stream_options(body: &[u8], members: &[Member]) -> bool {
+    members
+        .iter()
+        .any(|m| nav::str_value(body, m.key).is_some_and(|k| crate::fields::folds_to(&k, "stream_options")))
+}
+
+/// One splice of the request body: the bytes in `span` become `text` (an insert when `span` is empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Edit {
+    pub span: Span,
+    pub text: String,
+}
+
+impl Edit {
+    pub(crate) fn insert(at: usize, text: &str) -> Edit {
+        Edit {
             span: Span { start: at, end: at },
-            replacement: INCLUDE_USAGE.to_string(),
-        }),
-        (true, Some(at)) => {
-            let middle = String::from_utf8_lossy(body.get(model.value.end..at).unwrap_or_default());
-            Some(BodyPatch {
-                span: Span {
-                    start: model.value.start,
-                    end: at,
-                },
-                replacement: format!("{new_model}{middle}{INCLUDE_USAGE}"),
-            })
+            text: text.to_string(),
         }
     }
+}
+
+/// The body's edits as one patch: one span from the first edit's start to the last one's end, the bytes between
+/// edits kept, so the body is copied once. Edits must not overlap; `None` when there are none.
+fn merge(body: &[u8], mut edits: Vec<Edit>) -> Option<BodyPatch> {
+    edits.sort_by_key(|e| (e.span.start, e.span.end));
+    let start = edits.first()?.span.start;
+    let end = edits.last()?.span.end;
+    let mut replacement = String::new();
+    let mut at = start;
+    for e in &edits {
+        replacement.push_str(&String::from_utf8_lossy(body.get(at..e.span.start).unwrap_or_default()));
+        replacement.push_str(&e.text);
+        at = e.span.end;
+    }
+    Some(BodyPatch {
+        span: Span { start, end },
+        replacement,
+    })
+}
+
+/// The edits to the body as one patch: `model` set to `upstream` (when the bytes differ), and `extra` (the
+/// include-usage option, the stream-always edits).
+pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, mut extra: Vec<Edit>) -> Option<BodyPatch> {
+    let new_model = serde_json::Value::from(upstream).to_string();
+    if model.value.of(body) != new_model.as_bytes() {
+        extra.push(Edit {
+            span: model.value,
+            text: new_model,
+        });
+    }
+    merge(body, extra)
 }
 
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, if any.

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use common::{README_EXAMPLE, TWO_BACKENDS};
 use llmroute_core::config::{
-    parse_endpoint, parse_listen, EngineKind, LbPolicy, DEFAULT_BALANCE_FACTOR, DEFAULT_IMAGE_TOKENS,
+    parse_endpoint, parse_listen, EngineKind, LbPolicy, StreamUpstream, DEFAULT_BALANCE_FACTOR, DEFAULT_IMAGE_TOKENS,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SESSION_HEADERS, DEFAULT_USER_PREFIX_BYTES, MAX_MAX_BODY_BYTES,
     MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
 };
@@ -163,6 +163,34 @@ fn defaults_fill_every_optional_field() {
         "the decision routes are never served by default"
     );
     assert!(!alias.model_prefix_routing);
+    assert_eq!(alias.stream_upstream, StreamUpstream::AsSent);
+    assert_eq!(cfg.limits.max_assembled_bytes, 4 << 20);
+}
+
+#[test]
+fn stream_upstream_and_its_bound_are_read_and_checked() {
+    let cfg = loads(&edit(minimal(), |v| {
+        v["models"][0]["stream_upstream"] = json!("always");
+        v["limits"] = json!({"max_assembled_bytes": 65536});
+    }));
+    assert_eq!(cfg.alias("m").unwrap().stream_upstream, StreamUpstream::Always);
+    assert_eq!(cfg.limits.max_assembled_bytes, 65536);
+    let bad = edit(minimal(), |v| v["models"][0]["stream_upstream"] = json!("sometimes"));
+    refused(
+        &bad,
+        "models[0].stream_upstream",
+        "sometimes",
+        "use one of: as_sent, always",
+    );
+    for n in [4095, 64 * 1024 * 1024 + 1] {
+        let bad = edit(minimal(), |v| v["limits"] = json!({"max_assembled_bytes": n}));
+        refused(
+            &bad,
+            "limits.max_assembled_bytes",
+            &n.to_string(),
+            "must be between 4096 and 67108864",
+        );
+    }
 }
 
 #[test]

@@ -40,6 +40,7 @@ fn routed(api: Api) -> Routed<'static> {
         placement: None,
         requests_remaining: None,
         tokens_remaining: None,
+        assemble: false,
     }
 }
 

@@ -21,7 +21,7 @@
 //! | `x-emu-delay-ms: M` | wait M ms before answering |
 //! | `x-emu-status: S` | answer status S with the dialect's error envelope |
 //! | `x-emu-error-shape: openai\|fastapi\|anthropic-with-id` | with `x-emu-status`, the error body's shape |
-//! | `x-emu-chunks: N` | stream N content deltas (default 3) |
+//! | `x-emu-chunks: N` | stream N content deltas (default 3); a non-streamed answer is then the same generation |
 //! | `x-emu-chunk-delay-ms: M` | pause M ms before each content delta |
 //! | `x-emu-cut-after: N` | N deltas, then abort the connection (a cut on an event boundary) |
 //! | `x-emu-cut-mid: N` | N deltas, the first half of the next event's bytes, then abort |

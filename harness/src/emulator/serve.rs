@@ -361,6 +361,7 @@ async fn answer(
             return Ok(aborted_response());
         }
     }
+    answer.plain_chunks = headers.contains_key("x-emu-chunks").then_some(stream.chunks);
     let wants_stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match dialect.events() {
         Some(events) if wants_stream => {
@@ -416,5 +417,6 @@ fn build_answer(
         cached_tokens,
         chunk_delay: Duration::from_millis(chunk_delay_ms),
         include_usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
+        plain_chunks: None,
     }
 }

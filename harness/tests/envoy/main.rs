@@ -25,6 +25,7 @@ mod replicas;
 mod resilience;
 mod smuggling;
 mod status;
+mod stream_upstream;
 mod streams;
 mod support;
 mod tls;

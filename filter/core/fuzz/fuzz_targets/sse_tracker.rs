@@ -2,14 +2,15 @@
 //! says to cut, then append its closing bytes at the end of the stream.
 //!
 //! Input: a selector byte (the API, and whether the usage chunk is to be cut), then chunk boundaries and the
-//! stream (see `llmroute_core_fuzz::chunks`). Beyond "no panic": the verdict, usage and closing bytes do not
-//! depend on where the stream was split; cuts are ordered and inside their chunk; and when the gateway closes
+//! stream (see `llmroute_core_fuzz::chunks`). Beyond "no panic": the verdict, usage and closing bytes, and the
+//! answer the assembler rebuilds from the stream (`stream_upstream: always`), do not depend on where the stream
+//! was split; cuts are ordered and inside their chunk; and when the gateway closes
 //! a stream, a client's SSE parser reads the gateway's error event as an event of its own, last.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use llmroute_core::stream::sse::{Event, SseReader};
-use llmroute_core::stream::{self, StreamTracker};
+use llmroute_core::stream::{self, Assembler, StreamTracker};
 use llmroute_core_fuzz::{api, chunks};
 
 /// The events a client's parser reads from `bytes`, and whether it stopped inside one.
@@ -57,6 +58,15 @@ fuzz_target!(|data: &[u8]| {
         closing,
         "the closing depends on the chunking"
     );
+
+    let mut asm = Assembler::new(api, 1 << 16);
+    for chunk in &parts {
+        asm.feed(chunk);
+    }
+    let mut asm_one = Assembler::new(api, 1 << 16);
+    asm_one.feed(&whole);
+    assert_eq!(asm.usage(), asm_one.usage(), "the assembler's usage depends on the chunking");
+    assert_eq!(asm.finish(), asm_one.finish(), "the rebuilt answer depends on the chunking");
 
     if let Some(tail) = closing {
         let (ours, _) = events(&tail);

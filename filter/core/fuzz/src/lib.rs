@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use llmroute_core::{Api, Config};
 
 /// One config with every feature the request path branches on: a renamed alias with two routes (failover
-/// cluster, `max_context` placement), an alias left as is, prefix routing, an alias limited to some APIs, an
+/// cluster, `max_context` placement, `stream_upstream: always`), an alias left as is, prefix routing, an alias limited to some APIs, an
 /// embeddings alias, explicit keys from the body, and the gateway's include-usage option. The aliases match the
 /// SDK captures in `testdata/sdk/`, so the seeds reach the API modules.
 pub const CONFIG: &str = r#"{
@@ -22,7 +22,8 @@ pub const CONFIG: &str = r#"{
   "models": [
     { "name": "local-chat", "routes": [
         { "backend": "llama-a", "upstream_model": "qwen3-0.6b", "priority": 1 },
-        { "backend": "vllm-b", "upstream_model": "Qwen/Qwen3-8B", "priority": 2 } ] },
+        { "backend": "vllm-b", "upstream_model": "Qwen/Qwen3-8B", "priority": 2 } ],
+      "stream_upstream": "always" },
     { "name": "same", "routes": [ { "backend": "vllm-b" } ] },
     { "name": "p", "model_prefix_routing": true, "routes": [ { "backend": "vllm-b", "upstream_model": "base" } ] },
     { "name": "chat-only", "endpoints": ["chat", "messages"], "routes": [ { "backend": "llama-a" } ] },

@@ -33,6 +33,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// The most a body bound may be raised to: 64 MiB.
 pub const MAX_MAX_BODY_BYTES: usize = 64 << 20;
+/// Default bound on an answer rebuilt from a stream: 4 MiB.
+pub const DEFAULT_MAX_ASSEMBLED_BYTES: usize = 4 << 20;
 /// Default CHWBL bound, percent of the mean load.
 pub const DEFAULT_BALANCE_FACTOR: u32 = 150;
 /// Default first-user-message prefix for the affinity fallback.
@@ -246,6 +248,29 @@ pub struct ModelAlias {
     /// The alias' effective affinity: the top-level `affinity` with the alias' own `affinity` fields over it,
     /// merged once at load so a request reads one struct.
     pub affinity: AffinityConfig,
+    pub stream_upstream: StreamUpstream,
+}
+
+/// How an alias's chat and responses requests go upstream (`models[].stream_upstream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamUpstream {
+    /// As the client sent them.
+    #[default]
+    AsSent,
+    /// Streamed, whatever the client asked; a non-streamed request gets one JSON answer rebuilt from the stream.
+    Always,
+}
+
+impl StreamUpstream {
+    pub const NAMES: &'static str = "as_sent, always";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "as_sent" => Some(Self::AsSent),
+            "always" => Some(Self::Always),
+            _ => None,
+        }
+    }
 }
 
 /// Inbound API keys: where they are, and the limits each key has.
@@ -340,6 +365,8 @@ impl Default for BoundedKeys {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Most bytes of one answer held while it is rebuilt from a stream (`stream_upstream: always`).
+    pub max_assembled_bytes: usize,
     pub request_timeout_ms: u64,
     pub headers_timeout_ms: u64,
     pub body_timeout_ms: u64,

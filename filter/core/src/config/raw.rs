@@ -233,6 +233,10 @@ pub struct RawModel {
     /// Request and token limits for this alias, shared by all its clients.
     #[serde(default)]
     pub limits: Option<RawRateLimits>,
+    /// How chat and responses requests go upstream: `as_sent` (the default) or `always`, which sends a
+    /// non-streamed request with `stream: true` and rebuilds one JSON answer from the stream for the client.
+    #[serde(default)]
+    pub stream_upstream: Option<String>,
     /// This alias' own affinity settings (its routing method); each field left out is the top-level
     /// `affinity`'s.
     #[serde(default)]
@@ -341,6 +345,11 @@ pub struct RawLimits {
     /// Largest request body the filter buffers, in bytes; beyond it, 413. Default 8 MiB, at most 64 MiB.
     #[serde(default)]
     pub max_body_bytes: Option<usize>,
+    /// `stream_upstream: always`: most bytes of one answer the filter holds while it rebuilds it from the
+    /// stream (text, tool-call arguments, the final response object); beyond it, 502. Default 4 MiB,
+    /// `4096` to `67108864` (64 MiB).
+    #[serde(default)]
+    pub max_assembled_bytes: Option<usize>,
     /// Route timeout for a whole request, in milliseconds; `0` disables it. Default 600000 (10 minutes).
     #[serde(default)]
     pub request_timeout_ms: Option<u64>,

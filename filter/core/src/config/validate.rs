@@ -492,6 +492,17 @@ fn model(
     routes.sort_by_key(|r| r.priority);
     let endpoints = endpoint_set(errs, i, m.endpoints.as_deref());
     let limits = rate_limits(errs, &format!("models[{i}].limits"), m.limits.as_ref());
+    let stream_upstream = match m.stream_upstream.as_deref() {
+        None => StreamUpstream::AsSent,
+        Some(s) => StreamUpstream::parse(s).unwrap_or_else(|| {
+            errs.push(
+                format!("models[{i}].stream_upstream"),
+                s,
+                format!("unknown value; use one of: {}", StreamUpstream::NAMES),
+            );
+            StreamUpstream::AsSent
+        }),
+    };
     let affinity = alias_affinity(errs, i, m.affinity.as_ref(), global, bounded_keys);
     (errs.errors.len() == before).then(|| ModelAlias {
         name: m.name.clone(),
@@ -500,6 +511,7 @@ fn model(
         model_prefix_routing: m.model_prefix_routing.unwrap_or(false),
         limits,
         affinity,
+        stream_upstream,
     })
 }
 
@@ -838,6 +850,16 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
             format!("must be between 1024 and {MAX_MAX_BODY_BYTES}"),
         );
     }
+    let max_assembled_bytes = raw
+        .and_then(|l| l.max_assembled_bytes)
+        .unwrap_or(DEFAULT_MAX_ASSEMBLED_BYTES);
+    if !(4096..=MAX_MAX_BODY_BYTES).contains(&max_assembled_bytes) {
+        errs.push(
+            "limits.max_assembled_bytes",
+            max_assembled_bytes,
+            format!("must be between 4096 and {MAX_MAX_BODY_BYTES}"),
+        );
+    }
     let request_timeout_ms = raw.and_then(|l| l.request_timeout_ms).unwrap_or(600_000);
     if request_timeout_ms == 0 || request_timeout_ms > 86_400_000 {
         errs.push(
@@ -897,6 +919,7 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
     );
     Limits {
         max_body_bytes,
+        max_assembled_bytes,
         request_timeout_ms,
         headers_timeout_ms,
         body_timeout_ms,

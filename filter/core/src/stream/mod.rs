@@ -1,9 +1,11 @@
 //! The response path: reading streams and bodies for how they ended and what they cost.
 
+pub mod assemble;
 pub mod sse;
 pub mod tracker;
 pub mod usage;
 
+pub use assemble::{Assembler, Failure};
 pub use tracker::{outcome, Outcome, StreamTracker, Verdict};
 pub use usage::Usage;
 

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{conversation_text, data_event, delta_text, openai_usage, timings, usage_chunk, Answer, EventStream};
-use super::{DONE, NON_STREAM_TOKENS, OPENAI_ERROR_EVENT};
+use super::{DONE, OPENAI_ERROR_EVENT};
 
 /// SSE comment that llama.cpp-style servers send to keep a stream alive.
 pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
@@ -31,8 +31,8 @@ pub fn body(answer: &Answer) -> Value {
             "message": {"role": "assistant", "content": answer.text()},
             "finish_reason": "stop"
         }],
-        "usage": openai_usage(answer, NON_STREAM_TOKENS),
-        "timings": timings(answer, NON_STREAM_TOKENS)
+        "usage": openai_usage(answer, answer.plain_tokens()),
+        "timings": timings(answer, answer.plain_tokens())
     })
 }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{data_event, delta_text, openai_usage, prompt_parts, timings, usage_chunk, Answer, EventStream};
-use super::{DONE, NON_STREAM_TOKENS, OPENAI_ERROR_EVENT};
+use super::{DONE, OPENAI_ERROR_EVENT};
 
 /// The prompt text of a completions request.
 pub fn prompt_text(request: &Value) -> String {
@@ -35,8 +35,8 @@ fn completion(answer: &Answer, text: &str, finish_reason: Option<&str>) -> Value
 /// Non-streamed `text_completion` body.
 pub fn body(answer: &Answer) -> Value {
     let mut body = completion(answer, &answer.text(), Some("stop"));
-    body["usage"] = openai_usage(answer, NON_STREAM_TOKENS);
-    body["timings"] = timings(answer, NON_STREAM_TOKENS);
+    body["usage"] = openai_usage(answer, answer.plain_tokens());
+    body["timings"] = timings(answer, answer.plain_tokens());
     body
 }
 

@@ -12,8 +12,8 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use super::STREAM_ERROR_MESSAGE;
 use super::{conversation_text, delta_text, named_event, with_fields, Answer, EventStream};
-use super::{NON_STREAM_TOKENS, STREAM_ERROR_MESSAGE};
 
 /// The prompt text of a Messages request.
 pub fn prompt_text(request: &Value) -> String {
@@ -52,7 +52,7 @@ fn text_block(text: &str) -> Value {
 /// Non-streamed `message` body.
 pub fn body(answer: &Answer) -> Value {
     let content = vec![text_block(&answer.text())];
-    message(answer, content, Some("end_turn"), usage(answer, NON_STREAM_TOKENS))
+    message(answer, content, Some("end_turn"), usage(answer, answer.plain_tokens()))
 }
 
 /// `event: <kind>` with `type` and the given fields.

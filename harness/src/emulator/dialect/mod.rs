@@ -8,7 +8,7 @@
 //!
 //! All dialects answer the same way: a non-streamed answer says `Hello from <backend>.` and reports
 //! [`NON_STREAM_TOKENS`] output tokens; a stream sends `chunks` deltas `tok0 `, `tok1 `, ... and reports that
-//! many. Prompt and cached token counts come from the prefix cache model (see `cache`).
+//! many. A request that names `x-emu-chunks` gets that stream's generation non-streamed too. Prompt and cached token counts come from the prefix cache model (see `cache`).
 
 mod chat;
 mod completions;
@@ -199,12 +199,23 @@ pub struct Answer {
     pub chunk_delay: Duration,
     /// The request asked for `stream_options.include_usage`: an OpenAI-style stream ends with a usage chunk.
     pub include_usage: bool,
+    /// Set when the request named `x-emu-chunks`: a non-streamed answer is then the same generation as a stream
+    /// of that many deltas (their text, that many output tokens), so the two can be compared byte for byte.
+    pub plain_chunks: Option<u32>,
 }
 
 impl Answer {
     /// The text of a non-streamed answer.
     pub fn text(&self) -> String {
-        format!("Hello from {}.", self.backend)
+        match self.plain_chunks {
+            Some(chunks) => streamed_text(chunks),
+            None => format!("Hello from {}.", self.backend),
+        }
+    }
+
+    /// The output tokens of a non-streamed answer.
+    pub fn plain_tokens(&self) -> u64 {
+        self.plain_chunks.map_or(NON_STREAM_TOKENS, u64::from)
     }
 
     /// Prompt tokens that had to be computed, not read from the cache.
@@ -262,6 +273,7 @@ pub(crate) mod testing {
             cached_tokens: 32,
             chunk_delay: Duration::from_millis(5),
             include_usage: false,
+            plain_chunks: None,
         }
     }
 
@@ -295,6 +307,27 @@ mod tests {
         assert_eq!(Dialect::from_path("/v1/models"), None);
         assert_eq!(Dialect::Messages.envelope(), Envelope::Anthropic);
         assert_eq!(Dialect::Responses.envelope(), Envelope::OpenAi);
+    }
+
+    #[test]
+    fn with_explicit_chunks_a_plain_answer_is_the_streams_generation() {
+        let answer = Answer {
+            plain_chunks: Some(2),
+            ..answer()
+        };
+        for dialect in [
+            Dialect::Chat,
+            Dialect::Completions,
+            Dialect::Responses,
+            Dialect::Messages,
+        ] {
+            let body = dialect.body(&answer, &json!({})).to_string();
+            assert!(body.contains("\"tok0 tok1 \""), "{dialect:?}: {body}");
+            assert!(!body.contains("Hello from"), "{dialect:?}: {body}");
+        }
+        assert_eq!(chat::body(&answer)["usage"]["completion_tokens"], 2);
+        assert_eq!(answer.plain_tokens(), 2);
+        assert_eq!(super::testing::answer().plain_tokens(), NON_STREAM_TOKENS);
     }
 
     #[test]

@@ -13,8 +13,8 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use super::STREAM_ERROR_MESSAGE;
 use super::{conversation_text, delta_text, named_event, streamed_text, with_fields, Answer, EventStream};
-use super::{NON_STREAM_TOKENS, STREAM_ERROR_MESSAGE};
 
 /// Events before the first delta; deltas are numbered from here.
 const HEAD_EVENTS: u32 = 4;
@@ -116,7 +116,7 @@ fn completed(answer: &Answer, text: &str, output_tokens: u64) -> Value {
 
 /// Non-streamed `response` body.
 pub fn body(answer: &Answer) -> Value {
-    completed(answer, &answer.text(), NON_STREAM_TOKENS)
+    completed(answer, &answer.text(), answer.plain_tokens())
 }
 
 /// `event: <kind>` with `type`, `sequence_number` and the given fields.
