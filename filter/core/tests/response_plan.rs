@@ -180,3 +180,27 @@ fn debug_headers_name_the_placement_cluster_limits_and_upstream() {
         .1
         .contains(&"upstream.address".to_string()));
 }
+
+#[test]
+fn a_stream_the_gateway_asked_for_is_assembled_only_when_it_is_a_200_event_stream() {
+    let r = Routed {
+        assemble: true,
+        ..routed(Api::Chat)
+    };
+    let sse = [(":status", "200"), ("content-type", "text/event-stream; charset=utf-8")];
+    let (p, _) = run(&Settings::default(), Some(&r), &sse);
+    assert_eq!(p.body, BodyPlan::Assemble);
+    assert_eq!(set(&p, "content-type"), Some("application/json"));
+    assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
+    // An engine's error, or a JSON answer, is relayed and watched as usual.
+    let error = [(":status", "500"), ("content-type", "text/event-stream")];
+    assert_eq!(
+        run(&Settings::default(), Some(&r), &error).0.body,
+        BodyPlan::Watch(Media::EventStream)
+    );
+    let json = [(":status", "200"), ("content-type", "application/json")];
+    assert_eq!(
+        run(&Settings::default(), Some(&r), &json).0.body,
+        BodyPlan::Watch(Media::Json)
+    );
+}
