@@ -17,9 +17,6 @@ const MODEL_NAME_MAX: usize = 256;
 /// Most session headers one list may name: each is looked up per request.
 const MAX_SESSION_HEADERS: usize = 16;
 
-/// The accumulator every check below writes to.
-type Errors = Diagnostics;
-
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let mut errs = Diagnostics::default();
     if raw.version != SCHEMA_VERSION {
@@ -147,12 +144,12 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
 }
 
-fn listen_addr(errs: &mut Errors, field: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
+fn listen_addr(errs: &mut Diagnostics, field: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
     let text = value.unwrap_or(default);
     parse_listen(text).map_err(|reason| errs.push(field, text, reason)).ok()
 }
 
-fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
+fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> {
     let at = |f: &str| format!("backends[{i}].{f}");
     let before = errs.errors.len();
     check_cluster_name(errs, &at("name"), &b.name);
@@ -265,7 +262,7 @@ fn backend(errs: &mut Errors, i: usize, b: &RawBackend) -> Option<Backend> {
 }
 
 /// The backend's listed endpoints, or its discovery settings: exactly one of the two.
-fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<Discovery>) {
+fn hosts(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<Discovery>) {
     let at = |f: &str| format!("backends[{i}].{f}");
     match (&b.endpoints, &b.discovery) {
         (Some(list), None) => (endpoints(errs, i, list), None),
@@ -291,7 +288,7 @@ fn hosts(errs: &mut Errors, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<
 }
 
 /// An absolute file path: not a directory, bounded, without control characters.
-fn check_abs_path(errs: &mut Errors, field: &str, path: &str) {
+fn check_abs_path(errs: &mut Diagnostics, field: &str, path: &str) {
     let ok = (2..=PATH_MAX).contains(&path.len())
         && path.starts_with('/')
         && !path.ends_with('/')
@@ -305,7 +302,7 @@ fn check_abs_path(errs: &mut Errors, field: &str, path: &str) {
     }
 }
 
-fn discovery(errs: &mut Errors, at: &str, d: &RawDiscovery) -> Discovery {
+fn discovery(errs: &mut Diagnostics, at: &str, d: &RawDiscovery) -> Discovery {
     let field = format!("{at}.eds_path");
     if let Some(path) = &d.eds_path {
         check_abs_path(errs, &field, path);
@@ -327,7 +324,7 @@ fn discovery(errs: &mut Errors, at: &str, d: &RawDiscovery) -> Discovery {
 
 /// The etcd source of a discovered backend: client addresses normalised to `http://HOST:PORT`, and a prefix
 /// that makes `<prefix>/<IP:PORT>` keys.
-fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
+fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
     let list = e.endpoints.clone().unwrap_or_default();
     let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &list)
         .iter()
@@ -344,7 +341,7 @@ fn etcd(errs: &mut Errors, at: &str, e: &RawEtcd) -> EtcdSource {
 }
 
 /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, 1 to [`EtcdSource::MAX_ENDPOINTS`] of them.
-fn etcd_endpoints(errs: &mut Errors, field: &str, list: &[String]) -> Vec<Endpoint> {
+fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String]) -> Vec<Endpoint> {
     if list.is_empty() || list.len() > EtcdSource::MAX_ENDPOINTS {
         errs.push(
             field,
@@ -376,7 +373,7 @@ fn etcd_endpoints(errs: &mut Errors, field: &str, list: &[String]) -> Vec<Endpoi
 }
 
 /// An etcd key prefix: starts with `/`, no trailing `/`, bounded, no spaces or control characters.
-fn etcd_prefix(errs: &mut Errors, field: &str, prefix: &str, example: &str) {
+fn etcd_prefix(errs: &mut Diagnostics, field: &str, prefix: &str, example: &str) {
     let ok = (2..=EtcdSource::MAX_PREFIX).contains(&prefix.len())
         && prefix.starts_with('/')
         && !prefix.ends_with('/')
@@ -395,7 +392,7 @@ fn etcd_prefix(errs: &mut Errors, field: &str, prefix: &str, example: &str) {
 }
 
 /// `affinity.placement_store`: only with `bounded_keys`, whose table it shares.
-fn placement_store(errs: &mut Errors, raw: Option<&RawAffinity>, bounded: bool) -> Option<PlacementStore> {
+fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: bool) -> Option<PlacementStore> {
     let store = raw.and_then(|a| a.placement_store.as_ref())?;
     let at = "affinity.placement_store.etcd";
     if !bounded {
@@ -436,7 +433,7 @@ fn placement_store(errs: &mut Errors, raw: Option<&RawAffinity>, bounded: bool) 
     })
 }
 
-fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
+fn endpoints(errs: &mut Diagnostics, i: usize, list: &[String]) -> Vec<Endpoint> {
     if list.is_empty() {
         errs.push(
             format!("backends[{i}].endpoints"),
@@ -457,7 +454,7 @@ fn endpoints(errs: &mut Errors, i: usize, list: &[String]) -> Vec<Endpoint> {
 }
 
 fn model(
-    errs: &mut Errors,
+    errs: &mut Diagnostics,
     i: usize,
     m: &RawModel,
     backends: &HashMap<&str, usize>,
@@ -518,7 +515,7 @@ fn model(
 /// An alias' effective affinity: the top-level settings, with each field the alias sets checked like its
 /// top-level namesake and put in its place. `bounded_keys` takes the top-level parameters.
 fn alias_affinity(
-    errs: &mut Errors,
+    errs: &mut Diagnostics,
     i: usize,
     raw: Option<&RawAliasAffinity>,
     global: &AffinityConfig,
@@ -542,7 +539,7 @@ fn alias_affinity(
     a
 }
 
-fn auth(errs: &mut Errors, a: &RawAuth) -> Auth {
+fn auth(errs: &mut Diagnostics, a: &RawAuth) -> Auth {
     let name = &a.keys_env;
     let ok = !name.is_empty()
         && name.len() <= 128
@@ -563,7 +560,7 @@ fn auth(errs: &mut Errors, a: &RawAuth) -> Auth {
 }
 
 /// `global_limits`: the service's address, its domain, the timeout and what to do when it cannot answer.
-fn global_limits(errs: &mut Errors, g: &RawGlobalLimits) -> Option<GlobalLimits> {
+fn global_limits(errs: &mut Diagnostics, g: &RawGlobalLimits) -> Option<GlobalLimits> {
     let address = parse_endpoint(&g.address)
         .map_err(|reason| {
             errs.push(
@@ -621,7 +618,7 @@ fn global_limits(errs: &mut Errors, g: &RawGlobalLimits) -> Option<GlobalLimits>
 }
 
 /// A limits block: at least one of `requests` and `tokens`, each in the `AMOUNT-UNIT,...` syntax.
-fn rate_limits(errs: &mut Errors, field: &str, raw: Option<&RawRateLimits>) -> Option<RateLimits> {
+fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>) -> Option<RateLimits> {
     let raw = raw?;
     let mut parse = |f: &str, text: Option<&String>| match text {
         None => Vec::new(),
@@ -658,7 +655,7 @@ fn rate_limits(errs: &mut Errors, field: &str, raw: Option<&RawRateLimits>) -> O
     })
 }
 
-fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet {
+fn endpoint_set(errs: &mut Diagnostics, i: usize, names: Option<&[String]>) -> ApiSet {
     let Some(names) = names else { return ApiSet::DEFAULT };
     if names.is_empty() {
         errs.push(
@@ -682,7 +679,7 @@ fn endpoint_set(errs: &mut Errors, i: usize, names: Option<&[String]>) -> ApiSet
 }
 
 /// The top-level affinity, and the `bounded_keys` parameters every alias that places keys that way uses.
-fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) -> (AffinityConfig, BoundedKeys) {
+fn affinity(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: bool) -> (AffinityConfig, BoundedKeys) {
     let headers = raw
         .and_then(|a| a.session_headers.clone())
         .unwrap_or_else(|| DEFAULT_SESSION_HEADERS.iter().map(|h| h.to_string()).collect());
@@ -707,7 +704,7 @@ fn affinity(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) -
 }
 
 /// A session-header list at `field`: valid, non-credential, client-owned names, each once; lower-cased.
-fn session_headers(errs: &mut Errors, field: &str, headers: &[String]) -> Vec<String> {
+fn session_headers(errs: &mut Diagnostics, field: &str, headers: &[String]) -> Vec<String> {
     for (i, h) in headers.iter().enumerate() {
         let field = format!("{field}[{i}]");
         if h.is_empty() || h.len() > 128 || !h.bytes().all(is_token_byte) {
@@ -740,7 +737,7 @@ fn session_headers(errs: &mut Errors, field: &str, headers: &[String]) -> Vec<St
     headers.iter().map(|h| h.to_ascii_lowercase()).collect()
 }
 
-fn user_prefix_bytes(errs: &mut Errors, field: &str, n: usize) -> usize {
+fn user_prefix_bytes(errs: &mut Diagnostics, field: &str, n: usize) -> usize {
     if n > MAX_USER_PREFIX_BYTES {
         errs.push(field, n, format!("must be at most {MAX_USER_PREFIX_BYTES}"));
     }
@@ -748,7 +745,7 @@ fn user_prefix_bytes(errs: &mut Errors, field: &str, n: usize) -> usize {
 }
 
 /// True for `bounded_keys`, false for `hash`; anything else is an error at `field`.
-fn placement_name(errs: &mut Errors, field: &str, name: &str) -> bool {
+fn placement_name(errs: &mut Diagnostics, field: &str, name: &str) -> bool {
     let bounded = name == "bounded_keys";
     if !bounded && name != "hash" {
         errs.push(
@@ -764,7 +761,7 @@ fn placement_name(errs: &mut Errors, field: &str, name: &str) -> bool {
 /// placement on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
 /// addresses). A backend is placed on when the top-level placement is `bounded_keys`, or an alias whose own
 /// placement is routes to it.
-fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, models: &[ModelAlias], backends: &[Backend]) {
+fn placement_warnings(errs: &mut Diagnostics, affinity: &AffinityConfig, models: &[ModelAlias], backends: &[Backend]) {
     let global = affinity.placement.bounded().is_some();
     for (i, b) in backends.iter().enumerate() {
         let by_alias = models
@@ -798,7 +795,7 @@ fn placement_warnings(errs: &mut Errors, affinity: &AffinityConfig, models: &[Mo
 
 /// The top-level placement, and the `bounded_keys` parameters (checked when the top-level placement or any
 /// alias' own is `bounded_keys`, refused otherwise since they would do nothing).
-fn placement(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) -> (KeyPlacement, BoundedKeys) {
+fn placement(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: bool) -> (KeyPlacement, BoundedKeys) {
     let name = raw.and_then(|a| a.placement.as_deref()).unwrap_or("hash");
     let bounded = placement_name(errs, "affinity.placement", name);
     let d = BoundedKeys::default();
@@ -841,7 +838,7 @@ fn placement(errs: &mut Errors, raw: Option<&RawAffinity>, alias_bounded: bool) 
     (placement, params)
 }
 
-fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
+fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits {
     let max_body_bytes = raw.and_then(|l| l.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
     if !(1024..=MAX_MAX_BODY_BYTES).contains(&max_body_bytes) {
         errs.push(
@@ -868,7 +865,7 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
             "must be between 1 and 86400000 (one day); 0 would time every request out at once",
         );
     }
-    let ranged = |errs: &mut Errors, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)| {
+    let ranged = |errs: &mut Diagnostics, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)| {
         let v = value.unwrap_or(default);
         if !(lo..=hi).contains(&v) {
             errs.push(format!("limits.{field}"), v, format!("must be between {lo} and {hi}"));
@@ -931,7 +928,7 @@ fn limits(errs: &mut Errors, raw: Option<&RawLimits>) -> Limits {
 
 /// Any name Envoy accepts as a cluster name and the filter can carry in its `x-llmroute-cluster` header:
 /// printable ASCII without spaces (Istio's `outbound|8000||llama.ns.svc.cluster.local` included).
-fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
+fn check_cluster_name(errs: &mut Diagnostics, field: &str, name: &str) {
     let ok = (1..=NAME_MAX).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_graphic());
     if !ok {
         errs.push(
@@ -953,7 +950,7 @@ fn check_cluster_name(errs: &mut Errors, field: &str, name: &str) {
     }
 }
 
-fn check_model_name(errs: &mut Errors, field: &str, name: &str) {
+fn check_model_name(errs: &mut Diagnostics, field: &str, name: &str) {
     let ok = (1..=MODEL_NAME_MAX).contains(&name.len()) && !name.chars().any(|c| c.is_control() || c.is_whitespace());
     if !ok {
         errs.push(
@@ -964,7 +961,7 @@ fn check_model_name(errs: &mut Errors, field: &str, name: &str) {
     }
 }
 
-fn check_unique<'a>(errs: &mut Errors, list: &str, names: impl Iterator<Item = &'a str>) {
+fn check_unique<'a>(errs: &mut Diagnostics, list: &str, names: impl Iterator<Item = &'a str>) {
     let mut first: HashMap<String, usize> = HashMap::new();
     for (i, name) in names.enumerate() {
         let key = name.to_ascii_lowercase();
