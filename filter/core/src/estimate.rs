@@ -66,19 +66,24 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
         let is_key = next_non_ws(buf, end) == Some(b':');
         if is_key {
             last_key = LastKey::of(buf, span);
-            // The value starts after the colon (which `is_key` found past any whitespace).
+            let accept = match last_key {
+                LastKey::Images => Container::Array,
+                LastKey::Assets => Container::Any,
+                _ => {
+                    i = end;
+                    continue;
+                }
+            };
+            // Only `images` and `assets` look at their value whole: any other key's value is walked as it comes,
+            // so it is not skipped twice. The value starts after the colon (which `is_key` found past any
+            // whitespace).
             let value_start = skip_ws(buf, end).saturating_add(1);
             let value_end = nav::skip_value(buf, value_start);
             let value = Span {
                 start: skip_ws(buf, value_start),
                 end: value_end,
             };
-            let whole = match last_key {
-                LastKey::Images => container_items(buf, value, Container::Array),
-                LastKey::Assets => container_items(buf, value, Container::Any),
-                _ => None,
-            };
-            if let Some(n) = whole {
+            if let Some(n) = container_items(buf, value, accept) {
                 // Every element is one image, and nothing inside it counts as text.
                 images = images.saturating_add(n);
                 i = value_end;

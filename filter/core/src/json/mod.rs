@@ -3,6 +3,7 @@
 
 pub mod nav;
 mod scan;
+pub mod skip;
 
 pub use scan::{kind_of, scan_object, JsonError, Kind, Member, Span};
 

@@ -60,16 +60,18 @@ fn skip_ws(buf: &[u8], mut i: usize) -> usize {
 /// Returns the index just past the string that opens at `pos`.
 pub fn skip_string(buf: &[u8], pos: usize) -> usize {
     let mut i = pos.saturating_add(1);
-    // From quote or backslash to the next: the bytes between need no look.
+    // From quote or backslash to the next: the bytes between need no look. (A control byte, which validated
+    // input never holds inside a string, is stepped over.)
     while let Some(rest) = buf.get(i..) {
-        let Some(at) = rest.iter().position(|&c| c == b'"' || c == b'\\') else {
+        let Some(at) = super::skip::string_stop(rest) else {
             break;
         };
         let at = i.saturating_add(at);
-        if buf.get(at) == Some(&b'"') {
-            return at.saturating_add(1);
+        match buf.get(at) {
+            Some(b'"') => return at.saturating_add(1),
+            Some(b'\\') => i = at.saturating_add(2),
+            _ => i = at.saturating_add(1),
         }
-        i = at.saturating_add(2);
     }
     buf.len()
 }

@@ -321,7 +321,7 @@ impl Scanner<'_> {
         let mut escaped = false;
         loop {
             let rest = self.buf.get(self.pos..).unwrap_or_default();
-            let stop = rest.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+            let stop = super::skip::string_stop(rest);
             let Some(i) = stop else {
                 self.pos = self.buf.len();
                 return Err(self.syntax("a closing '\"'"));
