@@ -198,14 +198,18 @@ impl Http {
         if let Some(k) = &self.key {
             self.metrics.key_request(k);
         }
-        let new_body = match &decision.patch {
-            Some(patch) => Some(patch.apply(&body)),
-            None => edited.then(|| body.clone()),
+        // Envoy's buffer still holds the body as received. Unedited, the patch goes as a head edit: drain up to
+        // the end of the patched span and prepend the new head, not the whole body copied twice.
+        let replaced = match (&decision.patch, edited) {
+            (Some(patch), false) => patch
+                .head_edit(&body)
+                .is_some_and(|e| host::replace_request_body(e.drain, &e.head)),
+            (Some(patch), true) => host::replace_request_body(received_len, &patch.apply(&body)),
+            (None, true) => host::replace_request_body(received_len, &body),
+            (None, false) => true,
         };
-        if let Some(new_body) = new_body {
-            if !host::replace_request_body(received_len, &new_body) {
-                return self.unavailable();
-            }
+        if !replaced {
+            return self.unavailable();
         }
         let Some(len) = decision.body_len(body.len()) else {
             return self.unavailable();

@@ -25,6 +25,7 @@ pub mod json;
 pub mod key_placement;
 pub mod limits;
 pub mod models;
+pub mod patch;
 pub mod placement;
 pub mod request;
 pub mod route;

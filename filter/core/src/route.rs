@@ -17,41 +17,7 @@ use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
 use crate::placement;
 
-/// Replace the bytes in `span` with `replacement`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodyPatch {
-    pub span: Span,
-    pub replacement: String,
-}
-
-impl BodyPatch {
-    /// The new body. One allocation of the final size.
-    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
-        let head = body.get(..self.span.start).unwrap_or_default();
-        let tail = body.get(self.span.end..).unwrap_or_default();
-        let mut out = Vec::with_capacity(
-            head.len()
-                .saturating_add(self.replacement.len())
-                .saturating_add(tail.len()),
-        );
-        out.extend_from_slice(head);
-        out.extend_from_slice(self.replacement.as_bytes());
-        out.extend_from_slice(tail);
-        out
-    }
-
-    /// The body length after the patch, for `content-length`. `None` when `span` does not lie within a body of
-    /// `old_len` bytes (then [`BodyPatch::apply`] is no splice, and no length should be announced for it) or the
-    /// sum overflows.
-    pub fn new_len(&self, old_len: usize) -> Option<usize> {
-        if self.span.start > self.span.end || self.span.end > old_len {
-            return None;
-        }
-        old_len
-            .checked_sub(self.span.len())?
-            .checked_add(self.replacement.len())
-    }
-}
+pub use crate::patch::BodyPatch;
 
 /// An explicit session id read from a request header.
 #[derive(Debug, Clone, PartialEq, Eq)]
