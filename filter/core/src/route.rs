@@ -12,9 +12,9 @@ use crate::api::{self, string_value};
 use crate::config::{Config, ModelAlias};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
-use crate::estimate;
+use crate::estimate::Estimator;
 use crate::fields::{read_fields, Fields};
-use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
+use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
 use crate::placement;
 
 pub use crate::patch::BodyPatch;
@@ -101,7 +101,9 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
     if api.is_decision() {
         return crate::decisions::route(cfg, api, body, session);
     }
-    let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
+    // One pass validates, indexes the top-level members and counts the tokens.
+    let mut tokens = Estimator::new(body);
+    let members = scan_object_with(body, MAX_DEPTH, &mut tokens).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
     let model_member = fields
@@ -127,7 +129,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: Option<&SessionKey>) 
         (true, Some((value, a))) => (Some(value), Some(a)),
         (true, None) => (None, inspection.content),
     };
-    let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
+    let input_tokens = tokens.finish(cfg.image_tokens);
     let max_output_tokens = requested_output(body, &fields)?;
     let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
     let placement = placement::place(cfg, alias, needed)?;
