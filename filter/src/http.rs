@@ -198,12 +198,15 @@ impl Http {
         if let Some(k) = &self.key {
             self.metrics.key_request(k);
         }
-        // Envoy's buffer still holds the body as received. Unedited, the patch goes as a head edit: drain up to
-        // the end of the patched span and prepend the new head, not the whole body copied twice.
+        // Envoy's buffer still holds the body as received. Unedited, the patch goes as a head edit (see
+        // `llmroute_core::patch`): no new body is built in the VM, and Envoy copies only the bytes up to the span.
         let replaced = match (&decision.patch, edited) {
-            (Some(patch), false) => patch
-                .head_edit(&body)
-                .is_some_and(|e| host::replace_request_body(e.drain, &e.head)),
+            (Some(patch), false) => patch.head_edit(&body).is_some_and(|calls| {
+                calls
+                    .iter()
+                    .filter(|c| !c.is_noop())
+                    .all(|c| host::replace_request_body(c.drain, c.bytes))
+            }),
             (Some(patch), true) => host::replace_request_body(received_len, &patch.apply(&body)),
             (None, true) => host::replace_request_body(received_len, &body),
             (None, false) => true,

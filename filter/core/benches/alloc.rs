@@ -1,9 +1,11 @@
 //! Heap allocations per request in the core, counted by a counting global allocator, for chat bodies from 1 KiB
 //! to 1 MiB. For each size it prints (and, with `LLMROUTE_BENCH_OUT=DIR`, writes to `DIR/alloc.md`) a table of:
 //! - allocations and bytes allocated by `route` (the whole chat decision);
-//! - allocations and bytes allocated by `BodyPatch::apply` (the `model` rewrite);
+//! - allocations and bytes allocated by `BodyPatch::head_edit` (the `model` rewrite as the filter sends it);
 //! - body bytes copied per request by the filter around the core: the host copies the body into the VM
-//!   (`get_buffer`), `apply` copies it once, and the host copies the new body back (`set_buffer`).
+//!   (`get_buffer`), and Envoy copies in what the head edit prepends (the replacement and the bytes before it).
+//!
+//! The exact counts are also a test that fails when they grow: `filter/core/tests/alloc_budget.rs`.
 //!
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench alloc`.
 
@@ -72,7 +74,7 @@ fn main() {
         Err(e) => return eprintln!("alloc bench: the bench config is invalid: {e}"),
     };
     let mut table = String::from(
-        "| body | `route` allocations | `route` bytes allocated | `apply` allocations | `apply` bytes allocated | \
+        "| body | `route` allocations | `route` bytes allocated | head edit allocations | head edit bytes allocated | \
          body bytes copied per request in the filter |\n|---|---:|---:|---:|---:|---:|\n",
     );
     for size in body::SIZES {
@@ -82,12 +84,12 @@ fn main() {
             return eprintln!("alloc bench: the {} body was refused", body::size_label(size));
         };
         let (p_allocs, p_bytes) = patch_cost(&decision, &body);
-        let copied = body.len()
-            + if decision.patch.is_some() {
-                2 * decision.body_len(body.len()).unwrap_or(0)
-            } else {
-                0
-            };
+        let prepended: usize = decision
+            .patch
+            .as_ref()
+            .and_then(|p| p.head_edit(&body))
+            .map_or(0, |calls| calls.iter().map(|c| c.bytes.len()).sum());
+        let copied = body.len() + prepended;
         let _ = writeln!(
             table,
             "| {} | {allocs} | {bytes} | {p_allocs} | {p_bytes} | {copied} ({:.1}× the body) |",
@@ -108,7 +110,7 @@ fn main() {
 fn patch_cost(decision: &RouteDecision, body: &[u8]) -> (u64, u64) {
     match &decision.patch {
         Some(patch) => {
-            let (allocs, bytes, _) = counted(|| patch.apply(body));
+            let (allocs, bytes, _) = counted(|| patch.head_edit(body).map(|c| c.len()));
             (allocs, bytes)
         }
         None => (0, 0),

@@ -4,9 +4,10 @@
 //! a stream for its usage). [`BodyPatch::apply`] builds the whole new body; the filter does not need it. Envoy's
 //! `set_buffer` on a request body, called at offset 0 with a length, drains that many bytes from the front and
 //! prepends the new ones (at any other offset below the end it refuses; see docs/overhead.md). So the smallest
-//! edit it allows is [`HeadEdit`]: drain up to the end of the span and prepend what now goes before it. With
-//! `model` first, as clients send it, that is a few dozen bytes instead of a copy of the body into a new buffer and
-//! another back into Envoy.
+//! edit it allows is [`BodyPatch::head_edit`]: drain up to the end of the span, prepend the replacement, prepend
+//! what stood before the span. Nothing is copied inside the VM, and Envoy copies only the bytes up to the span:
+//! a few dozen when `model` comes first, most of the body when it comes last (as the OpenAI SDKs send it, after
+//! `messages`), which Envoy's API cannot avoid: it has no call that cuts a buffer's tail.
 
 use crate::json::Span;
 
@@ -45,28 +46,38 @@ impl BodyPatch {
             .checked_add(self.replacement.len())
     }
 
-    /// The patch as a head edit of `body`. `None` when the span does not lie within the body (as for
-    /// [`BodyPatch::new_len`]): then there is nothing sound to send.
-    pub fn head_edit(&self, body: &[u8]) -> Option<HeadEdit> {
-        if self.span.start > self.span.end {
+    /// The patch as Envoy's buffer API can take it with the fewest bytes copied: two `set_buffer` calls at offset
+    /// 0, in order. The first drains the body up to the end of the span and prepends the replacement; the second
+    /// prepends the bytes before the span, borrowed from `body` (nothing is copied inside the VM). `None` when the
+    /// span does not lie within `body` (as for [`BodyPatch::new_len`]): then there is nothing sound to send.
+    pub fn head_edit<'a>(&'a self, body: &'a [u8]) -> Option<[Prepend<'a>; 2]> {
+        if self.span.start > self.span.end || self.span.end > body.len() {
             return None;
         }
-        let before = body.get(..self.span.start)?;
-        body.get(..self.span.end)?;
-        let mut head = Vec::with_capacity(before.len().saturating_add(self.replacement.len()));
-        head.extend_from_slice(before);
-        head.extend_from_slice(self.replacement.as_bytes());
-        Some(HeadEdit {
-            drain: self.span.end,
-            head,
-        })
+        Some([
+            Prepend {
+                drain: self.span.end,
+                bytes: self.replacement.as_bytes(),
+            },
+            Prepend {
+                drain: 0,
+                bytes: body.get(..self.span.start)?,
+            },
+        ])
     }
 }
 
-/// The smallest edit Envoy's buffer API allows for a patch: drain the first `drain` bytes of the buffered body and
-/// prepend `head` (what comes before the span, then the replacement).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeadEdit {
+/// One `set_buffer` call on the request body at offset 0: Envoy drains the first `drain` bytes, then prepends
+/// `bytes`. A call with nothing to drain and nothing to prepend changes nothing and need not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepend<'a> {
     pub drain: usize,
-    pub head: Vec<u8>,
+    pub bytes: &'a [u8],
+}
+
+impl Prepend<'_> {
+    /// True when the call would change nothing.
+    pub fn is_noop(&self) -> bool {
+        self.drain == 0 && self.bytes.is_empty()
+    }
 }

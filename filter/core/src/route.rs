@@ -213,8 +213,12 @@ fn stream_usage_insert(cfg: &Config, api: Api, body: &[u8], fields: &Fields, mem
 /// The one edit to the body: `model` set to `upstream` (when the bytes differ) and, at `insert_at`, the
 /// include-usage option. Both fall in one span, so the body is copied once.
 pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: Option<usize>) -> Option<BodyPatch> {
-    let new_model = serde_json::Value::from(upstream).to_string();
-    let model_changes = model.value.of(body) != new_model.as_bytes();
+    let model_changes = !is_json_string_of(model.value.of(body), upstream);
+    if !model_changes && insert_at.is_none() {
+        // The common case of an alias named after its model: nothing to build, nothing to send.
+        return None;
+    }
+    let new_model = json_string(upstream);
     match (model_changes, insert_at) {
         (false, None) => None,
         (true, None) => Some(BodyPatch {
@@ -236,6 +240,29 @@ pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, insert_at: 
             })
         }
     }
+}
+
+/// `s` as a JSON string, the way serde_json writes it (only `"`, `\\` and control characters are escaped).
+fn json_string(s: &str) -> String {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return serde_json::Value::from(s).to_string();
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(2));
+    out.push('"');
+    out.push_str(s);
+    out.push('"');
+    out
+}
+
+/// True when `raw` is exactly the bytes [`json_string`] writes for `s`, without building them when `s` needs no
+/// escape.
+fn is_json_string_of(raw: &[u8], s: &str) -> bool {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return raw == json_string(s).as_bytes();
+    }
+    raw.strip_prefix(b"\"")
+        .and_then(|r| r.strip_suffix(b"\""))
+        .is_some_and(|inner| inner == s.as_bytes())
 }
 
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, if any.
@@ -325,6 +352,27 @@ mod tests {
         let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
         assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::SystemPrompt));
         assert_eq!(d.cache_affinity_key(), None);
+    }
+
+    #[test]
+    fn model_strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "qwen3",
+            "",
+            "é/ü<>",
+            "a\u{7f}b",
+            "we\"ird",
+            "back\\slash",
+            "tab\there",
+            "nul\u{0}",
+        ] {
+            let serde = serde_json::Value::from(s).to_string();
+            assert_eq!(json_string(s), serde, "{s:?}");
+            assert!(is_json_string_of(serde.as_bytes(), s), "{s:?}");
+            assert!(!is_json_string_of(format!("{serde} ").as_bytes(), s), "{s:?}");
+        }
+        assert!(!is_json_string_of(br#""qwen\u0033""#, "qwen3"));
+        assert!(!is_json_string_of(b"\"", ""));
     }
 
     #[test]
