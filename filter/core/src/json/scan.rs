@@ -125,10 +125,13 @@ pub fn scan_object(body: &[u8], max_depth: usize) -> Result<Vec<Member>, JsonErr
 
 /// [`scan_object`], telling `visit` the structure as it goes. On an error, what `visit` heard is meaningless.
 pub fn scan_object_with<V: Visit>(body: &[u8], max_depth: usize, visit: &mut V) -> Result<Vec<Member>, JsonError> {
-    if let Err(e) = std::str::from_utf8(body) {
-        return Err(JsonError::InvalidUtf8 {
-            offset: e.valid_up_to(),
-        });
+    // All ASCII is UTF-8: only a body with other bytes gets the closer look.
+    if !super::skip::is_ascii(body) {
+        if let Err(e) = std::str::from_utf8(body) {
+            return Err(JsonError::InvalidUtf8 {
+                offset: e.valid_up_to(),
+            });
+        }
     }
     let mut s = Scanner {
         buf: body,
