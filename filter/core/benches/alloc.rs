@@ -13,55 +13,17 @@
 
 use llmroute_synth::body;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use llmroute_core::{route, Api, RouteDecision};
 
-/// The system allocator, counting every allocation and its bytes (a `realloc` counts as one of its new size).
-struct Counting;
+#[path = "../tests/alloc_counter/mod.rs"]
+mod alloc_counter;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counters have no effect on memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
+use alloc_counter::{counted, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn count(bytes: usize) {
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-}
-
-/// (allocations, bytes) made by one call of `f`, and its result.
-fn counted<T>(f: impl FnOnce() -> T) -> (u64, u64, T) {
-    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    let out = std::hint::black_box(f());
-    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    (a1 - a0, b1 - b0, out)
-}
 
 fn main() {
     let doc = serde_json::json!({

@@ -141,7 +141,10 @@ impl<'b> Estimator<'b> {
         self.last_key = LastKey::Other;
         self.pending = None;
     }
+}
 
+/// The structure's events, in document order: from the scanner, or from the walk in [`input_tokens`].
+impl Visit for Estimator<'_> {
     fn open(&mut self, at: usize, object: bool) {
         if let Some(m) = &mut self.muted {
             m.levels = m.levels.saturating_add(1);
@@ -233,34 +236,6 @@ impl<'b> Estimator<'b> {
             self.text_bytes = self.text_bytes.saturating_add(inner.len());
         }
         self.last_key = LastKey::Other;
-    }
-}
-
-/// The scanner's events, as the walk above makes them.
-impl Visit for Estimator<'_> {
-    #[inline]
-    fn open(&mut self, at: usize, object: bool) {
-        Estimator::open(self, at, object);
-    }
-
-    #[inline]
-    fn close(&mut self) {
-        Estimator::close(self);
-    }
-
-    #[inline]
-    fn key(&mut self, key: Span) {
-        Estimator::key(self, key);
-    }
-
-    #[inline]
-    fn value_start(&mut self) {
-        Estimator::value_start(self);
-    }
-
-    #[inline]
-    fn string_value(&mut self, value: Span) {
-        Estimator::string_value(self, value);
     }
 }
 
