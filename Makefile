@@ -12,7 +12,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap cli envoy etcd demo test unit e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap cli envoy etcd demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -66,7 +66,11 @@ DEMO_ETCD := $(if $(filter etcd,$(DEMO_DISCOVERY)),etcd,)
 demo: build cli envoy $(DEMO_ENGINES) $(DEMO_ETCD) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; DEMO_DISCOVERY=etcd: found through a local etcd; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy etcd sdk-clients engines prometheus lint docs-check unit validate-configs istio-check oci-check rules-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy etcd sdk-clients engines prometheus lint docs-check unit simd-check validate-configs istio-check oci-check rules-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+
+simd-check: toolchain ## The wasm SIMD128 string skip against its byte-at-a-time definition, in node's V8 (filter/core/simd-check)
+	cd filter/core/simd-check && $(CARGO) build --release --target wasm32-wasip1 --target-dir $(CURDIR)/target/simd-check
+	node --no-warnings filter/core/simd-check/run.mjs target/simd-check/wasm32-wasip1/release/llmroute-core-simd-check.wasm
 
 unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the CLI
 	$(CARGO) test --workspace --exclude llmroute-harness

@@ -180,7 +180,8 @@ pub fn request_body(size: usize) -> Option<Vec<u8>> {
     logged(body, "reading the request body").map(Option::unwrap_or_default)
 }
 
-/// Replaces the whole buffered request body (`size` is its current length).
+/// Replaces the first `size` bytes of the buffered request body with `body` (Envoy drains them and prepends
+/// `body`): the whole body when `size` is its current length.
 pub fn replace_request_body(size: usize, body: &[u8]) -> bool {
     let r = host().set_buffer(BufferType::HttpRequestBody, 0, size, body);
     logged(r, "replacing the request body").is_some()

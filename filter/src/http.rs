@@ -15,7 +15,8 @@ use llmroute_core::limits::{self, Charge};
 use llmroute_core::request::{self, Refusal, RequestStart};
 use llmroute_core::response_plan::{self, BodyPlan};
 use llmroute_core::{
-    anthropic, headers, models, route, Api, Config, Endpoint, Envelope, GatewayError, RouteDecision, SessionHeaders,
+    anthropic, headers, models, route, Api, BodyPatch, Config, Endpoint, Envelope, GatewayError, RouteDecision,
+    SessionHeaders,
 };
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -211,14 +212,16 @@ impl Http {
         if let Some(k) = &self.key {
             self.metrics.key_request(k);
         }
-        let new_body = match &decision.patch {
-            Some(patch) => Some(patch.apply(&body)),
-            None => edited.then(|| body.clone()),
+        // Envoy's buffer still holds the body as received. Unedited, the patch goes as a head edit (see
+        // `llmroute_core::patch`): no new body is built in the VM, and Envoy copies only the bytes up to the span.
+        let replaced = match (&decision.patch, edited) {
+            (Some(patch), false) => send_head_edit(patch, &body),
+            (Some(patch), true) => host::replace_request_body(received_len, &patch.apply(&body)),
+            (None, true) => host::replace_request_body(received_len, &body),
+            (None, false) => true,
         };
-        if let Some(new_body) = new_body {
-            if !host::replace_request_body(received_len, &new_body) {
-                return self.unavailable();
-            }
+        if !replaced {
+            return self.unavailable();
         }
         let Some(len) = decision.body_len(body.len()) else {
             return self.unavailable();
@@ -309,6 +312,17 @@ impl Http {
         host::send_reply(503, &hdrs, &body);
         Action::Pause
     }
+}
+
+/// Sends `patch` of the buffered request `body` to Envoy as a head edit (see `llmroute_core::patch`): no new body
+/// is built in the VM. False when the patch does not fit the body or Envoy refused a call.
+pub(crate) fn send_head_edit(patch: &BodyPatch, body: &[u8]) -> bool {
+    patch.head_edit(body).is_some_and(|calls| {
+        calls
+            .iter()
+            .filter(|c| !c.is_noop())
+            .all(|c| host::replace_request_body(c.drain, c.bytes))
+    })
 }
 
 impl Context for Http {

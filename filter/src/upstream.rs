@@ -44,7 +44,7 @@ impl Upstream {
                 let Some(len) = patch.new_len(body.len()) else {
                     return unavailable();
                 };
-                if !host::replace_request_body(body.len(), &patch.apply(&body)) {
+                if !crate::http::send_head_edit(&patch, &body) {
                     return unavailable();
                 }
                 host::set_request_header("content-length", Some(&len.to_string()));

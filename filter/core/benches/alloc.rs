@@ -1,9 +1,11 @@
 //! Heap allocations per request in the core, counted by a counting global allocator, for chat bodies from 1 KiB
 //! to 1 MiB. For each size it prints (and, with `LLMROUTE_BENCH_OUT=DIR`, writes to `DIR/alloc.md`) a table of:
 //! - allocations and bytes allocated by `route` (the whole chat decision);
-//! - allocations and bytes allocated by `BodyPatch::apply` (the `model` rewrite);
+//! - allocations and bytes allocated by `BodyPatch::head_edit` (the `model` rewrite as the filter sends it);
 //! - body bytes copied per request by the filter around the core: the host copies the body into the VM
-//!   (`get_buffer`), `apply` copies it once, and the host copies the new body back (`set_buffer`).
+//!   (`get_buffer`), and Envoy copies in what the head edit prepends (the replacement and the bytes before it).
+//!
+//! The exact counts are also a test that fails when they grow: `filter/core/tests/alloc_budget.rs`.
 //!
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench alloc`.
 
@@ -11,55 +13,17 @@
 
 use llmroute_synth::body;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use llmroute_core::{route, Api, RouteDecision};
 
-/// The system allocator, counting every allocation and its bytes (a `realloc` counts as one of its new size).
-struct Counting;
+#[path = "../tests/alloc_counter/mod.rs"]
+mod alloc_counter;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counters have no effect on memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
+use alloc_counter::{counted, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn count(bytes: usize) {
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-}
-
-/// (allocations, bytes) made by one call of `f`, and its result.
-fn counted<T>(f: impl FnOnce() -> T) -> (u64, u64, T) {
-    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    let out = std::hint::black_box(f());
-    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    (a1 - a0, b1 - b0, out)
-}
 
 fn main() {
     let doc = serde_json::json!({
@@ -72,7 +36,7 @@ fn main() {
         Err(e) => return eprintln!("alloc bench: the bench config is invalid: {e}"),
     };
     let mut table = String::from(
-        "| body | `route` allocations | `route` bytes allocated | `apply` allocations | `apply` bytes allocated | \
+        "| body | `route` allocations | `route` bytes allocated | head edit allocations | head edit bytes allocated | \
          body bytes copied per request in the filter |\n|---|---:|---:|---:|---:|---:|\n",
     );
     for size in body::SIZES {
@@ -82,12 +46,12 @@ fn main() {
             return eprintln!("alloc bench: the {} body was refused", body::size_label(size));
         };
         let (p_allocs, p_bytes) = patch_cost(&decision, &body);
-        let copied = body.len()
-            + if decision.patch.is_some() {
-                2 * decision.body_len(body.len()).unwrap_or(0)
-            } else {
-                0
-            };
+        let prepended: usize = decision
+            .patch
+            .as_ref()
+            .and_then(|p| p.head_edit(&body))
+            .map_or(0, |calls| calls.iter().map(|c| c.bytes.len()).sum());
+        let copied = body.len() + prepended;
         let _ = writeln!(
             table,
             "| {} | {allocs} | {bytes} | {p_allocs} | {p_bytes} | {copied} ({:.1}× the body) |",
@@ -108,7 +72,7 @@ fn main() {
 fn patch_cost(decision: &RouteDecision, body: &[u8]) -> (u64, u64) {
     match &decision.patch {
         Some(patch) => {
-            let (allocs, bytes, _) = counted(|| patch.apply(body));
+            let (allocs, bytes, _) = counted(|| patch.head_edit(body).map(|c| c.len()));
             (allocs, bytes)
         }
         None => (0, 0),

@@ -158,6 +158,12 @@ impl ContentKey {
         piece.len() == text.len() && self.room > 0
     }
 
+    /// How many more bytes of text the key takes: `usize::MAX` for a system key, what is left of the prefix for a
+    /// prefix key.
+    pub fn room(&self) -> usize {
+        self.room
+    }
+
     /// Marks a boundary between two messages.
     pub fn separate(&mut self) {
         if self.text_bytes > 0 {

@@ -18,30 +18,8 @@ pub fn role(buf: &[u8], msg: Span) -> Option<Cow<'_, str>> {
     nav::str_value(buf, nav::get(buf, msg, "role")?)
 }
 
-/// Calls `f` with each piece of text in `content`: the string itself, or each text part of an array.
-/// Stops when `f` returns false.
-pub fn for_each_text(buf: &[u8], content: Span, mut f: impl FnMut(&str) -> bool) {
-    match nav::kind(buf, content) {
-        Some(Kind::String) => {
-            if let Some(t) = nav::str_value(buf, content) {
-                f(&t);
-            }
-        }
-        Some(Kind::Array) => {
-            for part in nav::array_items(buf, content) {
-                if let Some(t) = part_text(buf, part) {
-                    if !f(&t) {
-                        return;
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The text of a content part, when it is a text part.
-fn part_text(buf: &[u8], part: Span) -> Option<Cow<'_, str>> {
+/// The text of a content part, when it is a text part (at least its first `want` bytes, see [`nav::str_prefix`]).
+fn part_text(buf: &[u8], part: Span, want: usize) -> Option<Cow<'_, str>> {
     if nav::kind(buf, part) != Some(Kind::Object) {
         return None;
     }
@@ -51,12 +29,29 @@ fn part_text(buf: &[u8], part: Span) -> Option<Cow<'_, str>> {
             return None;
         }
     }
-    nav::str_value(buf, nav::get(buf, part, "text")?)
+    nav::str_prefix(buf, nav::get(buf, part, "text")?, want)
 }
 
-/// Feeds the text of `content` (a string or text parts) into `key`.
+/// Feeds the text of `content` (a string or text parts) into `key`, reading of each string only what the key can
+/// still take (see [`nav::str_prefix`]).
 pub fn feed_content(buf: &[u8], content: Span, key: &mut ContentKey) {
-    for_each_text(buf, content, |t| key.feed(t));
+    match nav::kind(buf, content) {
+        Some(Kind::String) => {
+            if let Some(t) = nav::str_prefix(buf, content, key.room()) {
+                key.feed(&t);
+            }
+        }
+        Some(Kind::Array) => {
+            for part in nav::array_items(buf, content) {
+                if let Some(t) = part_text(buf, part, key.room()) {
+                    if !key.feed(&t) {
+                        return;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Feeds the text of a message object's `content`.

@@ -10,21 +10,23 @@
 //!   serves these routes by default).
 //!
 //! Affinity comes only from an explicit session header; the token estimate is the shared one
-//! ([`crate::estimate`]), images included. Cost: one scan of the top-level members, one estimate pass.
+//! ([`crate::estimate`]), images included. Cost: one pass, which validates, indexes the top-level members and counts the tokens.
 
 use crate::api::string_value;
 use crate::config::Config;
 use crate::endpoint::Api;
 use crate::error::GatewayError;
-use crate::estimate;
+use crate::estimate::Estimator;
 use crate::fields::folds_to;
-use crate::json::{nav, scan_object, MAX_DEPTH};
+use crate::json::{nav, scan_object_with, MAX_DEPTH};
 use crate::route::{body_patch, resolve_alias, RouteDecision, SessionSource};
 use crate::route_choice;
 
 /// Decides a decision-route request.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -> Result<RouteDecision, GatewayError> {
-    let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
+    // One pass validates, indexes the top-level members and counts the tokens.
+    let mut tokens = Estimator::new(body);
+    let members = scan_object_with(body, MAX_DEPTH, &mut tokens).map_err(GatewayError::InvalidJson)?;
     let mut models = members
         .iter()
         .filter(|m| nav::str_value(body, m.key).is_some_and(|k| folds_to(&k, "model")));
@@ -35,7 +37,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     let model = string_value(body, model_member, "model")?;
     let (alias, prefix_rest) = resolve_alias(cfg, api, &model)?;
     let session = session.key_for(&alias.affinity)?;
-    let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
+    let input_tokens = tokens.finish(cfg.image_tokens);
     let choice = route_choice::choose(cfg, alias, input_tokens)?;
     let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
     Ok(RouteDecision {

@@ -14,13 +14,21 @@
 //!   only, so no prefix can hide a prompt from the context-length check;
 //! - the result is at least 1.
 //!
-//! It is one pass over the validated body, with no allocation: strings are stepped over whole, so the brackets it
-//! meets are structure, and a depth count tells when a counted image object closes. An image payload met before
-//! its object's `type` looks up to three enclosing objects up, each object at most once, so the cost stays linear
-//! in the body (at most three extra skims). It over-counts
+//! The count is an [`Estimator`] fed the body's structure as events (a container opens or closes, a key, a string
+//! value, a value starts). Two drivers feed it, one behaviour:
+//! - the validating scanner, while it validates ([`crate::json::scan_object_with`]): the routes take the estimate
+//!   from the one pass that also checks the JSON and indexes the top-level members, with no second walk;
+//! - [`input_tokens`], a walk over an already validated body, for callers that hold no scan. It is the
+//!   definition the property test (`filter/core/tests/estimate_one_pass.rs`) holds the scanner's count to.
+//!
+//! No allocation: strings are stepped over whole, so the brackets met are structure, and a depth count tells
+//! when a counted image object closes. An `images` or `assets` value counts its elements and nothing inside
+//! them: the walk looks the container over and skips it, the scanner counts the elements as they come and mutes
+//! the rest. An image payload met before its object's `type` looks up to three enclosing objects up, each object
+//! at most once, so the cost stays linear in the body (at most three extra skims). It over-counts
 //! JSON scaffolding such as role names and tool schemas slightly, which errs on the safe side for limits.
 
-use crate::json::{nav, Span, MAX_DEPTH};
+use crate::json::{nav, Span, Visit, MAX_DEPTH};
 
 /// Bytes per token assumed for text.
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -30,28 +38,19 @@ const LOOKUP_LEVELS: usize = 3;
 /// Levels tracked; a validated body nests at most [`MAX_DEPTH`].
 const LEVELS: usize = MAX_DEPTH + 2;
 
-/// Estimates the input tokens of a validated JSON body.
+/// Estimates the input tokens of a validated JSON body, walking it.
 pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
-    let mut walk = Walk {
-        buf,
-        depth: 0,
-        in_image: None,
-        opened: [None; LEVELS],
-        checked: [false; LEVELS],
-    };
-    let mut text_bytes = 0usize;
-    let mut images = 0u64;
-    let mut last_key = LastKey::Other;
+    let mut est = Estimator::new(buf);
     let mut i = 0;
     while let Some(&b) = buf.get(i) {
         match b {
             b'{' | b'[' => {
-                walk.open(i, b == b'{');
+                est.open(i, b == b'{');
                 i = i.saturating_add(1);
                 continue;
             }
             b'}' | b']' => {
-                walk.close();
+                est.close();
                 i = i.saturating_add(1);
                 continue;
             }
@@ -63,35 +62,158 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
         }
         let end = nav::skip_string(buf, i);
         let span = Span { start: i, end };
-        let is_key = next_non_ws(buf, end) == Some(b':');
-        if is_key {
-            last_key = LastKey::of(buf, span);
-            // The value starts after the colon (which `is_key` found past any whitespace).
+        // A key is a string followed by a colon.
+        if next_non_ws(buf, end) != Some(b':') {
+            est.string_value(span);
+            i = end;
+            continue;
+        }
+        est.key(span);
+        if let Some(accept) = est.pending {
+            // `images` or `assets`: look the value over whole. The value starts after the colon (which the key
+            // check found past any whitespace).
             let value_start = skip_ws(buf, end).saturating_add(1);
             let value_end = nav::skip_value(buf, value_start);
             let value = Span {
                 start: skip_ws(buf, value_start),
                 end: value_end,
             };
-            let whole = match last_key {
-                LastKey::Images => container_items(buf, value, Container::Array),
-                LastKey::Assets => container_items(buf, value, Container::Any),
-                _ => None,
-            };
-            if let Some(n) = whole {
-                // Every element is one image, and nothing inside it counts as text.
-                images = images.saturating_add(n);
+            if let Some(n) = container_items(buf, value, accept) {
+                est.whole(n);
                 i = value_end;
-                last_key = LastKey::Other;
                 continue;
             }
-            i = end;
-            continue;
         }
-        let inner = buf.get(i.saturating_add(1)..end.saturating_sub(1)).unwrap_or_default();
-        if last_key == LastKey::Type && is_image_type(inner) {
+        i = end;
+    }
+    est.finish(image_tokens)
+}
+
+/// The estimate's state, fed the body's structure in document order (see the module doc).
+pub struct Estimator<'b> {
+    walk: Walk<'b>,
+    text_bytes: usize,
+    images: u64,
+    last_key: LastKey,
+    /// After an `images` or `assets` key: the containers its value may be to count whole.
+    pending: Option<Container>,
+    /// Inside such a container: its element count is running, nothing in it counts as text.
+    muted: Option<Muted>,
+}
+
+/// A container counted whole while the scanner walks through it.
+#[derive(Clone, Copy)]
+struct Muted {
+    /// Levels open inside it, itself included: its elements are at level 1.
+    levels: usize,
+    array: bool,
+}
+
+impl<'b> Estimator<'b> {
+    pub fn new(buf: &'b [u8]) -> Self {
+        Estimator {
+            walk: Walk {
+                buf,
+                depth: 0,
+                in_image: None,
+                opened: [None; LEVELS],
+                checked: [false; LEVELS],
+            },
+            text_bytes: 0,
+            images: 0,
+            last_key: LastKey::Other,
+            pending: None,
+            muted: None,
+        }
+    }
+
+    /// The estimate: ceil(text bytes / 4) plus `image_tokens` per image, at least 1.
+    pub fn finish(&self, image_tokens: u32) -> u64 {
+        let text = self.text_bytes.div_ceil(BYTES_PER_TOKEN) as u64;
+        // An estimate: past `u64::MAX` it stays at the maximum rather than wrap to a small count.
+        text.saturating_add(self.images.saturating_mul(u64::from(image_tokens)))
+            .max(1)
+    }
+
+    /// An `images` or `assets` value of `n` elements, looked over whole and skipped.
+    fn whole(&mut self, n: u64) {
+        self.images = self.images.saturating_add(n);
+        self.last_key = LastKey::Other;
+        self.pending = None;
+    }
+}
+
+/// The structure's events, in document order: from the scanner, or from the walk in [`input_tokens`].
+impl Visit for Estimator<'_> {
+    fn open(&mut self, at: usize, object: bool) {
+        if let Some(m) = &mut self.muted {
+            m.levels = m.levels.saturating_add(1);
+            return;
+        }
+        let accepted = match self.pending.take() {
+            Some(Container::Array) => !object,
+            Some(Container::Any) => true,
+            None => false,
+        };
+        if accepted {
+            self.muted = Some(Muted {
+                levels: 1,
+                array: !object,
+            });
+            return;
+        }
+        self.walk.open(at, object);
+    }
+
+    fn close(&mut self) {
+        if let Some(m) = &mut self.muted {
+            m.levels = m.levels.saturating_sub(1);
+            if m.levels == 0 {
+                self.muted = None;
+                self.last_key = LastKey::Other;
+            }
+            return;
+        }
+        self.pending = None;
+        self.walk.close();
+    }
+
+    fn key(&mut self, span: Span) {
+        if let Some(m) = self.muted {
+            if m.levels == 1 && !m.array {
+                self.images = self.images.saturating_add(1);
+            }
+            return;
+        }
+        self.last_key = LastKey::of(self.walk.buf, span);
+        self.pending = match self.last_key {
+            LastKey::Images => Some(Container::Array),
+            LastKey::Assets => Some(Container::Any),
+            _ => None,
+        };
+    }
+
+    fn value_start(&mut self) {
+        if let Some(m) = self.muted {
+            if m.levels == 1 && m.array {
+                self.images = self.images.saturating_add(1);
+            }
+        }
+    }
+
+    fn string_value(&mut self, span: Span) {
+        if self.muted.is_some() {
+            return;
+        }
+        self.pending = None;
+        let buf = self.walk.buf;
+        let inner = buf
+            .get(span.start.saturating_add(1)..span.end.saturating_sub(1))
+            .unwrap_or_default();
+        let walk = &mut self.walk;
+        if self.last_key == LastKey::Type && is_image_type(inner) {
             if walk.in_image.is_none() {
-                images = images.saturating_add(1);
+                self.images = self.images.saturating_add(1);
                 walk.in_image = Some(walk.depth);
             }
         } else if image_data_url(inner) {
@@ -99,27 +221,22 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
             // way, and the object's `type` will not count it again.
             if walk.in_image.is_none() {
                 walk.find_image_object();
-                images = images.saturating_add(1);
+                self.images = self.images.saturating_add(1);
             }
-        } else if last_key == LastKey::Data && inner.len() >= 16 && base64(inner) {
+        } else if self.last_key == LastKey::Data && inner.len() >= 16 && base64(inner) {
             // Base64 under `data` is an image's own only inside an image object (an Anthropic image source).
             if walk.in_image.is_none() {
                 if walk.find_image_object() {
-                    images = images.saturating_add(1);
+                    self.images = self.images.saturating_add(1);
                 } else {
-                    text_bytes = text_bytes.saturating_add(inner.len());
+                    self.text_bytes = self.text_bytes.saturating_add(inner.len());
                 }
             }
         } else {
-            text_bytes = text_bytes.saturating_add(inner.len());
+            self.text_bytes = self.text_bytes.saturating_add(inner.len());
         }
-        last_key = LastKey::Other;
-        i = end;
+        self.last_key = LastKey::Other;
     }
-    let text = text_bytes.div_ceil(BYTES_PER_TOKEN) as u64;
-    // An estimate: past `u64::MAX` it stays at the maximum rather than wrap to a small count.
-    text.saturating_add(images.saturating_mul(u64::from(image_tokens)))
-        .max(1)
 }
 
 fn is_image_type(value: &[u8]) -> bool {

@@ -27,6 +27,7 @@ pub mod json;
 pub mod key_placement;
 pub mod limits;
 pub mod models;
+pub mod patch;
 pub mod request;
 pub mod response_plan;
 pub mod route;

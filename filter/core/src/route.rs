@@ -12,48 +12,14 @@ use crate::api::{self, string_value};
 use crate::config::{Config, KeyPlacement, ModelAlias, StreamUpstream};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
-use crate::estimate;
+use crate::estimate::Estimator;
 use crate::fields::{read_fields, Fields};
-use crate::json::{nav, scan_object, Kind, Member, Span, MAX_DEPTH};
+use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
 use crate::route_choice;
 pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 use crate::stream_always;
 
-/// Replace the bytes in `span` with `replacement`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodyPatch {
-    pub span: Span,
-    pub replacement: String,
-}
-
-impl BodyPatch {
-    /// The new body. One allocation of the final size.
-    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
-        let head = body.get(..self.span.start).unwrap_or_default();
-        let tail = body.get(self.span.end..).unwrap_or_default();
-        let mut out = Vec::with_capacity(
-            head.len()
-                .saturating_add(self.replacement.len())
-                .saturating_add(tail.len()),
-        );
-        out.extend_from_slice(head);
-        out.extend_from_slice(self.replacement.as_bytes());
-        out.extend_from_slice(tail);
-        out
-    }
-
-    /// The body length after the patch, for `content-length`. `None` when `span` does not lie within a body of
-    /// `old_len` bytes (then [`BodyPatch::apply`] is no splice, and no length should be announced for it) or the
-    /// sum overflows.
-    pub fn new_len(&self, old_len: usize) -> Option<usize> {
-        if self.span.start > self.span.end || self.span.end > old_len {
-            return None;
-        }
-        old_len
-            .checked_sub(self.span.len())?
-            .checked_add(self.replacement.len())
-    }
-}
+pub use crate::patch::BodyPatch;
 
 /// Where a request goes and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +81,9 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     if api.is_decision() {
         return crate::decisions::route(cfg, api, body, session);
     }
-    let members = scan_object(body, MAX_DEPTH).map_err(GatewayError::InvalidJson)?;
+    // One pass validates, indexes the top-level members and counts the tokens.
+    let mut tokens = Estimator::new(body);
+    let members = scan_object_with(body, MAX_DEPTH, &mut tokens).map_err(GatewayError::InvalidJson)?;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
     let model_member = fields
@@ -142,7 +110,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
         (true, Some((value, a))) => (Some(value), Some(a)),
         (true, None) => (None, inspection.content),
     };
-    let input_tokens = estimate::input_tokens(body, cfg.image_tokens);
+    let input_tokens = tokens.finish(cfg.image_tokens);
     let max_output_tokens = requested_output(body, &fields)?;
     let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
     let choice = route_choice::choose(cfg, alias, needed)?;
@@ -277,14 +245,46 @@ fn merge(body: &[u8], mut edits: Vec<Edit>) -> Option<BodyPatch> {
 /// The edits to the body as one patch: `model` set to `upstream` (when the bytes differ), and `extra` (the
 /// include-usage option, the stream-always edits).
 pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, mut extra: Vec<Edit>) -> Option<BodyPatch> {
-    let new_model = serde_json::Value::from(upstream).to_string();
-    if model.value.of(body) != new_model.as_bytes() {
-        extra.push(Edit {
-            span: model.value,
-            text: new_model,
-        });
+    let model_edit = (!is_json_string_of(model.value.of(body), upstream)).then(|| Edit {
+        span: model.value,
+        text: json_string(upstream),
+    });
+    match (model_edit, extra.is_empty()) {
+        // The common case of an alias named after its model and nothing else to change: nothing built or sent.
+        (None, true) => None,
+        // Only `model` changes: its new value is the whole patch, with no list and no second copy.
+        (Some(e), true) => Some(BodyPatch {
+            span: e.span,
+            replacement: e.text,
+        }),
+        (model_edit, false) => {
+            extra.extend(model_edit);
+            merge(body, extra)
+        }
     }
-    merge(body, extra)
+}
+
+/// `s` as a JSON string, the way serde_json writes it (only `"`, `\\` and control characters are escaped).
+fn json_string(s: &str) -> String {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return serde_json::Value::from(s).to_string();
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(2));
+    out.push('"');
+    out.push_str(s);
+    out.push('"');
+    out
+}
+
+/// True when `raw` is exactly the bytes [`json_string`] writes for `s`, without building them when `s` needs no
+/// escape.
+fn is_json_string_of(raw: &[u8], s: &str) -> bool {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return raw == json_string(s).as_bytes();
+    }
+    raw.strip_prefix(b"\"")
+        .and_then(|r| r.strip_suffix(b"\""))
+        .is_some_and(|inner| inner == s.as_bytes())
 }
 
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, if any.
@@ -374,6 +374,27 @@ mod tests {
         let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
         assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::SystemPrompt));
         assert_eq!(d.cache_affinity_key(), None);
+    }
+
+    #[test]
+    fn model_strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "qwen3",
+            "",
+            "é/ü<>",
+            "a\u{7f}b",
+            "we\"ird",
+            "back\\slash",
+            "tab\there",
+            "nul\u{0}",
+        ] {
+            let serde = serde_json::Value::from(s).to_string();
+            assert_eq!(json_string(s), serde, "{s:?}");
+            assert!(is_json_string_of(serde.as_bytes(), s), "{s:?}");
+            assert!(!is_json_string_of(format!("{serde} ").as_bytes(), s), "{s:?}");
+        }
+        assert!(!is_json_string_of(br#""qwen\u0033""#, "qwen3"));
+        assert!(!is_json_string_of(b"\"", ""));
     }
 
     #[test]

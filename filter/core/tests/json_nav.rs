@@ -393,3 +393,64 @@ fn walking_every_capture_agrees_with_serde() {
         assert_eq!(common::sdk_meta(name)["body"], parsed, "{name}");
     }
 }
+
+mod str_prefix {
+    use llmroute_core::affinity::ContentKey;
+    use llmroute_core::json::nav::{str_prefix, str_value};
+    use llmroute_core::json::Span;
+    use proptest::prelude::*;
+
+    /// The key a prefix of `want` bytes makes from `text`.
+    fn key(text: &str, want: usize) -> Option<u64> {
+        let mut k = ContentKey::user_prefix("m", want);
+        let more = k.feed(text);
+        k.finish().map(|a| a.hash ^ u64::from(more))
+    }
+
+    fn string() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                6 => Just("a".to_string()),
+                1 => Just("é".to_string()),
+                1 => Just("€".to_string()),
+                1 => Just("😀".to_string()),
+                1 => Just("\"".to_string()),
+                1 => Just("\\".to_string()),
+                1 => Just("\n".to_string()),
+            ],
+            0..80,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// Reading only what the key needs makes the key (and its "take more" answer) that the whole string makes.
+        #[test]
+        fn a_prefix_read_makes_the_whole_strings_key(s in string(), want in 0usize..64) {
+            let json = serde_json::to_string(&s).unwrap();
+            let span = Span { start: 0, end: json.len() };
+            let whole = str_value(json.as_bytes(), span).unwrap();
+            let part = str_prefix(json.as_bytes(), span, want).unwrap();
+            prop_assert!(whole.starts_with(part.as_ref()));
+            prop_assert_eq!(key(&part, want), key(&whole, want), "{:?} want {}", json, want);
+        }
+    }
+
+    #[test]
+    fn only_the_window_is_read_when_it_has_no_escape() {
+        let json = format!("\"{}\\n{}\"", "a".repeat(100), "b".repeat(100));
+        let span = Span {
+            start: 0,
+            end: json.len(),
+        };
+        assert_eq!(str_prefix(json.as_bytes(), span, 10).unwrap(), "a".repeat(14));
+        // An escape inside the window: the whole string, decoded.
+        assert_eq!(
+            str_prefix(json.as_bytes(), span, 98).unwrap(),
+            str_value(json.as_bytes(), span).unwrap()
+        );
+        assert_eq!(str_prefix(b"12", Span { start: 0, end: 2 }, 1), None);
+    }
+}

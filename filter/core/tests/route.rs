@@ -219,6 +219,34 @@ fn apply_is_a_plain_splice() {
     assert_eq!(empty.new_len(2), Some(3));
 }
 
+/// The filter sends a patch as a head edit: `set_buffer` calls at offset 0, each draining then prepending, as
+/// Envoy does. The body Envoy then holds is exactly what `apply` builds, for every span inside the body; a span
+/// outside it gives no edit.
+#[test]
+fn head_edit_gives_the_body_apply_gives() {
+    let body = b"{\"model\":\"a\",\"x\":1}";
+    for start in 0..=body.len() {
+        for end in start..=body.len() {
+            let p = BodyPatch {
+                span: Span { start, end },
+                replacement: "\"qwen\"".into(),
+            };
+            let mut envoy = body.to_vec();
+            for call in p.head_edit(body).unwrap() {
+                envoy.drain(..call.drain);
+                envoy.splice(0..0, call.bytes.iter().copied());
+            }
+            assert_eq!(envoy, p.apply(body), "{start}..{end}");
+        }
+    }
+    let outside = |start, end| BodyPatch {
+        span: Span { start, end },
+        replacement: "X".into(),
+    };
+    assert_eq!(outside(2, body.len() + 1).head_edit(body), None);
+    assert_eq!(outside(5, 2).head_edit(body), None);
+}
+
 /// `new_len` announces a length only for a real splice: a span past the body's end or inverted (which `apply`
 /// would not splice) and a sum past `usize::MAX` give `None`, never a wrong `content-length` or a panic.
 #[test]

@@ -37,7 +37,7 @@ fn a_plain_chat_request_makes_this_many_host_calls() {
     check(CONFIG, false, &[
         (Time, 3),             // request start, end; first response byte
         (GetBuffer, 2),        // the request body once; the JSON answer's copy for its usage
-        (SetBuffer, 1),        // the body with `model` rewritten
+        (SetBuffer, 2),        // the `model` rewrite as a head edit: drain to the end of the span and prepend, then the bytes before it
         (GetMap, 1),           // the request headers, once
         (GetMapValue, 3),      // x-envoy-overloaded, :status, content-type
         (SetMapValue, 8),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source; the stateful-session header removed from the response
@@ -54,7 +54,7 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
     check(CONFIG, true, &[
         (Time, 3),
         (GetBuffer, 4),        // the request body; each of the three SSE chunks
-        (SetBuffer, 1),
+        (SetBuffer, 2),
         (GetMap, 1),
         (GetMapValue, 3),
         (SetMapValue, 9),      // as above, and content-length removed from the stream

@@ -228,7 +228,7 @@ pub struct NativeCost {
     pub size: usize,
     /// `route` of a chat body (parse, validate, extract, hash), µs per request.
     pub route_us: f64,
-    /// `BodyPatch::apply`, µs per request.
+    /// `BodyPatch::head_edit`, µs per request.
     pub patch_us: f64,
 }
 
@@ -447,7 +447,8 @@ async fn wasm_stats(envoy: &crate::envoy::Envoy) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Times the core's work for one body size natively: `route` (chat) and `BodyPatch::apply`, median of 7 batches.
+/// Times the core's work for one body size natively: `route` (chat) and `BodyPatch::head_edit` (the rewrite as the
+/// filter sends it), median of 7 batches.
 pub fn native_cost(size: usize, seed: u64) -> NativeCost {
     let config = super::systems::bench_config(&["127.0.0.1:1".to_string()]);
     let cfg = llmroute_core::load_config(&config.to_string()).ok();
@@ -461,7 +462,8 @@ pub fn native_cost(size: usize, seed: u64) -> NativeCost {
         decision
             .as_ref()
             .and_then(|d| d.patch.as_ref())
-            .map(|p| p.apply(&body).len())
+            .and_then(|p| p.head_edit(&body))
+            .map(|calls| calls.len())
     };
     NativeCost {
         size,

@@ -307,12 +307,12 @@ fn native(md: &mut String, o: &Outcome) {
         md,
         "The core's decision timed natively in the bench process (median of 7 batches), against the proxy CPU the \
          filter adds per request inside Envoy (llmroute minus plain Envoy, concurrency {c}). The difference is the \
-         price of the wasm VM and its host calls: copying the body out of Envoy, the V8-compiled core, copying the \
-         rewritten body back, and the header calls.\n"
+         price of the wasm VM and its host calls: copying the body out of Envoy, the V8-compiled core, Envoy copying \
+         in the edited head of the body (up to the end of `model`), and the header calls.\n"
     );
     let _ = writeln!(
         md,
-        "| body | `route` (chat) µs (native) | `BodyPatch::apply` µs (native) | added proxy CPU µs/req in Envoy | \
+        "| body | `route` (chat) µs (native) | `BodyPatch::head_edit` µs (native) | added proxy CPU µs/req in Envoy | \
          Envoy ÷ native |\n|---|---:|---:|---:|---:|"
     );
     for n in &o.native {

@@ -3,10 +3,12 @@
 //!
 //! Input: one selector byte (the API, and whether a session header was sent), then the body.
 //! Beyond "no panic": the edited body has exactly the length the filter sets in `content-length`, is still one
-//! JSON object, and every value that becomes a header is header-safe.
+//! JSON object, and is what the head edit the filter sends makes of it; the one-pass token count is the walk's;
+//! and every value that becomes a header is header-safe.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use llmroute_core::estimate;
 use llmroute_core::json::{scan_object, MAX_DEPTH};
 use llmroute_core::{route, session_from_headers};
 use llmroute_core_fuzz::{api, config, header_safe};
@@ -35,9 +37,21 @@ fuzz_target!(|data: &[u8]| {
             scan_object(&out, MAX_DEPTH).is_ok(),
             "the edited body is no longer a JSON object"
         );
+        // What the filter sends: the head edit, applied as Envoy applies `set_buffer` at offset 0.
+        let Some(calls) = patch.head_edit(body) else {
+            panic!("a patch of this body does not fit it");
+        };
+        let mut envoy = body.to_vec();
+        for call in calls {
+            envoy.drain(..call.drain);
+            envoy.splice(0..0, call.bytes.iter().copied());
+        }
+        assert_eq!(envoy, out, "the head edit and apply disagree");
     } else {
         assert_eq!(sent_len, Some(body.len()));
     }
+    // The token count of the one pass is the walk's.
+    assert_eq!(d.input_tokens, estimate::input_tokens(body, cfg.image_tokens));
     assert!(header_safe(d.cluster.as_bytes()));
     assert!(header_safe(d.alias.as_bytes()));
     if let Some(echo) = &d.echo_session {

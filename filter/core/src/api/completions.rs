@@ -25,7 +25,7 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
     if let Some(span) = first {
         match nav::kind(buf, span) {
             Some(Kind::String) => {
-                if let Some(text) = nav::str_value(buf, span) {
+                if let Some(text) = nav::str_prefix(buf, span, key.room()) {
                     key.feed(&text);
                 }
             }

@@ -3,8 +3,9 @@
 
 pub mod nav;
 mod scan;
+pub mod skip;
 
-pub use scan::{kind_of, scan_object, JsonError, Kind, Member, Span};
+pub use scan::{kind_of, scan_object, scan_object_with, JsonError, Kind, Member, Span, Visit};
 
 /// The deepest nesting a request body may have.
 pub const MAX_DEPTH: usize = 64;

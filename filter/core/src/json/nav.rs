@@ -60,16 +60,18 @@ fn skip_ws(buf: &[u8], mut i: usize) -> usize {
 /// Returns the index just past the string that opens at `pos`.
 pub fn skip_string(buf: &[u8], pos: usize) -> usize {
     let mut i = pos.saturating_add(1);
-    // From quote or backslash to the next: the bytes between need no look.
+    // From quote or backslash to the next: the bytes between need no look. (A control byte, which validated
+    // input never holds inside a string, is stepped over.)
     while let Some(rest) = buf.get(i..) {
-        let Some(at) = rest.iter().position(|&c| c == b'"' || c == b'\\') else {
+        let Some(at) = super::skip::string_stop(rest) else {
             break;
         };
         let at = i.saturating_add(at);
-        if buf.get(at) == Some(&b'"') {
-            return at.saturating_add(1);
+        match buf.get(at) {
+            Some(b'"') => return at.saturating_add(1),
+            Some(b'\\') => i = at.saturating_add(2),
+            _ => i = at.saturating_add(1),
         }
-        i = at.saturating_add(2);
     }
     buf.len()
 }
@@ -189,4 +191,26 @@ pub fn str_value(buf: &[u8], span: Span) -> Option<Cow<'_, str>> {
         return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
     }
     serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
+}
+
+/// The decoded string in `span`, or as much of its start as a key of at most `want` bytes needs: when the first
+/// `want + 4` raw bytes hold no escape, only they are read, and the text returned is at least `want` bytes long,
+/// ending on a character boundary (so its first `want` bytes, cut on a boundary, are the whole string's). Otherwise
+/// the whole string, as [`str_value`]. A user-prefix key reads a few hundred bytes of what may be a megabyte.
+pub fn str_prefix(buf: &[u8], span: Span, want: usize) -> Option<Cow<'_, str>> {
+    let raw = span.of(buf);
+    let inner = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
+    let window = inner.and_then(|i| i.get(..want.saturating_add(4)));
+    let Some(window) = window.filter(|w| !w.contains(&b'\\')) else {
+        return str_value(buf, span);
+    };
+    // A validated body is UTF-8: the window can only end inside a character, never hold a bad one.
+    let text = match std::str::from_utf8(window) {
+        Ok(t) => Some(t),
+        Err(e) => window.get(..e.valid_up_to()).and_then(|w| std::str::from_utf8(w).ok()),
+    };
+    match text {
+        Some(t) if t.len() >= want => Some(Cow::Borrowed(t)),
+        _ => str_value(buf, span),
+    }
 }

@@ -98,19 +98,47 @@ impl fmt::Display for JsonError {
     }
 }
 
+/// What a pass over the body may learn besides validity: the structure, as events in document order. Every
+/// method does nothing by default, so a plain scan pays nothing for them. The token estimate
+/// ([`crate::estimate::Estimator`]) listens, so the routes count tokens in the pass that validates.
+pub trait Visit {
+    /// A value starts (before [`Visit::open`] when it is a container).
+    fn value_start(&mut self) {}
+    /// An object (`object`) or array opens at byte `at`.
+    fn open(&mut self, _at: usize, _object: bool) {}
+    /// The innermost open container closes.
+    fn close(&mut self) {}
+    /// An object key, quotes included.
+    fn key(&mut self, _key: Span) {}
+    /// A string value, quotes included.
+    fn string_value(&mut self, _value: Span) {}
+}
+
+/// The plain scan: no listener.
+impl Visit for () {}
+
 /// Validates `body` as one JSON object nested at most `max_depth` levels, and returns its top-level members in
 /// document order (duplicates kept).
 pub fn scan_object(body: &[u8], max_depth: usize) -> Result<Vec<Member>, JsonError> {
-    if let Err(e) = std::str::from_utf8(body) {
-        return Err(JsonError::InvalidUtf8 {
-            offset: e.valid_up_to(),
-        });
+    scan_object_with(body, max_depth, &mut ())
+}
+
+/// [`scan_object`], telling `visit` the structure as it goes. On an error, what `visit` heard is meaningless.
+pub fn scan_object_with<V: Visit>(body: &[u8], max_depth: usize, visit: &mut V) -> Result<Vec<Member>, JsonError> {
+    // All ASCII is UTF-8: only a body with other bytes gets the closer look.
+    if !super::skip::is_ascii(body) {
+        if let Err(e) = std::str::from_utf8(body) {
+            return Err(JsonError::InvalidUtf8 {
+                offset: e.valid_up_to(),
+            });
+        }
     }
     let mut s = Scanner {
         buf: body,
         pos: 0,
         stack: Vec::with_capacity(max_depth.min(64)),
         max_depth,
+        visit,
     };
     s.skip_ws();
     let first = s.peek().ok_or(JsonError::Empty)?;
@@ -151,15 +179,16 @@ enum Want {
     CommaOrCloseArray,
 }
 
-struct Scanner<'a> {
+struct Scanner<'a, V> {
     buf: &'a [u8],
     pos: usize,
     /// Open containers, `{` or `[`; its length is the current depth.
     stack: Vec<u8>,
     max_depth: usize,
+    visit: &'a mut V,
 }
 
-impl Scanner<'_> {
+impl<V: Visit> Scanner<'_, V> {
     fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
@@ -202,6 +231,7 @@ impl Scanner<'_> {
                     if b == b']' && matches!(want, Want::ValueOrCloseArray) {
                         self.advance(1);
                         self.stack.pop();
+                        self.visit.close();
                         true
                     } else {
                         self.value_start(b)?
@@ -211,12 +241,15 @@ impl Scanner<'_> {
                     if b == b'}' && matches!(want, Want::KeyOrClose) {
                         self.advance(1);
                         self.stack.pop();
+                        self.visit.close();
                         true
                     } else if b == b'"' {
                         let start = self.pos;
                         let escaped = self.string()?;
+                        let key = Span { start, end: self.pos };
+                        self.visit.key(key);
                         if self.stack.len() == 1 {
-                            pending_key = Some((Span { start, end: self.pos }, escaped));
+                            pending_key = Some((key, escaped));
                         }
                         self.skip_ws();
                         if self.peek() != Some(b':') {
@@ -241,6 +274,7 @@ impl Scanner<'_> {
                     } else if b == close {
                         self.advance(1);
                         self.stack.pop();
+                        self.visit.close();
                         true
                     } else {
                         return Err(self.syntax("',' or a closing bracket"));
@@ -288,16 +322,23 @@ impl Scanner<'_> {
     /// Consumes the start of a value. Returns true when the value is complete (a scalar), false when a
     /// container was opened.
     fn value_start(&mut self, b: u8) -> Result<bool, JsonError> {
+        self.visit.value_start();
         match b {
             b'{' | b'[' => {
                 if self.stack.len() >= self.max_depth {
                     return Err(JsonError::TooDeep { limit: self.max_depth });
                 }
                 self.stack.push(b);
+                self.visit.open(self.pos, b == b'{');
                 self.advance(1);
                 Ok(false)
             }
-            b'"' => self.string().map(|_| true),
+            b'"' => {
+                let start = self.pos;
+                self.string()?;
+                self.visit.string_value(Span { start, end: self.pos });
+                Ok(true)
+            }
             b'-' | b'0'..=b'9' => self.number().map(|_| true),
             b't' => self.literal(b"true").map(|_| true),
             b'f' => self.literal(b"false").map(|_| true),
@@ -321,7 +362,7 @@ impl Scanner<'_> {
         let mut escaped = false;
         loop {
             let rest = self.buf.get(self.pos..).unwrap_or_default();
-            let stop = rest.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+            let stop = super::skip::string_stop(rest);
             let Some(i) = stop else {
                 self.pos = self.buf.len();
                 return Err(self.syntax("a closing '\"'"));

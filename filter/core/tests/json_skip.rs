@@ -1,0 +1,71 @@
+//! The fast string skip (`json::skip`) against its byte-at-a-time definition, on random input: every length and
+//! alignment around the 8- and 16-byte steps, and bytes drawn mostly from the ones that stop it and their
+//! neighbours (`"`, `\`, 0x1f, 0x20, 0x21, 0x5b-0x5d, 0x7f-0x81, 0xa0, 0xff), where a bit trick would slip.
+
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use llmroute_core::json::skip::{string_stop, string_stop_simple, string_stop_words};
+use proptest::prelude::*;
+
+/// Bytes near the stop set, plus plain text, plus anything.
+fn byte() -> impl Strategy<Value = u8> {
+    prop_oneof![
+        4 => Just(b'a'),
+        2 => prop::sample::select(vec![
+            b'"', b'\\', 0x00, 0x01, 0x1f, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0x81, 0xa0, 0xdc, 0xfe, 0xff,
+        ]),
+        2 => any::<u8>(),
+    ]
+}
+
+/// Mostly plain text with a few stop bytes, so the first stop falls anywhere in a long run.
+fn sparse() -> impl Strategy<Value = Vec<u8>> {
+    (0usize..200, prop::collection::vec((0usize..200, byte()), 0..3)).prop_map(|(len, hits)| {
+        let mut v = vec![b'x'; len];
+        for (at, b) in hits {
+            if let Some(slot) = v.get_mut(at) {
+                *slot = b;
+            }
+        }
+        v
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn fast_skip_agrees_with_the_definition(bytes in prop::collection::vec(byte(), 0..80)) {
+        prop_assert_eq!(string_stop(&bytes), string_stop_simple(&bytes));
+        prop_assert_eq!(string_stop_words(&bytes), string_stop_simple(&bytes));
+    }
+
+    #[test]
+    fn fast_skip_finds_a_lone_stop_anywhere(bytes in sparse()) {
+        prop_assert_eq!(string_stop(&bytes), string_stop_simple(&bytes));
+        prop_assert_eq!(string_stop_words(&bytes), string_stop_simple(&bytes));
+    }
+}
+
+#[test]
+fn every_byte_value_at_every_offset() {
+    for b in 0..=255u8 {
+        for at in 0..40 {
+            for len in [at + 1, 40] {
+                let mut v = vec![b'm'; len];
+                v[at] = b;
+                assert_eq!(
+                    string_stop_words(&v),
+                    string_stop_simple(&v),
+                    "byte {b:#04x} at {at} of {len}"
+                );
+                assert_eq!(
+                    string_stop(&v),
+                    string_stop_simple(&v),
+                    "byte {b:#04x} at {at} of {len}"
+                );
+            }
+        }
+    }
+}
