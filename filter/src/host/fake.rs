@@ -3,10 +3,11 @@
 //! It keeps what Envoy keeps for one request and one VM: the request, response and callout header maps, the body
 //! buffers, properties (and the access-log fields the filter sets as `wasm.<key>` filter state), shared data with
 //! a version per key, a clock the test moves, the tick period, metrics, and a record of every local reply, HTTP
-//! callout and log line. Every call except logging is counted by [`Kind`], in order, so a test can fail the Nth
-//! call ([`FakeHost::fail_nth`]), every call of one kind ([`FakeHost::fail_kind`]), or assert how many calls a
-//! request makes ([`FakeHost::counts`]). Log lines are recorded, never counted or failed: whether one reaches
-//! the host depends on the log level, which Envoy sets, not on the filter.
+//! callout, resumed request and log line. Every call except logging (and resuming) is counted by [`Kind`], in
+//! order, so a test can fail the Nth call ([`FakeHost::fail_nth`]), every call of one kind
+//! ([`FakeHost::fail_kind`]), or assert how many calls a request makes ([`FakeHost::counts`]). Log lines are
+//! recorded, never counted or failed: whether one reaches the host depends on the log level, which Envoy sets,
+//! not on the filter.
 //!
 //! Buffer and map semantics follow Envoy's where the filter relies on them: a header set replaces every value of
 //! that name, `set_buffer` splices (start 0 and the whole size replaces, size 0 at the end appends), a
@@ -97,6 +98,8 @@ struct State {
     fail_kind: Vec<(Kind, HostStatus)>,
     /// Per key, how many more compare-and-swap writes another worker beats.
     races: HashMap<String, usize>,
+    /// How many times the filter resumed a paused request (`proxy_continue_stream`).
+    resumes: usize,
 }
 
 /// See the module doc.
@@ -238,6 +241,11 @@ impl FakeHost {
 
     pub fn callouts(&self) -> Vec<Callout> {
         self.state.borrow().callouts.clone()
+    }
+
+    /// How many times the filter resumed a paused request.
+    pub fn resumes(&self) -> usize {
+        self.state.borrow().resumes
     }
 
     pub fn tick_ms(&self) -> Option<u32> {
@@ -454,6 +462,19 @@ impl Host for FakeHost {
         self.call(Kind::GetMetric, "get_metric")?;
         let mut s = self.state();
         Ok(metric_at(&mut s, id)?.2)
+    }
+}
+
+/// `host::resume_request` calls the ABI directly (the SDK has no fallible wrapper for it), so the fake answers the
+/// import itself: recorded on the installed fake, never counted or failed; `InternalFailure` (10) without one.
+#[no_mangle]
+extern "C" fn proxy_continue_stream(_stream_type: u32) -> u32 {
+    match INSTALLED.with(|i| i.borrow().clone()) {
+        Some(fake) => {
+            fake.state().resumes += 1;
+            0
+        }
+        None => 10,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Native tests only: the proxy-wasm imports that the filter never calls but the SDK's default trait methods
 //! name (gRPC, shared queues, streams, foreign functions), so that a test binary which holds the contexts as
 //! `dyn HttpContext` and `dyn RootContext` links. Each answers `InternalFailure` (10). The imports the filter
-//! does call are faked in `host/tests.rs`; the request path itself runs on `host::fake`.
+//! does call are faked in `host/tests.rs` (`proxy_continue_stream`, which resumes a request, in `host/fake.rs`);
+//! the request path itself runs on `host::fake`.
 
 #[no_mangle]
 extern "C" fn proxy_add_header_map_value() -> u32 {
@@ -13,10 +14,6 @@ extern "C" fn proxy_call_foreign_function() -> u32 {
 }
 #[no_mangle]
 extern "C" fn proxy_close_stream() -> u32 {
-    10
-}
-#[no_mangle]
-extern "C" fn proxy_continue_stream() -> u32 {
     10
 }
 #[no_mangle]
