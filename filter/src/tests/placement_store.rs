@@ -1,0 +1,431 @@
+//! The shared placement store, host side (`placement_store.rs`): a request whose key is new pauses for etcd's
+//! answer (won, adopted, timeout, an error, a 503 sent once more to another member) and resumes pinned where the
+//! store says; the root side's lease grant, range read, and settling of keys placed during an outage; and a host
+//! error at any call of these paths.
+
+use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER, SESSION_HEADER};
+use llmroute_core::etcd_json::b64;
+use llmroute_core::key_placement::store::{self, Lease, Pending};
+use llmroute_core::key_placement::{host_id, session_header_value, KeyTable};
+use llmroute_core::load_config;
+use proxy_wasm::types::{Action, BufferType, MapType};
+
+use super::*;
+use crate::host::fake::{Callout, Kind};
+use crate::host::HostStatus;
+use crate::placement_store::Syncer;
+
+const A: &str = "127.0.0.1:8081";
+const B: &str = "127.0.0.1:8082";
+
+// etcd 3.4's answers, as `filter/core/tests/placement_store.rs` captured them.
+const CREATED: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"2","raft_term":"2"},"succeeded":true,"responses":[{"response_put":{"header":{"revision":"2"}}}]}"#;
+const LEASE_GONE: &str =
+    r#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#;
+const GRANTED: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"2","raft_term":"2"},"ID":"2324035746352910857","TTL":"5"}"#;
+
+fn store_config() -> String {
+    bounded_config().replace(
+        r#""placement": "bounded_keys" }"#,
+        r#""placement": "bounded_keys", "placement_store": { "etcd": { "endpoints": ["127.0.0.1:2379", "127.0.0.1:22379"], "prefix": "/llmroute", "timeout_ms": 50 } } }"#,
+    )
+}
+
+/// etcd's answer when the key already existed, stored on `address`.
+fn exists(key: u64, address: &str) -> String {
+    let path = store::key_path("/llmroute", "llama-a", key);
+    format!(
+        r#"{{"header":{{"revision":"3"}},"responses":[{{"response_range":{{"header":{{"revision":"3"}},"kvs":[{{"key":"{}","create_revision":"2","mod_revision":"2","version":"1","value":"{}"}}],"count":"1"}}}}]}}"#,
+        b64(path),
+        b64(address)
+    )
+}
+
+fn store_calls(fake: &FakeHost) -> Vec<Callout> {
+    fake.callouts()
+        .into_iter()
+        .filter(|c| c.cluster == PLACEMENT_STORE_CLUSTER)
+        .collect()
+}
+
+fn outcome(fake: &FakeHost, o: &str) -> Option<u64> {
+    fake.metric(&format!("llmroute_placement_store_total;outcome={o}"))
+}
+
+/// A callout's answer, `(status, body)`; `None` is Envoy's "no answer".
+type Answer<'a> = Option<(&'a str, &'a str)>;
+
+/// Delivers an answer to a callout: `None` is Envoy's "no answer" (a timeout, a refused connection).
+fn deliver(fake: &FakeHost, answer: Answer) -> usize {
+    match answer {
+        Some((status, body)) => {
+            fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
+            fake.set_buffer_bytes(BufferType::HttpCallResponseBody, body.as_bytes());
+            body.len()
+        }
+        None => {
+            fake.set_map(MapType::HttpCallResponseHeaders, &[]);
+            fake.set_buffer_bytes(BufferType::HttpCallResponseBody, b"");
+            0
+        }
+    }
+}
+
+fn answer(x: &mut Exchange, token: u32, a: Answer) {
+    let size = deliver(&x.fake, a);
+    x.ctx.on_http_call_response(token, 0, size, 0);
+}
+
+/// A chat request up to the end of its body; returns the body's action and the request's affinity key.
+fn send(x: &mut Exchange) -> (Action, u64) {
+    assert_eq!(x.request_headers(&REQUEST_HEADERS, false), Action::Pause);
+    let a = x.request_body(chat(false).as_bytes(), true);
+    let key = x.request_header("x-llmroute-affinity").unwrap_or_default();
+    (a, u64::from_str_radix(&key, 16).unwrap_or(0))
+}
+
+fn table(fake: &FakeHost) -> KeyTable {
+    KeyTable::decode(&fake.shared(&shared::keys("llama-a")).map(|s| s.0).unwrap_or_default())
+}
+
+fn pending(fake: &FakeHost) -> Vec<u64> {
+    let bytes = fake
+        .shared(&shared::store_pending("llama-a"))
+        .map(|s| s.0)
+        .unwrap_or_default();
+    Pending::decode(&bytes).keys().to_vec()
+}
+
+fn setup() -> (Rc<FakeHost>, Root) {
+    let fake = FakeHost::install();
+    let root = root(&fake, &store_config());
+    (fake, root)
+}
+
+#[test]
+fn a_new_key_waits_for_etcd_then_resumes_pinned_where_the_store_says() {
+    // (answer, outcome, the host the request is pinned to: `None` for the local choice)
+    let cases: [(Answer, &str, Option<&str>); 5] = [
+        (Some(("200", CREATED)), "won", None),
+        (Some(("200", "")), "adopted", Some(B)),
+        (None, "timeout", None),
+        (Some(("200", LEASE_GONE)), "error", None),
+        (Some(("500", "oops")), "error", None),
+    ];
+    for (reply, expected, stored) in cases {
+        let (fake, root) = setup();
+        let mut x = Exchange::new(&fake, &root, 1);
+        let (action, key) = send(&mut x);
+        assert_eq!(action, Action::Pause, "{expected}: the request waits for etcd");
+        assert_eq!(x.request_header(SESSION_HEADER), None, "{expected}: not pinned yet");
+        let calls = store_calls(&fake);
+        assert_eq!(calls.len(), 1);
+        let c = &calls[0];
+        assert!(c.headers.contains(&(":path".to_string(), store::TXN_PATH.to_string())));
+        assert_eq!(c.timeout.as_millis(), 50);
+        let body = String::from_utf8(c.body.clone().unwrap_or_default()).unwrap();
+        assert!(
+            body.contains(&b64(store::key_path("/llmroute", "llama-a", key))),
+            "{body}"
+        );
+        // An answer to some other call is not this request's.
+        answer(&mut x, c.token + 100, Some(("200", CREATED)));
+        assert_eq!(fake.resumes(), 0);
+        let adopted = exists(key, B);
+        let reply = match (expected, reply) {
+            ("adopted", _) => Some(("200", adopted.as_str())),
+            (_, r) => r,
+        };
+        answer(&mut x, c.token, reply);
+        assert_eq!(fake.resumes(), 1, "{expected}: resumed once");
+        assert_eq!(outcome(&fake, expected), Some(1), "{expected}");
+        let session = x.request_header(SESSION_HEADER);
+        let entry = table(&fake).get(key);
+        assert!(entry.is_some(), "{expected}: the key is in the shared table");
+        if let Some(address) = stored {
+            assert_eq!(session, Some(session_header_value(address)), "{expected}");
+            assert_eq!(entry.map(|e| e.host), Some(host_id(address)));
+        } else {
+            let proposed = entry.map(|e| e.host);
+            let pinned = [A, B].into_iter().find(|a| Some(host_id(a)) == proposed).unwrap();
+            assert_eq!(session, Some(session_header_value(pinned)), "{expected}");
+        }
+        let fallback = !matches!(expected, "won" | "adopted");
+        assert_eq!(
+            pending(&fake).contains(&key),
+            fallback,
+            "{expected}: pending only on a fallback"
+        );
+        assert!(fake.log_field("llmroute.placement").is_some(), "{expected}");
+        // The key is known now: the next request does not wait.
+        let mut y = Exchange::new(&fake, &root, 2);
+        assert_eq!(send(&mut y).0, Action::Continue, "{expected}");
+        assert_eq!(store_calls(&fake).len(), 1, "{expected}");
+    }
+}
+
+#[test]
+fn a_503_is_sent_once_more_to_another_member_then_falls_back() {
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    send(&mut x);
+    let first = store_calls(&fake)[0].clone();
+    answer(&mut x, first.token, Some(("503", "no healthy upstream")));
+    let calls = store_calls(&fake);
+    assert_eq!((calls.len(), fake.resumes()), (2, 0), "sent again, still waiting");
+    assert_eq!(calls[1].body, first.body, "the same transaction");
+    // The first token is spent.
+    answer(&mut x, first.token, Some(("200", CREATED)));
+    assert_eq!(fake.resumes(), 0);
+    answer(&mut x, calls[1].token, Some(("200", CREATED)));
+    assert_eq!((fake.resumes(), outcome(&fake, "won")), (1, Some(1)));
+
+    // Two 503s: retried once only, then placed locally.
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (_, key) = send(&mut x);
+    answer(&mut x, store_calls(&fake)[0].token, Some(("503", "")));
+    answer(&mut x, store_calls(&fake)[1].token, Some(("503", "")));
+    assert_eq!(store_calls(&fake).len(), 2);
+    assert_eq!((fake.resumes(), outcome(&fake, "error")), (1, Some(1)));
+    assert!(x.request_header(SESSION_HEADER).is_some());
+    assert_eq!(pending(&fake), vec![key]);
+
+    // The retry cannot be sent: placed locally at once.
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    send(&mut x);
+    fake.fail_kind(Kind::HttpCall, HostStatus::InternalFailure);
+    answer(&mut x, store_calls(&fake)[0].token, Some(("503", "")));
+    assert_eq!((fake.resumes(), outcome(&fake, "error")), (1, Some(1)));
+}
+
+#[test]
+fn a_transaction_that_cannot_be_sent_routes_at_once_and_is_settled_later() {
+    let (fake, root) = setup();
+    fake.fail_kind(Kind::HttpCall, HostStatus::BadArgument);
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (action, key) = send(&mut x);
+    assert_eq!(action, Action::Continue, "nothing to wait for");
+    assert_eq!(outcome(&fake, "not_sent"), Some(1));
+    assert!(x.request_header(SESSION_HEADER).is_some());
+    assert_eq!(pending(&fake), vec![key]);
+    let local = table(&fake).get(key).map(|e| e.host);
+    fake.heal();
+
+    // The root settles it: another replica stored the key on the other host, so it moves there, once.
+    let cfg = Rc::new(load_config(&store_config()).unwrap());
+    let mut syncer = Syncer::default();
+    syncer.start(cfg);
+    syncer.on_tick();
+    let calls = store_calls(&fake);
+    let is_txn = |c: &&Callout| {
+        c.body
+            .as_ref()
+            .is_some_and(|b| String::from_utf8_lossy(b).contains("compare"))
+    };
+    assert_eq!(calls.iter().filter(is_txn).count(), 1, "the pending key is proposed");
+    // No answer (to anything this round): still pending, proposed again next round.
+    for c in &calls {
+        syncer.on_response(c.token, deliver(&fake, None));
+    }
+    assert_eq!(pending(&fake), vec![key]);
+    fake.advance_ms(2000);
+    let seen = store_calls(&fake).len();
+    syncer.on_tick();
+    let again = store_calls(&fake)[seen..].to_vec();
+    let settle = again.iter().find(is_txn).unwrap();
+    let other = [A, B].into_iter().find(|a| Some(host_id(a)) != local).unwrap();
+    let body = exists(key, other);
+    syncer.on_response(settle.token, deliver(&fake, Some(("200", &body))));
+    assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
+    assert!(pending(&fake).is_empty());
+}
+
+#[test]
+fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
+    let fake = FakeHost::install();
+    let cfg = Rc::new(load_config(&store_config()).unwrap());
+    crate::key_placement::seed(&cfg);
+    let mut syncer = Syncer::default();
+    syncer.start(cfg.clone());
+    assert_eq!(
+        fake.shared(&shared::store_pending("llama-a")).map(|s| s.0),
+        Some(vec![])
+    );
+    syncer.on_tick();
+    let calls = store_calls(&fake);
+    let path = |c: &Callout| c.headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone());
+    let paths: Vec<_> = calls.iter().filter_map(path).collect();
+    assert_eq!(paths, vec![store::GRANT_PATH, store::RANGE_PATH]);
+    // One round at a time: nothing more while calls are out.
+    fake.advance_ms(1000);
+    syncer.on_tick();
+    assert_eq!(store_calls(&fake).len(), 2);
+
+    syncer.on_response(calls[0].token, deliver(&fake, Some(("200", GRANTED))));
+    let lease = Lease::decode(&fake.shared(shared::STORE_LEASE).unwrap().0);
+    assert_eq!(lease.id, 2_324_035_746_352_910_857);
+    let key = 0x00ab_cdef_0123_4567_u64;
+    let range = format!(
+        r#"{{"header":{{"revision":"9"}},"kvs":[{{"key":"{}","create_revision":"4","mod_revision":"9","version":"1","value":"{}"}}],"count":"1"}}"#,
+        b64(store::key_path("/llmroute", "llama-a", key)),
+        b64(A)
+    );
+    syncer.on_response(calls[1].token, deliver(&fake, Some(("200", &range))));
+    assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(A)));
+    let revision = fake.shared(&shared::store_revision("llama-a")).unwrap().0;
+    assert_eq!(revision, 9i64.to_le_bytes().to_vec());
+
+    // The next round reads only what changed after revision 9.
+    fake.advance_ms(2000);
+    syncer.on_tick();
+    let next = store_calls(&fake);
+    let range_body = next.last().and_then(|c| c.body.clone()).unwrap();
+    let range_body = String::from_utf8_lossy(&range_body).into_owned();
+    assert!(range_body.contains(r#""min_mod_revision":"10""#), "{range_body}");
+    // Failures are logged and retried next round: a 500, no answer, garbage.
+    for (i, a) in [Some(("500", "")), None, Some(("200", "not json"))]
+        .into_iter()
+        .enumerate()
+    {
+        let last = store_calls(&fake).last().map_or(0, |c| c.token);
+        syncer.on_response(last, deliver(&fake, a));
+        fake.advance_ms(2000 + i as u64);
+        let before = store_calls(&fake).len();
+        syncer.on_tick();
+        assert!(
+            store_calls(&fake).len() > before,
+            "answer {i}: the next round reads again"
+        );
+    }
+}
+
+#[test]
+fn a_host_error_at_any_call_of_the_store_path_neither_panics_nor_loses_the_request() {
+    let run = |fail: &dyn Fn(&FakeHost), reply: Answer| -> (Rc<FakeHost>, bool) {
+        let (fake, root) = setup();
+        fake.reset_calls();
+        fail(&fake);
+        let mut x = Exchange::new(&fake, &root, 1);
+        let (action, _) = send(&mut x);
+        // Each callout the request waits on is answered (a 503 is sent once more).
+        let mut answered = 0;
+        while action == Action::Pause && fake.replies().is_empty() && fake.resumes() == 0 {
+            let Some(c) = store_calls(&fake).get(answered).cloned() else {
+                break;
+            };
+            answer(&mut x, c.token, reply);
+            answered += 1;
+        }
+        let lost = action == Action::Pause && fake.replies().is_empty() && fake.resumes() == 0;
+        (fake, lost)
+    };
+    for reply in [Some(("200", CREATED)), None, Some(("503", ""))] {
+        let (clean, lost) = run(&|_| {}, reply);
+        assert!(!lost);
+        let n = clean.calls().len();
+        for i in 0..n {
+            for status in [HostStatus::InternalFailure, HostStatus::Other(77)] {
+                let (fake, lost) = run(&|h| h.fail_nth(i, status), reply);
+                let failed = fake.calls().get(i).copied();
+                let reply_failed = fake.calls().contains(&Kind::LocalResponse) && fake.replies().is_empty();
+                assert!(
+                    !lost || reply_failed,
+                    "{reply:?}: call {i} ({failed:?}) failing with {status:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_host_error_at_any_call_of_a_sync_round_neither_panics_nor_stops_syncing() {
+    let round = |fake: &FakeHost, syncer: &mut Syncer| {
+        syncer.on_tick();
+        for c in store_calls(fake) {
+            let path = c.headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone());
+            let body = match path.as_deref() {
+                Some(store::GRANT_PATH) => GRANTED,
+                _ => r#"{"header":{"revision":"4"},"count":"0"}"#,
+            };
+            syncer.on_response(c.token, deliver(fake, Some(("200", body))));
+        }
+    };
+    let start = || {
+        let fake = FakeHost::install();
+        let cfg = Rc::new(load_config(&store_config()).unwrap());
+        crate::key_placement::seed(&cfg);
+        let mut syncer = Syncer::default();
+        syncer.start(cfg);
+        fake.reset_calls();
+        (fake, syncer)
+    };
+    let (clean, mut syncer) = start();
+    round(&clean, &mut syncer);
+    let n = clean.calls().len();
+    for i in 0..n {
+        let (fake, mut syncer) = start();
+        fake.fail_nth(i, HostStatus::InternalFailure);
+        round(&fake, &mut syncer);
+        fake.heal();
+        fake.advance_ms(10_000);
+        let seen = store_calls(&fake).len();
+        syncer.on_tick();
+        assert!(
+            store_calls(&fake).len() > seen,
+            "call {i}: the next round reads the store"
+        );
+    }
+}
+
+#[test]
+fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it() {
+    let fake = FakeHost::install();
+    let cfg = Rc::new(load_config(&store_config()).unwrap());
+    crate::key_placement::seed(&cfg);
+    let mut syncer = Syncer::default();
+    syncer.start(cfg.clone());
+    let round = |syncer: &mut Syncer, grant: &str| {
+        let seen = store_calls(&fake).len();
+        syncer.on_tick();
+        for c in store_calls(&fake)[seen..].to_vec() {
+            let body = match c.headers.iter().any(|(n, v)| n == ":path" && v == store::GRANT_PATH) {
+                true => grant.to_string(),
+                false => r#"{"header":{"revision":"4"},"count":"0"}"#.to_string(),
+            };
+            syncer.on_response(c.token, deliver(&fake, Some(("200", &body))));
+        }
+    };
+    round(&mut syncer, GRANTED);
+    // A key this replica's requests use (twice: established) during the first epoch.
+    let key = 0x0fed_cba9_8765_4321_u64;
+    for _ in 0..2 {
+        if let Some(p) = crate::key_placement::pin(&cfg, &cfg.affinity.placement, "llama-a", key) {
+            p.release();
+        }
+    }
+    fake.advance_ms(store::epoch_ms(300_000));
+    let seen = store_calls(&fake).len();
+    round(&mut syncer, &GRANTED.replace("2324035746352910857", "77"));
+    assert_eq!(Lease::decode(&fake.shared(shared::STORE_LEASE).unwrap().0).id, 77);
+    let refresh: Vec<_> = store_calls(&fake)[seen..]
+        .iter()
+        .filter(|c| {
+            c.body
+                .as_ref()
+                .is_some_and(|b| String::from_utf8_lossy(b).contains(r#""lease":"77""#))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(refresh.len(), 1, "one batch re-attaches the key");
+    let body = String::from_utf8(refresh[0].body.clone().unwrap()).unwrap();
+    assert!(
+        body.contains(&b64(store::key_path("/llmroute", "llama-a", key))),
+        "{body}"
+    );
+    // Its answer (or a bad one) is read and changes nothing.
+    let before = table(&fake).get(key);
+    syncer.on_response(refresh[0].token, deliver(&fake, Some(("200", CREATED))));
+    assert_eq!(table(&fake).get(key), before);
+}
