@@ -344,7 +344,7 @@ fn exchange_with(config: &str, stream: bool, fail: impl Fn(&FakeHost)) -> (Rc<Fa
 
 /// The request survives any one host error: it is answered (503 when the gateway cannot do its part) or
 /// forwarded; only a failed local reply itself can leave it to Envoy's timeout.
-fn assert_survives(config: &str, stream: bool, status: HostStatus) {
+pub(super) fn assert_survives(config: &str, stream: bool, status: HostStatus) {
     let (clean, fate0, _) = exchange_with(config, stream, |_| {});
     assert_eq!(fate0, Fate::Forwarded);
     let n = clean.calls().len();
