@@ -193,10 +193,10 @@ pub fn response_body(size: usize) -> Option<Vec<u8>> {
     logged(body, "reading the response body").map(Option::unwrap_or_default)
 }
 
-/// Replaces the whole buffered response body (`size` is its current length).
-pub fn replace_response_body(size: usize, body: &[u8]) {
+/// Replaces the whole buffered response body (`size` is its current length). False when the host refused.
+pub fn replace_response_body(size: usize, body: &[u8]) -> bool {
     let r = host().set_buffer(BufferType::HttpResponseBody, 0, size, body);
-    logged(r, "replacing the response body");
+    logged(r, "replacing the response body").is_some()
 }
 
 /// Appends bytes at the end of the response body buffer.

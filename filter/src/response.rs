@@ -34,6 +34,8 @@ pub enum ResponseWatch {
         usage: Usage,
         verdict: Option<Verdict>,
         eos: bool,
+        /// Bytes at the start of Envoy's buffer that were already fed (a drop the host refused): never fed twice.
+        held: usize,
     },
 }
 
@@ -68,6 +70,7 @@ impl ResponseWatch {
             usage: Usage::default(),
             verdict: None,
             eos: false,
+            held: 0,
         }
     }
 
@@ -80,6 +83,7 @@ impl ResponseWatch {
                 usage,
                 verdict,
                 eos,
+                held,
             } => {
                 let chunk = match size {
                     0 => Vec::new(),
@@ -88,11 +92,15 @@ impl ResponseWatch {
                 let Some(a) = asm.as_mut() else {
                     return Hold::Relay;
                 };
-                a.feed(&chunk);
+                // The buffer still starts with bytes fed before when the host refused to drop them.
+                a.feed(chunk.get(*held..).unwrap_or_default());
                 *usage = a.usage();
                 if !end_of_stream && a.failed().is_none() {
                     // Envoy keeps nothing: the assembler has what it needs of these bytes.
-                    host::replace_response_body(size, &[]);
+                    *held = match host::replace_response_body(size, &[]) {
+                        true => 0,
+                        false => chunk.len(),
+                    };
                     return Hold::Wait;
                 }
                 *eos = end_of_stream;

@@ -8,10 +8,13 @@
 //! `filter/core/tests/`.
 
 mod admission;
+mod assemble;
 mod budget;
 mod fleet_check;
+mod global_limits;
 mod http;
 mod key_placement;
+mod placement_store;
 mod status;
 mod upstream;
 
