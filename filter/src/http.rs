@@ -279,7 +279,7 @@ impl Http {
     /// it starts (a stream that is then cut never ends, and the access log may be written before `on_log`).
     fn publish_summary(&self) {
         let Some(w) = &self.watch else { return };
-        let (outcome, usage) = w.summary("");
+        let (outcome, usage) = w.summary(String::new);
         if let Some(o) = outcome {
             host::set_log_field(log_fields::STREAM_OUTCOME, o.as_str());
         }
@@ -462,7 +462,10 @@ impl HttpContext for Http {
             self.charges.clear();
             return Action::Continue;
         }
-        let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
+        let backend = match d.known_backend() {
+            Some(b) => b.to_string(),
+            None => host::upstream_backend().unwrap_or_else(|| d.cluster.clone()),
+        };
         host::set_log_field(log_fields::BACKEND, &backend);
         self.backend = Some(backend);
         match plan.body {
@@ -541,11 +544,11 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return;
         };
-        let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
+        let details = || host::property_string(&["response", "code_details"]).unwrap_or_default();
         let (outcome, usage) = self
             .watch
             .as_ref()
-            .map_or((None, Usage::default()), |w| w.summary(&details));
+            .map_or((None, Usage::default()), |w| w.summary(details));
         if let Some(o) = outcome {
             self.metrics.stream_outcome(o);
         }

@@ -113,9 +113,23 @@ fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
     assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
     assert_eq!(
         read,
-        vec!["x-envoy-overloaded"],
+        vec![":status", "x-envoy-overloaded"],
         "nothing else is read once Envoy shed the request"
     );
+}
+
+#[test]
+fn the_overload_marker_is_read_only_on_a_503() {
+    // Envoy marks only its own 503s: any other status costs no read of the marker (one host call per response).
+    let r = routed(Api::Chat);
+    let ok = [(":status", "200"), ("content-type", "application/json")];
+    let (p, read) = run(&Settings::default(), Some(&r), &ok);
+    assert_eq!(p.body, BodyPlan::Watch(Media::Json));
+    assert_eq!(read, vec![":status", "content-type"]);
+    // A 503 that Envoy did not mark is the backend's own answer: watched like any other.
+    let (p, read) = run(&Settings::default(), Some(&r), &[(":status", "503"), ok[1]]);
+    assert_eq!(p.body, BodyPlan::Watch(Media::Json));
+    assert_eq!(read, vec![":status", "x-envoy-overloaded", "content-type"]);
 }
 
 #[test]
