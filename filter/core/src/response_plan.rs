@@ -9,8 +9,8 @@
 //! - Then the body: Envoy's circuit breaker shed the request (a 503 with `x-envoy-overloaded: true`, the marker
 //!   read only on a 503): the body is replaced with the route's overloaded envelope and `retry-after: 1`; a
 //!   backend error (status 400 or more) on `/v1/messages` is rewritten into the Anthropic envelope; decision
-//!   routes are relayed unwatched; SSE and JSON bodies are watched for their end and usage ([`Media`]); anything
-//!   else is relayed. A watched stream loses `content-length`, since the gateway may append a closing event or
+//!   routes are relayed unwatched; SSE bodies are watched for their end and usage, JSON ones for their usage
+//!   when the status is a success (an error carries none) ([`Media`]); anything else is relayed. A watched stream loses `content-length`, since the gateway may append a closing event or
 //!   cut the usage chunk.
 //!
 //! Response headers are read through closures, so only the ones the plan needs are read (each read is a host
@@ -173,7 +173,12 @@ pub fn plan(
         p.body = BodyPlan::Assemble;
         return p;
     }
-    p.body = media.map_or(BodyPlan::Relay, BodyPlan::Watch);
+    p.body = match media {
+        // A JSON answer is copied into the VM only for its usage, which only a success carries: an error's is
+        // relayed unwatched (nothing in the metrics or the access log changes).
+        Some(Media::Json) if status.is_some_and(|s| !(200..300).contains(&s)) => BodyPlan::Relay,
+        _ => media.map_or(BodyPlan::Relay, BodyPlan::Watch),
+    };
     if p.body == BodyPlan::Watch(Media::EventStream) {
         p.remove.push("content-length");
     }

@@ -1,6 +1,7 @@
 //! The host-call budget of a typical chat request (issue 13): how many calls of each kind one request makes
-//! through the filter, streamed and not, on a warm VM (its metrics already defined). It counts; it does not
-//! time. A change that adds a host call on the request path fails here.
+//! through the filter, streamed and not, answered or refused by the engine, on a warm VM (its metrics already
+//! defined). It counts; it does not time. A change that adds a host call on the request path fails here. The
+//! counts before and after each lever are in `docs/overhead.md`.
 //!
 //! When a change adds or removes calls on purpose, run `cargo test -p llmroute-filter budget`, check that the
 //! new counts are the ones you meant (the failure prints them in this file's form), paste them below, and say
@@ -63,4 +64,50 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
         (IncrementMetric, 4),  // ... and the stream outcome counted
         (RecordMetric, 4),
     ]);
+}
+
+/// The second of two chat requests the engine answers with a JSON error (`status`).
+fn error_counts(status: u32) -> Vec<(Kind, usize)> {
+    let fake = FakeHost::install();
+    let root = root(&fake, CONFIG);
+    let mut counts = Vec::new();
+    for id in 1..=2 {
+        fake.reset_calls();
+        let mut x = Exchange::new(&fake, &root, id);
+        let body = chat(false);
+        x.request_headers(&REQUEST_HEADERS, false);
+        x.request_body(body.as_bytes(), true);
+        let code = status.to_string();
+        x.response_headers(&[(":status", &code), ("content-type", "application/json")], false);
+        x.fake
+            .set_property_bytes(&["response", "code"], &u64::from(status).to_le_bytes());
+        x.response_body(br#"{"error":{"message":"busy","type":"server_error"}}"#, true);
+        x.log();
+        assert!(fake.replies().is_empty(), "the request was routed");
+        counts = fake.counts();
+    }
+    counts
+}
+
+#[test]
+fn an_engine_error_is_not_copied_into_the_vm() {
+    // A JSON error carries no usage: it is relayed without a copy (GetBuffer was 2, the request body and the
+    // answer's copy), and with neither token count nor token metric.
+    #[rustfmt::skip]
+    let expected = [
+        (Time, 3),
+        (GetBuffer, 1),        // the request body only
+        (SetBuffer, 2),
+        (GetMap, 1),
+        (GetMapValue, 2),      // :status, content-type
+        (SetMapValue, 8),
+        (GetProperty, 1),      // response.code
+        (SetProperty, 4),      // alias, upstream model, affinity source, backend
+        (IncrementMetric, 1),  // requests
+        (RecordMetric, 2),     // ttfb, duration
+    ];
+    for status in [429, 500] {
+        let got = error_counts(status);
+        assert_eq!(got, expected, "status {status}: {got:?}");
+    }
 }
