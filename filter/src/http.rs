@@ -46,6 +46,8 @@ pub struct Http {
     /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
     replacing_overflow: bool,
     request_id: Option<String>,
+    /// The request's `content-length` as the client sent it (Envoy has checked it is a number).
+    sent_length: Option<Vec<u8>>,
     /// Set while an inference body is being buffered.
     reading: Option<(Api, SessionHeaders)>,
     body_size: usize,
@@ -81,6 +83,7 @@ impl Http {
             context_id,
             replacing_overflow: false,
             request_id: None,
+            sent_length: None,
             reading: None,
             body_size: 0,
             routed: None,
@@ -226,7 +229,9 @@ impl Http {
         let Some(len) = decision.body_len(body.len()) else {
             return self.unavailable();
         };
-        host::set_request_header("content-length", Some(&len.to_string()));
+        if let Some(v) = headers::content_length_update(self.sent_length.as_deref(), len) {
+            host::set_request_header("content-length", Some(&v));
+        }
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
         host::set_request_header("accept-encoding", Some("identity"));
@@ -388,6 +393,7 @@ impl HttpContext for Http {
             let empty = GatewayError::InvalidJson(llmroute_core::json::JsonError::Empty);
             return self.refuse(&empty, start.envelope);
         }
+        self.sent_length = find("content-length").map(<[u8]>::to_vec);
         self.reading = Some((api, start.session));
         Action::Pause
     }

@@ -111,3 +111,43 @@ fn an_engine_error_is_not_copied_into_the_vm() {
         assert_eq!(got, expected, "status {status}: {got:?}");
     }
 }
+
+#[test]
+fn a_body_sent_unedited_keeps_the_clients_content_length() {
+    // The alias is its own upstream model, so the body goes through untouched: the client's `content-length`
+    // already holds, and is not set again (SetMapValue was 8; no SetBuffer either, nothing to edit).
+    let config = CONFIG.replace(r#", "upstream_model": "qwen3-0.6b""#, "");
+    let fake = FakeHost::install();
+    let root = root(&fake, &config);
+    let body = chat(false);
+    let length = body.len().to_string();
+    let mut headers = REQUEST_HEADERS.to_vec();
+    headers.push(("content-length", &length));
+    let mut counts = Vec::new();
+    for id in 1..=2 {
+        fake.reset_calls();
+        let mut x = Exchange::new(&fake, &root, id);
+        x.request_headers(&headers, false);
+        x.request_body(body.as_bytes(), true);
+        assert_eq!(x.request_header("content-length").as_deref(), Some(length.as_str()));
+        assert_eq!(x.request_buffer(), body.as_bytes(), "the body went through untouched");
+        x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+        x.fake.set_property_bytes(&["response", "code"], &200u64.to_le_bytes());
+        x.response_body(JSON_ANSWER.as_bytes(), true);
+        x.log();
+        assert!(fake.replies().is_empty(), "the request was routed");
+        counts = fake.counts();
+    }
+    #[rustfmt::skip]
+    assert_eq!(counts, [
+        (Time, 3),
+        (GetBuffer, 2),
+        (GetMap, 1),
+        (GetMapValue, 2),
+        (SetMapValue, 7),      // cluster, accept-encoding, affinity, 2 token estimates; affinity source; the session header
+        (GetProperty, 1),
+        (SetProperty, 6),
+        (IncrementMetric, 3),
+        (RecordMetric, 4),
+    ], "{counts:?}");
+}
