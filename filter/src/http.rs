@@ -46,6 +46,8 @@ pub struct Http {
     /// Set when Envoy shed the request (circuit breaker overflow) and the body is being replaced.
     replacing_overflow: bool,
     request_id: Option<String>,
+    /// The request's `content-length` as the client sent it (Envoy has checked it is a number).
+    sent_length: Option<Vec<u8>>,
     /// Set while an inference body is being buffered.
     reading: Option<(Api, SessionHeaders)>,
     body_size: usize,
@@ -81,6 +83,7 @@ impl Http {
             context_id,
             replacing_overflow: false,
             request_id: None,
+            sent_length: None,
             reading: None,
             body_size: 0,
             routed: None,
@@ -226,7 +229,9 @@ impl Http {
         let Some(len) = decision.body_len(body.len()) else {
             return self.unavailable();
         };
-        host::set_request_header("content-length", Some(&len.to_string()));
+        if let Some(v) = headers::content_length_update(self.sent_length.as_deref(), len) {
+            host::set_request_header("content-length", Some(&v));
+        }
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
         host::set_request_header("accept-encoding", Some("identity"));
@@ -279,7 +284,7 @@ impl Http {
     /// it starts (a stream that is then cut never ends, and the access log may be written before `on_log`).
     fn publish_summary(&self) {
         let Some(w) = &self.watch else { return };
-        let (outcome, usage) = w.summary("");
+        let (outcome, usage) = w.summary(String::new);
         if let Some(o) = outcome {
             host::set_log_field(log_fields::STREAM_OUTCOME, o.as_str());
         }
@@ -388,6 +393,7 @@ impl HttpContext for Http {
             let empty = GatewayError::InvalidJson(llmroute_core::json::JsonError::Empty);
             return self.refuse(&empty, start.envelope);
         }
+        self.sent_length = find("content-length").map(<[u8]>::to_vec);
         self.reading = Some((api, start.session));
         Action::Pause
     }
@@ -462,7 +468,10 @@ impl HttpContext for Http {
             self.charges.clear();
             return Action::Continue;
         }
-        let backend = host::upstream_backend().unwrap_or_else(|| d.cluster.clone());
+        let backend = match d.known_backend() {
+            Some(b) => b.to_string(),
+            None => host::upstream_backend().unwrap_or_else(|| d.cluster.clone()),
+        };
         host::set_log_field(log_fields::BACKEND, &backend);
         self.backend = Some(backend);
         match plan.body {
@@ -541,11 +550,11 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return;
         };
-        let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
+        let details = || host::property_string(&["response", "code_details"]).unwrap_or_default();
         let (outcome, usage) = self
             .watch
             .as_ref()
-            .map_or((None, Usage::default()), |w| w.summary(&details));
+            .map_or((None, Usage::default()), |w| w.summary(details));
         if let Some(o) = outcome {
             self.metrics.stream_outcome(o);
         }

@@ -181,12 +181,13 @@ impl ResponseWatch {
         )
     }
 
-    /// The stream's outcome (`None` for a JSON response) and the usage seen so far. `code_details` is Envoy's
-    /// `response.code_details`, known only in the log phase; before it, pass "".
-    pub fn summary(&self, code_details: &str) -> (Option<Outcome>, Usage) {
+    /// The stream's outcome (`None` for a JSON response) and the usage seen so far. `code_details` reads Envoy's
+    /// `response.code_details`, known only in the log phase (before it, give `String::new`); it is called only
+    /// for a stream, whose outcome needs it, so a JSON answer costs no host call for it.
+    pub fn summary(&self, code_details: impl FnOnce() -> String) -> (Option<Outcome>, Usage) {
         match self {
             ResponseWatch::Stream { tracker, eos } => (
-                Some(stream::outcome(*eos, tracker.verdict(), code_details)),
+                Some(stream::outcome(*eos, tracker.verdict(), &code_details())),
                 tracker.usage(),
             ),
             ResponseWatch::Json { copy, eos: true } => (
@@ -202,7 +203,7 @@ impl ResponseWatch {
                 usage, verdict, eos, ..
             } => {
                 let v = verdict.unwrap_or(Verdict::MissingTerminal);
-                (Some(stream::outcome(*eos, v, code_details)), *usage)
+                (Some(stream::outcome(*eos, v, &code_details())), *usage)
             }
         }
     }

@@ -62,6 +62,17 @@ pub fn to_strip<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     names.into_iter().filter(|n| must_strip(n)).collect()
 }
 
+/// The `content-length` to send upstream with a body of `len` bytes, given the value the client sent: `None`
+/// when the client's already says `len` (the body went through unedited), which spares the host call that would
+/// set it again. A chunked request (no length), or an edited body, gets its length.
+pub fn content_length_update(sent: Option<&[u8]>, len: usize) -> Option<String> {
+    let same = sent
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        == Some(len);
+    (!same).then(|| len.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +135,14 @@ mod tests {
     fn to_strip_keeps_order() {
         let names = ["a", "x-llmroute-b", "authorization", "c"];
         assert_eq!(to_strip(names), vec!["x-llmroute-b", "authorization"]);
+    }
+
+    #[test]
+    fn content_length_is_set_only_when_the_clients_does_not_say_it() {
+        assert_eq!(content_length_update(Some(b"120"), 120), None);
+        assert_eq!(content_length_update(Some(b"120"), 131).as_deref(), Some("131"));
+        assert_eq!(content_length_update(None, 120).as_deref(), Some("120"));
+        assert_eq!(content_length_update(Some(b"x"), 0).as_deref(), Some("0"));
+        assert_eq!(content_length_update(Some(b""), 0).as_deref(), Some("0"));
     }
 }

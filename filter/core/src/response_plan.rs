@@ -6,11 +6,12 @@
 //!   session filter adds (the upstream host, base64) is removed; clients need not know it.
 //! - A routed response: the affinity source, the echoed explicit session key, Anthropic's `request-id` on
 //!   `/v1/messages`, and with `debug_headers` the placement reason, cluster, limits left and upstream address.
-//! - Then the body: Envoy's circuit breaker shed the request (`x-envoy-overloaded: true`): the body is replaced
-//!   with the route's overloaded envelope and `retry-after: 1`; a backend error (status 400 or more) on
-//!   `/v1/messages` is rewritten into the Anthropic envelope; decision routes are relayed unwatched; SSE and JSON
-//!   bodies are watched for their end and usage ([`Media`]); anything else is relayed. A watched stream loses
-//!   `content-length`, since the gateway may append a closing event or cut the usage chunk.
+//! - Then the body: Envoy's circuit breaker shed the request (a 503 with `x-envoy-overloaded: true`, the marker
+//!   read only on a 503): the body is replaced with the route's overloaded envelope and `retry-after: 1`; a
+//!   backend error (status 400 or more) on `/v1/messages` is rewritten into the Anthropic envelope; decision
+//!   routes are relayed unwatched; SSE bodies are watched for their end and usage, JSON ones for their usage
+//!   when the status is a success (an error carries none) ([`Media`]); anything else is relayed. A watched stream loses `content-length`, since the gateway may append a closing event or
+//!   cut the usage chunk.
 //!
 //! Response headers are read through closures, so only the ones the plan needs are read (each read is a host
 //! call): none for a request the filter did not route.
@@ -19,6 +20,9 @@ use crate::affinity::AffinitySource;
 use crate::envoy_contract::SESSION_HEADER;
 use crate::key_placement::PlacementReason;
 use crate::{anthropic, headers, Api};
+
+/// The status of the reply Envoy sends for a request it shed, marked `x-envoy-overloaded: true`.
+pub const OVERLOADED_STATUS: u32 = 503;
 
 /// A response body the filter knows how to watch, by its media type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +142,10 @@ pub fn plan(
             p.set.push((headers::UPSTREAM, addr));
         }
     }
-    if response_header("x-envoy-overloaded").as_deref() == Some("true") {
+    let status = response_header(":status").and_then(|s| s.parse::<u32>().ok());
+    // Envoy marks a request it shed (circuit breaker, overload) on its own 503 only, so a response of any other
+    // status costs no read of the marker.
+    if status == Some(OVERLOADED_STATUS) && response_header("x-envoy-overloaded").as_deref() == Some("true") {
         // Envoy's circuit breaker shed this request: say when to come back, in the route's dialect.
         p.set.push(("retry-after", "1".to_string()));
         p.set.push(("content-type", "application/json".to_string()));
@@ -146,7 +153,6 @@ pub fn plan(
         p.body = BodyPlan::ReplaceOverflow;
         return p;
     }
-    let status = response_header(":status").and_then(|s| s.parse::<u32>().ok());
     if let (Api::Messages, Some(status @ 400..)) = (r.api, status) {
         // A backend error on Messages goes out in the Anthropic envelope, with the gateway's request id.
         p.set.push(("content-type", "application/json".to_string()));
@@ -167,7 +173,12 @@ pub fn plan(
         p.body = BodyPlan::Assemble;
         return p;
     }
-    p.body = media.map_or(BodyPlan::Relay, BodyPlan::Watch);
+    p.body = match media {
+        // A JSON answer is copied into the VM only for its usage, which only a success carries: an error's is
+        // relayed unwatched (nothing in the metrics or the access log changes).
+        Some(Media::Json) if status.is_some_and(|s| !(200..300).contains(&s)) => BodyPlan::Relay,
+        _ => media.map_or(BodyPlan::Relay, BodyPlan::Watch),
+    };
     if p.body == BodyPlan::Watch(Media::EventStream) {
         p.remove.push("content-length");
     }

@@ -60,6 +60,13 @@ impl RouteDecision {
         (self.failover && !self.model_from_client).then_some(self.alias.as_str())
     }
 
+    /// The backend that serves the request when the decision already knows it: the cluster, which is the
+    /// backend's name, unless it is a failover cluster, whose pick only Envoy knows (the picked host's
+    /// `llmroute.backend` metadata). Reading that metadata costs a host call per request.
+    pub fn known_backend(&self) -> Option<&str> {
+        (!self.failover).then_some(self.cluster.as_str())
+    }
+
     /// The `x-cache-affinity-key` value for the upstream: the hash of the client's explicit session key, in the
     /// hex of the affinity header. `None` when the key came from the content, or when there is none.
     pub fn cache_affinity_key(&self) -> Option<String> {

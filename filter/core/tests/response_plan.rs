@@ -113,9 +113,23 @@ fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
     assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
     assert_eq!(
         read,
-        vec!["x-envoy-overloaded"],
+        vec![":status", "x-envoy-overloaded"],
         "nothing else is read once Envoy shed the request"
     );
+}
+
+#[test]
+fn the_overload_marker_is_read_only_on_a_503() {
+    // Envoy marks only its own 503s: any other status costs no read of the marker (one host call per response).
+    let r = routed(Api::Chat);
+    let ok = [(":status", "200"), ("content-type", "application/json")];
+    let (p, read) = run(&Settings::default(), Some(&r), &ok);
+    assert_eq!(p.body, BodyPlan::Watch(Media::Json));
+    assert_eq!(read, vec![":status", "content-type"]);
+    // A 503 that Envoy did not mark is the backend's own answer: planned like any other error.
+    let (p, read) = run(&Settings::default(), Some(&r), &[(":status", "503"), ok[1]]);
+    assert_eq!(p.body, BodyPlan::Relay);
+    assert_eq!(read, vec![":status", "x-envoy-overloaded", "content-type"]);
 }
 
 #[test]
@@ -137,7 +151,27 @@ fn a_backend_error_on_messages_is_rewritten_with_the_request_id_but_not_on_chat(
         Some(&routed(Api::Chat)),
         &[(":status", "429"), ("content-type", "application/json")],
     );
-    assert_eq!((p.body, set(&p, "request-id")), (BodyPlan::Watch(Media::Json), None));
+    assert_eq!((p.body, set(&p, "request-id")), (BodyPlan::Relay, None));
+}
+
+#[test]
+fn a_json_answer_is_watched_for_its_usage_only_when_it_succeeded() {
+    // Only a success carries usage: an error's JSON is relayed without a copy into the VM.
+    let r = routed(Api::Chat);
+    for (status, body) in [
+        ("200", BodyPlan::Watch(Media::Json)),
+        ("201", BodyPlan::Watch(Media::Json)),
+        ("400", BodyPlan::Relay),
+        ("500", BodyPlan::Relay),
+        ("302", BodyPlan::Relay),
+    ] {
+        let headers = [(":status", status), ("content-type", "application/json")];
+        assert_eq!(run(&Settings::default(), Some(&r), &headers).0.body, body, "{status}");
+    }
+    // A stream's error is still watched: its outcome is counted.
+    let sse = [(":status", "500"), ("content-type", "text/event-stream")];
+    let p = run(&Settings::default(), Some(&r), &sse).0;
+    assert_eq!(p.body, BodyPlan::Watch(Media::EventStream));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The host-call budget of a typical chat request (issue 13): how many calls of each kind one request makes
-//! through the filter, streamed and not, on a warm VM (its metrics already defined). It counts; it does not
-//! time. A change that adds a host call on the request path fails here.
+//! through the filter, streamed and not, answered or refused by the engine, on a warm VM (its metrics already
+//! defined). It counts; it does not time. A change that adds a host call on the request path fails here. The
+//! counts before and after each lever are in `docs/overhead.md`.
 //!
 //! When a change adds or removes calls on purpose, run `cargo test -p llmroute-filter budget`, check that the
 //! new counts are the ones you meant (the failure prints them in this file's form), paste them below, and say
@@ -39,9 +40,9 @@ fn a_plain_chat_request_makes_this_many_host_calls() {
         (GetBuffer, 2),        // the request body once; the JSON answer's copy for its usage
         (SetBuffer, 2),        // the `model` rewrite as a head edit: drain to the end of the span and prepend, then the bytes before it
         (GetMap, 1),           // the request headers, once
-        (GetMapValue, 3),      // x-envoy-overloaded, :status, content-type
+        (GetMapValue, 2),      // :status, content-type (x-envoy-overloaded is read only on a 503: was 3)
         (SetMapValue, 8),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source; the stateful-session header removed from the response
-        (GetProperty, 3),      // upstream backend, response.code_details, response.code
+        (GetProperty, 1),      // response.code (was 3: the backend is the cluster off a failover route, and response.code_details only a stream's outcome reads)
         (SetProperty, 6),      // access-log fields: alias, upstream model, affinity source, backend, 2 token counts
         (IncrementMetric, 3),  // requests, input and output tokens
         (RecordMetric, 4),     // ttfb, duration, prompt and completion tokens
@@ -56,11 +57,97 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
         (GetBuffer, 4),        // the request body; each of the three SSE chunks
         (SetBuffer, 2),
         (GetMap, 1),
-        (GetMapValue, 3),
+        (GetMapValue, 2),      // as above (was 3)
         (SetMapValue, 9),      // as above, and content-length removed from the stream
-        (GetProperty, 3),
+        (GetProperty, 2),      // response.code_details for the outcome, response.code (was 3: the backend)
         (SetProperty, 8),      // as above, and the outcome twice (stream start and end) ...
         (IncrementMetric, 4),  // ... and the stream outcome counted
         (RecordMetric, 4),
     ]);
+}
+
+/// The second of two chat requests the engine answers with a JSON error (`status`).
+fn error_counts(status: u32) -> Vec<(Kind, usize)> {
+    let fake = FakeHost::install();
+    let root = root(&fake, CONFIG);
+    let mut counts = Vec::new();
+    for id in 1..=2 {
+        fake.reset_calls();
+        let mut x = Exchange::new(&fake, &root, id);
+        let body = chat(false);
+        x.request_headers(&REQUEST_HEADERS, false);
+        x.request_body(body.as_bytes(), true);
+        let code = status.to_string();
+        x.response_headers(&[(":status", &code), ("content-type", "application/json")], false);
+        x.fake
+            .set_property_bytes(&["response", "code"], &u64::from(status).to_le_bytes());
+        x.response_body(br#"{"error":{"message":"busy","type":"server_error"}}"#, true);
+        x.log();
+        assert!(fake.replies().is_empty(), "the request was routed");
+        counts = fake.counts();
+    }
+    counts
+}
+
+#[test]
+fn an_engine_error_is_not_copied_into_the_vm() {
+    // A JSON error carries no usage: it is relayed without a copy (GetBuffer was 2, the request body and the
+    // answer's copy), and with neither token count nor token metric.
+    #[rustfmt::skip]
+    let expected = [
+        (Time, 3),
+        (GetBuffer, 1),        // the request body only
+        (SetBuffer, 2),
+        (GetMap, 1),
+        (GetMapValue, 2),      // :status, content-type
+        (SetMapValue, 8),
+        (GetProperty, 1),      // response.code
+        (SetProperty, 4),      // alias, upstream model, affinity source, backend
+        (IncrementMetric, 1),  // requests
+        (RecordMetric, 2),     // ttfb, duration
+    ];
+    for status in [429, 500] {
+        let got = error_counts(status);
+        assert_eq!(got, expected, "status {status}: {got:?}");
+    }
+}
+
+#[test]
+fn a_body_sent_unedited_keeps_the_clients_content_length() {
+    // The alias is its own upstream model, so the body goes through untouched: the client's `content-length`
+    // already holds, and is not set again (SetMapValue was 8; no SetBuffer either, nothing to edit).
+    let config = CONFIG.replace(r#", "upstream_model": "qwen3-0.6b""#, "");
+    let fake = FakeHost::install();
+    let root = root(&fake, &config);
+    let body = chat(false);
+    let length = body.len().to_string();
+    let mut headers = REQUEST_HEADERS.to_vec();
+    headers.push(("content-length", &length));
+    let mut counts = Vec::new();
+    for id in 1..=2 {
+        fake.reset_calls();
+        let mut x = Exchange::new(&fake, &root, id);
+        x.request_headers(&headers, false);
+        x.request_body(body.as_bytes(), true);
+        assert_eq!(x.request_header("content-length").as_deref(), Some(length.as_str()));
+        assert_eq!(x.request_buffer(), body.as_bytes(), "the body went through untouched");
+        x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+        x.fake.set_property_bytes(&["response", "code"], &200u64.to_le_bytes());
+        x.response_body(JSON_ANSWER.as_bytes(), true);
+        x.log();
+        assert!(fake.replies().is_empty(), "the request was routed");
+        counts = fake.counts();
+    }
+    #[rustfmt::skip]
+    assert_eq!(counts, [
+        (Time, 3),
+        (GetBuffer, 2),
+        (GetMap, 1),
+        (GetMapValue, 2),
+        (SetMapValue, 7),      // cluster, accept-encoding, affinity, 2 token estimates; affinity source; the session header
+        (GetProperty, 1),
+        (SetProperty, 6),
+        (IncrementMetric, 3),
+        (RecordMetric, 4),
+    ], "{counts:?}");
 }
