@@ -212,8 +212,8 @@ pub fn results_section(o: &Outcome, m: &Machine, title: &str, routing_md: &str) 
     let _ = writeln!(
         md,
         "Prefix-cache hit rate (cached ÷ prompt tokens, counted by the engines), the median of {} repeat(s), written \
-         by `llmroute-bench routing` on {}. `tenants-6` and `tenants-12` run engines with 2 slots each and a prefix \
-         cache per slot (llama.cpp `-np 2 -cram 0`), 48 requests at 3 in flight; their oracle is a perfect router \
+         by `llmroute-bench routing` on {}. The `tenants-*` workloads run engines with 2 slots each and a prefix \
+         cache per slot (llama.cpp `-np 2 -cram 0`), 48 requests (96 for 24 tenants) at 3 in flight; their oracle is a perfect router \
          over those slots. Settings and every other figure: [ROUTING.md]({}).\n",
         o.settings.repeats, m.date, routing_md
     );

@@ -49,16 +49,19 @@ pub enum Workload {
     Tenants6,
     /// The same with 12 tenants: twice as many tenants as the fleet has slots.
     Tenants12,
+    /// The same with 24 tenants: four times as many tenants as the fleet has slots (issue 18).
+    Tenants24,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::SharedPrefix,
         Workload::MultiTurn,
         Workload::Zipf,
         Workload::Control,
         Workload::Tenants6,
         Workload::Tenants12,
+        Workload::Tenants24,
     ];
 
     /// The id used on the command line, in progress lines and in the plot.
@@ -70,6 +73,7 @@ impl Workload {
             Workload::Control => "low-sharing",
             Workload::Tenants6 => "tenants-6",
             Workload::Tenants12 => "tenants-12",
+            Workload::Tenants24 => "tenants-24",
         }
     }
 
@@ -81,6 +85,7 @@ impl Workload {
             Workload::Control => "Low-sharing control (unique prompts)",
             Workload::Tenants6 => "6 tenants competing for slots",
             Workload::Tenants12 => "12 tenants competing for slots",
+            Workload::Tenants24 => "24 tenants competing for slots",
         }
     }
 
@@ -94,6 +99,7 @@ impl Workload {
         match self {
             Workload::Tenants6 => Some(6),
             Workload::Tenants12 => Some(12),
+            Workload::Tenants24 => Some(24),
             _ => None,
         }
     }
@@ -158,6 +164,10 @@ pub struct Shape {
     pub tenant_slots: usize,
 }
 
+/// The fewest requests per tenant of a tenants workload: with fewer, most requests are a tenant's first (cold
+/// whatever the placement), and the workload would measure little but that.
+pub const MIN_REQUESTS_PER_TENANT: usize = 4;
+
 impl Shape {
     /// The default run: each workload takes about 5-6 s to replay.
     pub fn full() -> Shape {
@@ -207,6 +217,12 @@ impl Shape {
             control_requests: 64,
             ..Shape::full()
         }
+    }
+
+    /// Requests of a tenants workload of `n` tenants: `tenant_requests`, or [`MIN_REQUESTS_PER_TENANT`] per tenant
+    /// when that is more (`tenants-24` sends 96).
+    pub fn tenant_requests_for(&self, n: usize) -> usize {
+        self.tenant_requests.max(n.saturating_mul(MIN_REQUESTS_PER_TENANT))
     }
 
     /// Prefix-cache blocks per engine: half the shared-prefix workload's prefixes, so one engine cannot hold them
@@ -304,7 +320,7 @@ impl Trace {
             Workload::MultiTurn => multi_turn(shape, &mut rng, &mut builder),
             Workload::Zipf => zipf(shape, &mut rng, &mut builder),
             Workload::Control => control(shape, &mut rng, &mut builder),
-            Workload::Tenants6 | Workload::Tenants12 => {
+            Workload::Tenants6 | Workload::Tenants12 | Workload::Tenants24 => {
                 tenants(shape, workload.tenants().unwrap_or(1), &mut rng, &mut builder)
             }
         };
@@ -581,7 +597,8 @@ fn tenants(shape: &Shape, n: usize, rng: &mut Rng, b: &mut Builder) -> (usize, S
         })
         .collect();
     // Balanced: requests ÷ tenants each (the first tenants one more when it does not divide), in a seeded order.
-    let mut order: Vec<usize> = (0..shape.tenant_requests).map(|i| i % n.max(1)).collect();
+    let requests = shape.tenant_requests_for(n);
+    let mut order: Vec<usize> = (0..requests).map(|i| i % n.max(1)).collect();
     rng.shuffle(&mut order);
     for (i, t) in order.into_iter().enumerate() {
         let question = text(
@@ -602,8 +619,8 @@ fn tenants(shape: &Shape, n: usize, rng: &mut Rng, b: &mut Builder) -> (usize, S
          order of tenants, each its tenant's system prompt and a {}-token question of its own, `max_tokens` {}; a \
          closed loop with {} in flight; engines of {} slots, each slot remembering only its last prompt",
         shape.tenant_prompt_tokens,
-        shape.tenant_requests,
-        shape.tenant_requests / n.max(1),
+        requests,
+        requests / n.max(1),
         shape.tenant_question_tokens,
         shape.tenant_output_tokens,
         shape.tenant_in_flight,
@@ -731,16 +748,20 @@ mod tests {
     #[test]
     fn tenants_are_balanced_closed_loop_and_their_oracle_is_each_first_request_cold() {
         let shape = Shape::full();
-        for (w, n) in [(Workload::Tenants6, 6), (Workload::Tenants12, 12)] {
+        for (w, n, requests) in [
+            (Workload::Tenants6, 6, 48),
+            (Workload::Tenants12, 12, 48),
+            (Workload::Tenants24, 24, 96),
+        ] {
             let t = Trace::generate(w, &shape, 42);
-            assert_eq!((t.requests, t.keys, t.in_flight), (48, n, Some(3)));
+            assert_eq!((t.requests, t.keys, t.in_flight), (requests, n, Some(3)));
             let mut per_tenant = std::collections::HashMap::new();
             for s in &t.sessions {
                 assert_eq!(s.requests.len(), 1);
                 *per_tenant.entry(s.requests[0].session.clone()).or_insert(0) += 1;
             }
             assert_eq!(per_tenant.len(), n);
-            assert!(per_tenant.values().all(|&c| c == 48 / n), "{per_tenant:?}");
+            assert!(per_tenant.values().all(|&c| c == requests / n), "{per_tenant:?}");
             let first = messages(&t.sessions[0].requests[0]);
             let system = first[0]["content"].as_str().unwrap();
             assert_eq!(system.len(), 4000);
@@ -749,7 +770,7 @@ mod tests {
             assert_eq!(body["max_tokens"], 8);
             // Every request but each tenant's first reuses the system prompt's complete blocks.
             let system_blocks = (4000 + "system:".len()) as u64 / 64;
-            assert_eq!(t.oracle_cached, (48 - n as u64) * system_blocks * BLOCK_TOKENS);
+            assert_eq!(t.oracle_cached, (requests - n) as u64 * system_blocks * BLOCK_TOKENS);
             // With a slot per tenant the slot-limited ceiling is the same; with fewer slots it is lower.
             assert_eq!(t.slot_oracle_cached(n), t.oracle_cached);
             assert!(t.slot_oracle_cached(n / 2) < t.oracle_cached);
@@ -763,6 +784,7 @@ mod tests {
         );
         assert!(Workload::Tenants6.slot_cache() && !Workload::Zipf.slot_cache());
         assert_eq!(Workload::parse("tenants-12"), Some(Workload::Tenants12));
+        assert_eq!(Workload::parse("tenants-24"), Some(Workload::Tenants24));
     }
 
     #[test]
