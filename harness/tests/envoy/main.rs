@@ -21,6 +21,7 @@ mod istio;
 mod nvcf;
 mod observability;
 mod placement;
+mod placement_residents;
 mod replicas;
 mod resilience;
 mod smuggling;
