@@ -1277,22 +1277,3 @@ fn global_limits_refusals_name_field_value_and_reason() {
     });
     assert!(errors(&unknown)[0].reason.contains("unknown field `cluster`"));
 }
-
-#[test]
-fn resident_keys_is_read_and_checked() {
-    use llmroute_core::config::ResidentKeys;
-    let bounded = |value: Value| {
-        edit(minimal(), |v| {
-            v["affinity"] = json!({ "placement": "bounded_keys", "resident_keys": value });
-        })
-    };
-    let c = loads(&bounded(json!("per_slot")));
-    assert_eq!(c.bounded_keys().unwrap().resident_keys, ResidentKeys::PerSlot);
-    let c = loads(&bounded(json!("off")));
-    assert_eq!(c.bounded_keys().unwrap().resident_keys, ResidentKeys::Off);
-    let c = loads(&edit(minimal(), |v| v["affinity"] = json!({ "placement": "bounded_keys" })));
-    assert_eq!(c.bounded_keys().unwrap().resident_keys, ResidentKeys::Off, "the default");
-    refused(&bounded(json!("hot")), "affinity.resident_keys", "hot", "must be one of off, per_slot");
-    let hash = edit(minimal(), |v| v["affinity"] = json!({ "resident_keys": "per_slot" }));
-    refused(&hash, "affinity.resident_keys", "per_slot", "only applies to placement: bounded_keys");
-}

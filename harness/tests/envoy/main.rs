@@ -21,7 +21,6 @@ mod istio;
 mod nvcf;
 mod observability;
 mod placement;
-mod placement_residents;
 mod replicas;
 mod resilience;
 mod smuggling;

@@ -350,31 +350,6 @@ pub struct BoundedKeys {
     pub idle_ttl_ms: u64,
     /// Most keys remembered per backend.
     pub max_keys: usize,
-    /// Whether keys are split into residents (one per cache slot) and cold keys (`resident_keys`).
-    pub resident_keys: ResidentKeys,
-}
-
-/// `affinity.resident_keys`: how many keys the placement treats as resident in the fleet's cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResidentKeys {
-    /// Every key is placed by the live-key bound alone.
-    #[default]
-    Off,
-    /// One resident key per cache slot (a host's `slots` or `/props` `total_slots`), less one slot kept for the
-    /// cold keys, which are concentrated on the host holding it (see `key_placement::residents`).
-    PerSlot,
-}
-
-impl ResidentKeys {
-    pub const NAMES: &'static str = "off, per_slot";
-
-    pub fn parse(name: &str) -> Option<ResidentKeys> {
-        match name {
-            "off" => Some(ResidentKeys::Off),
-            "per_slot" => Some(ResidentKeys::PerSlot),
-            _ => None,
-        }
-    }
 }
 
 impl Default for BoundedKeys {
@@ -383,7 +358,6 @@ impl Default for BoundedKeys {
             key_balance_factor: 125,
             idle_ttl_ms: 300_000,
             max_keys: 4096,
-            resident_keys: ResidentKeys::Off,
         }
     }
 }

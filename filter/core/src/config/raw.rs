@@ -308,11 +308,6 @@ pub struct RawAffinity {
     /// `16` to `65536`; default 4096.
     #[serde(default)]
     pub max_keys: Option<usize>,
-    /// `bounded_keys`: `off` (the default) or `per_slot`, for engines whose every slot caches only the prompt
-    /// it last served (llama.cpp `-np N -cram 0`): at most one *resident* key per slot (`slots`, else `/props`),
-    /// one slot kept back, and every other key concentrated on the host with that spare slot.
-    #[serde(default)]
-    pub resident_keys: Option<String>,
     /// `bounded_keys`: one key table shared by every Envoy replica, in etcd, so replicas place each key alike.
     /// Without it each Envoy keeps its own table.
     #[serde(default)]

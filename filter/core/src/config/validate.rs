@@ -813,23 +813,6 @@ fn placement(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: b
         ("key_idle_ttl_s", ttl_s, 1, 86_400, "seconds"),
         ("max_keys", max_keys.map(|n| n as u64), 16, 65_536, "keys per backend"),
     ];
-    let resident_keys = raw.and_then(|a| a.resident_keys.as_deref()).map(|value| {
-        let parsed = ResidentKeys::parse(value);
-        if parsed.is_none() {
-            errs.push(
-                "affinity.resident_keys",
-                value,
-                format!("must be one of {} (per_slot: engines whose slots each cache one prompt)", ResidentKeys::NAMES),
-            );
-        } else if !bounded && !alias_bounded {
-            errs.push(
-                "affinity.resident_keys",
-                value,
-                format!("only applies to placement: bounded_keys (top-level or an alias' own), not {name}"),
-            );
-        }
-        parsed.unwrap_or_default()
-    });
     for (field, value, lo, hi, unit) in checks {
         let Some(v) = value else { continue };
         let field = format!("affinity.{field}");
@@ -847,7 +830,6 @@ fn placement(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: b
         key_balance_factor: factor.unwrap_or(d.key_balance_factor),
         idle_ttl_ms: ttl_s.map_or(d.idle_ttl_ms, |s| s.saturating_mul(1000)),
         max_keys: max_keys.unwrap_or(d.max_keys),
-        resident_keys: resident_keys.unwrap_or(d.resident_keys),
     };
     let placement = match bounded {
         true => KeyPlacement::BoundedKeys(params),

@@ -20,9 +20,6 @@
 //!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
 //!   and `docs/placement-bounds.md`).
 //! - A host weighs its `slots` (config, or the server's `/props` `total_slots`), at most [`MAX_SLOTS`].
-//! - With `affinity.resident_keys: per_slot` (engines whose slots each cache one prompt), the fleet's slots are
-//!   counted as resident places: a new key is resident while a place is free, and cold otherwise, concentrated
-//!   on one host instead of spread over all ([`residents`]).
 //!
 //! Everything here is a pure function of the table, the hosts' view and the clock, so two replicas that saw the
 //! same traffic in the same order place keys the same way; the rendezvous order depends only on the key and
@@ -31,14 +28,13 @@
 //! checks, outlier ejection and retries still pick another host when the pinned one fails.
 
 pub mod in_flight;
-pub mod residents;
 pub mod store;
 pub mod table;
 pub mod views;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::config::{BoundedKeys, ResidentKeys};
+use crate::config::BoundedKeys;
 pub use table::{Entry, KeyTable};
 pub use views::views;
 
@@ -152,8 +148,6 @@ pub struct Bounds {
     pub in_flight_factor: u32,
     pub idle_ttl_ms: u64,
     pub max_keys: usize,
-    /// Resident and cold keys ([`residents`]), or every key under the live-key bound.
-    pub resident_keys: ResidentKeys,
 }
 
 impl Bounds {
@@ -163,12 +157,7 @@ impl Bounds {
             in_flight_factor: balance_factor,
             idle_ttl_ms: keys.idle_ttl_ms,
             max_keys: keys.max_keys,
-            resident_keys: keys.resident_keys,
         }
-    }
-
-    fn per_slot(&self) -> bool {
-        self.resident_keys == ResidentKeys::PerSlot
     }
 }
 
@@ -247,11 +236,6 @@ pub fn choose_stored(
     let (home, reason) = match (known, pinned, stored) {
         (None, _, Some(home)) => {
             table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
-            if b.per_slot() {
-                // The store settled the host; the key is resident if that host has a place for it.
-                let resident = residents::promotion(table, hosts, home, &order) == Some(home);
-                table.set_resident(key, resident);
-            }
             changed = true;
             (home, PlacementReason::Placed)
         }
@@ -262,27 +246,13 @@ pub fn choose_stored(
                 table.touch(key, now_ms);
                 changed = true;
             }
-            match b.per_slot() && !e.resident {
-                true => {
-                    let (to, class_changed) = cold_key_host(table, hosts, key, home, &order)?;
-                    changed |= class_changed || to != home;
-                    match to == home {
-                        true => (home, PlacementReason::Pinned),
-                        false => (to, PlacementReason::Moved),
-                    }
-                }
-                false => (home, PlacementReason::Pinned),
-            }
+            (home, PlacementReason::Pinned)
         }
         _ => {
-            // Some host is up, so a host is found; `None` (leave it to Envoy's ring) only guards the index.
-            let (home, resident) = match b.per_slot() {
-                true => residents::place(table, hosts, &order)?,
-                false => (place_new(table, hosts, &order, b.key_factor)?, false),
-            };
+            // Some host is up, so `place_new` finds one; `None` (leave it to Envoy's ring) only guards the index.
+            let home = place_new(table, hosts, &order, b.key_factor)?;
             let home_id = hosts.get(home)?.id();
             table.insert(key, home_id, now_ms, b.max_keys);
-            table.set_resident(key, resident);
             let reason = if known.is_some() {
                 PlacementReason::Moved
             } else {
@@ -307,29 +277,6 @@ pub fn choose_stored(
         reason,
         table_changed: changed,
     })
-}
-
-/// Where a known cold key on up host `home` goes now (`resident_keys: per_slot`), and whether its class changed:
-/// once established it becomes resident when a place is free ([`residents::promotion`]: on `home` itself when it
-/// has one); otherwise it follows the [`residents::cold_host`]. The table is updated.
-fn cold_key_host(
-    table: &mut KeyTable,
-    hosts: &[HostView],
-    key: u64,
-    home: usize,
-    order: &[usize],
-) -> Option<(usize, bool)> {
-    let established = table.get(key).is_some_and(|e| e.established);
-    let promoted = established
-        .then(|| residents::promotion(table, hosts, home, order))
-        .flatten();
-    let to = match promoted {
-        Some(to) => to,
-        None => residents::cold_host(hosts, &residents::resident_counts(table, hosts))?,
-    };
-    table.set_host(key, hosts.get(to)?.id());
-    let class_changed = promoted.is_some() && table.set_resident(key, true);
-    Some((to, class_changed))
 }
 
 /// The first up host in `order` under its live-key bound; failing that (only possible when weights or the

@@ -2,8 +2,7 @@
 //!
 //! Every worker VM reads and writes the same bytes (with compare-and-swap), so the encoding is fixed and
 //! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u32,
-//! last_ms: u64, flags: u8` (21 bytes; flag bit 0: established, bit 1: resident, see [`super::residents`]).
-//! A table written before the resident bit existed reads as it was, with no resident key.
+//! last_ms: u64, established: u8` (21 bytes).
 //!
 //! The table has two segments, so that a flood of one-off keys (a client looping over random session ids)
 //! cannot push out the keys of real tenants. A key enters *on probation*; the second time it is seen it becomes
@@ -38,8 +37,6 @@ pub struct Entry {
     pub last_ms: u64,
     /// Seen on more than one request: out of reach of keys seen once.
     pub established: bool,
-    /// Holds one of the fleet's resident places (`affinity.resident_keys: per_slot`, see [`super::residents`]).
-    pub resident: bool,
 }
 
 /// The remembered keys, sorted by key.
@@ -90,7 +87,6 @@ impl KeyTable {
                         host,
                         last_ms: now_ms,
                         established: true,
-                        resident: false,
                     };
                 }
             }
@@ -101,7 +97,6 @@ impl KeyTable {
                     host,
                     last_ms: now_ms,
                     established: false,
-                    resident: false,
                 },
             ),
         }
@@ -118,29 +113,6 @@ impl KeyTable {
             }
             _ => false,
         }
-    }
-
-    /// Gives `key` a resident place, or takes it back. True when that changed the table.
-    pub fn set_resident(&mut self, key: u64, resident: bool) -> bool {
-        let Ok(i) = self.find(key) else { return false };
-        match self.entries.get_mut(i) {
-            Some(e) if e.resident != resident => {
-                e.resident = resident;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Resident keys per host, for the hosts with these `ids` in that order.
-    pub fn resident_counts(&self, ids: &[u32]) -> Vec<u64> {
-        let mut counts = vec![0u64; ids.len()];
-        for e in self.entries.iter().filter(|e| e.resident) {
-            if let Some(c) = ids.iter().position(|id| *id == e.host).and_then(|i| counts.get_mut(i)) {
-                *c = c.saturating_add(1);
-            }
-        }
-        counts
     }
 
     /// Marks `key`, seen again at `now_ms`, as established. True when it was on probation (the table changed).
@@ -227,13 +199,13 @@ impl KeyTable {
             out.extend_from_slice(&e.key.to_le_bytes());
             out.extend_from_slice(&e.host.to_le_bytes());
             out.extend_from_slice(&e.last_ms.to_le_bytes());
-            out.push(u8::from(e.established) | (u8::from(e.resident) << 1));
+            out.push(u8::from(e.established));
         }
         out
     }
 
     /// Reads [`KeyTable::encode`]'s bytes; anything malformed (wrong version, ragged length, unsorted or
-    /// repeated keys, a flag byte above 3) gives an empty table.
+    /// repeated keys, a flag byte other than 0 or 1) gives an empty table.
     pub fn decode(bytes: &[u8]) -> KeyTable {
         let Some((&VERSION, body)) = bytes.split_first() else {
             return KeyTable::default();
@@ -246,8 +218,9 @@ impl KeyTable {
             let (key, rest) = chunk.split_at(8);
             let (host, rest) = rest.split_at(4);
             let (last, flag) = rest.split_at(8);
-            let (established, resident) = match flag {
-                [f @ 0..=3] => (f & 1 == 1, f & 2 == 2),
+            let established = match flag {
+                [0] => false,
+                [1] => true,
                 _ => return KeyTable::default(),
             };
             let entry = Entry {
@@ -255,7 +228,6 @@ impl KeyTable {
                 host: u32::from_le_bytes(host.try_into().unwrap_or_default()),
                 last_ms: u64::from_le_bytes(last.try_into().unwrap_or_default()),
                 established,
-                resident,
             };
             if entries.last().is_some_and(|p: &Entry| p.key >= entry.key) {
                 return KeyTable::default();

@@ -280,6 +280,5 @@ pub fn bounds(key_factor: u32) -> Bounds {
         in_flight_factor: 150,
         idle_ttl_ms: PLACEMENT_TTL,
         max_keys: 4096,
-        resident_keys: llmroute_core::config::ResidentKeys::Off,
     }
 }

@@ -19,7 +19,6 @@ fn color(p: Policy) -> RGBColor {
         Policy::Chwbl(175) => RGBColor(0x3a, 0x8f, 0xc8),
         Policy::Chwbl(_) => RGBColor(0x08, 0x45, 0x94),
         Policy::BoundedKeys(_) => RGBColor(0x6a, 0x3d, 0x9a),
-        Policy::BoundedPerSlot(_) => RGBColor(0xe7, 0x29, 0x8a),
         Policy::TwoReplicas(super::policy::Placement::BoundedKeys, _) => RGBColor(0xca, 0xb2, 0xd6),
         Policy::TwoReplicas(super::policy::Placement::Hash, _) => RGBColor(0xa6, 0xce, 0xe3),
         Policy::LeastRequest => RGBColor(0x9a, 0x9a, 0x9a),

@@ -31,9 +31,6 @@ pub enum Policy {
     /// llmroute, `affinity.placement: bounded_keys` over `chwbl` with this balance factor: the filter pins each new
     /// key to the first host, in the key's rendezvous order, under its share of live keys.
     BoundedKeys(u32),
-    /// The same with `affinity.resident_keys: per_slot` (issue 18): a resident key per engine slot, one slot kept
-    /// back, the other keys concentrated on the host holding it.
-    BoundedPerSlot(u32),
     /// Two llmroute replicas with the same config (`Chwbl` or `BoundedKeys` inside), each request sent to one of
     /// them in turn, as an L4 load balancer would: what placement keeps when replicas see different traffic.
     TwoReplicas(Placement, u32),
@@ -60,12 +57,11 @@ impl Policy {
         Policy::TwoReplicas(Placement::BoundedKeys, 150),
     ];
 
-    pub const ALL: [Policy; 10] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Chwbl(125),
         Policy::Chwbl(175),
         Policy::Chwbl(200),
         Policy::BoundedKeys(150),
-        Policy::BoundedPerSlot(150),
         Policy::LeastRequest,
         Policy::SglangCacheAware,
         Policy::SglangRoundRobin,
@@ -78,7 +74,6 @@ impl Policy {
         match self {
             Policy::Chwbl(f) => format!("llmroute chwbl {f}"),
             Policy::BoundedKeys(_) => "llmroute bounded_keys".into(),
-            Policy::BoundedPerSlot(_) => "llmroute bounded_keys per_slot".into(),
             Policy::TwoReplicas(Placement::Hash, f) => format!("llmroute chwbl {f} x2 replicas"),
             Policy::TwoReplicas(Placement::BoundedKeys, _) => "llmroute bounded_keys x2 replicas".into(),
             Policy::LeastRequest => "llmroute least_request".into(),
@@ -118,11 +113,7 @@ impl Policy {
     /// The peer router this policy belongs to; `None` for llmroute.
     pub fn peer(self) -> Option<Kind> {
         match self {
-            Policy::Chwbl(_)
-            | Policy::BoundedKeys(_)
-            | Policy::BoundedPerSlot(_)
-            | Policy::TwoReplicas(..)
-            | Policy::LeastRequest => None,
+            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::TwoReplicas(..) | Policy::LeastRequest => None,
             Policy::SglangCacheAware | Policy::SglangRoundRobin => Some(Kind::Sglang),
             Policy::VllmConsistentHash | Policy::VllmCacheAware => Some(Kind::Vllm),
         }
@@ -164,11 +155,6 @@ impl Policy {
                  keeps it there; requests spill past Envoy's in-flight bound (factor {f}); Envoy's ring hash is the \
                  fallback"
             ),
-            Policy::BoundedPerSlot(f) => format!(
-                "as `bounded_keys`, with `resident_keys: per_slot`: one resident key per engine slot (`slots: [2, 2, \
-                 2]`), one slot kept back; a new key is resident while a place is free, else cold, and every cold key \
-                 goes to the host with the spare slot; in-flight factor {f}"
-            ),
             Policy::TwoReplicas(placement, _) => {
                 format!(
                     "two Envoys, each configured as `{}`; the client sends each request to one of them in turn",
@@ -200,13 +186,13 @@ impl Policy {
 pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Value {
     let mut backend = json!({ "name": BACKEND, "kind": "llamacpp", "endpoints": endpoints });
     match policy {
-        Policy::Chwbl(f) | Policy::BoundedKeys(f) | Policy::BoundedPerSlot(f) => {
+        Policy::Chwbl(f) | Policy::BoundedKeys(f) => {
             backend["lb"] = json!("chwbl");
             backend["balance_factor"] = json!(f);
         }
         _ => backend["lb"] = json!("least_request"),
     }
-    if let Policy::BoundedKeys(_) | Policy::BoundedPerSlot(_) = policy.single() {
+    if let Policy::BoundedKeys(_) = policy.single() {
         backend["slots"] = json!(vec![slots.max(1); endpoints.len()]);
     }
     let mut config = json!({
@@ -216,9 +202,6 @@ pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Va
     });
     if let Policy::BoundedKeys(_) = policy.single() {
         config["affinity"] = json!({ "placement": "bounded_keys" });
-    }
-    if let Policy::BoundedPerSlot(_) = policy.single() {
-        config["affinity"] = json!({ "placement": "bounded_keys", "resident_keys": "per_slot" });
     }
     config
 }
@@ -391,9 +374,5 @@ mod tests {
         assert_eq!(bounded["backends"][0]["lb"], "chwbl");
         assert_eq!(bounded["backends"][0]["balance_factor"], 150);
         assert_eq!(bounded["backends"][0]["slots"], json!([2, 2, 2]));
-        let per_slot = llmroute_config(Policy::BoundedPerSlot(150), &endpoints, 2);
-        assert_eq!(per_slot["affinity"]["resident_keys"], "per_slot");
-        assert_eq!(per_slot["backends"][0]["slots"], json!([2, 2, 2]));
-        assert_eq!(Policy::parse("bounded-keys-per-slot"), Some(Policy::BoundedPerSlot(150)));
     }
 }
