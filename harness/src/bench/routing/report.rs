@@ -168,8 +168,12 @@ fn slot_oracle_note(md: &mut String, o: &Outcome) {
         .iter()
         .filter(|t| t.workload.slot_cache())
         .map(|t| {
+            let online = t
+                .online_ceiling
+                .map(|c| format!(", {c:.3} for LRU over the slots"))
+                .unwrap_or_default();
             format!(
-                "`{}` {:.3} against {:.3} for an infinite cache",
+                "`{}` {:.3} against {:.3} for an infinite cache{online}",
                 t.workload.id(),
                 t.oracle,
                 t.unbounded_oracle
@@ -187,7 +191,10 @@ fn slot_oracle_note(md: &mut String, o: &Outcome) {
          its order, a tenant's request going to the slot that holds the tenant and otherwise evicting the slot \
          whose tenant comes back last (Belady). With a slot per tenant that is the infinite cache's figure; with \
          more tenants than slots it is lower: {}. It ignores the requests in flight together (two of one tenant at \
-         once need two slots), so no system quite reaches it.",
+         once need two slots), so no system quite reaches it. *LRU over the slots* is the same perfect router \
+         without knowledge of the future: a tenant not in any slot evicts the slot used least recently. With \
+         tenants of equal traffic no online placement does much better: a tenant's repeat finds it warm about \
+         slots ÷ tenants of the time however the keys are spread (docs/placement.md).",
         s.engines * s.shape.tenant_slots,
         s.engines,
         s.shape.tenant_slots,

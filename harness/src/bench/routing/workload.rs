@@ -306,6 +306,20 @@ impl Trace {
         self.slot_oracle_cached(slots) as f64 / self.prompt_tokens.max(1) as f64
     }
 
+    /// The same perfect router without knowledge of the future: a key's prompt goes to the slot holding the key,
+    /// else the slot used least recently is evicted (LRU over the fleet's slots, one request at a time). For
+    /// tenants of equal traffic in random order this is about what any online placement can keep warm: each
+    /// tenant's repeats find it warm about slots ÷ tenants of the time, however the keys are spread, once every
+    /// slot is in use (issue 18, docs/placement.md).
+    pub fn slot_lru_cached(&self, slots: usize) -> u64 {
+        slot_lru(&self.prompts, slots)
+    }
+
+    /// [`Trace::slot_lru_cached`] ÷ prompt tokens.
+    pub fn slot_lru_hit_rate(&self, slots: usize) -> f64 {
+        self.slot_lru_cached(slots) as f64 / self.prompt_tokens.max(1) as f64
+    }
+
     /// When the last session starts.
     pub fn last_start(&self) -> Duration {
         self.sessions.iter().map(|s| s.start).max().unwrap_or_default()
@@ -411,27 +425,48 @@ pub fn oracle<'a>(prompts: impl IntoIterator<Item = (u64, &'a [u64])>) -> (u64, 
 
 /// [`Trace::slot_oracle_cached`] over `prompts` in order.
 pub fn slot_oracle(prompts: &[Prompt], slots: usize) -> u64 {
+    serve_slots(prompts, slots, |i, held, _| {
+        let next_use = |key: &str| prompts[i + 1..].iter().position(|p| p.key == key).unwrap_or(usize::MAX);
+        (0..held.len()).max_by_key(|&s| next_use(&held[s].key)).unwrap_or(0)
+    })
+}
+
+/// [`Trace::slot_lru_cached`] over `prompts` in order.
+pub fn slot_lru(prompts: &[Prompt], slots: usize) -> u64 {
+    serve_slots(prompts, slots, |_, _, last_used| {
+        (0..last_used.len()).min_by_key(|&s| last_used[s]).unwrap_or(0)
+    })
+}
+
+/// The tokens cached when `prompts` are served one at a time, in order, by `slots` slots that each remember only
+/// their last prompt: a prompt goes to the slot holding its key (cached: the leading blocks the two share), else
+/// to an empty slot, else to the slot `evict(i, held, last_used)` names (`last_used`: the index of each slot's
+/// last prompt).
+fn serve_slots(prompts: &[Prompt], slots: usize, evict: impl Fn(usize, &[&Prompt], &[usize]) -> usize) -> u64 {
     let mut held: Vec<&Prompt> = Vec::with_capacity(slots);
+    let mut last_used: Vec<usize> = Vec::with_capacity(slots);
     let mut cached = 0;
     for (i, prompt) in prompts.iter().enumerate() {
         if slots == 0 {
             break;
         }
-        if let Some(slot) = held.iter_mut().find(|p| p.key == prompt.key) {
-            let common = slot
+        if let Some(s) = held.iter().position(|p| p.key == prompt.key) {
+            let common = held[s]
                 .blocks
                 .iter()
                 .zip(&prompt.blocks)
                 .take_while(|(a, b)| a == b)
                 .count() as u64;
             cached += (common * BLOCK_TOKENS).min(prompt.tokens);
-            *slot = prompt;
+            held[s] = prompt;
+            last_used[s] = i;
         } else if held.len() < slots {
             held.push(prompt);
+            last_used.push(i);
         } else {
-            let next_use = |key: &str| prompts[i + 1..].iter().position(|p| p.key == key).unwrap_or(usize::MAX);
-            let evict = (0..held.len()).max_by_key(|&s| next_use(&held[s].key)).unwrap_or(0);
-            held[evict] = prompt;
+            let s = evict(i, &held, &last_used);
+            held[s] = prompt;
+            last_used[s] = i;
         }
     }
     cached
@@ -774,6 +809,9 @@ mod tests {
             // With a slot per tenant the slot-limited ceiling is the same; with fewer slots it is lower.
             assert_eq!(t.slot_oracle_cached(n), t.oracle_cached);
             assert!(t.slot_oracle_cached(n / 2) < t.oracle_cached);
+            // Without the future, LRU over the slots keeps less; with a slot per tenant, as much.
+            assert!(t.slot_lru_cached(n / 2) < t.slot_oracle_cached(n / 2));
+            assert_eq!(t.slot_lru_cached(n), t.oracle_cached);
             assert_eq!(t.slot_oracle_cached(0), 0);
         }
         let twelve = Trace::generate(Workload::Tenants12, &shape, 42);
@@ -799,6 +837,13 @@ mod tests {
         let trace = [p("a", 1), p("b", 2), p("c", 3), p("a", 1), p("b", 2), p("a", 1)];
         assert_eq!(slot_oracle(&trace, 2), 2 * BLOCK_TOKENS);
         assert_eq!(slot_oracle(&trace, 3), 3 * BLOCK_TOKENS);
+        // LRU on 2 slots evicts A for C, then B for A, then C for B: only the last A hits. A cycle of 3 keys on 2
+        // slots never hits under LRU, where Belady hits twice.
+        assert_eq!(slot_lru(&trace, 2), BLOCK_TOKENS);
+        assert_eq!(slot_lru(&trace, 3), 3 * BLOCK_TOKENS);
+        let cycle = [p("a", 1), p("b", 2), p("c", 3), p("a", 1), p("b", 2), p("c", 3)];
+        assert_eq!(slot_lru(&cycle, 2), 0);
+        assert_eq!(slot_oracle(&cycle, 2), 2 * BLOCK_TOKENS);
         // A key's next prompt shares only the leading blocks it has in common with its last one.
         let grows = [
             p("a", 1),
