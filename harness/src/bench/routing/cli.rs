@@ -22,7 +22,7 @@ pub struct RoutingArgs {
     #[arg(long)]
     pub repeats: Option<usize>,
     /// Only these workloads, comma-separated: shared-prefix, multi-turn, zipf-hot, low-sharing, tenants-6,
-    /// tenants-12.
+    /// tenants-12, tenants-24.
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// Only these policies, comma-separated: chwbl-125, chwbl-175, chwbl-200, bounded-keys, least-request,

@@ -205,7 +205,9 @@ fn f2(v: Option<f64>) -> String {
 /// The affinity key llmroute computes on a workload.
 fn key_of(w: Workload) -> &'static str {
     match w {
-        Workload::SharedPrefix | Workload::Zipf | Workload::Tenants6 | Workload::Tenants12 => "the system prompt",
+        Workload::SharedPrefix | Workload::Zipf | Workload::Tenants6 | Workload::Tenants12 | Workload::Tenants24 => {
+            "the system prompt"
+        }
         Workload::MultiTurn | Workload::Control => "the first 256 bytes of the first user message",
     }
 }

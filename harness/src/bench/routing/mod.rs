@@ -120,6 +120,16 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// On engines with per-slot caches, what LRU over the fleet's slots keeps warm behind a perfect router
+    /// ([`Trace::slot_lru_hit_rate`]): the ceiling of a placement that cannot see the future. `None` elsewhere.
+    pub fn online_ceiling(&self, trace: &Trace) -> Option<f64> {
+        let cost = self.cost_for(trace.workload);
+        cost.slot_cache
+            .then(|| trace.slot_lru_hit_rate(self.engines * cost.slots))
+    }
+}
+
 /// One replay of one workload through one policy.
 #[derive(Debug, Clone, Default)]
 pub struct Run {
@@ -236,6 +246,9 @@ pub struct TraceInfo {
     pub oracle: f64,
     /// An infinite cache behind perfect routing: the same as `oracle` unless the engines have per-slot caches.
     pub unbounded_oracle: f64,
+    /// On engines with per-slot caches, the same slots behind a perfect router that cannot see the future
+    /// ([`Trace::slot_lru_hit_rate`]); `None` elsewhere.
+    pub online_ceiling: Option<f64>,
     /// Distinct prefix-cache blocks in the trace.
     pub distinct_blocks: usize,
     pub summary: String,
@@ -363,6 +376,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                 prompt_tokens: t.prompt_tokens,
                 oracle: settings.oracle_hit_rate(t),
                 unbounded_oracle: t.oracle_hit_rate(),
+                online_ceiling: settings.online_ceiling(t),
                 distinct_blocks: t.distinct_blocks,
                 summary: t.summary.clone(),
             })
@@ -526,6 +540,7 @@ pub(crate) mod sample {
                 prompt_tokens: 10_000,
                 oracle: if w.shares_prefixes() { 0.8 } else { 0.0 },
                 unbounded_oracle: if w.shares_prefixes() { 0.9 } else { 0.0 },
+                online_ceiling: w.slot_cache().then_some(0.4),
                 distinct_blocks: 2000,
                 summary: "made up".into(),
             })

@@ -49,16 +49,19 @@ pub enum Workload {
     Tenants6,
     /// The same with 12 tenants: twice as many tenants as the fleet has slots.
     Tenants12,
+    /// The same with 24 tenants: four times as many tenants as the fleet has slots (issue 18).
+    Tenants24,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::SharedPrefix,
         Workload::MultiTurn,
         Workload::Zipf,
         Workload::Control,
         Workload::Tenants6,
         Workload::Tenants12,
+        Workload::Tenants24,
     ];
 
     /// The id used on the command line, in progress lines and in the plot.
@@ -70,6 +73,7 @@ impl Workload {
             Workload::Control => "low-sharing",
             Workload::Tenants6 => "tenants-6",
             Workload::Tenants12 => "tenants-12",
+            Workload::Tenants24 => "tenants-24",
         }
     }
 
@@ -81,6 +85,7 @@ impl Workload {
             Workload::Control => "Low-sharing control (unique prompts)",
             Workload::Tenants6 => "6 tenants competing for slots",
             Workload::Tenants12 => "12 tenants competing for slots",
+            Workload::Tenants24 => "24 tenants competing for slots",
         }
     }
 
@@ -94,6 +99,7 @@ impl Workload {
         match self {
             Workload::Tenants6 => Some(6),
             Workload::Tenants12 => Some(12),
+            Workload::Tenants24 => Some(24),
             _ => None,
         }
     }
@@ -158,6 +164,10 @@ pub struct Shape {
     pub tenant_slots: usize,
 }
 
+/// The fewest requests per tenant of a tenants workload: with fewer, most requests are a tenant's first (cold
+/// whatever the placement), and the workload would measure little but that.
+pub const MIN_REQUESTS_PER_TENANT: usize = 4;
+
 impl Shape {
     /// The default run: each workload takes about 5-6 s to replay.
     pub fn full() -> Shape {
@@ -207,6 +217,12 @@ impl Shape {
             control_requests: 64,
             ..Shape::full()
         }
+    }
+
+    /// Requests of a tenants workload of `n` tenants: `tenant_requests`, or [`MIN_REQUESTS_PER_TENANT`] per tenant
+    /// when that is more (`tenants-24` sends 96).
+    pub fn tenant_requests_for(&self, n: usize) -> usize {
+        self.tenant_requests.max(n.saturating_mul(MIN_REQUESTS_PER_TENANT))
     }
 
     /// Prefix-cache blocks per engine: half the shared-prefix workload's prefixes, so one engine cannot hold them
@@ -290,6 +306,20 @@ impl Trace {
         self.slot_oracle_cached(slots) as f64 / self.prompt_tokens.max(1) as f64
     }
 
+    /// The same perfect router without knowledge of the future: a key's prompt goes to the slot holding the key,
+    /// else the slot used least recently is evicted (LRU over the fleet's slots, one request at a time). For
+    /// tenants of equal traffic in random order this is about what any online placement can keep warm: each
+    /// tenant's repeats find it warm about slots ÷ tenants of the time, however the keys are spread, once every
+    /// slot is in use (issue 18, docs/placement.md).
+    pub fn slot_lru_cached(&self, slots: usize) -> u64 {
+        slot_lru(&self.prompts, slots)
+    }
+
+    /// [`Trace::slot_lru_cached`] ÷ prompt tokens.
+    pub fn slot_lru_hit_rate(&self, slots: usize) -> f64 {
+        self.slot_lru_cached(slots) as f64 / self.prompt_tokens.max(1) as f64
+    }
+
     /// When the last session starts.
     pub fn last_start(&self) -> Duration {
         self.sessions.iter().map(|s| s.start).max().unwrap_or_default()
@@ -304,7 +334,7 @@ impl Trace {
             Workload::MultiTurn => multi_turn(shape, &mut rng, &mut builder),
             Workload::Zipf => zipf(shape, &mut rng, &mut builder),
             Workload::Control => control(shape, &mut rng, &mut builder),
-            Workload::Tenants6 | Workload::Tenants12 => {
+            Workload::Tenants6 | Workload::Tenants12 | Workload::Tenants24 => {
                 tenants(shape, workload.tenants().unwrap_or(1), &mut rng, &mut builder)
             }
         };
@@ -395,27 +425,48 @@ pub fn oracle<'a>(prompts: impl IntoIterator<Item = (u64, &'a [u64])>) -> (u64, 
 
 /// [`Trace::slot_oracle_cached`] over `prompts` in order.
 pub fn slot_oracle(prompts: &[Prompt], slots: usize) -> u64 {
+    serve_slots(prompts, slots, |i, held, _| {
+        let next_use = |key: &str| prompts[i + 1..].iter().position(|p| p.key == key).unwrap_or(usize::MAX);
+        (0..held.len()).max_by_key(|&s| next_use(&held[s].key)).unwrap_or(0)
+    })
+}
+
+/// [`Trace::slot_lru_cached`] over `prompts` in order.
+pub fn slot_lru(prompts: &[Prompt], slots: usize) -> u64 {
+    serve_slots(prompts, slots, |_, _, last_used| {
+        (0..last_used.len()).min_by_key(|&s| last_used[s]).unwrap_or(0)
+    })
+}
+
+/// The tokens cached when `prompts` are served one at a time, in order, by `slots` slots that each remember only
+/// their last prompt: a prompt goes to the slot holding its key (cached: the leading blocks the two share), else
+/// to an empty slot, else to the slot `evict(i, held, last_used)` names (`last_used`: the index of each slot's
+/// last prompt).
+fn serve_slots(prompts: &[Prompt], slots: usize, evict: impl Fn(usize, &[&Prompt], &[usize]) -> usize) -> u64 {
     let mut held: Vec<&Prompt> = Vec::with_capacity(slots);
+    let mut last_used: Vec<usize> = Vec::with_capacity(slots);
     let mut cached = 0;
     for (i, prompt) in prompts.iter().enumerate() {
         if slots == 0 {
             break;
         }
-        if let Some(slot) = held.iter_mut().find(|p| p.key == prompt.key) {
-            let common = slot
+        if let Some(s) = held.iter().position(|p| p.key == prompt.key) {
+            let common = held[s]
                 .blocks
                 .iter()
                 .zip(&prompt.blocks)
                 .take_while(|(a, b)| a == b)
                 .count() as u64;
             cached += (common * BLOCK_TOKENS).min(prompt.tokens);
-            *slot = prompt;
+            held[s] = prompt;
+            last_used[s] = i;
         } else if held.len() < slots {
             held.push(prompt);
+            last_used.push(i);
         } else {
-            let next_use = |key: &str| prompts[i + 1..].iter().position(|p| p.key == key).unwrap_or(usize::MAX);
-            let evict = (0..held.len()).max_by_key(|&s| next_use(&held[s].key)).unwrap_or(0);
-            held[evict] = prompt;
+            let s = evict(i, &held, &last_used);
+            held[s] = prompt;
+            last_used[s] = i;
         }
     }
     cached
@@ -581,7 +632,8 @@ fn tenants(shape: &Shape, n: usize, rng: &mut Rng, b: &mut Builder) -> (usize, S
         })
         .collect();
     // Balanced: requests ÷ tenants each (the first tenants one more when it does not divide), in a seeded order.
-    let mut order: Vec<usize> = (0..shape.tenant_requests).map(|i| i % n.max(1)).collect();
+    let requests = shape.tenant_requests_for(n);
+    let mut order: Vec<usize> = (0..requests).map(|i| i % n.max(1)).collect();
     rng.shuffle(&mut order);
     for (i, t) in order.into_iter().enumerate() {
         let question = text(
@@ -602,8 +654,8 @@ fn tenants(shape: &Shape, n: usize, rng: &mut Rng, b: &mut Builder) -> (usize, S
          order of tenants, each its tenant's system prompt and a {}-token question of its own, `max_tokens` {}; a \
          closed loop with {} in flight; engines of {} slots, each slot remembering only its last prompt",
         shape.tenant_prompt_tokens,
-        shape.tenant_requests,
-        shape.tenant_requests / n.max(1),
+        requests,
+        requests / n.max(1),
         shape.tenant_question_tokens,
         shape.tenant_output_tokens,
         shape.tenant_in_flight,
@@ -731,16 +783,20 @@ mod tests {
     #[test]
     fn tenants_are_balanced_closed_loop_and_their_oracle_is_each_first_request_cold() {
         let shape = Shape::full();
-        for (w, n) in [(Workload::Tenants6, 6), (Workload::Tenants12, 12)] {
+        for (w, n, requests) in [
+            (Workload::Tenants6, 6, 48),
+            (Workload::Tenants12, 12, 48),
+            (Workload::Tenants24, 24, 96),
+        ] {
             let t = Trace::generate(w, &shape, 42);
-            assert_eq!((t.requests, t.keys, t.in_flight), (48, n, Some(3)));
+            assert_eq!((t.requests, t.keys, t.in_flight), (requests, n, Some(3)));
             let mut per_tenant = std::collections::HashMap::new();
             for s in &t.sessions {
                 assert_eq!(s.requests.len(), 1);
                 *per_tenant.entry(s.requests[0].session.clone()).or_insert(0) += 1;
             }
             assert_eq!(per_tenant.len(), n);
-            assert!(per_tenant.values().all(|&c| c == 48 / n), "{per_tenant:?}");
+            assert!(per_tenant.values().all(|&c| c == requests / n), "{per_tenant:?}");
             let first = messages(&t.sessions[0].requests[0]);
             let system = first[0]["content"].as_str().unwrap();
             assert_eq!(system.len(), 4000);
@@ -749,10 +805,13 @@ mod tests {
             assert_eq!(body["max_tokens"], 8);
             // Every request but each tenant's first reuses the system prompt's complete blocks.
             let system_blocks = (4000 + "system:".len()) as u64 / 64;
-            assert_eq!(t.oracle_cached, (48 - n as u64) * system_blocks * BLOCK_TOKENS);
+            assert_eq!(t.oracle_cached, (requests - n) as u64 * system_blocks * BLOCK_TOKENS);
             // With a slot per tenant the slot-limited ceiling is the same; with fewer slots it is lower.
             assert_eq!(t.slot_oracle_cached(n), t.oracle_cached);
             assert!(t.slot_oracle_cached(n / 2) < t.oracle_cached);
+            // Without the future, LRU over the slots keeps less; with a slot per tenant, as much.
+            assert!(t.slot_lru_cached(n / 2) < t.slot_oracle_cached(n / 2));
+            assert_eq!(t.slot_lru_cached(n), t.oracle_cached);
             assert_eq!(t.slot_oracle_cached(0), 0);
         }
         let twelve = Trace::generate(Workload::Tenants12, &shape, 42);
@@ -763,6 +822,7 @@ mod tests {
         );
         assert!(Workload::Tenants6.slot_cache() && !Workload::Zipf.slot_cache());
         assert_eq!(Workload::parse("tenants-12"), Some(Workload::Tenants12));
+        assert_eq!(Workload::parse("tenants-24"), Some(Workload::Tenants24));
     }
 
     #[test]
@@ -777,6 +837,13 @@ mod tests {
         let trace = [p("a", 1), p("b", 2), p("c", 3), p("a", 1), p("b", 2), p("a", 1)];
         assert_eq!(slot_oracle(&trace, 2), 2 * BLOCK_TOKENS);
         assert_eq!(slot_oracle(&trace, 3), 3 * BLOCK_TOKENS);
+        // LRU on 2 slots evicts A for C, then B for A, then C for B: only the last A hits. A cycle of 3 keys on 2
+        // slots never hits under LRU, where Belady hits twice.
+        assert_eq!(slot_lru(&trace, 2), BLOCK_TOKENS);
+        assert_eq!(slot_lru(&trace, 3), 3 * BLOCK_TOKENS);
+        let cycle = [p("a", 1), p("b", 2), p("c", 3), p("a", 1), p("b", 2), p("c", 3)];
+        assert_eq!(slot_lru(&cycle, 2), 0);
+        assert_eq!(slot_oracle(&cycle, 2), 2 * BLOCK_TOKENS);
         // A key's next prompt shares only the leading blocks it has in common with its last one.
         let grows = [
             p("a", 1),
