@@ -26,7 +26,9 @@ pub struct RoutingArgs {
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// Only these policies, comma-separated: chwbl-125, chwbl-175, chwbl-200, bounded-keys, least-request,
-    /// sglang-cache-aware, sglang-round-robin, vllm-consistent-hash, vllm-cache-aware.
+    /// sglang-cache-aware, sglang-round-robin, vllm-consistent-hash, vllm-cache-aware; and the replicated ones
+    /// (N = 2 or 3, each request to a random replica): chwbl-175-xN-replicas, bounded-keys-xN-replicas,
+    /// bounded-keys+etcd-xN-replicas (with the placement store on a 3-member etcd).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Skip the key-movement measurement.
@@ -128,6 +130,9 @@ fn run(settings: Settings, args: &RoutingArgs) -> Result<(), String> {
     println!("wrote the {} section of {}", args.section, summary.display());
     for line in report::goal_lines(&outcome) {
         println!("{line}");
+    }
+    for line in super::agreement::goal_lines(&outcome) {
+        println!("replicas: {}", line.replace("**", ""));
     }
     for line in report::headline(&outcome, 175) {
         println!("chwbl 175 {line}");

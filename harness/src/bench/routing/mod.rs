@@ -14,8 +14,12 @@
 //! ([`movement`]), checks the goals ([`goals`]) and writes `bench/ROUTING.md` ([`report`]) and
 //! `bench/routing.png` ([`plot`]).
 //!
+//! With replicated policies ([`policy::Policy::Replicas`]) it also reads which engine answered each request and
+//! reports, per run, how many were served off their key's first host ([`agreement`]).
+//!
 //! - [`workload`]: the seeded traces and their oracle; [`policy`]: the systems; [`replay`]: the client.
 
+pub mod agreement;
 pub mod cli;
 pub mod goals;
 pub mod movement;
@@ -142,6 +146,10 @@ pub struct Run {
     pub first_error: Option<String>,
     /// Mean wait for an engine slot, over all requests.
     pub queue_wait_ms: Option<f64>,
+    /// Share of requests served by another engine than their key's first request ([`agreement::off_home`]).
+    pub off_home: Option<f64>,
+    /// With a placement store: what the replicas' new keys met in etcd.
+    pub store: Option<policy::StoreCounts>,
     /// From the first request to the last answer.
     pub elapsed: Duration,
 }
@@ -209,6 +217,25 @@ impl Cell {
 
     pub fn queue_wait_ms(&self) -> Option<f64> {
         self.median(|r| r.queue_wait_ms)
+    }
+
+    pub fn off_home(&self) -> Option<f64> {
+        self.median(|r| r.off_home)
+    }
+
+    /// The lowest and highest share off home over the repeats.
+    pub fn off_home_range(&self) -> Option<(f64, f64)> {
+        let v: Vec<f64> = self.runs.iter().filter_map(|r| r.off_home).collect();
+        let lo = v.iter().copied().reduce(f64::min)?;
+        Some((lo, v.iter().copied().fold(lo, f64::max)))
+    }
+
+    /// Store fallbacks summed over the repeats, and the keys stored; `None` without a store.
+    pub fn store(&self) -> Option<policy::StoreCounts> {
+        self.runs.iter().filter_map(|r| r.store).reduce(|a, b| policy::StoreCounts {
+            stored: a.stored + b.stored,
+            fallbacks: a.fallbacks + b.fallbacks,
+        })
     }
 
     /// Errors over all repeats, and the first message.
@@ -397,11 +424,16 @@ async fn run_one(settings: &Settings, policy: Policy, trace: &Trace, client: &re
     // The readiness probes went through the engines: forget them, and start from cold caches.
     fleet.reset();
     let start = Instant::now();
-    let samples = replay::replay(client, &system.urls, trace, policy.sends_session()).await;
+    let samples = replay::replay(client, &system.urls, trace, policy.sends_session(), settings.seed).await;
     let elapsed = start.elapsed();
+    let store = system.store_counts().await;
     drop(system);
     let stats: Vec<_> = fleet.engines.iter().filter_map(|e| e.cost_stats()).collect();
-    Ok(summarize(&samples, &stats, elapsed))
+    Ok(Run {
+        off_home: agreement::off_home(&samples),
+        store,
+        ..summarize(&samples, &stats, elapsed)
+    })
 }
 
 /// The figures of one replay, from the client's samples and the engines' counters.
@@ -435,6 +467,8 @@ pub fn summarize(samples: &[Sample], engines: &[crate::emulator::cost::EngineSta
         errors: errors.len(),
         first_error: errors.first().and_then(|s| s.error.clone()),
         queue_wait_ms: (requests > 0).then(|| waited.as_secs_f64() * 1000.0 / requests as f64),
+        off_home: None,
+        store: None,
         elapsed,
     }
 }
@@ -455,8 +489,11 @@ fn line(run: &Run, oracle: f64) -> String {
         (Some(e), n) => format!("  {n} errors, first: {e}"),
         _ => String::new(),
     };
+    let store = run.store.map_or(String::new(), |s| {
+        format!("  store: {} stored, {} fallbacks", s.stored, s.fallbacks)
+    });
     format!(
-        "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  per engine {:?}  {:.1} s{errors}",
+        "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  off home {}  per engine {:?}  {:.1} s{store}{errors}",
         f(run.hit_rate, 3),
         oracle,
         f(run.ttft_p50_ms, 1),
@@ -464,6 +501,7 @@ fn line(run: &Run, oracle: f64) -> String {
         f(run.engine_ttft_p50_ms, 1),
         f(run.engine_ttft_p99_ms, 1),
         f(run.busiest_over_mean(), 2),
+        f(run.off_home.map(|v| 100.0 * v), 1) + "%",
         run.per_engine,
         run.elapsed.as_secs_f64()
     )
@@ -489,6 +527,8 @@ pub(crate) mod sample {
             errors: 0,
             first_error: None,
             queue_wait_ms: Some(1.0),
+            off_home: Some(0.0),
+            store: None,
             elapsed: Duration::from_secs(5),
         }
     }

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::agreement;
 use super::goals::{self, verdict};
 use super::policy::Policy;
 use super::workload::Workload;
@@ -17,6 +18,7 @@ pub fn markdown(o: &Outcome, m: &Machine, plot: Option<&str>) -> String {
     header(&mut md, o, m);
     settings(&mut md, o, m);
     summary(&mut md, o, plot);
+    replicas(&mut md, o);
     for &w in &o.settings.workloads {
         workload_table(&mut md, o, w);
     }
@@ -218,7 +220,28 @@ pub fn results_section(o: &Outcome, m: &Machine, title: &str, routing_md: &str) 
         o.settings.repeats, m.date, routing_md
     );
     glance_table(&mut md, o);
+    if agreement::has_replicas(o) {
+        let _ = writeln!(md, "{REPLICAS_METHOD}\n");
+        agreement::tables(&mut md, o);
+    }
     md
+}
+
+/// How the replicated rows were run and what *off home* means.
+const REPLICAS_METHOD: &str = "Replicated rows: that many Envoys with the same config, each request sent to one of \
+them at random (seeded, so every replicated row sees the same split); `+etcd` rows share the key table through \
+`affinity.placement_store.etcd`, a fresh 3-member etcd cluster on loopback per run. *Off home*: the share of \
+requests answered by another engine than the one that answered the key's first request, on any replica, read from \
+the engines' own answers (`x-emu-backend`), not from the filter. One Envoy shows what spills and retries alone \
+move; *− one Envoy* is the hit rate against the same config on one Envoy in the same run.";
+
+/// The replicas section of ROUTING.md, when the run has replicated policies.
+fn replicas(md: &mut String, o: &Outcome) {
+    if !agreement::has_replicas(o) {
+        return;
+    }
+    let _ = writeln!(md, "## Replicas: agreement and quality\n\n{REPLICAS_METHOD}\n");
+    agreement::tables(md, o);
 }
 
 fn glance_table(md: &mut String, o: &Outcome) {
