@@ -156,6 +156,12 @@ async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> R
     if let Some(members) = &members {
         wait_store_healthy(&envoy, members.len()).await?;
     }
+    if matches!(kind, Kind::BoundedKeys | Kind::BoundedKeysStore) {
+        let n = endpoints.len() as u64;
+        envoy
+            .wait_snapshot_healthy("bench", n, Duration::from_secs(30))
+            .await?;
+    }
     Ok(System {
         kind,
         url: envoy.url(CHAT_PATH),

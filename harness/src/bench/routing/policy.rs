@@ -342,7 +342,7 @@ async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> R
 }
 
 /// Starts one Envoy with `config` and waits until its `hosts` engines (and its `members` etcd members, when it
-/// has a store) pass their health checks and it routes.
+/// has a store) pass their health checks, the filter's snapshot sees them (with `bounded_keys`), and it routes.
 pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result<Envoy, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
@@ -362,6 +362,13 @@ pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+    // Bounded-keys placement reads the filter's own snapshot of host health: until it is current, keys are left
+    // to Envoy's ring, and would move once it is.
+    if config.pointer("/affinity/placement").is_some() {
+        envoy
+            .wait_snapshot_healthy(BACKEND, hosts as u64, START_LIMIT)
+            .await?;
     }
     wait_routes(&envoy.url(CHAT_PATH), None).await?;
     Ok(envoy)
