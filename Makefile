@@ -154,7 +154,7 @@ bench-replicas: build envoy etcd bench-peers ## Envoy replicas (~7 min): the 2-r
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) replicas
 	$(BENCH) routing --workloads tenants-6,tenants-12,zipf-hot --policies $(REPLICA_POLICIES) $(BENCH_REPLICAS_ARGS) \
-		--no-movement --out bench/replicas --results bench/RESULTS.md --section placement-replicas \
+		--same-fleet --no-movement --out bench/replicas --results bench/RESULTS.md --section placement-replicas \
 		--title 'Placement with Envoy replicas, on emulated engines (`make bench-replicas`)'
 	$(BENCH) new-key $(BENCH_NEW_KEY_ARGS)
 

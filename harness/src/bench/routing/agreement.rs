@@ -5,8 +5,11 @@
 //! the filter) is not the engine that answered its key's first request, whichever replica took either. Replicas
 //! that place a key alike send all its requests home, except for what one Envoy would also send elsewhere (a
 //! spill past the in-flight bound, a retry); replicas with tables of their own send a key to as many homes as
-//! they place it on. So the figure is read against the one-Envoy row of the same run, and the issue's goal is
-//! that the store's row shows 0%, with a hit rate within [`HIT_SLACK`] of one Envoy's.
+//! they place it on. So the figure is read against the one-Envoy row of the same run, and the issue's goal, on
+//! its tenants workloads, is that the store's row shows 0%, with a hit rate within [`HIT_SLACK`] of one Envoy's.
+//! The hit rate moves from run to run with the engines' ports (they order the hosts for placement and the
+//! ring), so the verdict also quotes the same run's ring rows, `chwbl` on three replicas against one, whose
+//! placement is the same by construction: their difference is the noise of the comparison.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -103,7 +106,13 @@ pub fn tables(md: &mut String, o: &Outcome) {
     }
     let lines = goal_lines(o);
     if !lines.is_empty() {
-        let _ = writeln!(md, "Goal (issue 16): with the store, 0% off home and a hit rate within {HIT_SLACK} of one Envoy's.\n");
+        let _ = writeln!(
+            md,
+            "Goal (issue 16), on the tenants workloads: with the store, 0% off home and a hit rate within {HIT_SLACK} \
+             of one Envoy's. The ring rows, whose placement is the same on one Envoy and on three, show how far \
+             the hit rate moves between runs for other reasons (each run's engines listen on new ports, which \
+             reorders the hosts).\n"
+        );
         for line in lines {
             let _ = writeln!(md, "- {line}");
         }
@@ -111,24 +120,39 @@ pub fn tables(md: &mut String, o: &Outcome) {
     }
 }
 
-/// One verdict per workload and store policy: every repeat 0% off home, and the median hit rate at most
-/// [`HIT_SLACK`] below one Envoy's.
+/// One verdict per tenants workload and store policy: every repeat 0% off home, and the median hit rate at most
+/// [`HIT_SLACK`] below one Envoy's; with the ring rows' difference beside it. Other workloads get a line without
+/// a verdict: a hot key spills past the in-flight bound on one Envoy too.
 pub fn goal_lines(o: &Outcome) -> Vec<String> {
     let mut out = Vec::new();
     for t in &o.traces {
+        let noise = o
+            .measured_policies()
+            .into_iter()
+            .filter(|p| matches!(p, Policy::Replicas(Placement::Hash, ..)))
+            .find_map(|p| against_one(o, o.cell(t.workload, p)?))
+            .map_or(String::new(), |d| {
+                format!(" (ring rows, placed alike by construction: {d:+.3})")
+            });
         for p in o.measured_policies().into_iter().filter(|p| p.store()) {
             let Some(c) = o.cell(t.workload, p) else { continue };
             let worst = c.off_home_range().map(|(_, hi)| hi);
+            let one = o.cell(t.workload, single(p).unwrap_or(p)).and_then(Cell::off_home);
             let delta = against_one(o, c);
-            let met = matches!((worst, delta), (Some(w), Some(d)) if w == 0.0 && d >= -HIT_SLACK);
-            out.push(format!(
-                "{} `{}`, {}: worst repeat {} off home, hit rate {} against one Envoy",
-                if met { "**met**" } else { "**missed**" },
+            let figures = format!(
+                "`{}`, {}: worst repeat {} off home (one Envoy {}), hit rate {} against one Envoy{noise}",
                 t.workload.id(),
                 p.label(),
                 pct(worst),
+                pct(one),
                 delta.map_or("–".into(), |d| format!("{d:+.3}")),
-            ));
+            );
+            if t.workload.tenants().is_none() {
+                out.push(format!("not judged {figures}"));
+                continue;
+            }
+            let met = matches!((worst, delta), (Some(w), Some(d)) if w == 0.0 && d >= -HIT_SLACK);
+            out.push(format!("{} {figures}", if met { "**met**" } else { "**missed**" }));
         }
     }
     out
@@ -201,7 +225,8 @@ mod tests {
             "| llmroute bounded_keys x3 replicas | 0.450 | -0.150 | 10.0 | 30.0% |  | 0 |",
             "| llmroute bounded_keys+etcd x3 replicas | 0.590 | -0.010 | 10.0 | 0.0% | 18 / 0 | 0 |",
             "| llmroute bounded_keys | 0.600 |  | 10.0 | 0.0% |  | 0 |",
-            "**met** `tenants-6`, llmroute bounded_keys+etcd x3 replicas: worst repeat 0.0% off home",
+            "**met** `tenants-6`, llmroute bounded_keys+etcd x3 replicas: worst repeat 0.0% off home (one Envoy 0.0%)",
+            "not judged `zipf-hot`",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
         }
@@ -209,6 +234,7 @@ mod tests {
         for c in o.cells.iter_mut().filter(|c| c.policy == store) {
             c.runs[0].hit_rate = Some(0.57);
         }
-        assert!(goal_lines(&o).iter().all(|l| l.starts_with("**missed**")));
+        let lines = goal_lines(&o);
+        assert!(lines.iter().filter(|l| l.contains("`tenants")).all(|l| l.starts_with("**missed**")), "{lines:?}");
     }
 }

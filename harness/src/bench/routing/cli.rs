@@ -34,6 +34,10 @@ pub struct RoutingArgs {
     /// Skip the key-movement measurement.
     #[arg(long)]
     pub no_movement: bool,
+    /// One fleet per repeat and workload for every policy, reset before each, so that every policy sees the same
+    /// engine ports (the same host order and ring); by default each policy gets a fresh fleet.
+    #[arg(long)]
+    pub same_fleet: bool,
     /// Where ROUTING.md and routing.png go.
     #[arg(long, default_value_os_t = repo_root().join("bench"))]
     pub out: PathBuf,
@@ -83,6 +87,7 @@ fn settings(args: &RoutingArgs) -> Result<Settings, String> {
     if args.no_movement {
         s.movement_keys = 0;
     }
+    s.same_fleet = args.same_fleet;
     Ok(s)
 }
 
@@ -177,6 +182,7 @@ mod tests {
             "--repeats",
             "1",
             "--no-movement",
+            "--same-fleet",
         ]);
         let s = settings(&tenants.args).unwrap();
         assert_eq!(s.workloads, [Workload::Tenants6, Workload::Tenants12]);
@@ -184,6 +190,7 @@ mod tests {
             s.policies,
             [Policy::Chwbl(175), Policy::BoundedKeys(150), Policy::SglangCacheAware]
         );
-        assert_eq!((s.repeats, s.movement_keys), (1, 0));
+        assert_eq!((s.repeats, s.movement_keys, s.same_fleet), (1, 0, true));
+        assert!(!settings(&w.args).unwrap().same_fleet);
     }
 }

@@ -58,6 +58,10 @@ pub struct Settings {
     pub policies: Vec<Policy>,
     /// Keys replayed to measure movement; 0 skips it.
     pub movement_keys: usize,
+    /// One fleet per repeat and workload, shared by every policy and reset (cold caches, zero counters) before
+    /// each, instead of a fresh fleet per policy: every policy then sees the same engine ports, so the same host
+    /// order for placement and the same ring, and their difference is the policies'.
+    pub same_fleet: bool,
     pub quick: bool,
 }
 
@@ -80,6 +84,7 @@ impl Settings {
             workloads: Workload::ALL.to_vec(),
             policies: Policy::ALL.to_vec(),
             movement_keys: 240,
+            same_fleet: false,
             quick: false,
         }
     }
@@ -337,6 +342,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     let n = settings.policies.len();
     for repeat in 0..settings.repeats {
         for trace in &traces {
+            let shared = match settings.same_fleet {
+                true => Some(cost_fleet(&settings, trace.workload).await?),
+                false => None,
+            };
             // Rotate the policy order per repeat, so slow drift of the machine hits every policy alike.
             for policy in (0..n).map(|i| settings.policies[(i + repeat) % n]) {
                 if missing.iter().any(|m| m.policy == policy) {
@@ -349,7 +358,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                     trace.workload.id(),
                     policy.label()
                 );
-                match run_one(&settings, policy, trace, &client).await {
+                match run_one(&settings, policy, trace, &client, shared.as_ref()).await {
                     Ok(run) => {
                         let oracle = settings.oracle_hit_rate(trace);
                         progress(Some(started), &format!("{tag} {}", line(&run, oracle)));
@@ -416,9 +425,19 @@ pub async fn cost_fleet(settings: &Settings, w: Workload) -> Result<Fleet, Strin
     .map_err(|e| format!("starting the engines: {e}"))
 }
 
-/// One replay on a fresh fleet and a fresh system.
-async fn run_one(settings: &Settings, policy: Policy, trace: &Trace, client: &reqwest::Client) -> Result<Run, String> {
-    let fleet = cost_fleet(settings, trace.workload).await?;
+/// One replay on a fresh system, in front of `shared` (reset) or a fresh fleet.
+async fn run_one(
+    settings: &Settings,
+    policy: Policy,
+    trace: &Trace,
+    client: &reqwest::Client,
+    shared: Option<&Fleet>,
+) -> Result<Run, String> {
+    let own = match shared {
+        Some(_) => None,
+        None => Some(cost_fleet(settings, trace.workload).await?),
+    };
+    let fleet = shared.or(own.as_ref()).ok_or("no fleet")?;
     let slots = settings.cost_for(trace.workload).slots;
     let system = Running::start(policy, &fleet.endpoints(), slots).await?;
     // The readiness probes went through the engines: forget them, and start from cold caches.
