@@ -195,7 +195,10 @@ impl Outcome {
     pub fn etcd_per_key(&self) -> Option<(f64, f64)> {
         let ((size0, rev0), (size1, rev1)) = (self.etcd_before?, self.etcd_after?);
         let keys = self.store.stored.max(1) as f64;
-        Some((size1.saturating_sub(size0) as f64 / keys, rev1.saturating_sub(rev0) as f64 / keys))
+        Some((
+            size1.saturating_sub(size0) as f64 / keys,
+            rev1.saturating_sub(rev0) as f64 / keys,
+        ))
     }
 }
 
@@ -261,10 +264,9 @@ pub fn markdown(o: &Outcome, m: &Machine) -> String {
             d(o.added_ms(first, 0.99)),
         );
     }
-    let error = o
-        .first_error
-        .as_deref()
-        .map_or(String::new(), |e| format!(" (first: {})", e.chars().take(120).collect::<String>()));
+    let error = o.first_error.as_deref().map_or(String::new(), |e| {
+        format!(" (first: {})", e.chars().take(120).collect::<String>())
+    });
     let etcd = o.etcd_per_key().map_or(String::new(), |(bytes, revisions)| {
         format!(
             " etcd's database grew by {bytes:.0} bytes per stored key (`dbSizeInUse`, in whole bbolt pages; \
@@ -314,7 +316,10 @@ mod tests {
         assert_eq!(o.added_ms(false, 0.5), Some(0.0));
         let row = md.lines().find(|l| l.starts_with("| a new key")).unwrap();
         assert!(row.ends_with("| 3.00 / 9.00 | +2.00 / +6.00 |"), "{row}");
-        assert!(md.contains("| a known key (control) | 1.00 / 2.00 | 1.00 / 2.00 | +0.00 / +0.00 |"), "{md}");
+        assert!(
+            md.contains("| a known key (control) | 1.00 / 2.00 | 1.00 / 2.00 | +0.00 / +0.00 |"),
+            "{md}"
+        );
         assert!(md.contains("40 stored in etcd"), "{md}");
         assert!(md.contains("grew by 512 bytes per stored key"), "{md}");
         assert!(md.contains("revision by 1.05 per stored key"), "{md}");

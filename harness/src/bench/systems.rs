@@ -158,9 +158,7 @@ async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> R
     }
     if matches!(kind, Kind::BoundedKeys | Kind::BoundedKeysStore) {
         let n = endpoints.len() as u64;
-        envoy
-            .wait_snapshot_healthy("bench", n, Duration::from_secs(30))
-            .await?;
+        envoy.wait_snapshot_healthy("bench", n, Duration::from_secs(30)).await?;
     }
     Ok(System {
         kind,
@@ -180,7 +178,9 @@ async fn wait_store_healthy(envoy: &Envoy, n: usize) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("the etcd members did not all turn healthy in Envoy: {health:?}"));
+            return Err(format!(
+                "the etcd members did not all turn healthy in Envoy: {health:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

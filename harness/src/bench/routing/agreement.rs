@@ -204,7 +204,11 @@ mod tests {
         o.settings.policies = vec![Policy::BoundedKeys(150), own, store];
         o.cells.clear();
         for &w in &o.settings.workloads {
-            for (p, hit, off) in [(Policy::BoundedKeys(150), 0.60, 0.0), (own, 0.45, 0.3), (store, 0.59, 0.0)] {
+            for (p, hit, off) in [
+                (Policy::BoundedKeys(150), 0.60, 0.0),
+                (own, 0.45, 0.3),
+                (store, 0.59, 0.0),
+            ] {
                 let mut run = sample::run(hit, 10.0, [16, 16, 16]);
                 run.off_home = Some(off);
                 run.store = p.store().then_some(StoreCounts {
@@ -235,6 +239,12 @@ mod tests {
             c.runs[0].hit_rate = Some(0.57);
         }
         let lines = goal_lines(&o);
-        assert!(lines.iter().filter(|l| l.contains("`tenants")).all(|l| l.starts_with("**missed**")), "{lines:?}");
+        assert!(
+            lines
+                .iter()
+                .filter(|l| l.contains("`tenants"))
+                .all(|l| l.starts_with("**missed**")),
+            "{lines:?}"
+        );
     }
 }

@@ -237,10 +237,13 @@ impl Cell {
 
     /// Store fallbacks summed over the repeats, and the keys stored; `None` without a store.
     pub fn store(&self) -> Option<policy::StoreCounts> {
-        self.runs.iter().filter_map(|r| r.store).reduce(|a, b| policy::StoreCounts {
-            stored: a.stored + b.stored,
-            fallbacks: a.fallbacks + b.fallbacks,
-        })
+        self.runs
+            .iter()
+            .filter_map(|r| r.store)
+            .reduce(|a, b| policy::StoreCounts {
+                stored: a.stored + b.stored,
+                fallbacks: a.fallbacks + b.fallbacks,
+            })
     }
 
     /// Errors over all repeats, and the first message.

@@ -366,9 +366,7 @@ pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result
     // Bounded-keys placement reads the filter's own snapshot of host health: until it is current, keys are left
     // to Envoy's ring, and would move once it is.
     if config.pointer("/affinity/placement").is_some() {
-        envoy
-            .wait_snapshot_healthy(BACKEND, hosts as u64, START_LIMIT)
-            .await?;
+        envoy.wait_snapshot_healthy(BACKEND, hosts as u64, START_LIMIT).await?;
     }
     wait_routes(&envoy.url(CHAT_PATH), None).await?;
     Ok(envoy)

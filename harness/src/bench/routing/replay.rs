@@ -148,7 +148,7 @@ pub fn replica(seed: u64, index: usize, i: usize, n: usize) -> usize {
     if n <= 1 {
         return 0;
     }
-    let mut rng = crate::rng::SplitMix64::new(seed ^ ((index as u64) << 20) ^ i as u64 ^ 0x7265_706c_6963_61);
+    let mut rng = crate::rng::SplitMix64::new(seed ^ ((index as u64) << 20) ^ i as u64 ^ 0x0072_6570_6c69_6361);
     (rng.next_u64() % n as u64) as usize
 }
 
