@@ -185,11 +185,16 @@ impl Cell {
         self.median(|r| r.hit_rate)
     }
 
+    /// The lowest and highest of `f` over the repeats.
+    fn range(&self, f: impl Fn(&Run) -> Option<f64>) -> Option<(f64, f64)> {
+        let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+        let lo = v.iter().copied().reduce(f64::min)?;
+        Some((lo, v.iter().copied().fold(lo, f64::max)))
+    }
+
     /// The lowest and highest hit rate over the repeats.
     pub fn hit_range(&self) -> Option<(f64, f64)> {
-        let hits: Vec<f64> = self.runs.iter().filter_map(|r| r.hit_rate).collect();
-        let lo = hits.iter().copied().reduce(f64::min)?;
-        Some((lo, hits.iter().copied().fold(lo, f64::max)))
+        self.range(|r| r.hit_rate)
     }
 
     pub fn client_hit_rate(&self) -> Option<f64> {
@@ -230,9 +235,7 @@ impl Cell {
 
     /// The lowest and highest share off home over the repeats.
     pub fn off_home_range(&self) -> Option<(f64, f64)> {
-        let v: Vec<f64> = self.runs.iter().filter_map(|r| r.off_home).collect();
-        let lo = v.iter().copied().reduce(f64::min)?;
-        Some((lo, v.iter().copied().fold(lo, f64::max)))
+        self.range(|r| r.off_home)
     }
 
     /// Store fallbacks summed over the repeats, and the keys stored; `None` without a store.
