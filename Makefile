@@ -150,7 +150,7 @@ REPLICA_POLICIES     := chwbl-175,bounded-keys,chwbl-175-x3-replicas,bounded-key
 BENCH_REPLICAS_ARGS  ?= --repeats 3
 BENCH_NEW_KEY_ARGS   ?=
 
-bench-replicas: build envoy etcd bench-peers ## Envoy replicas (~7 min): the 2-replica disagreement simulation; 3 replicas each sent a random share, with and without the etcd placement store, on emulated engines (bench/replicas/ROUTING.md); a new key's added latency with the store; sections of bench/RESULTS.md. BENCH_REPLICAS_ARGS=--quick BENCH_NEW_KEY_ARGS=--quick for a sanity run
+bench-replicas: build envoy etcd bench-peers ## Envoy replicas (~10 min): the 2-replica disagreement simulation; 3 replicas each sent a random share, with and without the etcd placement store, on emulated engines (bench/replicas/ROUTING.md); a new key's added latency with the store; sections of bench/RESULTS.md. BENCH_REPLICAS_ARGS=--quick BENCH_NEW_KEY_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) replicas
 	$(BENCH) routing --workloads tenants-6,tenants-12,zipf-hot --policies $(REPLICA_POLICIES) $(BENCH_REPLICAS_ARGS) \
