@@ -277,8 +277,9 @@ pub fn markdown(o: &Outcome, m: &Machine) -> String {
     let _ = writeln!(
         md,
         "\nThe store Envoy's new keys: {} stored in etcd (created or adopted), {} placed locally after a fallback \
-         (timeout, error or no healthy member).{etcd} Failed requests: {}{error}.",
-        o.store.stored, o.store.fallbacks, o.errors
+         ({} etcd not answering within `timeout_ms`, {} an error answer or Envoy's 503, {} not sent).{etcd} \
+         Failed requests: {}{error}.",
+        o.store.stored, o.store.fallbacks, o.store.timeouts, o.store.errors, o.store.not_sent, o.errors
     );
     md
 }
@@ -302,7 +303,10 @@ mod tests {
             },
             store: StoreCounts {
                 stored: 40,
-                fallbacks: 0,
+                fallbacks: 2,
+                timeouts: 1,
+                errors: 1,
+                not_sent: 0,
             },
             etcd_before: Some((20_480, 10)),
             etcd_after: Some((40_960, 52)),
@@ -321,6 +325,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("40 stored in etcd"), "{md}");
+        assert!(
+            md.contains("2 placed locally after a fallback (1 etcd not answering within `timeout_ms`, 1 an error"),
+            "{md}"
+        );
         assert!(md.contains("grew by 512 bytes per stored key"), "{md}");
         assert!(md.contains("revision by 1.05 per stored key"), "{md}");
     }

@@ -213,7 +213,7 @@ mod tests {
                 run.off_home = Some(off);
                 run.store = p.store().then_some(StoreCounts {
                     stored: 18,
-                    fallbacks: 0,
+                    ..StoreCounts::default()
                 });
                 o.cells.push(Cell {
                     workload: w,

@@ -246,6 +246,9 @@ impl Cell {
             .reduce(|a, b| policy::StoreCounts {
                 stored: a.stored + b.stored,
                 fallbacks: a.fallbacks + b.fallbacks,
+                timeouts: a.timeouts + b.timeouts,
+                errors: a.errors + b.errors,
+                not_sent: a.not_sent + b.not_sent,
             })
     }
 
@@ -515,7 +518,10 @@ fn line(run: &Run, oracle: f64) -> String {
         _ => String::new(),
     };
     let store = run.store.map_or(String::new(), |s| {
-        format!("  store: {} stored, {} fallbacks", s.stored, s.fallbacks)
+        format!(
+            "  store: {} stored, {} fallbacks ({} timeouts, {} errors, {} not sent)",
+            s.stored, s.fallbacks, s.timeouts, s.errors, s.not_sent
+        )
     });
     format!(
         "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  off home {}  per engine {:?}  {:.1} s{store}{errors}",

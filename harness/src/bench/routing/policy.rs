@@ -294,6 +294,11 @@ pub struct StoreCounts {
     pub stored: u64,
     /// New keys placed locally because etcd did not answer in time, could not be reached, or failed.
     pub fallbacks: u64,
+    /// Of those, by cause: etcd did not answer within `timeout_ms`, answered with an error (or Envoy with a 503),
+    /// or the callout could not be sent.
+    pub timeouts: u64,
+    pub errors: u64,
+    pub not_sent: u64,
 }
 
 /// Reads the store outcomes from every Envoy's admin `/stats`.
@@ -315,6 +320,11 @@ pub async fn store_counts(envoys: &[Envoy]) -> StoreCounts {
             let n = envoy.stat(&name).await.unwrap_or(0);
             if fallback {
                 counts.fallbacks += n;
+                match outcome {
+                    Outcome::Fallback(Fallback::Timeout) => counts.timeouts += n,
+                    Outcome::Fallback(Fallback::Error) => counts.errors += n,
+                    _ => counts.not_sent += n,
+                }
             } else {
                 counts.stored += n;
             }
