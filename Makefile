@@ -138,7 +138,7 @@ VLLM_ROUTER_VERSION   ?= 0.1.17
 
 bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md holds the overhead and micro figures, bench/ROUTING.md the routing ones
 
-bench-overhead: build envoy bench-peers ## Filter overhead vs plain Envoy and the peer routers (<=10 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
+bench-overhead: build envoy etcd bench-peers ## Filter overhead vs plain Envoy and the peer routers, and bounded_keys with and without the etcd placement store vs hash (<=10 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
 
@@ -146,14 +146,17 @@ bench-routing: build envoy bench-peers ## Routing quality vs the peer routers an
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) routing $(BENCH_ROUTING_ARGS)
 
-REPLICA_POLICIES := chwbl-175,bounded-keys,chwbl-175-x2-replicas,bounded-keys-x2-replicas,sglang-cache-aware
+REPLICA_POLICIES     := chwbl-175,bounded-keys,chwbl-175-x3-replicas,bounded-keys-x3-replicas,bounded-keys+etcd-x3-replicas,sglang-cache-aware
+BENCH_REPLICAS_ARGS  ?= --repeats 3
+BENCH_NEW_KEY_ARGS   ?=
 
-bench-replicas: build envoy bench-peers ## Placement across two Envoy replicas (~4 min): the disagreement simulation, then 2-replica routing on emulated engines; sections of bench/RESULTS.md, bench/replicas/ROUTING.md
+bench-replicas: build envoy etcd bench-peers ## Envoy replicas (~10 min): the 2-replica disagreement simulation; 3 replicas each sent a random share, with and without the etcd placement store, on emulated engines (bench/replicas/ROUTING.md); a new key's added latency with the store; sections of bench/RESULTS.md. BENCH_REPLICAS_ARGS=--quick BENCH_NEW_KEY_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) replicas
-	$(BENCH) routing --workloads tenants-6,tenants-12,zipf-hot --policies $(REPLICA_POLICIES) --repeats 3 \
-		--no-movement --out bench/replicas --results bench/RESULTS.md --section placement-replicas \
-		--title 'Placement with two replicas, on emulated engines (`make bench-replicas`)'
+	$(BENCH) routing --workloads tenants-6,tenants-12,zipf-hot --policies $(REPLICA_POLICIES) $(BENCH_REPLICAS_ARGS) \
+		--same-fleet --no-movement --out bench/replicas --results bench/RESULTS.md --section placement-replicas \
+		--title 'Placement with Envoy replicas, on emulated engines (`make bench-replicas`)'
+	$(BENCH) new-key $(BENCH_NEW_KEY_ARGS)
 
 bench-micro: ## Criterion benches of the core (MiB/s, ~2 min), then allocations per request (bench/out/alloc.md)
 	$(CARGO) bench -p llmroute-core --bench core

@@ -8,7 +8,9 @@
 //! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`);
 //! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
 //! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
-//! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`.
+//! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`;
+//! - [`replicas`]: the two-replica disagreement simulation; [`new_key`]: what the placement store adds to a new
+//!   key's first request (both `make bench-replicas`).
 
 pub use llmroute_synth::body;
 pub mod engines;
@@ -16,6 +18,7 @@ pub mod goals;
 pub mod load;
 pub mod machine;
 pub mod micro;
+pub mod new_key;
 pub mod overhead;
 pub mod plot;
 pub mod procstat;

@@ -43,8 +43,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The full run: 5 sizes × concurrency 1 (unloaded latency), 16 and 64 × 5 rounds of 1.2 s for 4 systems,
-    /// about 7 minutes.
+    /// The full run: 5 sizes × concurrency 1 (unloaded latency), 16 and 64 × 5 rounds of 1.2 s for 6 systems,
+    /// about 10 minutes.
     pub fn full(seed: u64) -> Self {
         Settings {
             sizes: SIZES.to_vec(),
@@ -60,7 +60,7 @@ impl Settings {
         }
     }
 
-    /// A sanity run of about 40 s: 4 KiB and 256 KiB at concurrency 1 and 16, 2 rounds of 1 s.
+    /// A sanity run of about a minute: 4 KiB and 256 KiB at concurrency 1 and 16, 2 rounds of 1 s.
     pub fn quick(seed: u64) -> Self {
         Settings {
             sizes: vec![4 << 10, 256 << 10],
@@ -148,8 +148,24 @@ impl CaseResult {
     }
 
     fn paired(&self, kind: Kind, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
-        let (sys, plain) = (self.runs(kind)?, self.runs(Kind::PlainEnvoy)?);
-        median_of(sys.rounds.iter().zip(&plain.rounds).map(|(s, p)| f(s, p)))
+        self.paired_with(kind, Kind::PlainEnvoy, f)
+    }
+
+    /// Median over rounds of `f(kind's round, base's round of the same index)`.
+    fn paired_with(&self, kind: Kind, base: Kind, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
+        let (sys, base) = (self.runs(kind)?, self.runs(base)?);
+        median_of(sys.rounds.iter().zip(&base.rounds).map(|(s, b)| f(s, b)))
+    }
+
+    /// Against llmroute with `placement: hash` ([`Kind::Llmroute`]), per round: requests/s ÷ hash's, added p50 µs
+    /// and added proxy CPU µs per request; medians over rounds.
+    pub fn against_hash(&self, kind: Kind) -> (Option<f64>, Option<f64>, Option<f64>) {
+        let base = Kind::Llmroute;
+        (
+            self.paired_with(kind, base, |s, b| (b.rps > 0.0).then(|| s.rps / b.rps)),
+            self.paired_with(kind, base, |s, b| Some(s.p50_us? - b.p50_us?)),
+            self.paired_with(kind, base, |s, b| Some((s.cpu_per_req? - b.cpu_per_req?) * 1e6)),
+        )
     }
 
     fn own(&self, kind: Kind, f: impl Fn(&Measure) -> Option<f64>) -> Option<f64> {
@@ -516,6 +532,7 @@ pub(crate) mod sample {
             systems: vec![
                 runs(Kind::Llmroute, 1000.0 * ours, 330.0, 100.0 / ours),
                 runs(Kind::PlainEnvoy, 1000.0, 300.0, 100.0),
+                runs(Kind::BoundedKeys, 1000.0 * ours * 0.95, 335.0, 100.0 / ours + 4.0),
                 runs(Kind::Sglang, 700.0, 400.0, 150.0),
             ],
             direct: measure(9000.0, 30.0, 0.0),
@@ -561,5 +578,10 @@ pub(crate) mod sample {
         assert_eq!(c.ratio(Kind::Vllm), None);
         assert_eq!(c.errors(Kind::Llmroute), (0, None));
         assert_eq!(o.foreign_load(), Some((0.05, 0.05)));
+        let (ratio, p50, cpu) = c.against_hash(Kind::BoundedKeys);
+        assert!((ratio.unwrap() - 0.95).abs() < 1e-9);
+        assert_eq!(p50, Some(5.0));
+        assert!((cpu.unwrap() - 4.0).abs() < 1e-6);
+        assert_eq!(c.against_hash(Kind::BoundedKeysStore), (None, None, None));
     }
 }

@@ -25,6 +25,7 @@ pub fn markdown(outcome: &Outcome, machine: &Machine, micro: &Micro) -> String {
         table(&mut md, outcome, c);
     }
     goals_section(&mut md, outcome);
+    placement(&mut md, outcome);
     memory(&mut md, outcome);
     native(&mut md, outcome);
     micro_section(&mut md, micro);
@@ -121,7 +122,7 @@ fn settings(md: &mut String, o: &Outcome, m: &Machine) {
     let _ = writeln!(
         md,
         "- **Rounds.** Per case, a {:.1} s warm-up of each system, one direct round, then {} interleaved rounds \
-         (A B C D, B C D A, ...) of {:.1} s each. Ratios and added latency are per round against the plain-Envoy \
+         (A B C ..., B C ... A, ...) of {:.1} s each. Ratios and added latency are per round against the plain-Envoy \
          round beside it; every figure is the median over rounds.",
         s.warmup.as_secs_f64(),
         s.rounds,
@@ -211,6 +212,43 @@ fn row(c: &CaseResult, kind: Kind) -> String {
         num(c.cpu_us(kind), 1),
         num(rss, 0),
     )
+}
+
+/// `bounded_keys`, with and without the placement store, against `hash`: what placement costs on known keys.
+fn placement(md: &mut String, o: &Outcome) {
+    let kinds = [Kind::BoundedKeys, Kind::BoundedKeysStore];
+    if !o.cases.iter().any(|c| kinds.iter().any(|&k| c.runs(k).is_some())) {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Placement: `bounded_keys` against `hash`\n\n\
+         The same Envoy and filter with `placement: bounded_keys`, without and with the placement store (a \
+         3-member etcd cluster on loopback), against `placement: hash` (the *llmroute (Envoy + filter)* rows), \
+         round by round. After the warm-up each of the {} prompt families is a known key, read from the local \
+         table: this is the steady-state cost. A new key's first request, which waits for etcd, is measured apart \
+         ([`llmroute-bench new-key`](#cost-of-a-new-key-with-the-placement-store-llmroute-bench-new-key)).\n\n\
+         | case | system | req/s × hash | added p50 µs | added proxy CPU µs/req |\n|---|---|---:|---:|---:|",
+        o.settings.families
+    );
+    for c in &o.cases {
+        for kind in kinds {
+            if c.runs(kind).is_none() {
+                continue;
+            }
+            let (ratio, p50, cpu) = c.against_hash(kind);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                c.case.label(),
+                kind.name(),
+                num(ratio, 2),
+                num(p50, 0),
+                num(cpu, 1)
+            );
+        }
+    }
+    md.push('\n');
 }
 
 fn goals_section(md: &mut String, o: &Outcome) {
@@ -392,6 +430,8 @@ mod tests {
             "| 256 KiB c=16 | req/s ≥ 0.6× plain Envoy at 256 KiB | 0.50× | MISSED | 0.50× | MISSED |",
             "peer not measured",
             "## Memory",
+            "## Placement: `bounded_keys` against `hash`",
+            "| 4 KiB c=16 | llmroute bounded_keys | 0.95 | 5 | 4.0 |",
             "run `make bench-micro`",
         ] {
             assert!(md.contains(part), "missing {part:?} in:\n{md}");

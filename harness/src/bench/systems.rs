@@ -1,6 +1,10 @@
 //! The proxies the overhead bench compares, each started once, in front of the same upstreams.
 //!
 //! - **llmroute**: Envoy with the filter, rendered from an llmroute config.
+//! - **llmroute bounded_keys**, with and without the placement store: the same render with
+//!   `affinity.placement: bounded_keys`; the store variant shares its key table through a 3-member etcd cluster on
+//!   loopback, started with it and ready once Envoy sees every member healthy. After the warm-up every prompt
+//!   family is a known key, so these rows show placement's steady-state cost against `hash` (the first row);
 //! - **plain Envoy**: the same render minus the filter; its route names the cluster statically and hashes the
 //!   client's `x-llmroute-affinity` header, so its load balancer does the same work.
 //! - **sglang-router** and **vllm-router**: the PyPI wheels, from the venv `.tools/venv` (`$LLMROUTE_VENV`),
@@ -17,6 +21,7 @@ use serde_json::{json, Value};
 use super::body::{ALIAS, UPSTREAM_MODEL};
 use super::upstream::Upstreams;
 use crate::envoy::{pinned_command, random_ports, repo_root, Envoy, EnvoyOptions};
+use crate::etcd::EtcdCluster;
 
 /// The chat path every system serves.
 pub const CHAT_PATH: &str = "/v1/chat/completions";
@@ -26,20 +31,34 @@ const PEER_START_LIMIT: Duration = Duration::from_secs(90);
 /// Which system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
+    /// The filter with `placement: hash` (Envoy's CHWBL).
     Llmroute,
     PlainEnvoy,
+    /// The filter with `placement: bounded_keys`, no store.
+    BoundedKeys,
+    /// The filter with `placement: bounded_keys` and `placement_store.etcd`.
+    BoundedKeysStore,
     Sglang,
     Vllm,
 }
 
 impl Kind {
     /// Every system, in the order of each round.
-    pub const ALL: [Kind; 4] = [Kind::Llmroute, Kind::PlainEnvoy, Kind::Sglang, Kind::Vllm];
+    pub const ALL: [Kind; 6] = [
+        Kind::Llmroute,
+        Kind::PlainEnvoy,
+        Kind::BoundedKeys,
+        Kind::BoundedKeysStore,
+        Kind::Sglang,
+        Kind::Vllm,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Llmroute => "llmroute (Envoy + filter)",
             Kind::PlainEnvoy => "plain Envoy",
+            Kind::BoundedKeys => "llmroute bounded_keys",
+            Kind::BoundedKeysStore => "llmroute bounded_keys + etcd store",
             Kind::Sglang => "sglang-router",
             Kind::Vllm => "vllm-router",
         }
@@ -50,6 +69,8 @@ impl Kind {
         match self {
             Kind::Llmroute => "llmroute",
             Kind::PlainEnvoy => "plain",
+            Kind::BoundedKeys => "bounded",
+            Kind::BoundedKeysStore => "bk+etcd",
             Kind::Sglang => "sglang",
             Kind::Vllm => "vllm",
         }
@@ -67,7 +88,8 @@ pub struct System {
 }
 
 enum Process {
-    Envoy(Envoy),
+    /// An Envoy, and the etcd cluster of its placement store (dropped after it).
+    Envoy(Envoy, #[allow(dead_code)] Option<EtcdCluster>),
     /// Held only so that dropping the system kills the router.
     #[allow(dead_code)]
     Peer(Peer),
@@ -77,7 +99,9 @@ impl System {
     /// Starts `kind` in front of `upstreams`, pinned to `cpus` when given.
     pub async fn start(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
         match kind {
-            Kind::Llmroute | Kind::PlainEnvoy => start_envoy(kind, upstreams, cpus).await,
+            Kind::Llmroute | Kind::PlainEnvoy | Kind::BoundedKeys | Kind::BoundedKeysStore => {
+                start_envoy(kind, upstreams, cpus).await
+            }
             Kind::Sglang | Kind::Vllm => start_peer(kind, upstreams, cpus).await,
         }
     }
@@ -85,7 +109,7 @@ impl System {
     /// The Envoy behind this system, if it is one.
     pub fn envoy(&self) -> Option<&Envoy> {
         match &self.process {
-            Process::Envoy(e) => Some(e),
+            Process::Envoy(e, _) => Some(e),
             Process::Peer(_) => None,
         }
     }
@@ -100,21 +124,66 @@ pub fn bench_config(endpoints: &[String]) -> Value {
     })
 }
 
+/// [`bench_config`] with `placement: bounded_keys`, and the store on `etcd`'s members when given.
+pub fn bounded_keys_config(endpoints: &[String], etcd: Option<&[String]>) -> Value {
+    let mut config = bench_config(endpoints);
+    config["affinity"] = json!({ "placement": "bounded_keys" });
+    if let Some(members) = etcd {
+        config["affinity"]["placement_store"] = json!({ "etcd": { "endpoints": members, "prefix": "/bench" } });
+    }
+    config
+}
+
 async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
-        with_filter: kind == Kind::Llmroute,
+        with_filter: kind != Kind::PlainEnvoy,
         cpu_list: cpus.map(str::to_string),
         ..EnvoyOptions::default()
     };
-    let envoy = Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await?;
+    let etcd = match kind {
+        Kind::BoundedKeysStore => Some(EtcdCluster::start().await?),
+        _ => None,
+    };
+    let members = etcd.as_ref().map(EtcdCluster::urls);
+    let endpoints = upstreams.endpoints();
+    let config = match kind {
+        Kind::BoundedKeys | Kind::BoundedKeysStore => bounded_keys_config(&endpoints, members.as_deref()),
+        _ => bench_config(&endpoints),
+    };
+    let envoy = Envoy::start_with(config, opts).await?;
+    if let Some(members) = &members {
+        wait_store_healthy(&envoy, members.len()).await?;
+    }
+    if matches!(kind, Kind::BoundedKeys | Kind::BoundedKeysStore) {
+        let n = endpoints.len() as u64;
+        envoy.wait_snapshot_healthy("bench", n, Duration::from_secs(30)).await?;
+    }
     Ok(System {
         kind,
         url: envoy.url(CHAT_PATH),
         pid: envoy.pid(),
-        process: Process::Envoy(envoy),
+        process: Process::Envoy(envoy, etcd),
     })
+}
+
+/// Waits until Envoy's placement-store cluster has `n` healthy members, so that new keys reach etcd.
+async fn wait_store_healthy(envoy: &Envoy, n: usize) -> Result<(), String> {
+    let cluster = llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = envoy.host_health(cluster).await;
+        if health.len() == n && health.values().all(|f| f == "healthy") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the etcd members did not all turn healthy in Envoy: {health:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The venv holding the peer routers: `$LLMROUTE_VENV`, else `.tools/venv`.

@@ -9,6 +9,9 @@
 //! checks the invariants; `llmroute-bench soak` drives it at a healthy fleet and fails when memory grows. Both
 //! write a dated section of `docs/chaos-and-soak.md` unless told not to.
 //!
+//! `llmroute-bench new-key` measures what the placement store (etcd) adds to a new key's first request, side by
+//! side with the same Envoy without it, and writes its section of `bench/RESULTS.md`.
+//!
 //! `llmroute-bench routing` replays workloads through llmroute and the peer routers' policies in front of emulated
 //! engines with a cost model, against the oracle, and writes `bench/ROUTING.md` and `bench/routing.png`.
 
@@ -40,6 +43,9 @@ enum Cmd {
     /// How often two replicas with `placement: bounded_keys` disagree when their traffic differs (a simulation
     /// with the filter's own placement function); writes its section of RESULTS.md.
     Replicas(ReplicasArgs),
+    /// The added latency of a new key's first request with the placement store (a 3-member etcd on loopback),
+    /// against the same Envoy without it; writes its section of RESULTS.md.
+    NewKey(NewKeyArgs),
     /// Faults under load: ~200 requests/s at an emulated fleet that fails in every way, then the invariants.
     Chaos(ChaosArgs),
     /// Memory soak: load at a healthy fleet; fails when the filter's VM memory or Envoy's heap grows.
@@ -92,8 +98,23 @@ struct ReplicasArgs {
 }
 
 #[derive(clap::Args)]
+struct NewKeyArgs {
+    /// A sanity run: 40 keys instead of 400.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Fresh keys per Envoy (default 400; 40 with --quick).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// The file whose `placement-store-cost` section is written.
+    #[arg(long, default_value_os_t = repo_root().join("bench/RESULTS.md"))]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
 struct OverheadArgs {
-    /// A fast sanity run (4 KiB and 256 KiB, concurrency 1 and 16, 2 short rounds), about 40 s.
+    /// A fast sanity run (4 KiB and 256 KiB, concurrency 1 and 16, 2 short rounds), about a minute.
     #[arg(long)]
     quick: bool,
     /// Seed of the request bodies.
@@ -118,6 +139,7 @@ fn main() -> ExitCode {
         Cmd::Overhead(args) => args,
         Cmd::Routing(args) => return llmroute_harness::bench::routing::cli::main(args),
         Cmd::Replicas(args) => return replicas(&args),
+        Cmd::NewKey(args) => return new_key(&args),
         Cmd::Chaos(args) => return chaos(&args),
         Cmd::Soak(args) => return soak(&args),
     };
@@ -155,6 +177,36 @@ fn replicas(args: &ReplicasArgs) -> ExitCode {
     match sections::write(&args.out, "replicas", &body) {
         Ok(()) => {
             println!("wrote the replicas section of {}", args.out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn new_key(args: &NewKeyArgs) -> ExitCode {
+    use llmroute_harness::bench::new_key;
+    let mut settings = if args.quick {
+        new_key::Settings::quick(args.seed)
+    } else {
+        new_key::Settings::full(args.seed)
+    };
+    settings.keys = args.keys.unwrap_or(settings.keys).max(1);
+    let machine = Machine::probe();
+    let outcome = match runtime().and_then(|rt| rt.block_on(new_key::run(settings))) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("llmroute-bench new-key: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let md = new_key::markdown(&outcome, &machine);
+    println!("{md}");
+    match sections::write(&args.out, "placement-store-cost", &md) {
+        Ok(()) => {
+            println!("wrote the placement-store-cost section of {}", args.out.display());
             ExitCode::SUCCESS
         }
         Err(e) => {

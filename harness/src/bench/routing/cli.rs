@@ -26,12 +26,18 @@ pub struct RoutingArgs {
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// Only these policies, comma-separated: chwbl-125, chwbl-175, chwbl-200, bounded-keys, least-request,
-    /// sglang-cache-aware, sglang-round-robin, vllm-consistent-hash, vllm-cache-aware.
+    /// sglang-cache-aware, sglang-round-robin, vllm-consistent-hash, vllm-cache-aware; and the replicated ones
+    /// (N = 2 or 3, each request to a random replica): chwbl-175-xN-replicas, bounded-keys-xN-replicas,
+    /// bounded-keys+etcd-xN-replicas (with the placement store on a 3-member etcd).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Skip the key-movement measurement.
     #[arg(long)]
     pub no_movement: bool,
+    /// One fleet per repeat and workload for every policy, reset before each, so that every policy sees the same
+    /// engine ports (the same host order and ring); by default each policy gets a fresh fleet.
+    #[arg(long)]
+    pub same_fleet: bool,
     /// Where ROUTING.md and routing.png go.
     #[arg(long, default_value_os_t = repo_root().join("bench"))]
     pub out: PathBuf,
@@ -81,6 +87,7 @@ fn settings(args: &RoutingArgs) -> Result<Settings, String> {
     if args.no_movement {
         s.movement_keys = 0;
     }
+    s.same_fleet = args.same_fleet;
     Ok(s)
 }
 
@@ -129,6 +136,9 @@ fn run(settings: Settings, args: &RoutingArgs) -> Result<(), String> {
     for line in report::goal_lines(&outcome) {
         println!("{line}");
     }
+    for line in super::agreement::goal_lines(&outcome) {
+        println!("replicas: {}", line.replace("**", ""));
+    }
     for line in report::headline(&outcome, 175) {
         println!("chwbl 175 {line}");
     }
@@ -172,6 +182,7 @@ mod tests {
             "--repeats",
             "1",
             "--no-movement",
+            "--same-fleet",
         ]);
         let s = settings(&tenants.args).unwrap();
         assert_eq!(s.workloads, [Workload::Tenants6, Workload::Tenants12]);
@@ -179,6 +190,7 @@ mod tests {
             s.policies,
             [Policy::Chwbl(175), Policy::BoundedKeys(150), Policy::SglangCacheAware]
         );
-        assert_eq!((s.repeats, s.movement_keys), (1, 0));
+        assert_eq!((s.repeats, s.movement_keys, s.same_fleet), (1, 0, true));
+        assert!(!settings(&w.args).unwrap().same_fleet);
     }
 }

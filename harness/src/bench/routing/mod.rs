@@ -14,8 +14,12 @@
 //! ([`movement`]), checks the goals ([`goals`]) and writes `bench/ROUTING.md` ([`report`]) and
 //! `bench/routing.png` ([`plot`]).
 //!
+//! With replicated policies ([`policy::Policy::Replicas`]) it also reads which engine answered each request and
+//! reports, per run, how many were served off their key's first host ([`agreement`]).
+//!
 //! - [`workload`]: the seeded traces and their oracle; [`policy`]: the systems; [`replay`]: the client.
 
+pub mod agreement;
 pub mod cli;
 pub mod goals;
 pub mod movement;
@@ -54,6 +58,10 @@ pub struct Settings {
     pub policies: Vec<Policy>,
     /// Keys replayed to measure movement; 0 skips it.
     pub movement_keys: usize,
+    /// One fleet per repeat and workload, shared by every policy and reset (cold caches, zero counters) before
+    /// each, instead of a fresh fleet per policy: every policy then sees the same engine ports, so the same host
+    /// order for placement and the same ring, and their difference is the policies'.
+    pub same_fleet: bool,
     pub quick: bool,
 }
 
@@ -76,6 +84,7 @@ impl Settings {
             workloads: Workload::ALL.to_vec(),
             policies: Policy::ALL.to_vec(),
             movement_keys: 240,
+            same_fleet: false,
             quick: false,
         }
     }
@@ -152,6 +161,10 @@ pub struct Run {
     pub first_error: Option<String>,
     /// Mean wait for an engine slot, over all requests.
     pub queue_wait_ms: Option<f64>,
+    /// Share of requests served by another engine than their key's first request ([`agreement::off_home`]).
+    pub off_home: Option<f64>,
+    /// With a placement store: what the replicas' new keys met in etcd.
+    pub store: Option<policy::StoreCounts>,
     /// From the first request to the last answer.
     pub elapsed: Duration,
 }
@@ -182,11 +195,16 @@ impl Cell {
         self.median(|r| r.hit_rate)
     }
 
+    /// The lowest and highest of `f` over the repeats.
+    fn range(&self, f: impl Fn(&Run) -> Option<f64>) -> Option<(f64, f64)> {
+        let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+        let lo = v.iter().copied().reduce(f64::min)?;
+        Some((lo, v.iter().copied().fold(lo, f64::max)))
+    }
+
     /// The lowest and highest hit rate over the repeats.
     pub fn hit_range(&self) -> Option<(f64, f64)> {
-        let hits: Vec<f64> = self.runs.iter().filter_map(|r| r.hit_rate).collect();
-        let lo = hits.iter().copied().reduce(f64::min)?;
-        Some((lo, hits.iter().copied().fold(lo, f64::max)))
+        self.range(|r| r.hit_rate)
     }
 
     pub fn client_hit_rate(&self) -> Option<f64> {
@@ -219,6 +237,29 @@ impl Cell {
 
     pub fn queue_wait_ms(&self) -> Option<f64> {
         self.median(|r| r.queue_wait_ms)
+    }
+
+    pub fn off_home(&self) -> Option<f64> {
+        self.median(|r| r.off_home)
+    }
+
+    /// The lowest and highest share off home over the repeats.
+    pub fn off_home_range(&self) -> Option<(f64, f64)> {
+        self.range(|r| r.off_home)
+    }
+
+    /// Store fallbacks summed over the repeats, and the keys stored; `None` without a store.
+    pub fn store(&self) -> Option<policy::StoreCounts> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.store)
+            .reduce(|a, b| policy::StoreCounts {
+                stored: a.stored + b.stored,
+                fallbacks: a.fallbacks + b.fallbacks,
+                timeouts: a.timeouts + b.timeouts,
+                errors: a.errors + b.errors,
+                not_sent: a.not_sent + b.not_sent,
+            })
     }
 
     /// Errors over all repeats, and the first message.
@@ -323,6 +364,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     let n = settings.policies.len();
     for repeat in 0..settings.repeats {
         for trace in &traces {
+            let shared = match settings.same_fleet {
+                true => Some(cost_fleet(&settings, trace.workload).await?),
+                false => None,
+            };
             // Rotate the policy order per repeat, so slow drift of the machine hits every policy alike.
             for policy in (0..n).map(|i| settings.policies[(i + repeat) % n]) {
                 if missing.iter().any(|m| m.policy == policy) {
@@ -335,7 +380,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                     trace.workload.id(),
                     policy.label()
                 );
-                match run_one(&settings, policy, trace, &client).await {
+                match run_one(&settings, policy, trace, &client, shared.as_ref()).await {
                     Ok(run) => {
                         let oracle = settings.oracle_hit_rate(trace);
                         progress(Some(started), &format!("{tag} {}", line(&run, oracle)));
@@ -403,19 +448,34 @@ pub async fn cost_fleet(settings: &Settings, w: Workload) -> Result<Fleet, Strin
     .map_err(|e| format!("starting the engines: {e}"))
 }
 
-/// One replay on a fresh fleet and a fresh system.
-async fn run_one(settings: &Settings, policy: Policy, trace: &Trace, client: &reqwest::Client) -> Result<Run, String> {
-    let fleet = cost_fleet(settings, trace.workload).await?;
+/// One replay on a fresh system, in front of `shared` (reset) or a fresh fleet.
+async fn run_one(
+    settings: &Settings,
+    policy: Policy,
+    trace: &Trace,
+    client: &reqwest::Client,
+    shared: Option<&Fleet>,
+) -> Result<Run, String> {
+    let own = match shared {
+        Some(_) => None,
+        None => Some(cost_fleet(settings, trace.workload).await?),
+    };
+    let fleet = shared.or(own.as_ref()).ok_or("no fleet")?;
     let slots = settings.cost_for(trace.workload).slots;
     let system = Running::start(policy, &fleet.endpoints(), slots).await?;
     // The readiness probes went through the engines: forget them, and start from cold caches.
     fleet.reset();
     let start = Instant::now();
-    let samples = replay::replay(client, &system.urls, trace, policy.sends_session()).await;
+    let samples = replay::replay(client, &system.urls, trace, policy.sends_session(), settings.seed).await;
     let elapsed = start.elapsed();
+    let store = system.store_counts().await;
     drop(system);
     let stats: Vec<_> = fleet.engines.iter().filter_map(|e| e.cost_stats()).collect();
-    Ok(summarize(&samples, &stats, elapsed))
+    Ok(Run {
+        off_home: agreement::off_home(&samples),
+        store,
+        ..summarize(&samples, &stats, elapsed)
+    })
 }
 
 /// The figures of one replay, from the client's samples and the engines' counters.
@@ -449,6 +509,8 @@ pub fn summarize(samples: &[Sample], engines: &[crate::emulator::cost::EngineSta
         errors: errors.len(),
         first_error: errors.first().and_then(|s| s.error.clone()),
         queue_wait_ms: (requests > 0).then(|| waited.as_secs_f64() * 1000.0 / requests as f64),
+        off_home: None,
+        store: None,
         elapsed,
     }
 }
@@ -469,8 +531,14 @@ fn line(run: &Run, oracle: f64) -> String {
         (Some(e), n) => format!("  {n} errors, first: {e}"),
         _ => String::new(),
     };
+    let store = run.store.map_or(String::new(), |s| {
+        format!(
+            "  store: {} stored, {} fallbacks ({} timeouts, {} errors, {} not sent)",
+            s.stored, s.fallbacks, s.timeouts, s.errors, s.not_sent
+        )
+    });
     format!(
-        "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  per engine {:?}  {:.1} s{errors}",
+        "hit {} (oracle {:.3})  ttft p50 {} p99 {} ms (engine {} / {})  busiest/mean {}  off home {}  per engine {:?}  {:.1} s{store}{errors}",
         f(run.hit_rate, 3),
         oracle,
         f(run.ttft_p50_ms, 1),
@@ -478,6 +546,7 @@ fn line(run: &Run, oracle: f64) -> String {
         f(run.engine_ttft_p50_ms, 1),
         f(run.engine_ttft_p99_ms, 1),
         f(run.busiest_over_mean(), 2),
+        f(run.off_home.map(|v| 100.0 * v), 1) + "%",
         run.per_engine,
         run.elapsed.as_secs_f64()
     )
@@ -503,6 +572,8 @@ pub(crate) mod sample {
             errors: 0,
             first_error: None,
             queue_wait_ms: Some(1.0),
+            off_home: Some(0.0),
+            store: None,
             elapsed: Duration::from_secs(5),
         }
     }

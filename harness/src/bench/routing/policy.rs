@@ -4,6 +4,9 @@
 //!   the fleet, with `lb: chwbl` and a balance factor, or `lb: least_request`; `bounded_keys` is `chwbl` with
 //!   `affinity.placement: bounded_keys` and the engines' slot counts. It is ready once Envoy's active health checks
 //!   pass for every host.
+//! - **llmroute replicas**: `n` such Envoys with the same config; with [`Placement::Store`] they share their key
+//!   table through a fresh 3-member etcd cluster on loopback ([`EtcdCluster`]), started for the run and ready once
+//!   every replica's Envoy sees every member healthy.
 //! - **sglang-router** and **vllm-router**: the PyPI wheels from the bench venv ([`systems::venv`]), on loopback,
 //!   with `--policy` set and every other option at its default. Ready once a chat request answers 200.
 //!
@@ -17,6 +20,9 @@ use serde_json::{json, Value};
 use crate::bench::body::{ALIAS, UPSTREAM_MODEL};
 use crate::bench::systems::{self, Kind, Peer, CHAT_PATH};
 use crate::envoy::{random_ports, Envoy, EnvoyOptions};
+use crate::etcd::EtcdCluster;
+use llmroute_core::envoy_contract::{metrics::PLACEMENT_STORE, PLACEMENT_STORE_CLUSTER};
+use llmroute_core::key_placement::store::{Fallback, Outcome};
 
 /// The llmroute backend (Envoy cluster) name.
 pub const BACKEND: &str = "bench";
@@ -31,9 +37,10 @@ pub enum Policy {
     /// llmroute, `affinity.placement: bounded_keys` over `chwbl` with this balance factor: the filter pins each new
     /// key to the first host, in the key's rendezvous order, under its share of live keys.
     BoundedKeys(u32),
-    /// Two llmroute replicas with the same config (`Chwbl` or `BoundedKeys` inside), each request sent to one of
-    /// them in turn, as an L4 load balancer would: what placement keeps when replicas see different traffic.
-    TwoReplicas(Placement, u32),
+    /// `n` llmroute replicas with the same config (`Chwbl` or `BoundedKeys` inside, with the balance factor), each
+    /// request sent to one of them at random (seeded), as an L4 load balancer spreading connections would: what
+    /// placement keeps when replicas see different traffic.
+    Replicas(Placement, u32, u8),
     /// llmroute, Envoy least request.
     LeastRequest,
     SglangCacheAware,
@@ -43,18 +50,29 @@ pub enum Policy {
     VllmCacheAware,
 }
 
-/// The placement of a [`Policy::TwoReplicas`] run.
+/// The placement of a [`Policy::Replicas`] run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Placement {
+    /// `lb: chwbl`: every replica builds the same ring.
     Hash,
+    /// `bounded_keys`, each replica with its own key table.
     BoundedKeys,
+    /// `bounded_keys` with `affinity.placement_store.etcd`: one table shared through etcd.
+    Store,
 }
+
+/// The prefix of the store's keys in etcd, for the bench.
+pub const STORE_PREFIX: &str = "/bench";
 
 impl Policy {
     /// Not in a default run; chosen with `--policies`.
-    pub const EXTRA: [Policy; 2] = [
-        Policy::TwoReplicas(Placement::Hash, 175),
-        Policy::TwoReplicas(Placement::BoundedKeys, 150),
+    pub const EXTRA: [Policy; 6] = [
+        Policy::Replicas(Placement::Hash, 175, 3),
+        Policy::Replicas(Placement::BoundedKeys, 150, 3),
+        Policy::Replicas(Placement::Store, 150, 3),
+        Policy::Replicas(Placement::Hash, 175, 2),
+        Policy::Replicas(Placement::BoundedKeys, 150, 2),
+        Policy::Replicas(Placement::Store, 150, 2),
     ];
 
     pub const ALL: [Policy; 9] = [
@@ -74,8 +92,9 @@ impl Policy {
         match self {
             Policy::Chwbl(f) => format!("llmroute chwbl {f}"),
             Policy::BoundedKeys(_) => "llmroute bounded_keys".into(),
-            Policy::TwoReplicas(Placement::Hash, f) => format!("llmroute chwbl {f} x2 replicas"),
-            Policy::TwoReplicas(Placement::BoundedKeys, _) => "llmroute bounded_keys x2 replicas".into(),
+            Policy::Replicas(Placement::Hash, f, n) => format!("llmroute chwbl {f} x{n} replicas"),
+            Policy::Replicas(Placement::BoundedKeys, _, n) => format!("llmroute bounded_keys x{n} replicas"),
+            Policy::Replicas(Placement::Store, _, n) => format!("llmroute bounded_keys+etcd x{n} replicas"),
             Policy::LeastRequest => "llmroute least_request".into(),
             Policy::SglangCacheAware => "sglang cache_aware".into(),
             Policy::SglangRoundRobin => "sglang round_robin".into(),
@@ -84,7 +103,8 @@ impl Policy {
         }
     }
 
-    /// The id on the command line: `chwbl-175`, `bounded-keys`, `least-request`, `sglang-cache-aware`, ...
+    /// The id on the command line: `chwbl-175`, `bounded-keys`, `least-request`, `sglang-cache-aware`,
+    /// `bounded-keys+etcd-x3-replicas`, ...
     pub fn id(self) -> String {
         self.label().replace("llmroute ", "").replace([' ', '_'], "-")
     }
@@ -96,16 +116,21 @@ impl Policy {
     /// How many Envoy replicas the run starts (1 for the peers).
     pub fn replicas(self) -> usize {
         match self {
-            Policy::TwoReplicas(..) => 2,
+            Policy::Replicas(_, _, n) => usize::from(n.max(1)),
             _ => 1,
         }
+    }
+
+    /// Whether the replicas share their key table through etcd.
+    pub fn store(self) -> bool {
+        matches!(self, Policy::Replicas(Placement::Store, ..))
     }
 
     /// The single-replica policy a replicated one runs on each replica.
     fn single(self) -> Policy {
         match self {
-            Policy::TwoReplicas(Placement::Hash, f) => Policy::Chwbl(f),
-            Policy::TwoReplicas(Placement::BoundedKeys, f) => Policy::BoundedKeys(f),
+            Policy::Replicas(Placement::Hash, f, _) => Policy::Chwbl(f),
+            Policy::Replicas(Placement::BoundedKeys | Placement::Store, f, _) => Policy::BoundedKeys(f),
             p => p,
         }
     }
@@ -113,7 +138,7 @@ impl Policy {
     /// The peer router this policy belongs to; `None` for llmroute.
     pub fn peer(self) -> Option<Kind> {
         match self {
-            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::TwoReplicas(..) | Policy::LeastRequest => None,
+            Policy::Chwbl(_) | Policy::BoundedKeys(_) | Policy::Replicas(..) | Policy::LeastRequest => None,
             Policy::SglangCacheAware | Policy::SglangRoundRobin => Some(Kind::Sglang),
             Policy::VllmConsistentHash | Policy::VllmCacheAware => Some(Kind::Vllm),
         }
@@ -138,7 +163,7 @@ impl Policy {
     /// filter's, with Envoy's bounded ring only as the fallback.
     pub fn bound(self) -> Option<f64> {
         match self {
-            Policy::Chwbl(f) | Policy::TwoReplicas(Placement::Hash, f) => Some(f64::from(f) / 100.0),
+            Policy::Chwbl(f) | Policy::Replicas(Placement::Hash, f, _) => Some(f64::from(f) / 100.0),
             _ => None,
         }
     }
@@ -155,15 +180,20 @@ impl Policy {
                  keeps it there; requests spill past Envoy's in-flight bound (factor {f}); Envoy's ring hash is the \
                  fallback"
             ),
-            Policy::TwoReplicas(placement, _) => {
+            Policy::Replicas(placement, _, n) => {
                 format!(
-                    "two Envoys, each configured as `{}`; the client sends each request to one of them in turn",
+                    "{n} Envoys, each configured as `{}`; the client sends each request to one of them at random \
+                     (seeded)",
                     self.single().label()
                 )
                 .replace("`llmroute ", "`")
                     + match placement {
                         Placement::Hash => "",
-                        Placement::BoundedKeys => ", so each builds its own key table from half the traffic",
+                        Placement::BoundedKeys => ", so each builds its own key table from its share of the traffic",
+                        Placement::Store => {
+                            ", sharing one key table through `affinity.placement_store.etcd` (a fresh 3-member etcd \
+                             cluster on loopback per run, `timeout_ms` 50, the default)"
+                        }
                     }
             }
             Policy::LeastRequest => "`lb: least_request` (Envoy `LEAST_REQUEST`, two random choices)".into(),
@@ -182,10 +212,11 @@ impl Policy {
     }
 }
 
-/// The llmroute config for a policy over `endpoints` (`HOST:PORT`), engines of `slots` slots each.
-pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Value {
+/// The llmroute config for a policy over `endpoints` (`HOST:PORT`), engines of `slots` slots each; `store` lists
+/// the etcd members (`http://IP:PORT`) of a [`Placement::Store`] run.
+pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize, store: Option<&[String]>) -> Value {
     let mut backend = json!({ "name": BACKEND, "kind": "llamacpp", "endpoints": endpoints });
-    match policy {
+    match policy.single() {
         Policy::Chwbl(f) | Policy::BoundedKeys(f) => {
             backend["lb"] = json!("chwbl");
             backend["balance_factor"] = json!(f);
@@ -202,19 +233,23 @@ pub fn llmroute_config(policy: Policy, endpoints: &[String], slots: usize) -> Va
     });
     if let Policy::BoundedKeys(_) = policy.single() {
         config["affinity"] = json!({ "placement": "bounded_keys" });
+        if let Some(members) = store.filter(|_| policy.store()) {
+            config["affinity"]["placement_store"] = json!({ "etcd": { "endpoints": members, "prefix": STORE_PREFIX } });
+        }
     }
     config
 }
 
 /// A running system.
 pub struct Running {
-    /// The chat URL of each replica (one, except for [`Policy::TwoReplicas`]).
+    /// The chat URL of each replica (one, except for [`Policy::Replicas`]).
     pub urls: Vec<String>,
     _process: Process,
 }
 
 enum Process {
-    Envoy(Vec<Envoy>),
+    /// The Envoys, then the etcd cluster they share (dropped after them).
+    Envoy(Vec<Envoy>, Option<EtcdCluster>),
     /// Held only so that dropping the system kills the router.
     #[allow(dead_code)]
     Peer(Peer),
@@ -232,41 +267,116 @@ impl Running {
 
     /// The (first) Envoy, for llmroute.
     pub fn envoy(&self) -> Option<&Envoy> {
+        self.envoys().first()
+    }
+
+    /// Every Envoy replica (none for a peer).
+    pub fn envoys(&self) -> &[Envoy] {
         match &self._process {
-            Process::Envoy(e) => e.first(),
-            Process::Peer(_) => None,
+            Process::Envoy(e, _) => e,
+            Process::Peer(_) => &[],
         }
     }
+
+    /// What the replicas' new keys met in etcd, summed over them: `None` without a store.
+    pub async fn store_counts(&self) -> Option<StoreCounts> {
+        if !matches!(&self._process, Process::Envoy(_, Some(_))) {
+            return None;
+        }
+        Some(store_counts(self.envoys()).await)
+    }
+}
+
+/// A store run's `llmroute_placement_store_total`, summed over the replicas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreCounts {
+    /// New keys this replica created in etcd (`won`) or found there (`adopted`).
+    pub stored: u64,
+    /// New keys placed locally because etcd did not answer in time, could not be reached, or failed.
+    pub fallbacks: u64,
+    /// Of those, by cause: etcd did not answer within `timeout_ms`, answered with an error (or Envoy with a 503),
+    /// or the callout could not be sent.
+    pub timeouts: u64,
+    pub errors: u64,
+    pub not_sent: u64,
+}
+
+/// Reads the store outcomes from every Envoy's admin `/stats`.
+pub async fn store_counts(envoys: &[Envoy]) -> StoreCounts {
+    let mut counts = StoreCounts::default();
+    let outcomes = [
+        (Outcome::Won, false),
+        (Outcome::Adopted { host: 0 }, false),
+        (Outcome::Fallback(Fallback::Timeout), true),
+        (Outcome::Fallback(Fallback::NotSent), true),
+        (Outcome::Fallback(Fallback::Error), true),
+    ];
+    for envoy in envoys {
+        for (outcome, fallback) in outcomes {
+            let name = format!(
+                "wasmcustom.{}",
+                llmroute_core::envoy_contract::metrics::labelled(PLACEMENT_STORE, &[("outcome", outcome.as_str())])
+            );
+            let n = envoy.stat(&name).await.unwrap_or(0);
+            if fallback {
+                counts.fallbacks += n;
+                match outcome {
+                    Outcome::Fallback(Fallback::Timeout) => counts.timeouts += n,
+                    Outcome::Fallback(Fallback::Error) => counts.errors += n,
+                    _ => counts.not_sent += n,
+                }
+            } else {
+                counts.stored += n;
+            }
+        }
+    }
+    counts
 }
 
 async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> Result<Running, String> {
+    let etcd = if policy.store() {
+        Some(EtcdCluster::start().await?)
+    } else {
+        None
+    };
+    let members = etcd.as_ref().map(EtcdCluster::urls);
+    let config = llmroute_config(policy, endpoints, slots, members.as_deref());
     let mut envoys = Vec::new();
     for _ in 0..policy.replicas() {
-        envoys.push(start_envoy(policy.single(), endpoints, slots).await?);
+        envoys.push(start_envoy(&config, endpoints.len(), members.as_ref().map_or(0, Vec::len)).await?);
     }
     Ok(Running {
         urls: envoys.iter().map(|e| e.url(CHAT_PATH)).collect(),
-        _process: Process::Envoy(envoys),
+        _process: Process::Envoy(envoys, etcd),
     })
 }
 
-async fn start_envoy(policy: Policy, endpoints: &[String], slots: usize) -> Result<Envoy, String> {
+/// Starts one Envoy with `config` and waits until its `hosts` engines (and its `members` etcd members, when it
+/// has a store) pass their health checks, the filter's snapshot sees them (with `bounded_keys`), and it routes.
+pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result<Envoy, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
         ..EnvoyOptions::default()
     };
-    let envoy = Envoy::start_with(llmroute_config(policy, endpoints, slots), opts).await?;
+    let envoy = Envoy::start_with(config.clone(), opts).await?;
     let deadline = Instant::now() + START_LIMIT;
-    loop {
-        let health = envoy.host_health(BACKEND).await;
-        if health.len() == endpoints.len() && health.values().all(|f| f == "healthy") {
-            break;
+    for (cluster, n) in [(BACKEND, hosts), (PLACEMENT_STORE_CLUSTER, members)] {
+        loop {
+            let health = envoy.host_health(cluster).await;
+            if health.len() == n && health.values().all(|f| f == "healthy") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("Envoy's {cluster} hosts did not all turn healthy: {health:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if Instant::now() > deadline {
-            return Err(format!("Envoy's hosts did not all turn healthy: {health:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Bounded-keys placement reads the filter's own snapshot of host health: until it is current, keys are left
+    // to Envoy's ring, and would move once it is.
+    if config.pointer("/affinity/placement").is_some() {
+        envoy.wait_snapshot_healthy(BACKEND, hosts as u64, START_LIMIT).await?;
     }
     wait_routes(&envoy.url(CHAT_PATH), None).await?;
     Ok(envoy)
@@ -339,9 +449,14 @@ mod tests {
 
     #[test]
     fn ids_round_trip_and_labels_read_well() {
-        for p in Policy::ALL {
+        for p in Policy::ALL.into_iter().chain(Policy::EXTRA) {
             assert_eq!(Policy::parse(&p.id()), Some(p), "{}", p.id());
         }
+        let store = Policy::Replicas(Placement::Store, 150, 3);
+        assert_eq!(store.id(), "bounded-keys+etcd-x3-replicas");
+        assert_eq!((store.replicas(), store.store(), store.peer()), (3, true, None));
+        assert!(!Policy::Replicas(Placement::BoundedKeys, 150, 3).store());
+        assert_eq!(Policy::Replicas(Placement::Hash, 175, 3).bound(), Some(1.75));
         assert_eq!(Policy::Chwbl(175).id(), "chwbl-175");
         assert_eq!(Policy::BoundedKeys(150).id(), "bounded-keys");
         assert_eq!(Policy::BoundedKeys(150).label(), "llmroute bounded_keys");
@@ -363,16 +478,23 @@ mod tests {
             "127.0.0.1:3".to_string(),
         ];
         for p in Policy::ALL.into_iter().filter(|p| p.peer().is_none()) {
-            let config = llmroute_config(p, &endpoints, 2);
+            let config = llmroute_config(p, &endpoints, 2, None);
             llmroute_core::load_config(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
         }
-        let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints, 2);
+        let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints, 2, None);
         assert_eq!(chwbl["backends"][0]["balance_factor"], 200);
         assert!(chwbl.get("affinity").is_none() && chwbl["backends"][0].get("slots").is_none());
-        let bounded = llmroute_config(Policy::BoundedKeys(150), &endpoints, 2);
+        let bounded = llmroute_config(Policy::BoundedKeys(150), &endpoints, 2, None);
         assert_eq!(bounded["affinity"], json!({ "placement": "bounded_keys" }));
         assert_eq!(bounded["backends"][0]["lb"], "chwbl");
         assert_eq!(bounded["backends"][0]["balance_factor"], 150);
         assert_eq!(bounded["backends"][0]["slots"], json!([2, 2, 2]));
+        let members = vec!["http://127.0.0.1:4".to_string()];
+        for p in Policy::EXTRA {
+            let config = llmroute_config(p, &endpoints, 2, Some(&members));
+            llmroute_core::load_config(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
+            let store = config.pointer("/affinity/placement_store/etcd/endpoints");
+            assert_eq!(store.is_some(), p.store(), "{}", p.label());
+        }
     }
 }

@@ -34,6 +34,10 @@ pub struct Sample {
     pub cached_tokens: Option<u64>,
     /// `x-emu-backend`, when the system passes it on.
     pub backend: Option<String>,
+    /// The request's routing key as the trace knows it (its tenant, group, prompt or conversation).
+    pub key: Option<String>,
+    /// When it was sent.
+    pub sent: Option<Instant>,
     pub error: Option<String>,
 }
 
@@ -48,10 +52,17 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
 }
 
 /// Replays `trace` against `urls`, in an open or a closed loop (see the module documentation); `with_session` adds
-/// each request's session id as `x-session-id`. With several URLs (replicas), request `i` of session `s` goes to
-/// `urls[(s + i) % n]`, as an L4 load balancer alternating connections would send it. Returns one sample per
-/// request, session by session.
-pub async fn replay(client: &reqwest::Client, urls: &[String], trace: &Trace, with_session: bool) -> Vec<Sample> {
+/// each request's session id as `x-session-id`. With several URLs (replicas), each request goes to one of them at
+/// random ([`replica`], seeded by `seed`), as an L4 load balancer spreading connections would send it; the same
+/// seed sends the same request to the same replica in every run. Returns one sample per request, session by
+/// session.
+pub async fn replay(
+    client: &reqwest::Client,
+    urls: &[String],
+    trace: &Trace,
+    with_session: bool,
+    seed: u64,
+) -> Vec<Sample> {
     let url: Arc<[String]> = Arc::from(urls);
     let tasks: Vec<_> = match trace.in_flight {
         None => {
@@ -66,7 +77,7 @@ pub async fn replay(client: &reqwest::Client, urls: &[String], trace: &Trace, wi
                         tokio::time::sleep_until((start + session.start).into()).await;
                         vec![(
                             index,
-                            run_session(&client, (&url[..], index), &session, with_session).await,
+                            run_session(&client, (&url[..], index, seed), &session, with_session).await,
                         )]
                     })
                 })
@@ -87,7 +98,7 @@ pub async fn replay(client: &reqwest::Client, urls: &[String], trace: &Trace, wi
                             };
                             done.push((
                                 index,
-                                run_session(&client, (&url[..], index), session, with_session).await,
+                                run_session(&client, (&url[..], index, seed), session, with_session).await,
                             ));
                         }
                     })
@@ -115,7 +126,7 @@ pub async fn replay(client: &reqwest::Client, urls: &[String], trace: &Trace, wi
 /// Sends a session's requests one after another, each `think` after the previous answer.
 async fn run_session(
     client: &reqwest::Client,
-    (urls, index): (&[String], usize),
+    (urls, index, seed): (&[String], usize, u64),
     session: &Session,
     with_session: bool,
 ) -> Vec<Sample> {
@@ -124,10 +135,21 @@ async fn run_session(
         if i > 0 {
             tokio::time::sleep(session.think).await;
         }
-        let url = urls.get((index + i) % urls.len().max(1)).map_or("", String::as_str);
-        samples.push(send(client, url, request, with_session).await);
+        let url = urls.get(replica(seed, index, i, urls.len())).map_or("", String::as_str);
+        let mut sample = send(client, url, request, with_session).await;
+        sample.key = Some(request.session.clone());
+        samples.push(sample);
     }
     samples
+}
+
+/// The replica, of `n`, that request `i` of session `index` goes to: uniform, and fixed by `seed`.
+pub fn replica(seed: u64, index: usize, i: usize, n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let mut rng = crate::rng::SplitMix64::new(seed ^ ((index as u64) << 20) ^ i as u64 ^ 0x0072_6570_6c69_6361);
+    (rng.next_u64() % n as u64) as usize
 }
 
 /// Sends one streamed request and reads the stream to its end.
@@ -140,7 +162,10 @@ pub async fn send(client: &reqwest::Client, url: &str, request: &Request, with_s
     if with_session {
         builder = builder.header("x-session-id", request.session.as_str());
     }
-    let mut sample = Sample::default();
+    let mut sample = Sample {
+        sent: Some(sent),
+        ..Sample::default()
+    };
     let response = match builder.send().await {
         Ok(r) => r,
         Err(e) => {
@@ -244,7 +269,7 @@ mod tests {
         let shape = super::super::workload::Shape::full();
         let trace = Trace::generate(super::super::workload::Workload::Tenants6, &shape, 1);
         let url = format!("http://{}/v1/chat/completions", engine.addr());
-        let samples = replay(&client().unwrap(), &[url], &trace, false).await;
+        let samples = replay(&client().unwrap(), &[url], &trace, false, 1).await;
         assert_eq!(samples.len(), 48);
         assert!(
             samples.iter().all(|s| s.error.is_none()),
@@ -258,6 +283,21 @@ mod tests {
             let at = bodies.iter().position(|b| *b == session.requests[0].body).unwrap();
             assert!(at.abs_diff(sent) <= 3, "request {sent} arrived {at}th");
         }
+    }
+
+    #[test]
+    fn replicas_are_picked_at_random_but_fixed_by_the_seed() {
+        let picks = |seed| (0..600).map(|s| replica(seed, s, 0, 3)).collect::<Vec<_>>();
+        let a = picks(42);
+        assert_eq!(a, picks(42));
+        assert_ne!(a, picks(43));
+        for r in 0..3 {
+            let n = a.iter().filter(|&&x| x == r).count();
+            assert!((150..250).contains(&n), "replica {r} got {n} of 600");
+        }
+        // Not in turn: some consecutive requests land on the same replica.
+        assert!(a.windows(2).any(|w| w[0] == w[1]));
+        assert_eq!(replica(42, 5, 1, 1), 0);
     }
 
     #[test]

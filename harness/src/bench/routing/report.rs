@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::agreement;
 use super::goals::{self, verdict};
 use super::policy::Policy;
 use super::workload::Workload;
@@ -17,6 +18,7 @@ pub fn markdown(o: &Outcome, m: &Machine, plot: Option<&str>) -> String {
     header(&mut md, o, m);
     settings(&mut md, o, m);
     summary(&mut md, o, plot);
+    replicas(&mut md, o);
     for &w in &o.settings.workloads {
         workload_table(&mut md, o, w);
     }
@@ -84,12 +86,19 @@ fn settings(md: &mut String, o: &Outcome, m: &Machine) {
     };
     let _ = writeln!(
         md,
-        "- **Method.** Per repeat, per workload, per policy: a fresh fleet (cold caches) and a freshly started \
+        "- **Method.** Per repeat, per workload, per policy: {} and a freshly started \
          system, ready once it routes a probe (then the engines are reset), then the whole trace replayed through \
          it. Sessions start on the trace's schedule whatever the system does (open loop across sessions); a \
          conversation's next turn leaves after the previous answer plus the think time.{closed} {} repeat(s), \
          policy order rotated per repeat; every figure is the median over repeats. Seed {}.",
-        s.repeats, s.seed
+        if s.same_fleet {
+            "one fleet per repeat and workload, the same for every policy (the same engine ports, so the same \
+             host order and ring), reset to cold caches and zero counters"
+        } else {
+            "a fresh fleet (cold caches)"
+        },
+        s.repeats,
+        s.seed
     );
     let _ = writeln!(
         md,
@@ -225,7 +234,29 @@ pub fn results_section(o: &Outcome, m: &Machine, title: &str, routing_md: &str) 
         o.settings.repeats, m.date, routing_md
     );
     glance_table(&mut md, o);
+    if agreement::has_replicas(o) {
+        let _ = writeln!(md, "{REPLICAS_METHOD}\n");
+        agreement::tables(&mut md, o);
+    }
     md
+}
+
+/// How the replicated rows were run and what *off home* means.
+const REPLICAS_METHOD: &str = "Replicated rows: that many Envoys with the same config, each request sent to one of \
+them at random (seeded, so every replicated row sees the same split); `+etcd` rows share the key table through \
+`affinity.placement_store.etcd`, a fresh 3-member etcd cluster on loopback per run. *Off home*: the share of \
+requests answered by another engine than the one that answered the key's first request, on any replica, read from \
+the engines' own answers (`x-emu-backend`), not from the filter. One Envoy shows what spills and retries alone \
+move; *− one Envoy* is the hit rate against the same config on one Envoy in the same run. With `--same-fleet` \
+(as `make bench-replicas` runs it) every row of a repeat runs in front of the same engines, reset in between.";
+
+/// The replicas section of ROUTING.md, when the run has replicated policies.
+fn replicas(md: &mut String, o: &Outcome) {
+    if !agreement::has_replicas(o) {
+        return;
+    }
+    let _ = writeln!(md, "## Replicas: agreement and quality\n\n{REPLICAS_METHOD}\n");
+    agreement::tables(md, o);
 }
 
 fn glance_table(md: &mut String, o: &Outcome) {
