@@ -5,8 +5,13 @@
 //! not take; its endpoints are the configured etcd members (STATIC for IP literals, STRICT_DNS otherwise). Envoy
 //! health-checks each member's `/health` every second and drops a dead one from the rotation, so a member going
 //! away costs at most a few callouts, each of which falls back to local placement. No route names this cluster.
+//!
+//! Every target carries it: the full bootstrap and `--target filter` through [`apply`], the Istio EnvoyFilter as
+//! a `CLUSTER` `ADD` patch of [`cluster`]. `--target ecds` carries only the filter's config, so its header says
+//! that the running Envoy needs this cluster (without it every store call is `not_sent`, and keys are placed
+//! locally).
 
-use llmroute_core::config::Config;
+use llmroute_core::config::{Config, PlacementStore};
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use serde_json::{json, Value};
 
@@ -14,9 +19,13 @@ use super::{duration_ms, push, socket};
 
 /// Appends the store's cluster when the config has a placement store.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {
-    let Some(store) = &cfg.affinity.placement_store else {
-        return;
-    };
+    if let Some(store) = &cfg.affinity.placement_store {
+        push(&mut bootstrap["static_resources"]["clusters"], cluster(store));
+    }
+}
+
+/// The `llmroute_placement_store` cluster for `store`'s etcd members.
+pub fn cluster(store: &PlacementStore) -> Value {
     let endpoints: Vec<Value> = store
         .endpoints
         .iter()
@@ -27,7 +36,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
     } else {
         "STRICT_DNS"
     };
-    let cluster = json!({
+    json!({
         "name": PLACEMENT_STORE_CLUSTER,
         "type": kind,
         "connect_timeout": duration_ms(store.timeout_ms.max(250)),
@@ -43,8 +52,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
         }],
         // Every member may be down at once; the filter then places locally, so never panic-route to them all.
         "common_lb_config": { "healthy_panic_threshold": { "value": 0 } },
-    });
-    push(&mut bootstrap["static_resources"]["clusters"], cluster);
+    })
 }
 
 #[cfg(test)]
@@ -87,6 +95,35 @@ mod tests {
         assert_eq!(addrs, ["127.0.0.1:2379", "127.0.0.2:2379"]);
         assert_eq!(c["health_checks"][0]["http_health_check"]["path"], "/health");
         assert_eq!(c["common_lb_config"]["healthy_panic_threshold"]["value"], 0);
+    }
+
+    fn with_store() -> (llmroute_core::Config, String) {
+        let doc = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");
+        (llmroute_core::load_config(&doc).unwrap(), doc)
+    }
+
+    #[test]
+    fn the_filter_target_carries_the_store_cluster() {
+        let (cfg, doc) = with_store();
+        let p = crate::render::target::pieces(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let found: Vec<&Value> = p.clusters.iter().filter(|c| c["name"] == PLACEMENT_STORE_CLUSTER).collect();
+        assert_eq!(found.len(), 1, "{:?}", p.clusters);
+        assert_eq!(found[0]["health_checks"][0]["http_health_check"]["path"], "/health");
+    }
+
+    #[test]
+    fn the_ecds_target_says_the_running_envoy_needs_the_store_cluster() {
+        let (cfg, doc) = with_store();
+        let opts = RenderOptions::new("/x.wasm");
+        let text = crate::render::ecds::ecds_yaml(&cfg, &doc, &opts).unwrap();
+        let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+        assert!(
+            header.iter().any(|l| l.contains(PLACEMENT_STORE_CLUSTER) && l.contains("--target filter")),
+            "{header:?}"
+        );
+        let plain = llmroute_core::load_config(DOC).unwrap();
+        let text = crate::render::ecds::ecds_yaml(&plain, DOC, &opts).unwrap();
+        assert!(!text.contains(PLACEMENT_STORE_CLUSTER));
     }
 
     #[test]

@@ -440,7 +440,7 @@ fn body_of(c: &Callout) -> String {
 }
 
 /// A request whose key the store settled on the local choice (won); returns that host.
-fn placed(fake: &FakeHost, root: &Root) -> (u64, &'static str) {
+fn placed(fake: &Rc<FakeHost>, root: &Root) -> (u64, &'static str) {
     let mut x = Exchange::new(fake, root, 1);
     let (_, key) = send(&mut x);
     answer(&mut x, store_calls(fake)[0].token, Some(("200", CREATED)));
@@ -498,7 +498,7 @@ fn a_known_key_whose_host_goes_down_is_moved_once_through_a_swap_in_etcd() {
 #[test]
 fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is_swapped() {
     let (fake, root) = setup();
-    let (key, home) = placed(&fake, &root);
+    let (_, home) = placed(&fake, &root);
     let other = if home == A { B } else { A };
     mark_down(home);
     let mut x = Exchange::new(&fake, &root, 2);
@@ -508,7 +508,7 @@ fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is
     assert_eq!((calls.len(), fake.resumes()), (3, 1), "sent again as a create, still waiting");
     assert!(body_of(&calls[2]).contains(r#""target":"CREATE""#));
     answer(&mut x, calls[2].token, Some(("200", CREATED)));
-    assert_eq!((fake.resumes(), outcome(&fake, "won")), (2, Some(1)));
+    assert_eq!((fake.resumes(), outcome(&fake, "won")), (2, Some(2)), "the first placement and this create");
     assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(other)));
 
     // A replica that never saw the key learns from etcd that it lives on the down host: it swaps it.
