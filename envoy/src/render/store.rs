@@ -5,6 +5,9 @@
 //! not take; its endpoints are the configured etcd members (STATIC for IP literals, STRICT_DNS otherwise). Envoy
 //! health-checks each member's `/health` every second and drops a dead one from the rotation, so a member going
 //! away costs at most a few callouts, each of which falls back to local placement. No route names this cluster.
+//! With `tls` the cluster carries the same `UpstreamTlsContext` a backend's `tls` gives (see `tls`), and the health
+//! checks go over it: a member whose certificate does not verify is never healthy, so every call to it is
+//! `not_sent` and keys are placed locally.
 //!
 //! Every target carries it: the full bootstrap and `--target filter` through [`apply`], the Istio EnvoyFilter as
 //! a `CLUSTER` `ADD` patch of [`cluster`]. `--target ecds` carries only the filter's config, so its header says
@@ -36,7 +39,7 @@ pub fn cluster(store: &PlacementStore) -> Value {
     } else {
         "STRICT_DNS"
     };
-    json!({
+    let mut cluster = json!({
         "name": PLACEMENT_STORE_CLUSTER,
         "type": kind,
         "connect_timeout": duration_ms(store.timeout_ms.max(250)),
@@ -52,7 +55,12 @@ pub fn cluster(store: &PlacementStore) -> Value {
         }],
         // Every member may be down at once; the filter then places locally, so never panic-route to them all.
         "common_lb_config": { "healthy_panic_threshold": { "value": 0 } },
-    })
+    });
+    if let Some(t) = &store.tls {
+        // Verified like a backend's engines: etcd's certificate chains to `ca_file` and names the member.
+        super::tls::secure_endpoints(&mut cluster, &store.endpoints, t);
+    }
+    cluster
 }
 
 #[cfg(test)]
@@ -124,6 +132,34 @@ mod tests {
         let plain = llmroute_core::load_config(DOC).unwrap();
         let text = crate::render::ecds::ecds_yaml(&plain, DOC, &opts).unwrap();
         assert!(!text.contains(PLACEMENT_STORE_CLUSTER));
+    }
+
+    #[test]
+    fn with_tls_every_member_is_verified_against_the_ca_and_its_own_name() {
+        let doc = format!(
+            "{DOC}  placement_store:\n    etcd:\n      endpoints: ['https://127.0.0.1:2379', 'etcd-1.local:2379']\n      tls: {{ ca_file: /etc/llmroute/etcd-ca.pem }}\n"
+        );
+        let c = &store_clusters(&doc)[0];
+        let ctx = &c["transport_socket"]["typed_config"];
+        assert_eq!(
+            ctx["@type"],
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        let v = &ctx["common_tls_context"]["validation_context"];
+        assert_eq!(v["trusted_ca"]["filename"], "/etc/llmroute/etcd-ca.pem");
+        // Two names (an IP and a DNS name): one context each, picked by endpoint metadata.
+        let matches = c["transport_socket_matches"].as_array().unwrap();
+        assert_eq!(matches.len(), 2);
+        let sans: Vec<&str> = matches
+            .iter()
+            .map(|m| m["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+                ["match_typed_subject_alt_names"][0]["matcher"]["exact"]
+                .as_str()
+                .unwrap())
+            .collect();
+        assert_eq!(sans, ["127.0.0.1", "etcd-1.local"]);
+        let plain = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");
+        assert!(store_clusters(&plain)[0].get("transport_socket").is_none());
     }
 
     #[test]

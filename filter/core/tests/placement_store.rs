@@ -697,6 +697,21 @@ fn the_store_config_is_normalised_with_defaults() {
     .unwrap();
     let s = cfg.affinity.placement_store.unwrap();
     assert_eq!((s.prefix.as_str(), s.timeout_ms), ("/p", 200));
+    assert_eq!(s.tls, None);
+    // TLS: `https://` or bare members, the backends' `tls` block.
+    let cfg = load_config(
+        &config(
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379", "10.0.0.2:2379"], "tls": {"ca_file": "/ca.pem", "sni": "etcd.internal"}}}),
+            "bounded_keys",
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let s = cfg.affinity.placement_store.unwrap();
+    let eps: Vec<String> = s.endpoints.iter().map(|e| e.to_string()).collect();
+    assert_eq!(eps, ["127.0.0.1:2379", "10.0.0.2:2379"]);
+    let tls = s.tls.unwrap();
+    assert_eq!((tls.ca_file.as_str(), tls.sni.as_deref()), ("/ca.pem", Some("etcd.internal")));
     assert!(load_config(&config(Value::Null, "bounded_keys").to_string())
         .unwrap()
         .affinity
@@ -720,7 +735,27 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
         (
             json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"]}}),
             "bounded_keys",
-            "TLS to etcd is not supported",
+            "affinity.placement_store.etcd.endpoints[0] = https://127.0.0.1:2379: https:// needs the CA that signed etcd's certificate: add `tls: { ca_file: ... }`",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["http://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem"}}}),
+            "bounded_keys",
+            "with `tls` every member is reached over TLS; write https://HOST:PORT",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": ""}}}),
+            "bounded_keys",
+            "affinity.placement_store.etcd.tls.ca_file",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "sni": "bad name"}}}),
+            "bounded_keys",
+            "affinity.placement_store.etcd.tls.sni",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "verify": false}}}),
+            "bounded_keys",
+            "unknown field `verify`",
         ),
         (
             json!({"etcd": {"endpoints": ["nope"]}}),
@@ -745,7 +780,7 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
         (
             json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "tls": {}}}),
             "bounded_keys",
-            "unknown field `tls`",
+            "missing field `ca_file`",
         ),
         (json!({"redis": {}}), "bounded_keys", "unknown field `redis`"),
     ];
