@@ -7,6 +7,8 @@
 //! - with etcd killed no request fails and the fallbacks are counted; once it is back the keys placed during the
 //!   outage converge on one host, and new keys agree again.
 //!
+//! - etcd serving TLS: the replicas agree through it; with a CA that did not sign etcd's certificate nothing
+//!   reaches etcd, every new key falls back to local placement (counted), and no request fails;
 //! - a host killed: the first replica to see each of its keys moves it with a compare-and-swap in etcd, every other
 //!   replica adopts that move, so all of them send the key to one new host, and nothing fails.
 //!
@@ -19,6 +21,7 @@ use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
+use llmroute_harness::certs::TestPki;
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::etcd::{Etcd, EtcdCluster};
 use llmroute_harness::fleet::Fleet;
@@ -561,4 +564,53 @@ async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
         let stored = etcd.ctl(&["get", &store::key_path("/e2e", BACKEND, key), "--print-value-only"]).unwrap();
         assert_eq!(stored.trim(), engine.addr().to_string(), "tenant {t}");
     }
+}
+
+/// [`config_with`] for one etcd reached over TLS, trusting `ca_file`.
+fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path) -> Value {
+    let mut cfg = config_with(fleet, Some(vec![url]), 1000);
+    cfg["affinity"]["placement_store"]["etcd"]["tls"] = json!({ "ca_file": ca_file.display().to_string() });
+    cfg
+}
+
+fn stored_keys(etcd: &Etcd) -> usize {
+    let keys = etcd
+        .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
+        .unwrap_or_default();
+    keys.lines().filter(|l| l.starts_with("/e2e/keys/")).count()
+}
+
+#[tokio::test]
+async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_local_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = TestPki::generate(&[]).unwrap().write(&dir.path().join("etcd")).unwrap();
+    let wrong = TestPki::generate(&[]).unwrap().write(&dir.path().join("other")).unwrap();
+    let etcd = Etcd::start_tls(files.clone()).await.unwrap();
+    assert!(etcd.url().starts_with("https://"));
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+
+    let shared = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &files.ca_file)).await;
+    assert!(shared[0].bootstrap_yaml().contains("UpstreamTlsContext"));
+    let with = spray(&shared, 0..12, 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
+    println!("etcd over TLS: {} of 72 off their tenant's host: {with:?}", disagreements(&with));
+    assert_eq!(disagreements(&with), 0, "{with:?}");
+    assert_eq!(store_count(&shared, "won").await, 12, "each key created once, over TLS");
+    assert_eq!(fallbacks(&shared).await, 0);
+    assert_eq!(stored_keys(&etcd), 12);
+    drop(shared);
+
+    // A CA that did not sign etcd's certificate: the handshake fails, Envoy never holds a member healthy, and
+    // every new key is placed locally, counted, without a failed request.
+    let lone = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &wrong.ca_file)).await;
+    let served = rotate(&lone, 100..106, REPLICAS).await;
+    let fell_back = fallbacks(&lone).await;
+    let (won, adopted) = (store_count(&lone, "won").await, store_count(&lone, "adopted").await);
+    let (error, not_sent) = (store_count(&lone, "error").await, store_count(&lone, "not_sent").await);
+    println!(
+        "wrong CA: every request served, {fell_back} fallbacks ({error} error, {not_sent} not_sent), {won} won, \
+         {adopted} adopted: {served:?}"
+    );
+    assert_eq!(fell_back, 18, "each new key's first request on each replica falls back");
+    assert_eq!((won, adopted), (0, 0));
+    assert_eq!(stored_keys(&etcd), 12, "nothing reached etcd through an unverified connection");
 }
