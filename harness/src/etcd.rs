@@ -80,7 +80,14 @@ impl Etcd {
         let initial = format!("llmroute-test={peer}");
         let ports = (self.client_port, self.peer_port);
         let data = self.dir.path().join("data");
-        let child = spawn_member("llmroute-test", &data, ports, &initial, &self.log_path(), self.tls.as_ref())?;
+        let child = spawn_member(
+            "llmroute-test",
+            &data,
+            ports,
+            &initial,
+            &self.log_path(),
+            self.tls.as_ref(),
+        )?;
         self.child = Some(child);
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);

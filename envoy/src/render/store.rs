@@ -114,7 +114,11 @@ mod tests {
     fn the_filter_target_carries_the_store_cluster() {
         let (cfg, doc) = with_store();
         let p = crate::render::target::pieces(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
-        let found: Vec<&Value> = p.clusters.iter().filter(|c| c["name"] == PLACEMENT_STORE_CLUSTER).collect();
+        let found: Vec<&Value> = p
+            .clusters
+            .iter()
+            .filter(|c| c["name"] == PLACEMENT_STORE_CLUSTER)
+            .collect();
         assert_eq!(found.len(), 1, "{:?}", p.clusters);
         assert_eq!(found[0]["health_checks"][0]["http_health_check"]["path"], "/health");
     }
@@ -126,7 +130,9 @@ mod tests {
         let text = crate::render::ecds::ecds_yaml(&cfg, &doc, &opts).unwrap();
         let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
         assert!(
-            header.iter().any(|l| l.contains(PLACEMENT_STORE_CLUSTER) && l.contains("--target filter")),
+            header
+                .iter()
+                .any(|l| l.contains(PLACEMENT_STORE_CLUSTER) && l.contains("--target filter")),
             "{header:?}"
         );
         let plain = llmroute_core::load_config(DOC).unwrap();
@@ -152,10 +158,12 @@ mod tests {
         assert_eq!(matches.len(), 2);
         let sans: Vec<&str> = matches
             .iter()
-            .map(|m| m["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
-                ["match_typed_subject_alt_names"][0]["matcher"]["exact"]
-                .as_str()
-                .unwrap())
+            .map(|m| {
+                m["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+                    ["match_typed_subject_alt_names"][0]["matcher"]["exact"]
+                    .as_str()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(sans, ["127.0.0.1", "etcd-1.local"]);
         let plain = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");

@@ -511,7 +511,14 @@ proptest! {
 
 #[test]
 fn swap_bodies_compare_the_value_and_read_back_on_failure() {
-    let b = json_of(&store::move_request("/l", "a", 255, "127.0.0.1:8001", "127.0.0.1:8002", 42));
+    let b = json_of(&store::move_request(
+        "/l",
+        "a",
+        255,
+        "127.0.0.1:8001",
+        "127.0.0.1:8002",
+        42,
+    ));
     assert_eq!(unb64(&b["compare"][0]["key"]), "/l/keys/a/00000000000000ff");
     assert_eq!(b["compare"][0]["target"], "VALUE");
     assert_eq!(b["compare"][0]["result"], "EQUAL");
@@ -543,13 +550,24 @@ fn a_known_key_asks_the_store_only_when_its_listed_host_is_down() {
         })
     );
     let listed: Vec<_> = h.iter().filter(|x| x.id() != h[c.host].id()).cloned().collect();
-    assert_eq!(store::ask(&t, &listed, 1, 2000, &b), None, "a host no longer listed has no address to swap");
+    assert_eq!(
+        store::ask(&t, &listed, 1, 2000, &b),
+        None,
+        "a host no longer listed has no address to swap"
+    );
     assert_eq!(
         store::ask(&t, &h, 1, 1000 + TTL, &b),
         Some(Ask::Create),
         "an idled-out key is new again"
     );
-    let none_up: Vec<_> = h.iter().cloned().map(|mut x| { x.up = false; x }).collect();
+    let none_up: Vec<_> = h
+        .iter()
+        .cloned()
+        .map(|mut x| {
+            x.up = false;
+            x
+        })
+        .collect();
     assert_eq!(store::ask(&t, &none_up, 1, 2000, &b), None, "Envoy's ring decides");
 }
 
@@ -566,7 +584,11 @@ fn each_answer_to_a_swap_decides_what_the_replica_does() {
             host: host_id("127.0.0.1:8001")
         })
     );
-    assert_eq!(store::move_outcome(ok(RANGE_EMPTY_TXN)), None, "gone from etcd: create it");
+    assert_eq!(
+        store::move_outcome(ok(RANGE_EMPTY_TXN)),
+        None,
+        "gone from etcd: create it"
+    );
     assert_eq!(
         store::move_outcome(Reply::NoAnswer),
         Some(Outcome::Fallback(Fallback::Timeout))
@@ -576,7 +598,10 @@ fn each_answer_to_a_swap_decides_what_the_replica_does() {
         Some(Outcome::Fallback(Fallback::NotSent))
     );
     assert_eq!(
-        store::move_outcome(Reply::Answer { status: 404, body: LEASE_GONE.as_bytes() }),
+        store::move_outcome(Reply::Answer {
+            status: 404,
+            body: LEASE_GONE.as_bytes()
+        }),
         Some(Outcome::Fallback(Fallback::Error))
     );
     assert_eq!(store::move_outcome(ok("[]")), Some(Outcome::Fallback(Fallback::Error)));
@@ -590,7 +615,11 @@ fn a_gone_key_is_created_and_a_stored_host_that_is_down_is_swapped() {
     let mut h = hosts(3);
     let on0 = Some(Outcome::Adopted { host: h[0].id() });
     assert_eq!(store::next(None, &h), Next::Send(Ask::Create));
-    assert_eq!(store::next(on0, &h), Next::Done(on0.unwrap()), "an up stored host is adopted");
+    assert_eq!(
+        store::next(on0, &h),
+        Next::Done(on0.unwrap()),
+        "an up stored host is adopted"
+    );
     assert_eq!(store::next(Some(Outcome::Moved), &h), Next::Done(Outcome::Moved));
     h[0].up = false;
     let swap0 = Next::Send(Ask::Move {
@@ -616,7 +645,11 @@ fn a_moved_key_follows_the_stored_host_and_stays_off_the_down_one() {
     assert_ne!(local, home);
     let other = (0..3).find(|&i| i != home && i != local).unwrap();
     let c = choose_stored(&mut t, &h, 7, Some(h[other].id()), 10, &b).unwrap();
-    assert_eq!((c.host, c.reason), (other, PlacementReason::Moved), "the stored host wins");
+    assert_eq!(
+        (c.host, c.reason),
+        (other, PlacementReason::Moved),
+        "the stored host wins"
+    );
     assert_eq!(t.get(7).unwrap().host, h[other].id());
     // A stored host that is down too is not used: the bounds place it.
     let mut t2 = KeyTable::default();
@@ -711,7 +744,10 @@ fn the_store_config_is_normalised_with_defaults() {
     let eps: Vec<String> = s.endpoints.iter().map(|e| e.to_string()).collect();
     assert_eq!(eps, ["127.0.0.1:2379", "10.0.0.2:2379"]);
     let tls = s.tls.unwrap();
-    assert_eq!((tls.ca_file.as_str(), tls.sni.as_deref()), ("/ca.pem", Some("etcd.internal")));
+    assert_eq!(
+        (tls.ca_file.as_str(), tls.sni.as_deref()),
+        ("/ca.pem", Some("etcd.internal"))
+    );
     assert!(load_config(&config(Value::Null, "bounded_keys").to_string())
         .unwrap()
         .affinity

@@ -505,10 +505,18 @@ fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is
     send(&mut x);
     answer(&mut x, store_calls(&fake)[1].token, Some(("200", GONE)));
     let calls = store_calls(&fake);
-    assert_eq!((calls.len(), fake.resumes()), (3, 1), "sent again as a create, still waiting");
+    assert_eq!(
+        (calls.len(), fake.resumes()),
+        (3, 1),
+        "sent again as a create, still waiting"
+    );
     assert!(body_of(&calls[2]).contains(r#""target":"CREATE""#));
     answer(&mut x, calls[2].token, Some(("200", CREATED)));
-    assert_eq!((fake.resumes(), outcome(&fake, "won")), (2, Some(2)), "the first placement and this create");
+    assert_eq!(
+        (fake.resumes(), outcome(&fake, "won")),
+        (2, Some(2)),
+        "the first placement and this create"
+    );
     assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(other)));
 
     // A replica that never saw the key learns from etcd that it lives on the down host: it swaps it.
@@ -559,7 +567,10 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
     let seen = store_calls(&fake).len();
     syncer.on_tick();
     let round = store_calls(&fake)[seen..].to_vec();
-    let settle = round.iter().find(|c| body_of(c).contains(r#""target":"CREATE""#)).unwrap();
+    let settle = round
+        .iter()
+        .find(|c| body_of(c).contains(r#""target":"CREATE""#))
+        .unwrap();
     let on_home = exists(key, home);
     syncer.on_response(settle.token, deliver(&fake, Some(("200", &on_home))));
     assert_eq!(

@@ -536,16 +536,27 @@ async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
         "{victim} killed, holding tenants {moving:?}: {moved} moved through etcd, {adopted} adopted, \
          {fell_back} fallbacks; served after: {after:?}"
     );
-    assert_eq!(disagreements(&after), 0, "every replica sends each key to one host: {after:?}");
+    assert_eq!(
+        disagreements(&after),
+        0,
+        "every replica sends each key to one host: {after:?}"
+    );
     for t in &moving {
-        assert!(!after[t].contains_key(&victim), "tenant {t} still on the dead host: {after:?}");
+        assert!(
+            !after[t].contains_key(&victim),
+            "tenant {t} still on the dead host: {after:?}"
+        );
     }
     for (t, by) in &after {
         if !moving.contains(t) {
             assert_eq!(by.keys().collect::<Vec<_>>(), vec![&homes[t]], "tenant {t} stayed put");
         }
     }
-    assert_eq!(moved, moving.len() as u64, "each key on the dead host moved exactly once, fleet-wide");
+    assert_eq!(
+        moved,
+        moving.len() as u64,
+        "each key on the dead host moved exactly once, fleet-wide"
+    );
     assert_eq!(fell_back, 0);
     // etcd holds each moved key on its new host.
     for t in &moving {
@@ -561,7 +572,9 @@ async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
         assert_eq!(served.header("x-emu-backend"), Some(new_home.as_str()));
         let last = engine.chat_requests().pop().unwrap();
         let key = u64::from_str_radix(last.header("x-llmroute-affinity").unwrap_or(""), 16).unwrap();
-        let stored = etcd.ctl(&["get", &store::key_path("/e2e", BACKEND, key), "--print-value-only"]).unwrap();
+        let stored = etcd
+            .ctl(&["get", &store::key_path("/e2e", BACKEND, key), "--print-value-only"])
+            .unwrap();
         assert_eq!(stored.trim(), engine.addr().to_string(), "tenant {t}");
     }
 }
@@ -584,7 +597,10 @@ fn stored_keys(etcd: &Etcd) -> usize {
 async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_local_placement() {
     let dir = tempfile::tempdir().unwrap();
     let files = TestPki::generate(&[]).unwrap().write(&dir.path().join("etcd")).unwrap();
-    let wrong = TestPki::generate(&[]).unwrap().write(&dir.path().join("other")).unwrap();
+    let wrong = TestPki::generate(&[])
+        .unwrap()
+        .write(&dir.path().join("other"))
+        .unwrap();
     let etcd = Etcd::start_tls(files.clone()).await.unwrap();
     assert!(etcd.url().starts_with("https://"));
     let fleet = Fleet::start(BACKEND, 3).await.unwrap();
@@ -592,7 +608,10 @@ async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_loc
     let shared = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &files.ca_file)).await;
     assert!(shared[0].bootstrap_yaml().contains("UpstreamTlsContext"));
     let with = spray(&shared, 0..12, 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
-    println!("etcd over TLS: {} of 72 off their tenant's host: {with:?}", disagreements(&with));
+    println!(
+        "etcd over TLS: {} of 72 off their tenant's host: {with:?}",
+        disagreements(&with)
+    );
     assert_eq!(disagreements(&with), 0, "{with:?}");
     assert_eq!(store_count(&shared, "won").await, 12, "each key created once, over TLS");
     assert_eq!(fallbacks(&shared).await, 0);
@@ -612,5 +631,9 @@ async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_loc
     );
     assert_eq!(fell_back, 18, "each new key's first request on each replica falls back");
     assert_eq!((won, adopted), (0, 0));
-    assert_eq!(stored_keys(&etcd), 12, "nothing reached etcd through an unverified connection");
+    assert_eq!(
+        stored_keys(&etcd),
+        12,
+        "nothing reached etcd through an unverified connection"
+    );
 }
