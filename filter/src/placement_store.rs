@@ -3,13 +3,16 @@
 //! `llmroute_core::key_placement::store`; this module only sends and hands back.
 //!
 //! - **Request side.** For a key the local table lacks, [`begin`] sends the create-if-absent transaction with the
-//!   host the local table would choose, and the request context pauses. [`finish`] reads the answer (or Envoy's
+//!   host the local table would choose, and the request context pauses; for a known key whose host is down, the
+//!   compare-and-swap that moves it off that host for the whole fleet. [`finish`] reads the answer (or Envoy's
 //!   "no answer" after `timeout_ms`), counts the outcome in `llmroute_placement_store_total{outcome}`, and pins the
-//!   request where the store says, or locally on a fallback. Known keys never reach this module.
+//!   request where the store says, or locally on a fallback. A swap that finds the key gone from etcd is sent
+//!   again as a create-if-absent. Known keys on up hosts never reach this module.
 //! - **Root side.** [`Syncer`]: once a second one root context per Envoy (a compare-and-swap lease in shared data)
 //!   reads each backend's keys modified since the last revision it saw and merges them into the shared key table;
 //!   once an epoch it grants a new etcd lease for new keys and re-attaches the keys its requests used; and it
-//!   settles the keys placed locally while etcd failed (kept, or moved once to the host another replica stored).
+//!   settles the keys placed locally while etcd failed (kept, or moved once to the host another replica stored;
+//!   a stored host that is down here is swapped for the local one).
 //!   A failed call is logged and retried on the next round; requests never wait for this side.
 
 use std::rc::Rc;
@@ -18,8 +21,8 @@ use llmroute_core::config::{BoundedKeys, KeyPlacement, PlacementStore};
 use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
-use llmroute_core::key_placement::store::{self, Lease, Outcome, Pending, Reply, Settled};
-use llmroute_core::key_placement::{Bounds, KeyTable};
+use llmroute_core::key_placement::store::{self, Lease, Next, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::{Bounds, HostView, KeyTable};
 use llmroute_core::status::POLL_INTERVAL_MS;
 use llmroute_core::Config;
 
@@ -38,12 +41,19 @@ pub struct Waiting {
     keys: BoundedKeys,
     cluster: String,
     key: u64,
-    /// The host id this replica proposed.
+    /// What the key asked of the store.
+    ask: store::Ask,
+    /// The host this replica proposed, its id and `IP:PORT`.
     proposed: u32,
+    address: String,
+    /// The lease the proposal is attached to.
+    lease: i64,
     /// The transaction, kept for one retry on another member.
     body: String,
     timeout_ms: u64,
     retried: bool,
+    /// Transactions sent after the first ([`store::next`]).
+    follow_ups: u8,
 }
 
 /// What became of a paused request when its answer came.
@@ -58,10 +68,25 @@ impl Waiting {
     pub fn token(&self) -> u32 {
         self.token
     }
+
+    /// Sends `body` (again); true when it went out, and the request keeps waiting for the new token.
+    fn send_again(&mut self) -> bool {
+        let sent = host::dispatch_post(
+            PLACEMENT_STORE_CLUSTER,
+            store::TXN_PATH,
+            self.body.as_bytes(),
+            self.timeout_ms,
+        );
+        if let Some(token) = sent {
+            self.token = token;
+        }
+        sent.is_some()
+    }
 }
 
-/// Sends the transaction for `key` in `cluster` when the store is configured and the local table lacks the key.
-/// `None`: nothing to wait for; pin as usual (a transaction that could not be sent is counted here).
+/// Sends the transaction for `key` in `cluster` when the store is configured and the local table lacks the key,
+/// or holds it on a host that is down. `None`: nothing to wait for; pin as usual (a transaction that could not be
+/// sent is counted here).
 pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
     let store = cfg.affinity.placement_store.as_ref()?;
     let keys = placement.bounded()?;
@@ -70,12 +95,10 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
     let bounds = Bounds::new(keys, backend.balance_factor);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(cluster)).0.unwrap_or_default());
-    if !store::needs_store(&table, key, now, &bounds) {
-        return None;
-    }
+    let ask = store::ask(&table, &hosts, key, now, &bounds)?;
     let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
     let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
-    let body = store::create_request(&store.prefix, cluster, key, &host.address, lease.id);
+    let body = store::ask_request(&ask, &store.prefix, cluster, key, &host.address, lease.id);
     match host::dispatch_post(
         PLACEMENT_STORE_CLUSTER,
         store::TXN_PATH,
@@ -87,10 +110,14 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
             keys: *keys,
             cluster: cluster.to_string(),
             key,
+            ask,
             proposed: host.id(),
+            address: host.address.clone(),
+            lease: lease.id,
             body,
             timeout_ms: store.timeout_ms,
             retried: false,
+            follow_ups: 0,
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
@@ -101,23 +128,32 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
 }
 
 /// The answer to `w`'s transaction is being delivered (`body_size` bytes): send it once more if the member was
-/// gone, else count how the key was settled and pin the request there.
+/// gone, or as a create-if-absent if a swap found the key gone from etcd; else count how the key was settled and
+/// pin the request there.
 pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics) -> Step {
     let body = call_body(body_size);
     if !w.retried && store::retry_once(reply(body.as_ref())) {
         w.retried = true;
-        let sent = host::dispatch_post(
-            PLACEMENT_STORE_CLUSTER,
-            store::TXN_PATH,
-            w.body.as_bytes(),
-            w.timeout_ms,
-        );
-        if let Some(token) = sent {
-            w.token = token;
+        if w.send_again() {
             return Step::Retrying;
         }
     }
-    let outcome = store::create_outcome(reply(body.as_ref()));
+    let answered = store::ask_outcome(&w.ask, reply(body.as_ref()));
+    let outcome = match store::next(answered, &hosts_of(cfg, &w.cluster)) {
+        Next::Done(o) => o,
+        Next::Send(ask) if w.follow_ups < store::MAX_FOLLOW_UPS => {
+            let prefix = cfg.affinity.placement_store.as_ref().map_or("", |s| s.prefix.as_str());
+            w.body = store::ask_request(&ask, prefix, &w.cluster, w.key, &w.address, w.lease);
+            w.ask = ask;
+            w.follow_ups = w.follow_ups.saturating_add(1);
+            if w.send_again() {
+                return Step::Retrying;
+            }
+            Outcome::Fallback(store::Fallback::NotSent)
+        }
+        // The follow-ups are spent: a stored host that is down is passed on (the table places the key alone).
+        Next::Send(_) => answered.unwrap_or(Outcome::Fallback(store::Fallback::Error)),
+    };
     metrics.placement_store(outcome);
     if let Outcome::Fallback(f) = outcome {
         log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
@@ -160,6 +196,8 @@ enum Job {
     Refresh,
     /// A key placed during an outage, proposed with the host the local table holds.
     Settle { backend: String, key: u64 },
+    /// Such a key, stored on a host that is down here: swapped for the host the local table holds.
+    SettleMove { backend: String, key: u64 },
 }
 
 /// One root context's side of the store (see the module doc).
@@ -234,11 +272,7 @@ impl Syncer {
         };
         let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
         for &key in pending.keys().iter().take(Pending::PER_ROUND) {
-            let address = table
-                .get(key)
-                .and_then(|e| hosts.iter().find(|h| h.id() == e.host))
-                .map(|h| h.address.clone());
-            let Some(address) = address else {
+            let Some(address) = local_address(&table, &hosts, key) else {
                 // Forgotten, or on a host no longer listed: a later request settles it afresh.
                 update_pending(&b.name, |p| p.remove(key));
                 continue;
@@ -269,8 +303,12 @@ impl Syncer {
             return;
         };
         let answer = call_body(body_size);
-        if let Job::Settle { backend, key } = &job {
-            return settle(backend, *key, store::settle_outcome(reply(answer.as_ref())));
+        match &job {
+            Job::Settle { backend, key } => return self.settled(&cfg, st, backend, *key, reply(answer.as_ref())),
+            Job::SettleMove { backend, key } => {
+                return settle(backend, *key, store::settle_move_outcome(reply(answer.as_ref())));
+            }
+            _ => {}
         }
         let body = match &answer {
             Some((200, body)) => body.as_slice(),
@@ -303,8 +341,30 @@ impl Syncer {
                     log::info!("llmroute: placement store lease refresh: {e}");
                 }
             }
-            Job::Settle { .. } => {}
+            Job::Settle { .. } | Job::SettleMove { .. } => {}
         }
+    }
+
+    /// Applies the answer to a pending key's create-if-absent; when etcd holds a host that is down here, sends the
+    /// swap for the host the local table holds instead (the key stays pending until that answer).
+    fn settled(&mut self, cfg: &Config, st: &PlacementStore, backend: &str, key: u64, answer: Reply<'_>) {
+        let now = host::now_ms();
+        let hosts = hosts_of(cfg, backend);
+        let Settled::Replace { from } = store::settle_outcome_in(answer, &hosts) else {
+            return settle(backend, key, store::settle_outcome_in(answer, &hosts));
+        };
+        let table = KeyTable::decode(&host::shared_data(&shared::keys(backend)).0.unwrap_or_default());
+        let Some(address) = local_address(&table, &hosts, key) else {
+            update_pending(backend, |p| p.remove(key));
+            return;
+        };
+        let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+        let body = store::move_request(&st.prefix, backend, key, &from, &address, lease.id);
+        let job = Job::SettleMove {
+            backend: backend.to_string(),
+            key,
+        };
+        self.send(store::TXN_PATH, &body, job, now);
     }
 
     /// Re-attaches to lease `id` the keys this replica's requests used since `since_ms`.
@@ -335,10 +395,25 @@ fn merge(backend: &str, prefix: &str, kvs: &[etcd_json::Kv], now: u64, max_keys:
     false
 }
 
+/// The placement's view of `backend`'s hosts now; empty when it has none.
+fn hosts_of(cfg: &Config, backend: &str) -> Vec<HostView> {
+    cfg.backends
+        .iter()
+        .find(|b| b.name == backend)
+        .and_then(|b| llmroute_core::key_placement::views(b, host::now_ms(), &host::SharedData))
+        .unwrap_or_default()
+}
+
+/// The `IP:PORT` of the host the local `table` holds `key` on, when that host is listed.
+fn local_address(table: &KeyTable, hosts: &[HostView], key: u64) -> Option<String> {
+    let held = table.get(key)?.host;
+    hosts.iter().find(|h| h.id() == held).map(|h| h.address.clone())
+}
+
 /// Applies a pending key's settlement: kept or moved once, then no longer pending; or left for the next round.
 fn settle(backend: &str, key: u64, settled: Settled) {
     match settled {
-        Settled::Retry => return,
+        Settled::Retry | Settled::Replace { .. } => return,
         Settled::Kept => {}
         Settled::MoveTo(host) => {
             let table_key = shared::keys(backend);

@@ -1,13 +1,15 @@
 //! A real single-member etcd for tests and the demo (Debian `etcd-server`, `make etcd`), on random loopback
 //! ports, its data in a temporary directory, killed on drop. [`Etcd::stop`] and [`Etcd::restart`] keep the data
 //! and the ports, so a test can take etcd away and bring it back. [`EtcdCluster`] runs three such members as one
-//! cluster, so a test can kill one and keep the quorum. Also: the `llmroute` CLI's long-running
+//! cluster, so a test can kill one and keep the quorum. [`Etcd::start_tls`] serves clients over TLS with a
+//! certificate from `certs` (etcd's `--cert-file` and `--key-file`). Also: the `llmroute` CLI's long-running
 //! subcommands (`discover`, `register`) as child processes killed on drop, with their logs kept.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::certs::PkiFiles;
 use crate::envoy::{random_ports, repo_root};
 
 pub struct Etcd {
@@ -16,11 +18,23 @@ pub struct Etcd {
     peer_port: u16,
     dir: tempfile::TempDir,
     runs: u32,
+    /// The certificate clients are served over TLS with; `None`: plain HTTP.
+    tls: Option<PkiFiles>,
 }
 
 impl Etcd {
     /// Starts etcd on random ports and waits until `/health` answers.
     pub async fn start() -> Result<Etcd, String> {
+        Self::start_with(None).await
+    }
+
+    /// Starts etcd serving its clients over TLS with `files`' certificate and key, and waits until it is healthy
+    /// (checked with `etcdctl --cacert`, which trusts `files`' CA).
+    pub async fn start_tls(files: PkiFiles) -> Result<Etcd, String> {
+        Self::start_with(Some(files)).await
+    }
+
+    async fn start_with(tls: Option<PkiFiles>) -> Result<Etcd, String> {
         let mut last = String::new();
         for attempt in 0..5 {
             // Different ports from an Envoy started at the same moment: offset the attempt.
@@ -31,6 +45,7 @@ impl Etcd {
                 peer_port,
                 dir: tempfile::tempdir().map_err(|e| e.to_string())?,
                 runs: 0,
+                tls: tls.clone(),
             };
             match etcd.spawn_and_wait().await {
                 Ok(()) => return Ok(etcd),
@@ -40,9 +55,10 @@ impl Etcd {
         Err(format!("etcd did not start after 5 attempts:\n{last}"))
     }
 
-    /// `http://127.0.0.1:PORT`, etcd's client URL.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS), etcd's client URL.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -64,7 +80,14 @@ impl Etcd {
         let initial = format!("llmroute-test={peer}");
         let ports = (self.client_port, self.peer_port);
         let data = self.dir.path().join("data");
-        let child = spawn_member("llmroute-test", &data, ports, &initial, &self.log_path())?;
+        let child = spawn_member(
+            "llmroute-test",
+            &data,
+            ports,
+            &initial,
+            &self.log_path(),
+            self.tls.as_ref(),
+        )?;
         self.child = Some(child);
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -73,7 +96,11 @@ impl Etcd {
                 self.child = None;
                 return Err(format!("etcd exited with {status}:\n{}", self.log()));
             }
-            if healthy(&http, &client).await {
+            let up = match &self.tls {
+                None => healthy(&http, &client).await,
+                Some(_) => self.ctl(&["endpoint", "health"]).is_ok(),
+            };
+            if up {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -102,6 +129,9 @@ impl Etcd {
     pub fn etcdctl(&self) -> Command {
         let mut c = Command::new("etcdctl");
         c.env("ETCDCTL_API", "3").args(["--endpoints", &self.url()]);
+        if let Some(t) = &self.tls {
+            c.arg("--cacert").arg(&t.ca_file);
+        }
         c
     }
 
@@ -209,7 +239,7 @@ impl EtcdCluster {
             .join(",");
         for (i, ports) in self.ports.clone().into_iter().enumerate() {
             let data = self.dir.path().join(format!("data-{i}"));
-            let child = spawn_member(&format!("m{i}"), &data, ports, &initial, &self.log_path(i))?;
+            let child = spawn_member(&format!("m{i}"), &data, ports, &initial, &self.log_path(i), None)?;
             self.children.push(Some(child));
         }
         let http = reqwest::Client::new();
@@ -265,14 +295,23 @@ fn spawn_member(
     (client, peer): (u16, u16),
     initial: &str,
     log: &Path,
+    tls: Option<&PkiFiles>,
 ) -> Result<Child, String> {
     let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
     let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    let client = format!("http://127.0.0.1:{client}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let client = format!("{scheme}://127.0.0.1:{client}");
     let peer = format!("http://127.0.0.1:{peer}");
-    Command::new(bin)
-        .args(["--name", name])
+    let mut cmd = Command::new(bin);
+    if let Some(t) = tls {
+        // Server TLS only: clients are not asked for certificates. No `--trusted-ca-file`: with it, etcd 3.4's
+        // own gateway dials the gRPC port presenting the server certificate as a client one, which the test
+        // certificate (server-auth only) cannot be, and the member never reports healthy.
+        cmd.arg("--cert-file").arg(&t.cert_file);
+        cmd.arg("--key-file").arg(&t.key_file);
+    }
+    cmd.args(["--name", name])
         .arg("--data-dir")
         .arg(data)
         .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])

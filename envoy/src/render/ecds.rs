@@ -64,12 +64,21 @@ pub fn discovery_response_raw(plugin_config: &str, opts: &RenderOptions) -> Resu
 }
 
 /// `--target ecds` as YAML, with a header that says how to deliver it.
-pub fn ecds_yaml(_cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
+pub fn ecds_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
     let v = discovery_response(config_text, opts)?;
     let body = serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())?;
+    // The extension config carries no cluster: say which one the store's callouts need.
+    let store = match cfg.affinity.placement_store {
+        Some(_) => format!(
+            "# affinity.placement_store: the running Envoy needs the cluster `{}` (`llmroute render --target \
+             filter` prints it); without it every new key is placed locally and counted as not_sent.\n",
+            llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER
+        ),
+        None => String::new(),
+    };
     Ok(format!(
         "# Rendered by `llmroute render --target ecds` {}: the llmroute filter's extension config (ECDS).\n\
-         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n{body}",
+         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n{store}{body}",
         llmroute_core::VERSION
     ))
 }

@@ -380,6 +380,14 @@ fn envoy_filter(
         "match": { "context": ctx },
         "patch": { "operation": "ADD", "value": admin::cluster(std::net::SocketAddr::from(([127, 0, 0, 1], opts.admin_port))) },
     }));
+    if let Some(store) = &cfg.affinity.placement_store {
+        // The etcd members the shared placement table's callouts go to (see `store`).
+        patches.push(json!({
+            "applyTo": "CLUSTER",
+            "match": { "context": ctx },
+            "patch": { "operation": "ADD", "value": super::store::cluster(store) },
+        }));
+    }
     // The `/props` fleet check reaches each pod of a llama.cpp backend through an original-destination cluster.
     // Istio's own cluster is not copied (its mTLS socket matches endpoint metadata these hosts lack): the probe
     // is plain HTTP, which the pods' sidecars accept under PERMISSIVE mTLS (see docs/operations.md).
@@ -532,6 +540,25 @@ mod tests {
             p[1]["patch"]["value"]["config_discovery"]["type_urls"][0],
             WASM_TYPE_URL
         );
+    }
+
+    #[test]
+    fn the_placement_store_cluster_is_added_for_the_sidecar() {
+        let p = patches(&render(WasmSource::Local("/w.wasm".into())));
+        let store: Vec<&Value> = p
+            .iter()
+            .filter(|x| x["patch"]["value"]["name"] == contract::PLACEMENT_STORE_CLUSTER)
+            .collect();
+        assert_eq!(store.len(), 1, "{store:?}");
+        assert_eq!(
+            (store[0]["applyTo"].as_str(), store[0]["patch"]["operation"].as_str()),
+            (Some("CLUSTER"), Some("ADD"))
+        );
+        let c = &store[0]["patch"]["value"];
+        assert_eq!(c["type"], "STRICT_DNS", "the members are named by DNS in the fixture");
+        assert_eq!(c["health_checks"][0]["http_health_check"]["path"], "/health");
+        let eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap();
+        assert_eq!(eps.len(), 2);
     }
 
     #[test]

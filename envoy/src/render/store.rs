@@ -5,8 +5,16 @@
 //! not take; its endpoints are the configured etcd members (STATIC for IP literals, STRICT_DNS otherwise). Envoy
 //! health-checks each member's `/health` every second and drops a dead one from the rotation, so a member going
 //! away costs at most a few callouts, each of which falls back to local placement. No route names this cluster.
+//! With `tls` the cluster carries the same `UpstreamTlsContext` a backend's `tls` gives (see `tls`), and the health
+//! checks go over it: a member whose certificate does not verify is never healthy, so every call to it is
+//! `not_sent` and keys are placed locally.
+//!
+//! Every target carries it: the full bootstrap and `--target filter` through [`apply`], the Istio EnvoyFilter as
+//! a `CLUSTER` `ADD` patch of [`cluster`]. `--target ecds` carries only the filter's config, so its header says
+//! that the running Envoy needs this cluster (without it every store call is `not_sent`, and keys are placed
+//! locally).
 
-use llmroute_core::config::Config;
+use llmroute_core::config::{Config, PlacementStore};
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use serde_json::{json, Value};
 
@@ -14,9 +22,13 @@ use super::{duration_ms, push, socket};
 
 /// Appends the store's cluster when the config has a placement store.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {
-    let Some(store) = &cfg.affinity.placement_store else {
-        return;
-    };
+    if let Some(store) = &cfg.affinity.placement_store {
+        push(&mut bootstrap["static_resources"]["clusters"], cluster(store));
+    }
+}
+
+/// The `llmroute_placement_store` cluster for `store`'s etcd members.
+pub fn cluster(store: &PlacementStore) -> Value {
     let endpoints: Vec<Value> = store
         .endpoints
         .iter()
@@ -27,7 +39,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
     } else {
         "STRICT_DNS"
     };
-    let cluster = json!({
+    let mut cluster = json!({
         "name": PLACEMENT_STORE_CLUSTER,
         "type": kind,
         "connect_timeout": duration_ms(store.timeout_ms.max(250)),
@@ -44,7 +56,11 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
         // Every member may be down at once; the filter then places locally, so never panic-route to them all.
         "common_lb_config": { "healthy_panic_threshold": { "value": 0 } },
     });
-    push(&mut bootstrap["static_resources"]["clusters"], cluster);
+    if let Some(t) = &store.tls {
+        // Verified like a backend's engines: etcd's certificate chains to `ca_file` and names the member.
+        super::tls::secure_endpoints(&mut cluster, &store.endpoints, t);
+    }
+    cluster
 }
 
 #[cfg(test)]
@@ -87,6 +103,71 @@ mod tests {
         assert_eq!(addrs, ["127.0.0.1:2379", "127.0.0.2:2379"]);
         assert_eq!(c["health_checks"][0]["http_health_check"]["path"], "/health");
         assert_eq!(c["common_lb_config"]["healthy_panic_threshold"]["value"], 0);
+    }
+
+    fn with_store() -> (llmroute_core::Config, String) {
+        let doc = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");
+        (llmroute_core::load_config(&doc).unwrap(), doc)
+    }
+
+    #[test]
+    fn the_filter_target_carries_the_store_cluster() {
+        let (cfg, doc) = with_store();
+        let p = crate::render::target::pieces(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let found: Vec<&Value> = p
+            .clusters
+            .iter()
+            .filter(|c| c["name"] == PLACEMENT_STORE_CLUSTER)
+            .collect();
+        assert_eq!(found.len(), 1, "{:?}", p.clusters);
+        assert_eq!(found[0]["health_checks"][0]["http_health_check"]["path"], "/health");
+    }
+
+    #[test]
+    fn the_ecds_target_says_the_running_envoy_needs_the_store_cluster() {
+        let (cfg, doc) = with_store();
+        let opts = RenderOptions::new("/x.wasm");
+        let text = crate::render::ecds::ecds_yaml(&cfg, &doc, &opts).unwrap();
+        let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+        assert!(
+            header
+                .iter()
+                .any(|l| l.contains(PLACEMENT_STORE_CLUSTER) && l.contains("--target filter")),
+            "{header:?}"
+        );
+        let plain = llmroute_core::load_config(DOC).unwrap();
+        let text = crate::render::ecds::ecds_yaml(&plain, DOC, &opts).unwrap();
+        assert!(!text.contains(PLACEMENT_STORE_CLUSTER));
+    }
+
+    #[test]
+    fn with_tls_every_member_is_verified_against_the_ca_and_its_own_name() {
+        let doc = format!(
+            "{DOC}  placement_store:\n    etcd:\n      endpoints: ['https://127.0.0.1:2379', 'etcd-1.local:2379']\n      tls: {{ ca_file: /etc/llmroute/etcd-ca.pem }}\n"
+        );
+        let c = &store_clusters(&doc)[0];
+        let ctx = &c["transport_socket"]["typed_config"];
+        assert_eq!(
+            ctx["@type"],
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        let v = &ctx["common_tls_context"]["validation_context"];
+        assert_eq!(v["trusted_ca"]["filename"], "/etc/llmroute/etcd-ca.pem");
+        // Two names (an IP and a DNS name): one context each, picked by endpoint metadata.
+        let matches = c["transport_socket_matches"].as_array().unwrap();
+        assert_eq!(matches.len(), 2);
+        let sans: Vec<&str> = matches
+            .iter()
+            .map(|m| {
+                m["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+                    ["match_typed_subject_alt_names"][0]["matcher"]["exact"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(sans, ["127.0.0.1", "etcd-1.local"]);
+        let plain = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");
+        assert!(store_clusters(&plain)[0].get("transport_socket").is_none());
     }
 
     #[test]

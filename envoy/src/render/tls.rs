@@ -8,6 +8,8 @@
 //!   when given (sent as SNI, matched as a DNS subject alternative name). Without `sni`, it is each endpoint's
 //!   own host: a DNS name is sent as SNI and matched as a DNS SAN; an IP literal is matched as an IP-address SAN
 //!   (and no SNI is sent, since SNI cannot carry an IP).
+//! - The placement store's `tls` (`affinity.placement_store.etcd.tls`, the same block) secures the etcd cluster
+//!   the same way ([`secure_endpoints`]); its health checks go over that socket too.
 //! - When the endpoints of one backend need different names, each endpoint gets its own context: the cluster's
 //!   `transport_socket_matches` holds one per name, keyed on the endpoint metadata
 //!   `envoy.transport_socket_match: { llmroute_tls_name: NAME }`. The cluster's default `transport_socket` is
@@ -79,8 +81,14 @@ pub fn verified_name(t: &UpstreamTls, e: &Endpoint) -> VerifiedName {
 
 /// One context when every endpoint needs the same name; else one per name, picked by endpoint metadata.
 fn secure_cluster(cluster: &mut Value, b: &Backend, t: &UpstreamTls) {
+    secure_endpoints(cluster, &b.endpoints, t);
+}
+
+/// [`secure_cluster`] for any cluster whose `lb_endpoints` are `endpoints`, in order: a backend's, or the
+/// placement store's etcd members.
+pub fn secure_endpoints(cluster: &mut Value, endpoints: &[Endpoint], t: &UpstreamTls) {
     let mut names: Vec<VerifiedName> = Vec::new();
-    for e in &b.endpoints {
+    for e in endpoints {
         let n = verified_name(t, e);
         if !names.contains(&n) {
             names.push(n);
@@ -105,7 +113,7 @@ fn secure_cluster(cluster: &mut Value, b: &Backend, t: &UpstreamTls) {
         .collect();
     cluster["transport_socket_matches"] = Value::from(matches);
     let lb_endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array_mut();
-    for (endpoint, e) in lb_endpoints.into_iter().flatten().zip(&b.endpoints) {
+    for (endpoint, e) in lb_endpoints.into_iter().flatten().zip(endpoints) {
         let n = verified_name(t, e);
         endpoint["metadata"]["filter_metadata"]["envoy.transport_socket_match"][MATCH_KEY] = Value::from(n.text());
     }

@@ -100,6 +100,20 @@ pub fn create_if_absent_body(key: &str, value: &str, lease: i64) -> String {
     .to_string()
 }
 
+/// `/v3/kv/txn`: set `key` = `value` (attached to `lease`, 0 for none) only if it still holds `expected`
+/// (compare on the value); otherwise read it. Its answer reads like [`create_if_absent_body`]'s
+/// ([`parse_create`]): `Created` when the swap ran, `Exists` with the current value when it did not, and
+/// `Exists` with no value when the key is gone (a missing key compares unequal).
+pub fn swap_body(key: &str, expected: &str, value: &str, lease: i64) -> String {
+    let k = b64(key);
+    json!({
+        "compare": [{ "key": k, "target": "VALUE", "result": "EQUAL", "value": b64(expected) }],
+        "success": [{ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }],
+        "failure": [{ "request_range": { "key": k } }],
+    })
+    .to_string()
+}
+
 /// `/v3/kv/txn` without a condition: put every `(key, value)`, all attached to `lease`. etcd refuses a
 /// transaction of more than its `--max-txn-ops` (128 by default) operations; [`MAX_TXN_OPS`] stays within it.
 pub fn puts_body(pairs: &[(String, String)], lease: i64) -> String {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
-use llmroute_core::key_placement::store::{self, Fallback, Lease, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::store::{self, Ask, Fallback, Lease, Next, Outcome, Pending, Reply, Settled};
 use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, KeyTable, PlacementReason};
 use llmroute_core::{load_config, ConfigErrors};
 use proptest::prelude::*;
@@ -36,6 +36,8 @@ const EXISTS: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"
 const LEASE_GONE: &str =
     r#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#;
 const GRANTED: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"2","raft_term":"2"},"ID":"2324035746352910857","TTL":"5"}"#;
+// A swap's answer when the key is gone: the failure branch's range found nothing.
+const RANGE_EMPTY_TXN: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"4","raft_term":"2"},"responses":[{"response_range":{"header":{"revision":"4"}}}]}"#;
 const RANGE_FILTERED: &str =
     r#"{"header":{"cluster_id":"1","member_id":"2","revision":"7","raft_term":"2"},"count":"1"}"#;
 
@@ -171,6 +173,12 @@ fn each_answer_decides_what_the_replica_does() {
         body: b"no healthy upstream",
     };
     assert_eq!(store::create_outcome(unavailable), Outcome::Fallback(Fallback::Error));
+    // Envoy's own answer to a callout past its timeout.
+    let timed_out = Reply::Answer {
+        status: 504,
+        body: b"upstream request timeout",
+    };
+    assert_eq!(store::create_outcome(timed_out), Outcome::Fallback(Fallback::Timeout));
     let lease_gone = Reply::Answer {
         status: 404,
         body: LEASE_GONE.as_bytes(),
@@ -188,9 +196,13 @@ fn each_answer_decides_what_the_replica_does() {
     assert_eq!(Outcome::Won.stored(5), Some(5));
     assert_eq!(Outcome::Adopted { host: 9 }.stored(5), Some(9));
     assert_eq!(Outcome::Fallback(Fallback::Timeout).stored(5), None);
+    assert_eq!(Outcome::Moved.stored(5), Some(5));
+    assert_eq!(Outcome::MoveAdopted { host: 9 }.stored(5), Some(9));
     let labels: Vec<&str> = [
         Outcome::Won,
         Outcome::Adopted { host: 1 },
+        Outcome::Moved,
+        Outcome::MoveAdopted { host: 1 },
         Outcome::Fallback(Fallback::Timeout),
         Outcome::Fallback(Fallback::NotSent),
         Outcome::Fallback(Fallback::Error),
@@ -398,26 +410,58 @@ fn settle(store: &mut HashMap<u64, u32>, key: u64, proposed: u32) -> Outcome {
     }
 }
 
+/// A compare-and-swap in memory: what etcd does with [`etcd_json::swap_body`]. `None` when the key is absent.
+fn swap(store: &mut HashMap<u64, u32>, key: u64, from: u32, proposed: u32) -> Option<Outcome> {
+    match store.get(&key).copied() {
+        Some(host) if host == from => {
+            store.insert(key, proposed);
+            Some(Outcome::Moved)
+        }
+        Some(host) => Some(Outcome::MoveAdopted { host }),
+        None => None,
+    }
+}
+
 /// Replicas fed requests for `keys` in the order `picks` (replica, key): the host each request went to.
 fn run(replicas: usize, picks: &[(usize, u64)], shared: bool) -> Vec<(u64, usize)> {
-    let h = hosts(3);
+    run_down(replicas, picks, shared, usize::MAX).0
+}
+
+/// [`run`], with host 0 down from request `down_at` on; also returns how many swaps moved a key.
+fn run_down(replicas: usize, picks: &[(usize, u64)], shared: bool, down_at: usize) -> (Vec<(u64, usize)>, usize) {
+    let mut h = hosts(3);
     let b = bounds();
     let mut tables = vec![KeyTable::default(); replicas];
     let mut etcd = HashMap::new();
     let mut out = Vec::new();
+    let mut moved = 0;
     for (i, &(r, key)) in picks.iter().enumerate() {
+        h[0].up = i < down_at;
         let now = i as u64 * 10;
         let t = &mut tables[r % replicas];
-        let stored = if shared && store::needs_store(t, key, now, &b) {
+        let mut ask = if shared { store::ask(t, &h, key, now, &b) } else { None };
+        let mut stored = None;
+        let mut sends = 0;
+        while let Some(a) = ask.take() {
             let proposed = h[store::proposal(t, &h, key, now, &b).unwrap()].id();
-            settle(&mut etcd, key, proposed).stored(proposed)
-        } else {
-            None
-        };
+            let answered = match a {
+                Ask::Create => Some(settle(&mut etcd, key, proposed)),
+                Ask::Move { from } => swap(&mut etcd, key, host_id(&from), proposed),
+            };
+            sends += 1;
+            match store::next(answered, &h) {
+                Next::Send(a) if sends <= store::MAX_FOLLOW_UPS => ask = Some(a),
+                Next::Send(_) => stored = answered.and_then(|o| o.stored(proposed)),
+                Next::Done(o) => {
+                    moved += usize::from(o == Outcome::Moved);
+                    stored = o.stored(proposed);
+                }
+            }
+        }
         let c = choose_stored(t, &h, key, stored, now, &b).unwrap();
         out.push((key, c.host));
     }
-    out
+    (out, moved)
 }
 
 fn disagreements(placed: &[(u64, usize)]) -> usize {
@@ -452,6 +496,203 @@ proptest! {
     ) {
         prop_assert_eq!(disagreements(&run(3, &picks, true)), 0);
     }
+
+    #[test]
+    fn a_key_whose_host_goes_down_moves_once_for_every_replica(
+        picks in proptest::collection::vec((0usize..3, 1u64..13), 2..200),
+        at in 0.0f64..1.0,
+    ) {
+        let down_at = ((picks.len() as f64) * at) as usize;
+        let (placed, moved) = run_down(3, &picks, true, down_at);
+        let after = &placed[down_at..];
+        prop_assert_eq!(disagreements(after), 0, "after the host went down: {:?}", after);
+        prop_assert!(after.iter().all(|(_, host)| *host != 0));
+        // Each key that lived on host 0 moved through the store exactly once, whichever replica saw it first.
+        let on_down: std::collections::BTreeSet<u64> =
+            placed[..down_at].iter().filter(|(_, h)| *h == 0).map(|(k, _)| *k).collect();
+        let seen_after: std::collections::BTreeSet<u64> = after.iter().map(|(k, _)| *k).collect();
+        prop_assert_eq!(moved, on_down.intersection(&seen_after).count());
+    }
+}
+
+#[test]
+fn swap_bodies_compare_the_value_and_read_back_on_failure() {
+    let b = json_of(&store::move_request(
+        "/l",
+        "a",
+        255,
+        "127.0.0.1:8001",
+        "127.0.0.1:8002",
+        42,
+    ));
+    assert_eq!(unb64(&b["compare"][0]["key"]), "/l/keys/a/00000000000000ff");
+    assert_eq!(b["compare"][0]["target"], "VALUE");
+    assert_eq!(b["compare"][0]["result"], "EQUAL");
+    assert_eq!(unb64(&b["compare"][0]["value"]), "127.0.0.1:8001");
+    let put = &b["success"][0]["request_put"];
+    assert_eq!(unb64(&put["value"]), "127.0.0.1:8002");
+    assert_eq!(put["lease"], "42");
+    assert_eq!(
+        unb64(&b["failure"][0]["request_range"]["key"]),
+        "/l/keys/a/00000000000000ff"
+    );
+    let create = store::ask_request(&Ask::Create, "/l", "a", 255, "127.0.0.1:8002", 42);
+    assert_eq!(create, store::create_request("/l", "a", 255, "127.0.0.1:8002", 42));
+}
+
+#[test]
+fn a_known_key_asks_the_store_only_when_its_listed_host_is_down() {
+    let mut h = hosts(3);
+    let b = bounds();
+    let mut t = KeyTable::default();
+    assert_eq!(store::ask(&t, &h, 1, 1000, &b), Some(Ask::Create));
+    let c = choose(&mut t, &h, 1, 1000, &b).unwrap();
+    assert_eq!(store::ask(&t, &h, 1, 2000, &b), None, "a known key on an up host");
+    h[c.host].up = false;
+    assert_eq!(
+        store::ask(&t, &h, 1, 2000, &b),
+        Some(Ask::Move {
+            from: h[c.host].address.clone()
+        })
+    );
+    let listed: Vec<_> = h.iter().filter(|x| x.id() != h[c.host].id()).cloned().collect();
+    assert_eq!(
+        store::ask(&t, &listed, 1, 2000, &b),
+        None,
+        "a host no longer listed has no address to swap"
+    );
+    assert_eq!(
+        store::ask(&t, &h, 1, 1000 + TTL, &b),
+        Some(Ask::Create),
+        "an idled-out key is new again"
+    );
+    let none_up: Vec<_> = h
+        .iter()
+        .cloned()
+        .map(|mut x| {
+            x.up = false;
+            x
+        })
+        .collect();
+    assert_eq!(store::ask(&t, &none_up, 1, 2000, &b), None, "Envoy's ring decides");
+}
+
+#[test]
+fn each_answer_to_a_swap_decides_what_the_replica_does() {
+    let ok = |body: &'static str| Reply::Answer {
+        status: 200,
+        body: body.as_bytes(),
+    };
+    assert_eq!(store::move_outcome(ok(CREATED)), Some(Outcome::Moved));
+    assert_eq!(
+        store::move_outcome(ok(EXISTS)),
+        Some(Outcome::MoveAdopted {
+            host: host_id("127.0.0.1:8001")
+        })
+    );
+    assert_eq!(
+        store::move_outcome(ok(RANGE_EMPTY_TXN)),
+        None,
+        "gone from etcd: create it"
+    );
+    assert_eq!(
+        store::move_outcome(Reply::NoAnswer),
+        Some(Outcome::Fallback(Fallback::Timeout))
+    );
+    assert_eq!(
+        store::move_outcome(Reply::NotSent),
+        Some(Outcome::Fallback(Fallback::NotSent))
+    );
+    assert_eq!(
+        store::move_outcome(Reply::Answer {
+            status: 404,
+            body: LEASE_GONE.as_bytes()
+        }),
+        Some(Outcome::Fallback(Fallback::Error))
+    );
+    assert_eq!(store::move_outcome(ok("[]")), Some(Outcome::Fallback(Fallback::Error)));
+    let ask = Ask::Move { from: "x".into() };
+    assert_eq!(store::ask_outcome(&ask, ok(CREATED)), Some(Outcome::Moved));
+    assert_eq!(store::ask_outcome(&Ask::Create, ok(CREATED)), Some(Outcome::Won));
+}
+
+#[test]
+fn a_gone_key_is_created_and_a_stored_host_that_is_down_is_swapped() {
+    let mut h = hosts(3);
+    let on0 = Outcome::Adopted { host: h[0].id() };
+    assert_eq!(store::next(None, &h), Next::Send(Ask::Create));
+    assert_eq!(
+        store::next(Some(on0), &h),
+        Next::Done(on0),
+        "an up stored host is adopted"
+    );
+    assert_eq!(store::next(Some(Outcome::Moved), &h), Next::Done(Outcome::Moved));
+    h[0].up = false;
+    let swap0 = Next::Send(Ask::Move {
+        from: h[0].address.clone(),
+    });
+    assert_eq!(store::next(Some(on0), &h), swap0);
+    assert_eq!(store::next(Some(Outcome::MoveAdopted { host: h[0].id() }), &h), swap0);
+    let fallback = Outcome::Fallback(Fallback::Timeout);
+    assert_eq!(store::next(Some(fallback), &h), Next::Done(fallback));
+    // A stored host not listed here is passed on; the table places the key alone.
+    let unknown = Outcome::Adopted { host: 12345 };
+    assert_eq!(store::next(Some(unknown), &h), Next::Done(unknown));
+}
+
+#[test]
+fn a_moved_key_follows_the_stored_host_and_stays_off_the_down_one() {
+    let mut h = hosts(3);
+    let b = bounds();
+    let mut t = KeyTable::default();
+    let home = choose(&mut t, &h, 7, 0, &b).unwrap().host;
+    h[home].up = false;
+    let local = store::proposal(&t, &h, 7, 10, &b).unwrap();
+    assert_ne!(local, home);
+    let other = (0..3).find(|&i| i != home && i != local).unwrap();
+    let c = choose_stored(&mut t, &h, 7, Some(h[other].id()), 10, &b).unwrap();
+    assert_eq!(
+        (c.host, c.reason),
+        (other, PlacementReason::Moved),
+        "the stored host wins"
+    );
+    assert_eq!(t.get(7).unwrap().host, h[other].id());
+    // A stored host that is down too is not used: the bounds place it.
+    let mut t2 = KeyTable::default();
+    h[home].up = true;
+    choose(&mut t2, &h, 7, 0, &b).unwrap();
+    h[home].up = false;
+    let c = choose_stored(&mut t2, &h, 7, Some(h[home].id()), 10, &b).unwrap();
+    assert_eq!((c.host, c.reason), (local, PlacementReason::Moved));
+}
+
+#[test]
+fn a_key_settled_after_an_outage_replaces_a_stored_host_that_is_down() {
+    let ok = |body: &'static str| Reply::Answer {
+        status: 200,
+        body: body.as_bytes(),
+    };
+    let mut h = hosts(3);
+    assert_eq!(
+        store::settle_outcome_in(ok(EXISTS), &h),
+        Settled::MoveTo(host_id("127.0.0.1:8001")),
+        "a stored host that is up is adopted"
+    );
+    h[0].up = false;
+    assert_eq!(
+        store::settle_outcome_in(ok(EXISTS), &h),
+        Settled::Replace {
+            from: "127.0.0.1:8001".into()
+        }
+    );
+    assert_eq!(store::settle_outcome_in(ok(CREATED), &h), Settled::Kept);
+    assert_eq!(store::settle_move_outcome(ok(CREATED)), Settled::Kept);
+    assert_eq!(
+        store::settle_move_outcome(ok(EXISTS)),
+        Settled::MoveTo(host_id("127.0.0.1:8001"))
+    );
+    assert_eq!(store::settle_move_outcome(ok(RANGE_EMPTY_TXN)), Settled::Retry);
+    assert_eq!(store::settle_move_outcome(Reply::NoAnswer), Settled::Retry);
 }
 
 fn config(store: Value, placement: &str) -> Value {
@@ -495,6 +736,24 @@ fn the_store_config_is_normalised_with_defaults() {
     .unwrap();
     let s = cfg.affinity.placement_store.unwrap();
     assert_eq!((s.prefix.as_str(), s.timeout_ms), ("/p", 200));
+    assert_eq!(s.tls, None);
+    // TLS: `https://` or bare members, the backends' `tls` block.
+    let cfg = load_config(
+        &config(
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379", "10.0.0.2:2379"], "tls": {"ca_file": "/ca.pem", "sni": "etcd.internal"}}}),
+            "bounded_keys",
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let s = cfg.affinity.placement_store.unwrap();
+    let eps: Vec<String> = s.endpoints.iter().map(|e| e.to_string()).collect();
+    assert_eq!(eps, ["127.0.0.1:2379", "10.0.0.2:2379"]);
+    let tls = s.tls.unwrap();
+    assert_eq!(
+        (tls.ca_file.as_str(), tls.sni.as_deref()),
+        ("/ca.pem", Some("etcd.internal"))
+    );
     assert!(load_config(&config(Value::Null, "bounded_keys").to_string())
         .unwrap()
         .affinity
@@ -518,7 +777,27 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
         (
             json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"]}}),
             "bounded_keys",
-            "TLS to etcd is not supported",
+            "affinity.placement_store.etcd.endpoints[0] = https://127.0.0.1:2379: https:// needs the CA that signed etcd's certificate: add `tls: { ca_file: ... }`",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["http://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem"}}}),
+            "bounded_keys",
+            "with `tls` every member is reached over TLS; write https://HOST:PORT",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": ""}}}),
+            "bounded_keys",
+            "affinity.placement_store.etcd.tls.ca_file",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "sni": "bad name"}}}),
+            "bounded_keys",
+            "affinity.placement_store.etcd.tls.sni",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "verify": false}}}),
+            "bounded_keys",
+            "unknown field `verify`",
         ),
         (
             json!({"etcd": {"endpoints": ["nope"]}}),
@@ -543,7 +822,7 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
         (
             json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "tls": {}}}),
             "bounded_keys",
-            "unknown field `tls`",
+            "missing field `ca_file`",
         ),
         (json!({"redis": {}}), "bounded_keys", "unknown field `redis`"),
     ];

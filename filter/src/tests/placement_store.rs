@@ -429,3 +429,160 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
     syncer.on_response(refresh[0].token, deliver(&fake, Some(("200", CREATED))));
     assert_eq!(table(&fake).get(key), before);
 }
+
+/// Marks `address` down in llama-a's status, as the root's poll would.
+fn mark_down(address: &str) {
+    crate::key_placement::store_down("llama-a", crate::host::now_ms(), &[address.to_string()]);
+}
+
+fn body_of(c: &Callout) -> String {
+    String::from_utf8(c.body.clone().unwrap_or_default()).unwrap_or_default()
+}
+
+/// A request whose key the store settled on the local choice (won); returns that host.
+fn placed(fake: &Rc<FakeHost>, root: &Root) -> (u64, &'static str) {
+    let mut x = Exchange::new(fake, root, 1);
+    let (_, key) = send(&mut x);
+    answer(&mut x, store_calls(fake)[0].token, Some(("200", CREATED)));
+    let host = table(fake).get(key).map(|e| e.host);
+    let address = [A, B].into_iter().find(|a| Some(host_id(a)) == host).unwrap();
+    (key, address)
+}
+
+// The swap's answer when the key is gone from etcd.
+const GONE: &str = r#"{"header":{"revision":"4"},"responses":[{"response_range":{"header":{"revision":"4"}}}]}"#;
+
+#[test]
+fn a_known_key_whose_host_goes_down_is_moved_once_through_a_swap_in_etcd() {
+    // (answer to the swap, outcome counted, pending afterwards)
+    let cases: [(Answer, &str, bool); 4] = [
+        (Some(("200", CREATED)), "moved", false),
+        (Some(("200", "")), "move_adopted", false),
+        (None, "timeout", true),
+        (Some(("500", "oops")), "error", true),
+    ];
+    for (reply, expected, fell_back) in cases {
+        let (fake, root) = setup();
+        let (key, home) = placed(&fake, &root);
+        let other = if home == A { B } else { A };
+        mark_down(home);
+        let mut x = Exchange::new(&fake, &root, 2);
+        assert_eq!(send(&mut x).0, Action::Pause, "{expected}: the move waits for etcd");
+        let calls = store_calls(&fake);
+        assert_eq!(calls.len(), 2, "{expected}");
+        let body = body_of(&calls[1]);
+        assert!(body.contains(r#""target":"VALUE""#), "{expected}: a swap: {body}");
+        assert!(body.contains(&b64(home)) && body.contains(&b64(other)), "{body}");
+        let stored = exists(key, other);
+        let reply = match expected {
+            "move_adopted" => Some(("200", stored.as_str())),
+            _ => reply,
+        };
+        answer(&mut x, calls[1].token, reply);
+        assert_eq!(fake.resumes(), 2, "{expected}: resumed");
+        assert_eq!(outcome(&fake, expected), Some(1), "{expected}");
+        assert_eq!(
+            x.request_header(SESSION_HEADER),
+            Some(session_header_value(other)),
+            "{expected}: pinned off the down host"
+        );
+        assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
+        assert_eq!(pending(&fake).contains(&key), fell_back, "{expected}");
+        // Moved now: the next request neither waits nor asks etcd.
+        let mut y = Exchange::new(&fake, &root, 3);
+        assert_eq!(send(&mut y).0, Action::Continue, "{expected}");
+        assert_eq!(store_calls(&fake).len(), 2, "{expected}");
+    }
+}
+
+#[test]
+fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is_swapped() {
+    let (fake, root) = setup();
+    let (_, home) = placed(&fake, &root);
+    let other = if home == A { B } else { A };
+    mark_down(home);
+    let mut x = Exchange::new(&fake, &root, 2);
+    send(&mut x);
+    answer(&mut x, store_calls(&fake)[1].token, Some(("200", GONE)));
+    let calls = store_calls(&fake);
+    assert_eq!(
+        (calls.len(), fake.resumes()),
+        (3, 1),
+        "sent again as a create, still waiting"
+    );
+    assert!(body_of(&calls[2]).contains(r#""target":"CREATE""#));
+    answer(&mut x, calls[2].token, Some(("200", CREATED)));
+    assert_eq!(
+        (fake.resumes(), outcome(&fake, "won")),
+        (2, Some(2)),
+        "the first placement and this create"
+    );
+    assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(other)));
+
+    // A replica that never saw the key learns from etcd that it lives on the down host: it swaps it.
+    let (fake, root) = setup();
+    mark_down(A);
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (_, key) = send(&mut x);
+    let on_a = exists(key, A);
+    answer(&mut x, store_calls(&fake)[0].token, Some(("200", &on_a)));
+    let calls = store_calls(&fake);
+    assert_eq!(calls.len(), 2, "a swap follows");
+    let body = body_of(&calls[1]);
+    assert!(body.contains(r#""target":"VALUE""#) && body.contains(&b64(A)), "{body}");
+    answer(&mut x, calls[1].token, Some(("200", CREATED)));
+    assert_eq!(outcome(&fake, "moved"), Some(1));
+    assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(B)));
+
+    // Follow-ups are bounded: answers that keep naming the down host end with the last one, placed locally.
+    let (fake, root) = setup();
+    mark_down(A);
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (_, key) = send(&mut x);
+    let on_a = exists(key, A);
+    for i in 0..=store::MAX_FOLLOW_UPS as usize {
+        let calls = store_calls(&fake);
+        assert_eq!((calls.len(), fake.resumes()), (i + 1, 0));
+        answer(&mut x, calls[i].token, Some(("200", &on_a)));
+    }
+    assert_eq!(fake.resumes(), 1, "resumed after the last follow-up");
+    assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(B)));
+}
+
+#[test]
+fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_the_down_host() {
+    let (fake, root) = setup();
+    let (key, home) = placed(&fake, &root);
+    let other = if home == A { B } else { A };
+    mark_down(home);
+    let mut x = Exchange::new(&fake, &root, 2);
+    send(&mut x);
+    answer(&mut x, store_calls(&fake)[1].token, None);
+    assert_eq!(pending(&fake), vec![key]);
+
+    let cfg = Rc::new(load_config(&store_config()).unwrap());
+    let mut syncer = Syncer::default();
+    syncer.start(cfg);
+    mark_down(home);
+    let seen = store_calls(&fake).len();
+    syncer.on_tick();
+    let round = store_calls(&fake)[seen..].to_vec();
+    let settle = round
+        .iter()
+        .find(|c| body_of(c).contains(r#""target":"CREATE""#))
+        .unwrap();
+    let on_home = exists(key, home);
+    syncer.on_response(settle.token, deliver(&fake, Some(("200", &on_home))));
+    assert_eq!(
+        table(&fake).get(key).map(|e| e.host),
+        Some(host_id(other)),
+        "not moved back onto the down host"
+    );
+    assert_eq!(pending(&fake), vec![key], "pending until the swap is answered");
+    let swap = store_calls(&fake).last().cloned().unwrap();
+    let body = body_of(&swap);
+    assert!(body.contains(r#""target":"VALUE""#) && body.contains(&b64(home)) && body.contains(&b64(other)));
+    syncer.on_response(swap.token, deliver(&fake, Some(("200", CREATED))));
+    assert!(pending(&fake).is_empty());
+    assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
+}

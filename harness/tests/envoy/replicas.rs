@@ -7,6 +7,11 @@
 //! - with etcd killed no request fails and the fallbacks are counted; once it is back the keys placed during the
 //!   outage converge on one host, and new keys agree again.
 //!
+//! - etcd serving TLS: the replicas agree through it; with a CA that did not sign etcd's certificate nothing
+//!   reaches etcd, every new key falls back to local placement (counted), and no request fails;
+//! - a host killed: the first replica to see each of its keys moves it with a compare-and-swap in etcd, every other
+//!   replica adopts that move, so all of them send the key to one new host, and nothing fails.
+//!
 //! The issue's bench setup has a 3-member etcd cluster; these tests use one member (`harness/src/etcd.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,6 +21,7 @@ use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
+use llmroute_harness::certs::TestPki;
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::etcd::{Etcd, EtcdCluster};
 use llmroute_harness::fleet::Fleet;
@@ -116,6 +122,31 @@ async fn the_store_bodies_and_answers_hold_against_a_real_etcd() {
         Outcome::Fallback(Fallback::Error),
         "{stale:?}"
     );
+}
+
+#[tokio::test]
+async fn the_swap_that_moves_a_key_off_a_down_host_holds_against_a_real_etcd() {
+    let etcd = Etcd::start().await.unwrap();
+    let (a, b, c) = ("10.0.0.1:8001", "10.0.0.2:8001", "10.0.0.3:8001");
+    let created = etcd_call(&etcd, store::TXN_PATH, store::create_request("/t", BACKEND, 7, a, 0)).await;
+    assert_eq!(store::create_outcome(answer(&created)), Outcome::Won);
+    // Two replicas see `a` down and propose different hosts: the first swap wins, the second adopts it.
+    let first = etcd_call(&etcd, store::TXN_PATH, store::move_request("/t", BACKEND, 7, a, b, 0)).await;
+    assert_eq!(store::move_outcome(answer(&first)), Some(Outcome::Moved), "{first:?}");
+    let second = etcd_call(&etcd, store::TXN_PATH, store::move_request("/t", BACKEND, 7, a, c, 0)).await;
+    assert_eq!(
+        store::move_outcome(answer(&second)),
+        Some(Outcome::MoveAdopted { host: host_id(b) }),
+        "{second:?}"
+    );
+    let value = etcd
+        .ctl(&["get", &store::key_path("/t", BACKEND, 7), "--print-value-only"])
+        .unwrap();
+    assert_eq!(value.trim(), b, "moved once");
+    // A key etcd does not hold fails the compare, and the answer says so.
+    let gone = etcd_call(&etcd, store::TXN_PATH, store::move_request("/t", BACKEND, 8, a, b, 0)).await;
+    assert_eq!(store::move_outcome(answer(&gone)), None, "{gone:?}");
+    assert_eq!(store::next(None, &[]), store::Next::Send(store::Ask::Create));
 }
 
 fn config(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Value {
@@ -438,4 +469,171 @@ async fn killing_one_member_of_three_under_load_fails_no_request_and_agreement_h
     );
     let old = spray(&envoys, 0..12, 1, &mut rng).await;
     assert_eq!(disagreements(&old), 0, "keys placed before the kill stay put: {old:?}");
+}
+
+/// Waits until every replica's own status snapshot shows the host with placement id `id` down.
+async fn wait_down(envoys: &[Envoy], id: u32) -> bool {
+    let id = format!("{id:08x}");
+    let seen = wait_for(Duration::from_secs(15), || {
+        let id = id.clone();
+        async move {
+            for e in envoys {
+                let Ok(r) = reqwest::get(e.url("/llmroute/status")).await else {
+                    return false;
+                };
+                let status: Value = r.json().await.unwrap_or(Value::Null);
+                let hosts = status["backends"][0]["hosts"].as_array().cloned().unwrap_or_default();
+                let down = hosts.iter().any(|h| h["id"] == id.as_str() && h["up"] == false);
+                if status["snapshot"]["stale"] != false || !down {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    seen.is_some()
+}
+
+#[tokio::test]
+async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
+    let etcd = Etcd::start().await.unwrap();
+    let mut fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let envoys = replicas(&fleet, Some(&etcd), 1000).await;
+    let tenants = 0..12;
+    // Every replica sees every tenant, so each knows each key on its first host.
+    let before = rotate(&envoys, tenants.clone(), REPLICAS).await;
+    assert_eq!(disagreements(&before), 0, "{before:?}");
+    let home = |served: &BTreeMap<String, usize>| served.iter().max_by_key(|(_, n)| **n).map(|(e, _)| e.clone());
+    let homes: BTreeMap<usize, String> = before.iter().filter_map(|(t, by)| Some((*t, home(by)?))).collect();
+    let mut per_engine: BTreeMap<&String, usize> = BTreeMap::new();
+    for e in homes.values() {
+        *per_engine.entry(e).or_default() += 1;
+    }
+    let (victim, _) = per_engine.iter().max_by_key(|(_, n)| **n).unwrap();
+    let victim = (*victim).clone();
+    let moving: Vec<usize> = homes.iter().filter(|(_, e)| **e == victim).map(|(t, _)| *t).collect();
+    let i = fleet.engines.iter().position(|e| e.name() == victim).unwrap();
+    let dead = fleet.engines.remove(i);
+    let dead_id = host_id(&dead.addr().to_string());
+    drop(dead);
+    assert!(
+        wait_down(&envoys, dead_id).await,
+        "the replicas never saw {victim} down"
+    );
+
+    let moved_before = store_count(&envoys, "moved").await;
+    let fallbacks_before = fallbacks(&envoys).await;
+    // Each moving tenant reaches a different replica first, then every other one.
+    let mut after: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+    for (t, by) in rotate(&envoys, tenants.clone(), 2 * REPLICAS).await {
+        after.insert(t, by);
+    }
+    let moved = store_count(&envoys, "moved").await - moved_before;
+    let adopted = store_count(&envoys, "move_adopted").await;
+    let fell_back = fallbacks(&envoys).await - fallbacks_before;
+    println!(
+        "{victim} killed, holding tenants {moving:?}: {moved} moved through etcd, {adopted} adopted, \
+         {fell_back} fallbacks; served after: {after:?}"
+    );
+    assert_eq!(
+        disagreements(&after),
+        0,
+        "every replica sends each key to one host: {after:?}"
+    );
+    for t in &moving {
+        assert!(
+            !after[t].contains_key(&victim),
+            "tenant {t} still on the dead host: {after:?}"
+        );
+    }
+    for (t, by) in &after {
+        if !moving.contains(t) {
+            assert_eq!(by.keys().collect::<Vec<_>>(), vec![&homes[t]], "tenant {t} stayed put");
+        }
+    }
+    assert_eq!(
+        moved,
+        moving.len() as u64,
+        "each key on the dead host moved exactly once, fleet-wide"
+    );
+    assert_eq!(fell_back, 0);
+    // etcd holds each moved key on its new host.
+    for t in &moving {
+        let new_home = after[t].keys().next().unwrap();
+        let engine = fleet.engines.iter().find(|e| e.name() == new_home).unwrap();
+        let served = post_json(
+            &client(),
+            envoys[0].url("/v1/chat/completions"),
+            tenant_body(*t).to_string(),
+            &[],
+        )
+        .await;
+        assert_eq!(served.header("x-emu-backend"), Some(new_home.as_str()));
+        let last = engine.chat_requests().pop().unwrap();
+        let key = u64::from_str_radix(last.header("x-llmroute-affinity").unwrap_or(""), 16).unwrap();
+        let stored = etcd
+            .ctl(&["get", &store::key_path("/e2e", BACKEND, key), "--print-value-only"])
+            .unwrap();
+        assert_eq!(stored.trim(), engine.addr().to_string(), "tenant {t}");
+    }
+}
+
+/// [`config_with`] for one etcd reached over TLS, trusting `ca_file`.
+fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path) -> Value {
+    let mut cfg = config_with(fleet, Some(vec![url]), 1000);
+    cfg["affinity"]["placement_store"]["etcd"]["tls"] = json!({ "ca_file": ca_file.display().to_string() });
+    cfg
+}
+
+fn stored_keys(etcd: &Etcd) -> usize {
+    let keys = etcd
+        .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
+        .unwrap_or_default();
+    keys.lines().filter(|l| l.starts_with("/e2e/keys/")).count()
+}
+
+#[tokio::test]
+async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_local_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = TestPki::generate(&[]).unwrap().write(&dir.path().join("etcd")).unwrap();
+    let wrong = TestPki::generate(&[])
+        .unwrap()
+        .write(&dir.path().join("other"))
+        .unwrap();
+    let etcd = Etcd::start_tls(files.clone()).await.unwrap();
+    assert!(etcd.url().starts_with("https://"));
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+
+    let shared = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &files.ca_file)).await;
+    assert!(shared[0].bootstrap_yaml().contains("UpstreamTlsContext"));
+    let with = spray(&shared, 0..12, 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
+    println!(
+        "etcd over TLS: {} of 72 off their tenant's host: {with:?}",
+        disagreements(&with)
+    );
+    assert_eq!(disagreements(&with), 0, "{with:?}");
+    assert_eq!(store_count(&shared, "won").await, 12, "each key created once, over TLS");
+    assert_eq!(fallbacks(&shared).await, 0);
+    assert_eq!(stored_keys(&etcd), 12);
+    drop(shared);
+
+    // A CA that did not sign etcd's certificate: the handshake fails, Envoy never holds a member healthy, and
+    // every new key is placed locally, counted, without a failed request.
+    let lone = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &wrong.ca_file)).await;
+    let served = rotate(&lone, 100..106, REPLICAS).await;
+    let fell_back = fallbacks(&lone).await;
+    let (won, adopted) = (store_count(&lone, "won").await, store_count(&lone, "adopted").await);
+    let (error, not_sent) = (store_count(&lone, "error").await, store_count(&lone, "not_sent").await);
+    println!(
+        "wrong CA: every request served, {fell_back} fallbacks ({error} error, {not_sent} not_sent), {won} won, \
+         {adopted} adopted: {served:?}"
+    );
+    assert_eq!(fell_back, 18, "each new key's first request on each replica falls back");
+    assert_eq!((won, adopted), (0, 0));
+    assert_eq!(
+        stored_keys(&etcd),
+        12,
+        "nothing reached etcd through an unverified connection"
+    );
 }

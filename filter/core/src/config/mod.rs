@@ -313,6 +313,8 @@ pub struct PlacementStore {
     pub prefix: String,
     /// How long a new key's first request waits for etcd.
     pub timeout_ms: u64,
+    /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host).
+    pub tls: Option<UpstreamTls>,
 }
 
 impl PlacementStore {

@@ -326,7 +326,8 @@ pub struct RawPlacementStore {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStoreEtcd {
-    /// etcd client addresses, `IP:PORT` or `http://IP:PORT` (1 to 16); `llmroute render` makes them one cluster.
+    /// etcd client addresses, `IP:PORT` or `http://IP:PORT` (`https://IP:PORT` with `tls`), 1 to 16;
+    /// `llmroute render` makes them one cluster.
     pub endpoints: Vec<String>,
     /// The key prefix: keys live under `<prefix>/keys/<backend>/`. Starts with `/`, no trailing `/`.
     /// Default `/llmroute`.
@@ -336,6 +337,9 @@ pub struct RawStoreEtcd {
     /// `1` to `10000`; default 50.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required) and optional `sni`.
+    #[serde(default)]
+    pub tls: Option<RawUpstreamTls>,
 }
 
 /// Input bounds.

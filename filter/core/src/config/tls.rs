@@ -42,7 +42,11 @@ impl Checker<'_> {
     pub fn tls(&mut self, raw: Option<&RawUpstreamTls>) -> Option<UpstreamTls> {
         let t = raw?;
         if t.ca_file.is_empty() {
-            self.error("tls.ca_file", "\"\"", "a CA bundle is needed to verify the engines");
+            self.error(
+                "tls.ca_file",
+                "\"\"",
+                "a CA bundle is needed to verify the servers' certificates",
+            );
         }
         if let Some(sni) = &t.sni {
             if sni.is_empty()

@@ -326,7 +326,7 @@ fn discovery(errs: &mut Diagnostics, at: &str, d: &RawDiscovery) -> Discovery {
 /// that makes `<prefix>/<IP:PORT>` keys.
 fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
     let list = e.endpoints.clone().unwrap_or_default();
-    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &list)
+    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &list, EtcdScheme::PlainOnly)
         .iter()
         .map(|ep| format!("http://{ep}"))
         .collect();
@@ -340,8 +340,20 @@ fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
     EtcdSource { endpoints, prefix }
 }
 
-/// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, 1 to [`EtcdSource::MAX_ENDPOINTS`] of them.
-fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String]) -> Vec<Endpoint> {
+/// Which schemes a list of etcd client addresses may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EtcdScheme {
+    /// `http://` or bare: TLS is not supported there (discovery).
+    PlainOnly,
+    /// The placement store without `tls`: `http://` or bare; `https://` asks for the `tls` block.
+    Plain,
+    /// The placement store with `tls`: `https://` or bare; `http://` contradicts it.
+    Tls,
+}
+
+/// etcd client addresses, `HOST:PORT` or `http://HOST:PORT` (`https://HOST:PORT` with TLS), 1 to
+/// [`EtcdSource::MAX_ENDPOINTS`] of them.
+fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String], scheme: EtcdScheme) -> Vec<Endpoint> {
     if list.is_empty() || list.len() > EtcdSource::MAX_ENDPOINTS {
         errs.push(
             field,
@@ -353,20 +365,33 @@ fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String]) -> Vec<E
         );
     }
     let mut endpoints = Vec::new();
+    let (strip, example) = match scheme {
+        EtcdScheme::Tls => ("https://", "HOST:PORT or https://HOST:PORT"),
+        EtcdScheme::Plain | EtcdScheme::PlainOnly => ("http://", "HOST:PORT or http://HOST:PORT"),
+    };
     for (j, text) in list.iter().enumerate() {
-        let bare = text.strip_prefix("http://").unwrap_or(text);
-        match parse_endpoint(bare) {
-            Ok(ep) => endpoints.push(ep),
-            Err(_) if text.starts_with("https://") => errs.push(
-                format!("{field}[{j}]"),
+        let at = format!("{field}[{j}]");
+        let bare = text.strip_prefix(strip).unwrap_or(text);
+        match (parse_endpoint(bare), scheme) {
+            (Ok(ep), _) => endpoints.push(ep),
+            (Err(_), EtcdScheme::PlainOnly) if text.starts_with("https://") => errs.push(
+                at,
                 text,
-                "TLS to etcd is not supported; reach etcd over http:// (or HOST:PORT) on a trusted network",
+                "TLS to etcd is not supported here; reach etcd over http:// (or HOST:PORT) on a trusted network",
             ),
-            Err(why) => errs.push(
-                format!("{field}[{j}]"),
+            (Err(_), EtcdScheme::Plain) if text.starts_with("https://") => errs.push(
+                at,
                 text,
-                format!("{why}; write HOST:PORT or http://HOST:PORT"),
+                "https:// needs the CA that signed etcd's certificate: add `tls: { ca_file: ... }` to \
+                 affinity.placement_store.etcd, or write http://HOST:PORT",
             ),
+            (Err(_), EtcdScheme::Tls) if text.starts_with("http://") => errs.push(
+                at,
+                text,
+                "with `tls` every member is reached over TLS; write https://HOST:PORT (or HOST:PORT), or remove \
+                 `tls`",
+            ),
+            (Err(why), _) => errs.push(at, text, format!("{why}; write {example}")),
         }
     }
     endpoints
@@ -403,7 +428,16 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
         );
     }
     let e = &store.etcd;
-    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &e.endpoints);
+    let tls = resilience::Checker {
+        diag: &mut *errs,
+        at: at.to_string(),
+    }
+    .tls(e.tls.as_ref());
+    let scheme = match tls {
+        Some(_) => EtcdScheme::Tls,
+        None => EtcdScheme::Plain,
+    };
+    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &e.endpoints, scheme);
     let prefix = e
         .prefix
         .clone()
@@ -430,6 +464,7 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
         endpoints,
         prefix,
         timeout_ms,
+        tls,
     })
 }
 

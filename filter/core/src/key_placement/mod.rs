@@ -213,8 +213,8 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 }
 
 /// [`choose`], for a key whose host the shared placement store (see [`store`]) just settled as the host with id
-/// `stored`: a key the table does not know yet goes there (if that host is up) instead of being placed by the
-/// bounds. A key the table knows, on an up host, stays put as in [`choose`].
+/// `stored`: a key the table does not know yet, or knows on a host that is down, goes there (if that host is up)
+/// instead of being placed by the bounds. A key the table knows, on an up host, stays put as in [`choose`].
 pub fn choose_stored(
     table: &mut KeyTable,
     hosts: &[HostView],
@@ -234,10 +234,14 @@ pub fn choose_stored(
         .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
     let stored = stored.and_then(|id| hosts.iter().position(|h| h.id() == id && h.up));
     let (home, reason) = match (known, pinned, stored) {
-        (None, _, Some(home)) => {
+        (_, None, Some(home)) => {
             table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
             changed = true;
-            (home, PlacementReason::Placed)
+            let reason = match known {
+                Some(_) => PlacementReason::Moved,
+                None => PlacementReason::Placed,
+            };
+            (home, reason)
         }
         (Some(e), Some(home), _) => {
             if table.promote(key, now_ms, b.max_keys) {

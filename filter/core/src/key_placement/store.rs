@@ -25,9 +25,18 @@
 //!   the keys its own requests touched during the last epoch ([`refresh_batches`]). A key no replica uses is
 //!   deleted by etcd between `key_idle_ttl_s` and `key_idle_ttl_s` plus two epochs after its last request.
 //!
-//! Down hosts, the in-flight spill, and Envoy's health checks, ejection and retries are unchanged: they act on the
-//! host the table holds, exactly as with a local table (see [`super::choose_stored`]). Everything here is pure:
-//! the filter's `placement_store` module sends the bodies and hands the answers back.
+//! - **A key whose host is down** moves once for the whole fleet ([`Ask::Move`]): a compare-and-swap transaction,
+//!   [`etcd_json::swap_body`], stores the host the local table would move it to if etcd still holds the down
+//!   host ([`Outcome::Moved`]); otherwise this replica adopts what etcd holds ([`Outcome::MoveAdopted`]), since
+//!   another replica moved it first. A key etcd no longer holds is proposed with create-if-absent instead, and a
+//!   stored host that is down here is swapped in turn ([`next`], at most [`MAX_FOLLOW_UPS`] more transactions).
+//!   When etcd fails the local move stands and the key is settled later like
+//!   an outage's keys: if etcd then still holds the down host, the settlement swaps it for the local host
+//!   ([`Settled::Replace`]).
+//!
+//! The in-flight spill and Envoy's health checks, ejection and retries are unchanged: they act on the host the
+//! table holds, exactly as with a local table (see [`super::choose_stored`]). Everything here is pure: the
+//! filter's `placement_store` module sends the bodies and hands the answers back.
 
 use super::{host_id, Bounds, HostView, KeyTable};
 use crate::etcd_json::{self, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
@@ -77,6 +86,45 @@ pub fn needs_store(table: &KeyTable, key: u64, now_ms: u64, b: &Bounds) -> bool 
         .is_none_or(|e| now_ms.saturating_sub(e.last_ms) >= b.idle_ttl_ms)
 }
 
+/// What a request's key asks of the store before it is placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// The local table lacks the key (or it idled out): create-if-absent ([`create_request`]).
+    Create,
+    /// The table holds the key on a listed host that is down, at `from` (`IP:PORT`, as etcd stores it): move it
+    /// with a compare-and-swap ([`move_request`]).
+    Move { from: String },
+}
+
+/// What `key` asks of the store at `now_ms`: `None` when the local table places it alone (a known key on an up
+/// host, or on a host no longer listed, whose address the swap could not name), and when no host is up.
+pub fn ask(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<Ask> {
+    if !hosts.iter().any(|h| h.up) {
+        return None;
+    }
+    if needs_store(table, key, now_ms, b) {
+        return Some(Ask::Create);
+    }
+    let held = table.get(key)?.host;
+    let host = hosts.iter().find(|h| h.id() == held)?;
+    (!host.up).then(|| Ask::Move {
+        from: host.address.clone(),
+    })
+}
+
+/// The body of a moving key's compare-and-swap: stored as `to` if etcd still holds `from`, else read back.
+pub fn move_request(prefix: &str, backend: &str, key: u64, from: &str, to: &str, lease: i64) -> String {
+    etcd_json::swap_body(&key_path(prefix, backend, key), from, to, lease)
+}
+
+/// The body `ask` sends for `key`, proposing `address`.
+pub fn ask_request(ask: &Ask, prefix: &str, backend: &str, key: u64, address: &str, lease: i64) -> String {
+    match ask {
+        Ask::Create => create_request(prefix, backend, key, address, lease),
+        Ask::Move { from } => move_request(prefix, backend, key, from, address, lease),
+    }
+}
+
 /// Where the local table alone would place `key`, without changing the table: the host this replica proposes in
 /// its transaction. `None` when no host is up.
 pub fn proposal(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<usize> {
@@ -89,7 +137,8 @@ pub fn proposal(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: 
 pub enum Reply<'a> {
     /// An HTTP answer.
     Answer { status: u32, body: &'a [u8] },
-    /// No answer within the callout's timeout, or the connection failed (Envoy delivers no headers).
+    /// No answer, or the connection failed (Envoy delivers no headers). A callout past its timeout is answered
+    /// by Envoy with a 504 instead, read as a timeout too.
     NoAnswer,
     /// The callout could not even be sent (the store's cluster is missing, the host refused).
     NotSent,
@@ -113,19 +162,34 @@ pub enum Outcome {
     Won,
     /// The key existed: the host with this id holds it.
     Adopted { host: u32 },
+    /// A key whose host was down: this replica's swap stored its own choice.
+    Moved,
+    /// A key whose host was down: etcd no longer held the down host (another replica moved it first), so the
+    /// key follows the host with this id.
+    MoveAdopted { host: u32 },
     /// Placed locally; the request proceeds.
     Fallback(Fallback),
 }
 
 impl Outcome {
     /// Every metric label value, for priming the counters.
-    pub const LABELS: [&'static str; 5] = ["won", "adopted", "timeout", "not_sent", "error"];
+    pub const LABELS: [&'static str; 7] = [
+        "won",
+        "adopted",
+        "moved",
+        "move_adopted",
+        "timeout",
+        "not_sent",
+        "error",
+    ];
 
     /// The metric label (`outcome`) of this outcome.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Won => "won",
             Outcome::Adopted { .. } => "adopted",
+            Outcome::Moved => "moved",
+            Outcome::MoveAdopted { .. } => "move_adopted",
             Outcome::Fallback(Fallback::Timeout) => "timeout",
             Outcome::Fallback(Fallback::NotSent) => "not_sent",
             Outcome::Fallback(Fallback::Error) => "error",
@@ -135,8 +199,8 @@ impl Outcome {
     /// The host id the store settled on, given the one this replica proposed; `None` for a fallback.
     pub fn stored(self, proposed: u32) -> Option<u32> {
         match self {
-            Outcome::Won => Some(proposed),
-            Outcome::Adopted { host } => Some(host),
+            Outcome::Won | Outcome::Moved => Some(proposed),
+            Outcome::Adopted { host } | Outcome::MoveAdopted { host } => Some(host),
             Outcome::Fallback(_) => None,
         }
     }
@@ -148,6 +212,9 @@ pub fn create_outcome(reply: Reply<'_>) -> Outcome {
         Reply::NotSent => return Outcome::Fallback(Fallback::NotSent),
         Reply::NoAnswer => return Outcome::Fallback(Fallback::Timeout),
         Reply::Answer { status: 200, body } => body,
+        // Envoy answers a callout that outlives its timeout with a 504 of its own (and etcd's gateway maps a
+        // deadline it missed to 504 too): a timeout either way, not an error.
+        Reply::Answer { status: 504, .. } => return Outcome::Fallback(Fallback::Timeout),
         Reply::Answer { .. } => return Outcome::Fallback(Fallback::Error),
     };
     match etcd_json::parse_create(body) {
@@ -157,6 +224,63 @@ pub fn create_outcome(reply: Reply<'_>) -> Outcome {
             None => Outcome::Fallback(Fallback::Error),
         },
         Ok(TxnAnswer::Exists { kv: None, .. }) | Err(_) => Outcome::Fallback(Fallback::Error),
+    }
+}
+
+/// Reads a moving key's compare-and-swap reply ([`move_request`]). `None`: etcd no longer holds the key (it idled
+/// out there, or was never stored), so the replica proposes it with create-if-absent instead.
+pub fn move_outcome(reply: Reply<'_>) -> Option<Outcome> {
+    let Reply::Answer { status: 200, body } = reply else {
+        return Some(create_outcome(reply));
+    };
+    Some(match etcd_json::parse_create(body) {
+        Ok(TxnAnswer::Created { .. }) => Outcome::Moved,
+        Ok(TxnAnswer::Exists { kv: Some(kv), .. }) => match stored_host(&kv) {
+            Some(host) => Outcome::MoveAdopted { host },
+            None => Outcome::Fallback(Fallback::Error),
+        },
+        Ok(TxnAnswer::Exists { kv: None, .. }) => return None,
+        Err(_) => Outcome::Fallback(Fallback::Error),
+    })
+}
+
+/// What a key's transaction answer means, for what it asked: [`create_outcome`] or [`move_outcome`].
+pub fn ask_outcome(ask: &Ask, reply: Reply<'_>) -> Option<Outcome> {
+    match ask {
+        Ask::Create => Some(create_outcome(reply)),
+        Ask::Move { .. } => move_outcome(reply),
+    }
+}
+
+/// What to do with a key's answered transaction ([`ask_outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Settled: pin the request by this outcome.
+    Done(Outcome),
+    /// Send this transaction next, for the same request.
+    Send(Ask),
+}
+
+/// The most transactions a request sends after its first ([`Next::Send`]); past them the last answer stands.
+pub const MAX_FOLLOW_UPS: u8 = 2;
+
+/// What an answer leads to, given the backend's `hosts`: a swap that found the key gone from etcd is sent again as
+/// a create-if-absent; a stored host that is listed here but down is swapped for this replica's choice (a key
+/// created on a host that has since gone down, or moved by another replica to one that went down too). Every
+/// other outcome is final.
+pub fn next(answered: Option<Outcome>, hosts: &[HostView]) -> Next {
+    let Some(outcome) = answered else {
+        return Next::Send(Ask::Create);
+    };
+    let stored = match outcome {
+        Outcome::Adopted { host } | Outcome::MoveAdopted { host } => host,
+        _ => return Next::Done(outcome),
+    };
+    match hosts.iter().find(|h| h.id() == stored && !h.up) {
+        Some(down) => Next::Send(Ask::Move {
+            from: down.address.clone(),
+        }),
+        None => Next::Done(outcome),
     }
 }
 
@@ -354,21 +478,46 @@ impl Pending {
 }
 
 /// What settling a key placed during an outage does to the local table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
     /// Stored with this replica's host: nothing moves.
     Kept,
     /// Another replica stored it first: the key moves to the host with this id (once).
     MoveTo(u32),
+    /// etcd holds a host that is down here, at this `IP:PORT` (the key was moved off it while etcd failed):
+    /// swap it for this replica's host ([`move_request`]), then read that answer with [`settle_move_outcome`].
+    Replace { from: String },
     /// The store still fails: try again next round.
     Retry,
 }
 
 /// Reads the reply to a pending key's create-if-absent transaction.
 pub fn settle_outcome(reply: Reply<'_>) -> Settled {
+    settle_outcome_in(reply, &[])
+}
+
+/// [`settle_outcome`], knowing the backend's `hosts`: a stored host that is down here is replaced, not adopted.
+pub fn settle_outcome_in(reply: Reply<'_>, hosts: &[HostView]) -> Settled {
     match create_outcome(reply) {
-        Outcome::Won => Settled::Kept,
-        Outcome::Adopted { host } => Settled::MoveTo(host),
+        Outcome::Won | Outcome::Moved => Settled::Kept,
+        Outcome::Adopted { host } | Outcome::MoveAdopted { host } => {
+            match hosts.iter().find(|h| h.id() == host && !h.up) {
+                Some(down) => Settled::Replace {
+                    from: down.address.clone(),
+                },
+                None => Settled::MoveTo(host),
+            }
+        }
         Outcome::Fallback(_) => Settled::Retry,
+    }
+}
+
+/// Reads the reply to a pending key's swap ([`Settled::Replace`]): kept when the swap ran, moved (once) when
+/// another replica swapped first; retried next round when the store fails or the key vanished meanwhile.
+pub fn settle_move_outcome(reply: Reply<'_>) -> Settled {
+    match move_outcome(reply) {
+        Some(Outcome::Won | Outcome::Moved) => Settled::Kept,
+        Some(Outcome::Adopted { host } | Outcome::MoveAdopted { host }) => Settled::MoveTo(host),
+        Some(Outcome::Fallback(_)) | None => Settled::Retry,
     }
 }
