@@ -216,7 +216,11 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
 /// The VM configuration (`vm_config.configuration`); bench builds read their last phase from it (see `phases`).
 #[cfg(feature = "bench-phases")]
 pub fn vm_configuration() -> Option<Vec<u8>> {
-    logged(host().get_buffer(BufferType::VmConfiguration, 0, usize::MAX), "reading the VM configuration").flatten()
+    logged(
+        host().get_buffer(BufferType::VmConfiguration, 0, usize::MAX),
+        "reading the VM configuration",
+    )
+    .flatten()
 }
 
 /// A property as a UTF-8 string, such as `["upstream", "address"]`. A property the host cannot serialise (such

@@ -56,7 +56,8 @@ fn bench_edit(v: &mut Value, vm_configuration: Option<&str>, cluster: Option<&st
                 map.insert("cluster".into(), Value::from(cluster));
             }
             if let (Some(text), Some(Value::Object(vm))) = (vm_configuration, map.get_mut("vm_config")) {
-                let value = serde_json::json!({ "@type": "type.googleapis.com/google.protobuf.StringValue", "value": text });
+                let value =
+                    serde_json::json!({ "@type": "type.googleapis.com/google.protobuf.StringValue", "value": text });
                 vm.insert("configuration".into(), value);
             }
             map.values_mut().for_each(|x| bench_edit(x, vm_configuration, cluster));
@@ -157,7 +158,11 @@ impl Envoy {
         let yaml = if opts.vm_configuration.is_some() || opts.static_route {
             let mut v = bootstrap(&cfg, &text, &render).map_err(StartError::Failed)?;
             let first = cfg.backends.first().map(|b| b.name.as_str()).unwrap_or_default();
-            bench_edit(&mut v, opts.vm_configuration.as_deref(), opts.static_route.then_some(first));
+            bench_edit(
+                &mut v,
+                opts.vm_configuration.as_deref(),
+                opts.static_route.then_some(first),
+            );
             // YAML is a superset of JSON: Envoy reads the JSON text from its `.yaml` file as it is.
             v.to_string()
         } else {

@@ -119,13 +119,24 @@ mod tests {
             let c = clusters.iter().find(|c| c["name"] == backend).unwrap();
             assert!(!c.to_string().contains("http_filters"), "{c}");
         }
-        let single = llmroute_core::route(&cfg, llmroute_core::Api::Chat, br#"{"model":"solo","messages":[{"role":"user","content":"hi"}]}"#, None);
+        let single = llmroute_core::route(
+            &cfg,
+            llmroute_core::Api::Chat,
+            br#"{"model":"solo","messages":[{"role":"user","content":"hi"}]}"#,
+            None,
+        );
         let single = single.unwrap();
         assert_eq!((single.cluster.as_str(), single.failover_alias()), ("a", None));
 
-        let plain = doc.replace(", priority: 1 }, { backend: b, upstream_model: other, priority: 2 }", " }");
+        let plain = doc.replace(
+            ", priority: 1 }, { backend: b, upstream_model: other, priority: 2 }",
+            " }",
+        );
         let cfg = llmroute_core::load_config(&plain).unwrap();
         let v = bootstrap(&cfg, &plain, &RenderOptions::new("/x.wasm")).unwrap();
-        assert!(!v.to_string().contains(UPSTREAM_ROOT_ID), "no failover, no upstream filter");
+        assert!(
+            !v.to_string().contains(UPSTREAM_ROOT_ID),
+            "no failover, no upstream filter"
+        );
     }
 }

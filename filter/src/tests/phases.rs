@@ -14,7 +14,10 @@ fn counts(last: Option<&str>) -> Vec<(Kind, usize)> {
     run_chat(&mut Exchange::new(&fake, &root, 1), false);
     fake.reset_calls();
     run_chat(&mut Exchange::new(&fake, &root, 2), false);
-    assert!(fake.replies().is_empty(), "phase {last:?}: nothing is answered by the filter");
+    assert!(
+        fake.replies().is_empty(),
+        "phase {last:?}: nothing is answered by the filter"
+    );
     fake.counts()
 }
 
@@ -37,8 +40,16 @@ fn each_phase_adds_its_own_host_calls_and_the_last_is_the_whole_filter() {
         .map(|p| counts(Some(p)))
         .collect();
     assert_eq!(by_phase[0], [], "entering the VM makes no host call");
-    assert_eq!(added(&by_phase[1], &by_phase[2]), [(GetBuffer, 1)], "copy: the body, once");
-    assert_eq!(added(&by_phase[2], &by_phase[3]), [], "scan: the core's decision calls nothing");
+    assert_eq!(
+        added(&by_phase[1], &by_phase[2]),
+        [(GetBuffer, 1)],
+        "copy: the body, once"
+    );
+    assert_eq!(
+        added(&by_phase[2], &by_phase[3]),
+        [],
+        "scan: the core's decision calls nothing"
+    );
     assert_eq!(
         added(&by_phase[3], &by_phase[4]),
         [(SetBuffer, 2), (SetMapValue, 1)],

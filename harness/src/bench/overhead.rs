@@ -371,7 +371,15 @@ async fn run_case(
     for round in 0..settings.rounds {
         for i in (0..systems.len()).map(|i| (i + round) % systems.len()) {
             let (url, pid) = (&systems[i].url, systems[i].pid);
-            let m = measure(&client, (url, pid), &requests, case.concurrency, settings.round, proxy_cpu).await;
+            let m = measure(
+                &client,
+                (url, pid),
+                &requests,
+                case.concurrency,
+                settings.round,
+                proxy_cpu,
+            )
+            .await;
             report_round(started, case, systems[i].kind.short(), round + 1, &m);
             runs[i].rounds.push(m);
         }

@@ -23,13 +23,25 @@ use crate::envoy::{phases_wasm_module, Envoy, EnvoyOptions};
 
 /// The filter's phases in the order it runs them, with what each adds (the names `filter/src/phases.rs` reads).
 pub const PHASES: [(&str, &str); 7] = [
-    ("enter", "entering the VM: the HTTP context and each callback, returning at once"),
-    ("headers", "request headers read whole, client headers stripped, the request classified"),
+    (
+        "enter",
+        "entering the VM: the HTTP context and each callback, returning at once",
+    ),
+    (
+        "headers",
+        "request headers read whole, client headers stripped, the request classified",
+    ),
     ("copy", "the body buffered by Envoy and copied into the VM"),
-    ("scan", "the core's decision: one pass over the body, fields, affinity key"),
+    (
+        "scan",
+        "the core's decision: one pass over the body, fields, affinity key",
+    ),
     ("patch", "the head edit of `model` and its `content-length`"),
     ("request", "route, affinity and estimate headers, access-log fields"),
-    ("response", "the response path: header plan, usage read from the answer, `on_log` metrics"),
+    (
+        "response",
+        "the response path: header plan, usage read from the answer, `on_log` metrics",
+    ),
 ];
 
 /// The phases whose sum is the floor of any body-routing wasm filter.
@@ -158,8 +170,7 @@ async fn run_case(
     started: Instant,
 ) -> Result<PhaseCase, String> {
     let requests = prepare(case.size, settings.families, settings.seed);
-    let client =
-        super::load::client(case.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
+    let client = super::load::client(case.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
     for (url, _) in targets {
         super::load::run(&client, url, &requests, case.concurrency, settings.warmup).await;
     }
@@ -168,7 +179,15 @@ async fn run_case(
     for round in 0..settings.rounds {
         for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
             let (url, pid) = &targets[i];
-            let m = measure(&client, (url, *pid), &requests, case.concurrency, settings.round, proxy_cpu).await;
+            let m = measure(
+                &client,
+                (url, *pid),
+                &requests,
+                case.concurrency,
+                settings.round,
+                proxy_cpu,
+            )
+            .await;
             report_round(started, case, row_name(i), round + 1, &m);
             rounds[i].push(m);
         }
@@ -212,7 +231,11 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         };
         let _ = write!(md, "| {name} | {what} |");
         for c in cases {
-            let added = if row == 0 { "–".into() } else { num(c.added_us(row), 1) };
+            let added = if row == 0 {
+                "–".into()
+            } else {
+                num(c.added_us(row), 1)
+            };
             let ratio = if row == 0 { "–".into() } else { num(c.ratio(row), 2) };
             let _ = write!(md, " {} | {added} | {ratio} |", num(c.cpu_us(row), 1));
         }
@@ -304,7 +327,10 @@ mod tests {
         }
         assert!(md.contains("| plain Envoy | no filter | 50.0 | – | – |"), "{md}");
         assert!(md.contains("| enter | "), "{md}");
-        assert!(md.contains("is 30.0 µs, so on proxy CPU the best ratio to plain Envoy is 0.62×"), "{md}");
+        assert!(
+            md.contains("is 30.0 µs, so on proxy CPU the best ratio to plain Envoy is 0.62×"),
+            "{md}"
+        );
         let mut missing = String::new();
         markdown(&mut missing, &Breakdown::Missing("no module\nmore".into()));
         assert!(missing.contains("Not measured in this run: no module\n"));
