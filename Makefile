@@ -7,12 +7,13 @@ TOOLS         := .tools
 ENVOY         := $(TOOLS)/bin/envoy
 WASM          := target/wasm32-wasip1/release/llmroute_filter.wasm
 TRAP_WASM     := target/wasm32-wasip1/release/llmroute_filter_trap.wasm
+PHASES_WASM   := target/wasm32-wasip1/release/llmroute_filter_phases.wasm
 CLI           := target/release/llmroute
 CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap cli envoy etcd demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases cli envoy etcd demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -28,6 +29,11 @@ build-trap: toolchain ## Test-only filter that traps on a request header (featur
 	$(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter --features test-trap --target-dir target/trap
 	install -m 0644 target/trap/wasm32-wasip1/release/llmroute_filter.wasm $(TRAP_WASM)
 	@ls -l $(TRAP_WASM)
+
+build-phases: toolchain ## Bench-only filter whose VM configuration switches its later phases off (feature bench-phases, own target dir): target/wasm32-wasip1/release/llmroute_filter_phases.wasm
+	$(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter --features bench-phases --target-dir target/phases
+	install -m 0644 target/phases/wasm32-wasip1/release/llmroute_filter.wasm $(PHASES_WASM)
+	@ls -l $(PHASES_WASM)
 
 cli: ## Build the native CLI: target/release/llmroute
 	$(CARGO) build --release -p llmroute-envoy --bin llmroute
@@ -138,7 +144,7 @@ VLLM_ROUTER_VERSION   ?= 0.1.17
 
 bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md holds the overhead and micro figures, bench/ROUTING.md the routing ones
 
-bench-overhead: build envoy etcd bench-peers ## Filter overhead vs plain Envoy and the peer routers, and bounded_keys with and without the etcd placement store vs hash (<=10 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
+bench-overhead: build build-phases envoy etcd bench-peers ## Filter overhead vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy, and bounded_keys with and without the etcd placement store vs hash (<=15 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
 

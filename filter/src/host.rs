@@ -213,6 +213,16 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// The VM configuration (`vm_config.configuration`); bench builds read their last phase from it (see `phases`).
+#[cfg(feature = "bench-phases")]
+pub fn vm_configuration() -> Option<Vec<u8>> {
+    logged(
+        host().get_buffer(BufferType::VmConfiguration, 0, usize::MAX),
+        "reading the VM configuration",
+    )
+    .flatten()
+}
+
 /// A property as a UTF-8 string, such as `["upstream", "address"]`. A property the host cannot serialise (such
 /// as the metadata of a host without any) is `None`, like a missing one.
 pub fn property_string(path: &[&str]) -> Option<String> {

@@ -27,6 +27,7 @@ use llmroute_core::stream::Usage;
 use crate::host;
 use crate::key_placement::{self, Pin};
 use crate::metrics::{Finished, Metrics};
+use crate::phases::{self, Phase};
 use crate::response::{Hold, ResponseWatch};
 
 pub struct Http {
@@ -177,6 +178,9 @@ impl Http {
         let Some(body) = host::request_body(self.body_size) else {
             return self.unavailable();
         };
+        if !phases::runs(Phase::Scan) {
+            return Action::Continue;
+        }
         let received_len = body.len();
         // Messages: `extra_headers` members never reach the engine (see `anthropic`).
         let stripped = match api {
@@ -189,6 +193,9 @@ impl Http {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
+        if !phases::runs(Phase::Patch) {
+            return Action::Continue;
+        }
         let charges = limits::request_charges(
             cfg,
             &decision.alias,
@@ -231,6 +238,9 @@ impl Http {
         };
         if let Some(v) = headers::content_length_update(self.sent_length.as_deref(), len) {
             host::set_request_header("content-length", Some(&v));
+        }
+        if !phases::runs(Phase::Request) {
+            return Action::Continue;
         }
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
@@ -351,6 +361,9 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if !phases::runs(Phase::Headers) {
+            return Action::Continue;
+        }
         self.started_ms = host::now_ms();
         let Some(cfg) = self.cfg.clone() else {
             return self.unavailable();
@@ -394,6 +407,9 @@ impl HttpContext for Http {
             return self.refuse(&empty, start.envelope);
         }
         self.sent_length = find("content-length").map(<[u8]>::to_vec);
+        if !phases::runs(Phase::Copy) {
+            return Action::Continue;
+        }
         self.reading = Some((api, start.session));
         Action::Pause
     }
@@ -428,6 +444,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if !phases::runs(Phase::Response) {
+            return Action::Continue;
+        }
         let settings = response_plan::Settings {
             debug_headers: self.cfg.as_ref().is_some_and(|c| c.debug_headers),
             request_id: self.request_id.as_deref(),
@@ -497,6 +516,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !phases::runs(Phase::Response) {
+            return Action::Continue;
+        }
         if let Some(status) = self.rewriting_error {
             if !end_of_stream {
                 return Action::Pause;
@@ -538,6 +560,9 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
+        if !phases::runs(Phase::Response) {
+            return;
+        }
         if let Some(p) = self.pin.take() {
             p.release();
         }

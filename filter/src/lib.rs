@@ -14,6 +14,7 @@ mod http;
 mod key_placement;
 mod lease;
 mod metrics;
+mod phases;
 mod placement_store;
 mod response;
 mod root;

@@ -48,6 +48,8 @@ impl Context for Root {
 impl RootContext for Root {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
         log::info!("llmroute {} starting", llmroute_core::VERSION);
+        #[cfg(feature = "bench-phases")]
+        crate::phases::configure(host::vm_configuration().as_deref());
         true
     }
 

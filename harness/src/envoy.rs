@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::render::{bootstrap_yaml, RenderOptions};
+use crate::render::{bootstrap, bootstrap_yaml, RenderOptions};
 
 /// The repository root, where `.tools/` and `target/` live.
 pub fn repo_root() -> PathBuf {
@@ -41,6 +41,32 @@ pub fn trap_wasm_module() -> PathBuf {
     repo_root().join("target/wasm32-wasip1/release/llmroute_filter_trap.wasm")
 }
 
+/// The bench-only module whose later phases a VM configuration switches off (`make build-phases`, feature
+/// `bench-phases`).
+pub fn phases_wasm_module() -> PathBuf {
+    repo_root().join("target/wasm32-wasip1/release/llmroute_filter_phases.wasm")
+}
+
+/// Sets every wasm VM's configuration to `vm_configuration`, and, given `cluster`, makes every route name it
+/// instead of reading the filter's cluster header.
+fn bench_edit(v: &mut Value, vm_configuration: Option<&str>, cluster: Option<&str>) {
+    match v {
+        Value::Object(map) => {
+            if let (Some(cluster), Some(_)) = (cluster, map.remove("cluster_header")) {
+                map.insert("cluster".into(), Value::from(cluster));
+            }
+            if let (Some(text), Some(Value::Object(vm))) = (vm_configuration, map.get_mut("vm_config")) {
+                let value =
+                    serde_json::json!({ "@type": "type.googleapis.com/google.protobuf.StringValue", "value": text });
+                vm.insert("configuration".into(), value);
+            }
+            map.values_mut().for_each(|x| bench_edit(x, vm_configuration, cluster));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|x| bench_edit(x, vm_configuration, cluster)),
+        _ => {}
+    }
+}
+
 /// How to start Envoy.
 #[derive(Debug, Clone)]
 pub struct EnvoyOptions {
@@ -59,6 +85,12 @@ pub struct EnvoyOptions {
     pub env: Vec<(String, String)>,
     /// The filter module to load instead of [`wasm_module`] (the trap tests use [`trap_wasm_module`]).
     pub wasm: Option<PathBuf>,
+    /// The wasm VM's configuration (`vm_config.configuration`), which only a bench build reads: the last phase
+    /// of [`phases_wasm_module`] to run. Default none.
+    pub vm_configuration: Option<String>,
+    /// Route every request to the first backend's cluster, as plain Envoy does, even with the filter. The phase
+    /// bench uses it, since a filter stopped before its headers phase names no cluster. Default false.
+    pub static_route: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -71,6 +103,8 @@ impl Default for EnvoyOptions {
             cpu_list: None,
             env: Vec::new(),
             wasm: None,
+            vm_configuration: None,
+            static_route: false,
         }
     }
 }
@@ -121,7 +155,19 @@ impl Envoy {
         }
         let mut render = RenderOptions::new(wasm.display().to_string());
         render.with_filter = opts.with_filter;
-        let yaml = bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?;
+        let yaml = if opts.vm_configuration.is_some() || opts.static_route {
+            let mut v = bootstrap(&cfg, &text, &render).map_err(StartError::Failed)?;
+            let first = cfg.backends.first().map(|b| b.name.as_str()).unwrap_or_default();
+            bench_edit(
+                &mut v,
+                opts.vm_configuration.as_deref(),
+                opts.static_route.then_some(first),
+            );
+            // YAML is a superset of JSON: Envoy reads the JSON text from its `.yaml` file as it is.
+            v.to_string()
+        } else {
+            bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?
+        };
         Self::spawn(&yaml, cfg.listen, cfg.admin, opts).await
     }
 

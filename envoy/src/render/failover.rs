@@ -93,3 +93,50 @@ pub fn route(cfg: &Config, plain: &Value) -> Option<Value> {
         "route": route,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{bootstrap, RenderOptions};
+    use super::*;
+
+    /// Issue 13: the per-attempt upstream filter costs nothing on a request that cannot fail over. It is rendered
+    /// only into the failover aggregate's options; the backends' own clusters, which a single-route alias's
+    /// requests go to (the filter names them in `x-llmroute-cluster`), carry no upstream filter, and a config
+    /// without failover renders none at all.
+    #[test]
+    fn the_upstream_filter_runs_only_on_the_failover_cluster() {
+        let doc = "version: 1\nbackends:\n  - { name: a, kind: llamacpp, endpoints: ['127.0.0.1:8081'] }\n  - { name: b, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - name: pair\n    routes: [{ backend: a, upstream_model: up, priority: 1 }, { backend: b, upstream_model: other, priority: 2 }]\n  - { name: solo, routes: [{ backend: a }] }\n";
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let with_upstream: Vec<&str> = clusters
+            .iter()
+            .filter(|c| c.to_string().contains(UPSTREAM_ROOT_ID))
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(with_upstream, [failover_cluster(0)]);
+        for backend in ["a", "b"] {
+            let c = clusters.iter().find(|c| c["name"] == backend).unwrap();
+            assert!(!c.to_string().contains("http_filters"), "{c}");
+        }
+        let single = llmroute_core::route(
+            &cfg,
+            llmroute_core::Api::Chat,
+            br#"{"model":"solo","messages":[{"role":"user","content":"hi"}]}"#,
+            None,
+        );
+        let single = single.unwrap();
+        assert_eq!((single.cluster.as_str(), single.failover_alias()), ("a", None));
+
+        let plain = doc.replace(
+            ", priority: 1 }, { backend: b, upstream_model: other, priority: 2 }",
+            " }",
+        );
+        let cfg = llmroute_core::load_config(&plain).unwrap();
+        let v = bootstrap(&cfg, &plain, &RenderOptions::new("/x.wasm")).unwrap();
+        assert!(
+            !v.to_string().contains(UPSTREAM_ROOT_ID),
+            "no failover, no upstream filter"
+        );
+    }
+}

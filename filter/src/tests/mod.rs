@@ -14,6 +14,8 @@ mod fleet_check;
 mod global_limits;
 mod http;
 mod key_placement;
+#[cfg(feature = "bench-phases")]
+mod phases;
 mod placement_store;
 mod status;
 mod upstream;

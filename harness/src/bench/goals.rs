@@ -2,7 +2,8 @@
 //! - at least 0.85× plain Envoy's requests/s at 4 KiB, and at least 0.6× at 256 KiB (loaded cases, c ≥ 16);
 //! - at most 50 µs of added p50 latency at 4 KiB, judged unloaded (concurrency 1): under a saturating closed
 //!   loop, latency is concurrency ÷ throughput (Little's law) and says nothing the throughput does not;
-//! - more requests/s than each peer router, in every loaded case.
+//! - more requests/s than each peer router, in every loaded case;
+//! - the filter's VM memory per worker at most 8 MiB, and steady under load.
 //!
 //! Each throughput goal is also judged on CPU: plain Envoy's proxy CPU per request ÷ ours is the throughput
 //! ratio a CPU-bound proxy reaches on a core of its own. It is the steadier figure on a shared machine, where
@@ -39,12 +40,48 @@ pub fn verdict(met: Option<bool>) -> &'static str {
 /// Every goal that applies to the cases that ran.
 pub fn checks(outcome: &Outcome) -> Vec<Check> {
     let has_unloaded = outcome.cases.iter().any(|c| c.case.concurrency < LOADED);
-    outcome
+    let mut out: Vec<Check> = outcome
         .cases
         .iter()
         .flat_map(|c| case_checks(c, has_unloaded))
-        .collect()
+        .collect();
+    out.extend(memory_check(outcome));
+    out
 }
+
+/// The VM memory per worker at the end of every case: at most [`VM_MEMORY_GOAL`], and steady: after the first
+/// concurrency's pass over every body size it grows by at most [`VM_MEMORY_SLACK`] (wasm memory grows in 64 KiB
+/// pages and never shrinks, so what the largest body needs is reached in that first pass). `None` when the gauge
+/// was never read.
+fn memory_check(outcome: &Outcome) -> Option<Check> {
+    let first_c = outcome.cases.first()?.case.concurrency;
+    let first_pass = outcome
+        .cases
+        .iter()
+        .filter(|c| c.case.concurrency == first_c)
+        .filter_map(|c| c.vm_bytes)
+        .max()?;
+    let peak = outcome.cases.iter().filter_map(|c| c.vm_bytes).max()?;
+    let growth = peak.saturating_sub(first_pass);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    Some(Check {
+        case: "every case".into(),
+        goal: format!("VM memory per worker ≤ {} MiB, steady under load", VM_MEMORY_GOAL >> 20),
+        measured: format!(
+            "{:.2} MiB at most; {:.2} MiB after c={first_c}, grew {:.2} MiB after",
+            mib(peak),
+            mib(first_pass),
+            mib(growth)
+        ),
+        met: Some(peak <= VM_MEMORY_GOAL && growth <= VM_MEMORY_SLACK),
+        by_cpu: None,
+    })
+}
+
+/// The goal for the filter's VM memory per worker.
+pub const VM_MEMORY_GOAL: u64 = 8 << 20;
+/// Growth after the first pass that still counts as steady: 16 wasm pages, the soak's own allowance.
+const VM_MEMORY_SLACK: u64 = 1 << 20;
 
 fn case_checks(c: &CaseResult, has_unloaded: bool) -> Vec<Check> {
     let loaded = c.case.concurrency >= LOADED;
@@ -78,10 +115,17 @@ fn ratio_check(c: &CaseResult, min: f64) -> Check {
 
 fn latency_check(c: &CaseResult) -> Check {
     let added = c.added_p50_us(Kind::Llmroute);
+    let p50 = |k| c.p50_us(k).map_or("n/a".into(), |v| format!("{v:.0}"));
     Check {
         case: c.case.label(),
         goal: "added p50 ≤ 50 µs at 4 KiB".into(),
-        measured: added.map_or("n/a".into(), |a| format!("{a:.0} µs")),
+        measured: added.map_or("n/a".into(), |a| {
+            format!(
+                "{a:.0} µs (p50 {} µs against plain Envoy's {} µs)",
+                p50(Kind::Llmroute),
+                p50(Kind::PlainEnvoy)
+            )
+        }),
         met: added.map(|a| a <= 50.0),
         by_cpu: None,
     }

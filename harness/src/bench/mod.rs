@@ -7,6 +7,7 @@
 //! - [`load`]: the closed-loop load generator; [`stats`]: percentiles and medians; [`procstat`]: `/proc`;
 //! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`);
 //! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
+//! - [`phases`]: the filter's cost phase by phase inside Envoy, from a build with later phases switched off;
 //! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
 //! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`;
 //! - [`replicas`]: the two-replica disagreement simulation; [`new_key`]: what the placement store adds to a new
@@ -20,6 +21,7 @@ pub mod machine;
 pub mod micro;
 pub mod new_key;
 pub mod overhead;
+pub mod phases;
 pub mod plot;
 pub mod procstat;
 pub mod replicas;

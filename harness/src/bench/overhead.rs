@@ -140,6 +140,8 @@ pub struct CaseResult {
     pub systems: Vec<SystemRuns>,
     /// The load generator straight to one upstream.
     pub direct: Measure,
+    /// The filter's VM memory per worker at the end of the case (see [`VM_MEMORY_STAT`]).
+    pub vm_bytes: Option<u64>,
 }
 
 impl CaseResult {
@@ -227,9 +229,15 @@ pub struct Missing {
     pub reason: String,
 }
 
+/// The filter's gauge of its VM memory: the linear memory of the largest of its VMs (the main thread's and each
+/// worker's; the request-serving worker's is the largest), raised on every timer tick (`filter/src/metrics.rs`).
+pub const VM_MEMORY_STAT: &str = "wasmcustom.llmroute_vm_memory_bytes";
+
 /// Memory of the two Envoys, idle after start and after the last case.
 #[derive(Debug, Clone, Default)]
 pub struct Memory {
+    /// The filter's VM memory per worker after start, before any load.
+    pub idle_vm: Option<u64>,
     pub idle_rss: Vec<(Kind, Option<u64>)>,
     pub end_rss: Vec<(Kind, Option<u64>)>,
     /// Envoy's own heap (`/memory` `allocated`), which excludes V8's pages.
@@ -256,6 +264,8 @@ pub struct Outcome {
     pub missing: Vec<Missing>,
     pub memory: Memory,
     pub native: Vec<NativeCost>,
+    /// The cost of each phase of the filter inside Envoy.
+    pub phases: super::phases::Breakdown,
     pub elapsed: Duration,
     /// `/proc/loadavg` before and after the run.
     pub load_before: Option<String>,
@@ -295,6 +305,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     }
     let mut memory = Memory {
         idle_rss: rss_of(&systems),
+        idle_vm: idle_vm_memory(&systems).await,
         ..Memory::default()
     };
     let direct_url = format!("{}{CHAT_PATH}", upstreams.urls()[0]);
@@ -304,6 +315,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     }
     memory.end_rss = rss_of(&systems);
     read_envoy_memory(&systems, &mut memory).await;
+    let phases = match (find(&systems, Kind::PlainEnvoy), find(&systems, Kind::Llmroute)) {
+        (Some(plain), Some(shipped)) => super::phases::run(&settings, &upstreams, plain, shipped, started).await,
+        _ => super::phases::Breakdown::Missing("plain Envoy or llmroute is missing".into()),
+    };
     let native = settings.sizes.iter().map(|&s| native_cost(s, settings.seed)).collect();
     Ok(Outcome {
         settings,
@@ -311,6 +326,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
         missing,
         memory,
         native,
+        phases,
         elapsed: started.elapsed(),
         load_before,
         load_after: procstat::load_average(),
@@ -370,7 +386,16 @@ async fn run_case(
     let proxy_cpu = settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
     for round in 0..settings.rounds {
         for i in (0..systems.len()).map(|i| (i + round) % systems.len()) {
-            let m = measure(&client, &systems[i], &requests, case, settings.round, proxy_cpu).await;
+            let (url, pid) = (&systems[i].url, systems[i].pid);
+            let m = measure(
+                &client,
+                (url, pid),
+                &requests,
+                case.concurrency,
+                settings.round,
+                proxy_cpu,
+            )
+            .await;
             report_round(started, case, systems[i].kind.short(), round + 1, &m);
             runs[i].rounds.push(m);
         }
@@ -378,25 +403,31 @@ async fn run_case(
     for (run, system) in runs.iter_mut().zip(systems) {
         run.rss_bytes = procstat::rss_bytes(system.pid);
     }
+    let vm_bytes = match find(systems, Kind::Llmroute).and_then(System::envoy) {
+        Some(envoy) => envoy.stat(VM_MEMORY_STAT).await,
+        None => None,
+    };
     Ok(CaseResult {
         case,
         systems: runs,
         direct,
+        vm_bytes,
     })
 }
 
-async fn measure(
+/// One round against the proxy at `url` (process `pid`), with its CPU per request and the other work on its CPU.
+pub(crate) async fn measure(
     client: &reqwest::Client,
-    system: &System,
+    (url, pid): (&str, u32),
     requests: &Arc<[Prepared]>,
-    case: Case,
+    concurrency: usize,
     duration: Duration,
     proxy_cpu: Option<usize>,
 ) -> Measure {
     let busy = || proxy_cpu.and_then(procstat::cpu_busy_seconds);
-    let (busy_before, before) = (busy(), procstat::cpu_seconds(system.pid));
-    let round = load::run(client, &system.url, requests, case.concurrency, duration).await;
-    let (busy_after, after) = (busy(), procstat::cpu_seconds(system.pid));
+    let (busy_before, before) = (busy(), procstat::cpu_seconds(pid));
+    let round = load::run(client, url, requests, concurrency, duration).await;
+    let (busy_after, after) = (busy(), procstat::cpu_seconds(pid));
     let cpu = before.zip(after).map(|(b, a)| a - b);
     let mut m = Measure::from_round(&round, cpu);
     let busy = busy_before.zip(busy_after).map(|(b, a)| a - b);
@@ -406,7 +437,7 @@ async fn measure(
     m
 }
 
-fn report_round(started: Instant, case: Case, who: &str, round: usize, m: &Measure) {
+pub(crate) fn report_round(started: Instant, case: Case, who: &str, round: usize, m: &Measure) {
     let errors = match (&m.first_error, m.errors) {
         (Some(e), n) => format!("  {n} errors, first: {e}"),
         (None, _) => String::new(),
@@ -432,6 +463,25 @@ pub fn progress(started: Option<Instant>, line: &str) {
     match started {
         Some(t) => eprintln!("[{:>5.1}s] {line}", t.elapsed().as_secs_f64()),
         None => eprintln!("[bench] {line}"),
+    }
+}
+
+fn find(systems: &[System], kind: Kind) -> Option<&System> {
+    systems.iter().find(|s| s.kind == kind)
+}
+
+/// The filter's VM memory once its first timer tick has set the gauge (within a few seconds of the start).
+async fn idle_vm_memory(systems: &[System]) -> Option<u64> {
+    let envoy = find(systems, Kind::Llmroute)?.envoy()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = envoy.stat(VM_MEMORY_STAT).await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -536,6 +586,7 @@ pub(crate) mod sample {
                 runs(Kind::Sglang, 700.0, 400.0, 150.0),
             ],
             direct: measure(9000.0, 30.0, 0.0),
+            vm_bytes: Some(2 << 20),
         }
     }
 
@@ -556,7 +607,11 @@ pub(crate) mod sample {
                 kind: Kind::Vllm,
                 reason: "not installed".into(),
             }],
-            memory: Memory::default(),
+            memory: Memory {
+                idle_vm: Some(1 << 20),
+                ..Memory::default()
+            },
+            phases: super::super::phases::Breakdown::Missing("not run".into()),
             native: vec![NativeCost {
                 size: 4 << 10,
                 route_us: 10.0,

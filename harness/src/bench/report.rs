@@ -28,6 +28,7 @@ pub fn markdown(outcome: &Outcome, machine: &Machine, micro: &Micro) -> String {
     placement(&mut md, outcome);
     memory(&mut md, outcome);
     native(&mut md, outcome);
+    super::phases::markdown(&mut md, &outcome.phases);
     micro_section(&mut md, micro);
     md
 }
@@ -169,7 +170,8 @@ fn table(md: &mut String, o: &Outcome, concurrency: usize) {
     let _ = writeln!(
         md,
         "| body | system | req/s | × plain | × plain by CPU | p50 µs | p99 µs | added p50 µs | added p99 µs | \
-         proxy CPU µs/req | RSS MiB | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         proxy CPU µs/req | RSS MiB | VM MiB per worker | errors |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for c in o.cases.iter().filter(|c| c.case.concurrency == concurrency) {
         let size = size_label(c.case.size);
@@ -181,7 +183,7 @@ fn table(md: &mut String, o: &Outcome, concurrency: usize) {
         let d = &c.direct;
         let _ = writeln!(
             md,
-            "| {size} | *direct (no proxy)* | {:.0} | | | {} | {} | | | | | {} |",
+            "| {size} | *direct (no proxy)* | {:.0} | | | {} | {} | | | | | | {} |",
             d.rps,
             num(d.p50_us, 0),
             num(d.p99_us, 0),
@@ -199,8 +201,12 @@ fn row(c: &CaseResult, kind: Kind) -> String {
         .map(|b| b as f64 / (1 << 20) as f64);
     let baseline = kind == Kind::PlainEnvoy;
     let vs_plain = |v: Option<f64>, digits| if baseline { "–".to_string() } else { num(v, digits) };
+    let vm = match kind {
+        Kind::Llmroute => num(c.vm_bytes.map(|b| b as f64 / (1 << 20) as f64), 2),
+        _ => "–".into(),
+    };
     format!(
-        "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {errors}",
+        "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {vm} | {errors}",
         kind.name(),
         num(c.rps(kind), 0),
         vs_plain(c.ratio(kind), 2),
@@ -298,6 +304,19 @@ fn memory(md: &mut String, o: &Outcome) {
         b.map(|b| b as f64 / (1 << 20) as f64)
     };
     let _ = writeln!(md, "## Memory\n");
+    let vm = |b: Option<u64>| num(b.map(|b| b as f64 / (1 << 20) as f64), 2);
+    let peak = o.cases.iter().filter_map(|c| c.vm_bytes).max();
+    let _ = writeln!(
+        md,
+        "**VM memory per worker** (`{}`: the linear memory of the filter's largest VM, which is the worker's that \
+         serves the requests; the filter raises it on every timer tick): {} MiB after start, before any load, and \
+         {} MiB at most after the load; after each case it is the overhead tables' \"VM MiB per worker\" column. \
+         The goal is at most {} MiB, steady under load.\n",
+        super::overhead::VM_MEMORY_STAT,
+        vm(m.idle_vm),
+        vm(peak),
+        goals::VM_MEMORY_GOAL >> 20
+    );
     let _ = writeln!(
         md,
         "The wasm VM's memory is measured as the difference in resident memory (`VmRSS`) between the Envoy with \
@@ -424,9 +443,14 @@ mod tests {
             "## Overhead at concurrency 1",
             "## Overhead at concurrency 16",
             "| 4 KiB | llmroute (Envoy + filter) | 900 | 0.90 | 0.90 |",
+            "| 100 | 2.00 | 0 |",
+            "| every case | VM memory per worker ≤ 8 MiB, steady under load | 2.00 MiB at most; 2.00 MiB after c=1, \
+             grew 0.00 MiB after | met |",
+            "1.00 MiB after start, before any load, and 2.00 MiB at most",
+            "## Where the filter's cost goes, phase by phase, inside Envoy",
             "**Missing: vllm-router.** not installed",
             "## Goals: ",
-            "| 4 KiB c=1 | added p50 ≤ 50 µs at 4 KiB | 30 µs | met |",
+            "| 4 KiB c=1 | added p50 ≤ 50 µs at 4 KiB | 30 µs (p50 330 µs against plain Envoy's 300 µs) | met |",
             "| 256 KiB c=16 | req/s ≥ 0.6× plain Envoy at 256 KiB | 0.50× | MISSED | 0.50× | MISSED |",
             "peer not measured",
             "## Memory",

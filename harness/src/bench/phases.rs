@@ -1,0 +1,338 @@
+//! Where the filter's cost goes, measured inside Envoy: the filter built with its later phases switched off
+//! (`make build-phases`, see `filter/src/phases.rs`), one Envoy per phase, side by side with plain Envoy and the
+//! whole filter in the same interleaved rounds.
+//!
+//! Each phase's Envoy runs the filter up to and including that phase; every later phase returns at once. So the
+//! proxy CPU per request of one row minus the row above is what that phase adds, taken per round (the rows of one
+//! round ran within seconds of each other) and then the median over rounds. Every phase Envoy routes to the
+//! backend's cluster statically, like plain Envoy, because a filter stopped early names no cluster; the last row,
+//! the shipped filter routing on its own `x-llmroute-cluster` header, shows what that routing adds in Envoy.
+//!
+//! The floor: a filter that routes on the body in a wasm VM must enter the VM, have Envoy buffer the body and copy
+//! it in, and read it. The first, third and fourth phases are that; what they cost over plain Envoy bounds the
+//! best throughput ratio any such filter reaches on this machine, whatever its host calls.
+
+use std::fmt::Write;
+use std::time::Instant;
+
+use super::overhead::{measure, prepare, progress, report_round, Case, Measure, Settings};
+use super::stats::median_of;
+use super::systems::{bench_config, System};
+use super::upstream::Upstreams;
+use crate::envoy::{phases_wasm_module, Envoy, EnvoyOptions};
+
+/// The filter's phases in the order it runs them, with what each adds (the names `filter/src/phases.rs` reads).
+pub const PHASES: [(&str, &str); 7] = [
+    (
+        "enter",
+        "entering the VM: the HTTP context and each callback, returning at once",
+    ),
+    (
+        "headers",
+        "request headers read whole, client headers stripped, the request classified",
+    ),
+    ("copy", "the body buffered by Envoy and copied into the VM"),
+    (
+        "scan",
+        "the core's decision: one pass over the body, fields, affinity key",
+    ),
+    ("patch", "the head edit of `model` and its `content-length`"),
+    ("request", "route, affinity and estimate headers, access-log fields"),
+    (
+        "response",
+        "the response path: header plan, usage read from the answer, `on_log` metrics",
+    ),
+];
+
+/// The phases whose sum is the floor of any body-routing wasm filter.
+const FLOOR: [&str; 3] = ["enter", "copy", "scan"];
+
+/// The rows after plain Envoy: the phases, then the shipped filter.
+const SHIPPED: &str = "shipped filter, routed on its cluster header";
+
+/// Body sizes the breakdown runs at (those of the run's sizes that are here).
+const SIZES: [usize; 2] = [4 << 10, 256 << 10];
+
+/// The rounds of one case: `rounds[row]`, row 0 plain Envoy, then each phase, then the shipped filter.
+#[derive(Debug, Clone)]
+pub struct PhaseCase {
+    pub case: Case,
+    pub rounds: Vec<Vec<Measure>>,
+}
+
+impl PhaseCase {
+    fn per_round(&self, row: usize, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
+        let (ours, plain) = (self.rounds.get(row)?, self.rounds.first()?);
+        median_of(ours.iter().zip(plain).map(|(s, p)| f(s, p)))
+    }
+
+    /// Median proxy CPU µs per request of `row`.
+    pub fn cpu_us(&self, row: usize) -> Option<f64> {
+        median_of(self.rounds.get(row)?.iter().map(|m| m.cpu_per_req.map(|c| c * 1e6)))
+    }
+
+    /// Median over rounds of `row`'s CPU per request minus the row above's, in µs.
+    pub fn added_us(&self, row: usize) -> Option<f64> {
+        let (ours, above) = (self.rounds.get(row)?, self.rounds.get(row.checked_sub(1)?)?);
+        median_of(
+            ours.iter()
+                .zip(above)
+                .map(|(s, a)| Some((s.cpu_per_req? - a.cpu_per_req?) * 1e6)),
+        )
+    }
+
+    /// Median over rounds of `row`'s CPU per request minus plain Envoy's, in µs.
+    pub fn over_plain_us(&self, row: usize) -> Option<f64> {
+        self.per_round(row, |s, p| Some((s.cpu_per_req? - p.cpu_per_req?) * 1e6))
+    }
+
+    /// Median over rounds of req/s ÷ plain Envoy's.
+    pub fn ratio(&self, row: usize) -> Option<f64> {
+        self.per_round(row, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))
+    }
+
+    /// The floor's CPU per request over plain Envoy: the sum of the [`FLOOR`] phases' medians.
+    pub fn floor_us(&self) -> Option<f64> {
+        let row = |name: &str| PHASES.iter().position(|(n, _)| *n == name).map(|i| i + 1);
+        FLOOR.iter().map(|n| row(n).and_then(|r| self.added_us(r))).sum()
+    }
+}
+
+/// The breakdown, or why it could not run.
+#[derive(Debug, Clone)]
+pub enum Breakdown {
+    Ran(Vec<PhaseCase>),
+    Missing(String),
+}
+
+/// Runs the breakdown at 4 KiB and 256 KiB (those of `settings.sizes`), at concurrency 16 (or the highest run),
+/// against `plain` and `shipped` (the main run's plain Envoy and llmroute).
+pub async fn run(
+    settings: &Settings,
+    upstreams: &Upstreams,
+    plain: &System,
+    shipped: &System,
+    started: Instant,
+) -> Breakdown {
+    let wasm = phases_wasm_module();
+    if !wasm.exists() {
+        return Breakdown::Missing(format!("{} is missing: run `make build-phases`", wasm.display()));
+    }
+    let mut envoys = Vec::new();
+    for (name, _) in PHASES {
+        progress(None, &format!("starting the filter up to phase `{name}`"));
+        let opts = EnvoyOptions {
+            concurrency: 1,
+            log_level: "warning".into(),
+            cpu_list: settings.proxy_cpus.clone(),
+            wasm: Some(wasm.clone()),
+            vm_configuration: Some(name.to_string()),
+            static_route: true,
+            ..EnvoyOptions::default()
+        };
+        match Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await {
+            Ok(e) => envoys.push(e),
+            Err(e) => return Breakdown::Missing(format!("the `{name}` Envoy did not start: {e}")),
+        }
+    }
+    let mut targets: Vec<(String, u32)> = vec![(plain.url.clone(), plain.pid)];
+    targets.extend(envoys.iter().map(|e| (e.url(super::systems::CHAT_PATH), e.pid())));
+    targets.push((shipped.url.clone(), shipped.pid));
+    let concurrency = settings
+        .concurrencies
+        .iter()
+        .copied()
+        .find(|&c| c >= 16)
+        .or(settings.concurrencies.iter().copied().max())
+        .unwrap_or(16);
+    let mut cases = Vec::new();
+    for size in SIZES.into_iter().filter(|s| settings.sizes.contains(s)) {
+        let case = Case { size, concurrency };
+        match run_case(settings, case, &targets, started).await {
+            Ok(c) => cases.push(c),
+            Err(e) => return Breakdown::Missing(e),
+        }
+    }
+    Breakdown::Ran(cases)
+}
+
+fn row_name(row: usize) -> &'static str {
+    match row {
+        0 => "plain",
+        r => PHASES.get(r - 1).map_or("shipped", |(n, _)| n),
+    }
+}
+
+async fn run_case(
+    settings: &Settings,
+    case: Case,
+    targets: &[(String, u32)],
+    started: Instant,
+) -> Result<PhaseCase, String> {
+    let requests = prepare(case.size, settings.families, settings.seed);
+    let client = super::load::client(case.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
+    for (url, _) in targets {
+        super::load::run(&client, url, &requests, case.concurrency, settings.warmup).await;
+    }
+    let proxy_cpu = settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
+    let mut rounds: Vec<Vec<Measure>> = vec![Vec::new(); targets.len()];
+    for round in 0..settings.rounds {
+        for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
+            let (url, pid) = &targets[i];
+            let m = measure(
+                &client,
+                (url, *pid),
+                &requests,
+                case.concurrency,
+                settings.round,
+                proxy_cpu,
+            )
+            .await;
+            report_round(started, case, row_name(i), round + 1, &m);
+            rounds[i].push(m);
+        }
+    }
+    Ok(PhaseCase { case, rounds })
+}
+
+/// The section of `RESULTS.md`.
+pub fn markdown(md: &mut String, b: &Breakdown) {
+    let _ = writeln!(md, "## Where the filter's cost goes, phase by phase, inside Envoy\n");
+    let cases = match b {
+        Breakdown::Missing(why) => {
+            let _ = writeln!(md, "Not measured in this run: {}\n", why.lines().next().unwrap_or(why));
+            return;
+        }
+        Breakdown::Ran(cases) => cases,
+    };
+    let _ = writeln!(
+        md,
+        "The filter built with its later phases switched off (`make build-phases`), one Envoy per phase, measured \
+         in the same interleaved rounds as plain Envoy and the shipped filter. Each phase's Envoy runs the filter up \
+         to that phase; \"adds\" is its proxy CPU per request minus the row above's, per round, then the median over \
+         rounds (so the column need not sum exactly). Phase Envoys route to the cluster statically, like plain \
+         Envoy; the last row is the shipped filter routing on its own cluster header. Method: \
+         [bench/README.md](README.md#where-the-cost-goes-the-phase-breakdown).\n"
+    );
+    let mut head = String::from("| phase | what it adds |");
+    let mut rule = String::from("|---|---|");
+    for c in cases {
+        let l = c.case.label();
+        let _ = write!(head, " {l}: CPU µs/req | {l}: adds µs | {l}: × plain req/s |");
+        rule.push_str("---:|---:|---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    let rows = PHASES.len() + 2;
+    for row in 0..rows {
+        let (name, what) = match row {
+            0 => ("plain Envoy", "no filter"),
+            r if r <= PHASES.len() => PHASES[r - 1],
+            _ => ("shipped", SHIPPED),
+        };
+        let _ = write!(md, "| {name} | {what} |");
+        for c in cases {
+            let added = if row == 0 {
+                "–".into()
+            } else {
+                num(c.added_us(row), 1)
+            };
+            let ratio = if row == 0 { "–".into() } else { num(c.ratio(row), 2) };
+            let _ = write!(md, " {} | {added} | {ratio} |", num(c.cpu_us(row), 1));
+        }
+        md.push('\n');
+    }
+    md.push('\n');
+    for c in cases {
+        let plain = c.cpu_us(0);
+        let floor = c.floor_us();
+        let whole = c.over_plain_us(PHASES.len());
+        let ratio = |over: Option<f64>| plain.zip(over).map(|(p, o)| p / (p + o));
+        let _ = writeln!(
+            md,
+            "- **{}.** The filter adds {} µs of proxy CPU per request over plain Envoy's {} µs (up to `response`). \
+             The floor (`enter` + `copy` + `scan`: what any filter that routes on the body in a wasm VM pays) is {} \
+             µs, so on proxy CPU the best ratio to plain Envoy is {}×; the shipped filter reaches {}×. The rest, {} \
+             µs, is the header and property calls, the head edit and the response path.",
+            c.case.label(),
+            num(whole, 1),
+            num(plain, 1),
+            num(floor, 1),
+            num(ratio(floor), 2),
+            num(ratio(whole), 2),
+            num(whole.zip(floor).map(|(w, f)| w - f), 1),
+        );
+    }
+    md.push('\n');
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or("n/a".into(), |v| format!("{v:.digits$}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(cpu_us: f64, rps: f64) -> Measure {
+        Measure {
+            rps,
+            p50_us: Some(100.0),
+            p99_us: Some(300.0),
+            cpu_per_req: Some(cpu_us / 1e6),
+            ok: 1000,
+            errors: 0,
+            first_error: None,
+            foreign_load: None,
+        }
+    }
+
+    /// Plain 50 µs, then each phase 10 µs more than the one above, the shipped filter 5 µs more than `response`.
+    fn sample() -> PhaseCase {
+        let mut rounds = Vec::new();
+        for row in 0..=PHASES.len() {
+            let cpu = 50.0 + 10.0 * row as f64;
+            rounds.push(vec![m(cpu, 1e6 / cpu); 3]);
+        }
+        let last = 50.0 + 10.0 * PHASES.len() as f64 + 5.0;
+        rounds.push(vec![m(last, 1e6 / last); 3]);
+        PhaseCase {
+            case: Case {
+                size: 4 << 10,
+                concurrency: 16,
+            },
+            rounds,
+        }
+    }
+
+    #[test]
+    fn each_phase_is_the_difference_from_the_row_above() {
+        let c = sample();
+        for row in 1..=PHASES.len() {
+            assert!((c.added_us(row).unwrap() - 10.0).abs() < 1e-6);
+        }
+        assert!((c.added_us(PHASES.len() + 1).unwrap() - 5.0).abs() < 1e-6);
+        assert_eq!(c.added_us(0), None);
+        assert!((c.floor_us().unwrap() - 30.0).abs() < 1e-6);
+        assert!((c.over_plain_us(PHASES.len()).unwrap() - 70.0).abs() < 1e-6);
+        assert!((c.ratio(1).unwrap() - 50.0 / 60.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_section_names_every_phase_and_the_floor() {
+        let mut md = String::new();
+        markdown(&mut md, &Breakdown::Ran(vec![sample()]));
+        for (name, _) in PHASES {
+            assert!(md.contains(&format!("| {name} |")), "{name} missing in:\n{md}");
+        }
+        assert!(md.contains("| plain Envoy | no filter | 50.0 | – | – |"), "{md}");
+        assert!(md.contains("| enter | "), "{md}");
+        assert!(
+            md.contains("is 30.0 µs, so on proxy CPU the best ratio to plain Envoy is 0.62×"),
+            "{md}"
+        );
+        let mut missing = String::new();
+        markdown(&mut missing, &Breakdown::Missing("no module\nmore".into()));
+        assert!(missing.contains("Not measured in this run: no module\n"));
+    }
+}
