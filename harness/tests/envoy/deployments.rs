@@ -326,7 +326,9 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         if let Some(auth) = &cfg.auth {
             vars.push((auth.keys_env.clone(), "validate:placeholder-token".to_string()));
         }
+        // Paths in the fixtures (a CA file) are relative to the repository, as `make validate-configs` runs them.
         let out = std::process::Command::new(&envoy)
+            .current_dir(repo_root())
             .args(["--mode", "validate", "-c"])
             .arg(&file)
             .envs(vars)
