@@ -30,6 +30,18 @@ fn config(fleet: &Fleet, rls: &str, failure_mode: &str) -> Value {
     })
 }
 
+/// A chat request with the test's API key, its user message `content`.
+async fn keyed_chat(c: &reqwest::Client, envoy: &Envoy, content: &str) -> Reply {
+    let auth = [("authorization", KEY)];
+    post_json(
+        c,
+        envoy.url("/v1/chat/completions"),
+        chat(None, content).to_string(),
+        &auth,
+    )
+    .await
+}
+
 async fn start(fleet: &Fleet, rls: &str, failure_mode: &str) -> Envoy {
     let opts = EnvoyOptions {
         env: vec![(VAR.to_string(), "alice:gl-alpha-0123456789abcdef".to_string())],
@@ -150,28 +162,15 @@ async fn over_a_limit_is_a_429_in_the_envelope_with_retry_after_and_costs_nothin
     rls.limit(&[("llmroute", "requests"), ("key", "alice")], 2);
     let envoy = start(&fleet, &rls.addr().to_string(), "allow").await;
     let c = client();
-    let auth = [("authorization", KEY)];
     for i in 0..2 {
-        let r = post_json(
-            &c,
-            envoy.url("/v1/chat/completions"),
-            chat(None, "429").to_string(),
-            &auth,
-        )
-        .await;
+        let r = keyed_chat(&c, &envoy, "429").await;
         assert_eq!(r.status, 200, "request {i}: {}", r.text);
     }
     wait_calls(&rls, 4).await;
     let served = fleet.engines[0].inference_requests().len();
     let calls_before = rls.calls().len();
 
-    let r = post_json(
-        &c,
-        envoy.url("/v1/chat/completions"),
-        chat(None, "429").to_string(),
-        &auth,
-    )
-    .await;
+    let r = keyed_chat(&c, &envoy, "429").await;
     assert_eq!(r.status, 429, "{}", r.text);
     assert_eq!(r.header("retry-after"), Some("7"), "the service's reset time");
     assert_eq!(r.header("x-llmroute-error"), Some("rate_limit_exceeded"));
@@ -209,14 +208,7 @@ async fn a_token_budget_refuses_once_the_charged_usage_fills_it() {
     rls.limit(&[("llmroute", "tokens"), ("alias", ALIAS)], 1);
     let envoy = start(&fleet, &rls.addr().to_string(), "allow").await;
     let c = client();
-    let auth = [("authorization", KEY)];
-    let r = post_json(
-        &c,
-        envoy.url("/v1/chat/completions"),
-        chat(None, "tok").to_string(),
-        &auth,
-    )
-    .await;
+    let r = keyed_chat(&c, &envoy, "tok").await;
     assert_eq!(r.status, 200, "the peek charges nothing: {}", r.text);
     let u = &r.body["usage"];
     let used = u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap();
@@ -225,13 +217,7 @@ async fn a_token_budget_refuses_once_the_charged_usage_fills_it() {
     })
     .await;
     assert_eq!(rls.used(&[("llmroute", "tokens"), ("alias", ALIAS)]), Some(used));
-    let r = post_json(
-        &c,
-        envoy.url("/v1/chat/completions"),
-        chat(None, "tok").to_string(),
-        &auth,
-    )
-    .await;
+    let r = keyed_chat(&c, &envoy, "tok").await;
     assert_eq!(r.status, 429, "{}", r.text);
 }
 
@@ -242,28 +228,15 @@ async fn with_the_service_down_allow_serves_and_deny_answers_503() {
     let addr = rls.addr().to_string();
     rls.stop().await;
     let c = client();
-    let auth = [("authorization", KEY)];
 
     let allow = start(&fleet, &addr, "allow").await;
-    let r = post_json(
-        &c,
-        allow.url("/v1/chat/completions"),
-        chat(None, "down").to_string(),
-        &auth,
-    )
-    .await;
+    let r = keyed_chat(&c, &allow, "down").await;
     assert_eq!(r.status, 200, "{}", r.text);
     drop(allow);
 
     let deny = start(&fleet, &addr, "deny").await;
     let served = fleet.engines[0].inference_requests().len();
-    let r = post_json(
-        &c,
-        deny.url("/v1/chat/completions"),
-        chat(None, "down").to_string(),
-        &auth,
-    )
-    .await;
+    let r = keyed_chat(&c, &deny, "down").await;
     assert_eq!(r.status, 503, "{}", r.text);
     assert_eq!(r.header("x-llmroute-error"), Some("rate_limit_unavailable"));
     assert_eq!(r.body["error"]["code"], "rate_limit_unavailable", "{}", r.text);
