@@ -3,7 +3,8 @@
 //!
 //! Labels are encoded in the stat name (`<metric>;<label>=<value>...`, see `envoy_contract::metrics`) and cut out
 //! again by the stats tags `llmroute render` adds. A stat is defined lazily, the first time its label combination
-//! is used, and its id is cached per VM, so a combination costs one `define_metric` per worker. Every value is a
+//! is used, and its id is cached per VM, so a combination costs one `define_metric` per worker; a known one is
+//! found by hashing its parts in place, without building its name (see [`StatKey`]). Every value is a
 //! config name (alias, backend, key name) or a member of a closed set (api, status class, affinity source,
 //! outcome, reason), so the number of series is bounded by the config: see `docs/observability.md`.
 
@@ -25,7 +26,71 @@ const MAX_STATS: usize = 20_000;
 
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
-    ids: Rc<RefCell<HashMap<String, Option<u32>>>>,
+    /// Stat ids by the hash of their [`StatKey`]; each entry keeps its key's bytes, so a hash collision only
+    /// costs a comparison, never a wrong stat.
+    ids: Rc<RefCell<HashMap<u64, Vec<KnownStat>>>>,
+    /// How many stats this VM defined (the entries of `ids`).
+    defined: Rc<std::cell::Cell<usize>>,
+}
+
+/// A defined stat: its [`StatKey::bytes`] and the id Envoy gave it (`None` when Envoy refused it).
+type KnownStat = (Vec<u8>, Option<u32>);
+
+/// A stat as the filter names it before Envoy does: the metric and its labels with their raw values. Looking a
+/// known stat up builds nothing: the key is hashed and compared in place, and only a new one is turned into its
+/// stat name (`envoy_contract::metrics::labelled`, which rewrites every value into a stat token).
+struct StatKey<'a> {
+    metric: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+}
+
+impl StatKey<'_> {
+    /// The key's parts in order; each is stored behind its length, so no two keys run together.
+    fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.metric.as_bytes())
+            .chain(self.labels.iter().flat_map(|(l, v)| [l.as_bytes(), v.as_bytes()]))
+    }
+
+    fn hash(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for p in self.parts() {
+            h.update(&len_prefix(p));
+            h.update(p);
+        }
+        h.digest()
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        for p in self.parts() {
+            b.extend_from_slice(&len_prefix(p));
+            b.extend_from_slice(p);
+        }
+        b
+    }
+
+    /// True when `stored` holds this key's [`StatKey::bytes`].
+    fn is(&self, stored: &[u8]) -> bool {
+        let mut rest = stored;
+        for p in self.parts() {
+            let Some(after) = rest
+                .strip_prefix(len_prefix(p).as_slice())
+                .and_then(|r| r.strip_prefix(p))
+            else {
+                return false;
+            };
+            rest = after;
+        }
+        rest.is_empty()
+    }
+
+    fn name(&self) -> String {
+        names::labelled(self.metric, self.labels)
+    }
+}
+
+fn len_prefix(part: &[u8]) -> [u8; 4] {
+    u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes()
 }
 
 /// What one routed request contributes when it is over.
@@ -41,28 +106,37 @@ pub struct Finished<'a> {
 }
 
 impl Metrics {
-    /// The id of the stat `name`, defined on first use.
-    fn id(&self, kind: MetricType, name: String) -> Option<u32> {
+    /// The id of the stat `key` names, defined on first use.
+    fn id(&self, kind: MetricType, key: StatKey) -> Option<u32> {
         let Ok(mut ids) = self.ids.try_borrow_mut() else {
             return None;
         };
-        if let Some(id) = ids.get(&name) {
-            return *id;
+        let hash = key.hash();
+        if let Some(id) = ids.get(&hash).and_then(|known| known.iter().find(|(k, _)| key.is(k))) {
+            return id.1;
         }
-        if ids.len() >= MAX_STATS {
+        if self.defined.get() >= MAX_STATS {
             return None;
         }
-        let id = host::define_metric(kind, &name);
-        ids.insert(name, id);
+        let id = host::define_metric(kind, &key.name());
+        ids.entry(hash).or_default().push((key.bytes(), id));
+        self.defined.set(self.defined.get().saturating_add(1));
         id
     }
 
     fn add(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
-        host::add(self.id(MetricType::Counter, names::labelled(metric, labels)), n);
+        host::add(self.id(MetricType::Counter, StatKey { metric, labels }), n);
     }
 
     fn record(&self, metric: &str, alias: &str, v: u64) {
-        let id = self.id(MetricType::Histogram, names::labelled(metric, &[("alias", alias)]));
+        let labels = [("alias", alias)];
+        let id = self.id(
+            MetricType::Histogram,
+            StatKey {
+                metric,
+                labels: &labels,
+            },
+        );
         host::set_gauge(id, v);
     }
 
@@ -72,7 +146,13 @@ impl Metrics {
     /// keeps allocating. Native builds (tests) have no linear memory and leave the gauge alone.
     pub fn vm_memory_tick(&self) {
         let Some(bytes) = linear_memory_bytes() else { return };
-        let id = self.id(MetricType::Gauge, names::VM_MEMORY_BYTES.to_string());
+        let id = self.id(
+            MetricType::Gauge,
+            StatKey {
+                metric: names::VM_MEMORY_BYTES,
+                labels: &[],
+            },
+        );
         if host::metric_value(id).is_none_or(|now| bytes > now) {
             host::set_gauge(id, bytes);
         }
@@ -186,4 +266,38 @@ fn linear_memory_bytes() -> Option<u64> {
 #[cfg(not(target_arch = "wasm32"))]
 fn linear_memory_bytes() -> Option<u64> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_key_is_only_itself() {
+        let one = StatKey {
+            metric: "m",
+            labels: &[("alias", "a"), ("backend", "b")],
+        };
+        let same = StatKey {
+            metric: "m",
+            labels: &[("alias", "a"), ("backend", "b")],
+        };
+        // The same bytes run together differently: the length prefixes keep them apart.
+        let run_together = StatKey {
+            metric: "m",
+            labels: &[("alias", "ab"), ("backend", "")],
+        };
+        let fewer = StatKey {
+            metric: "m",
+            labels: &[("alias", "a")],
+        };
+        let stored = one.bytes();
+        assert!(same.is(&stored));
+        assert_eq!(one.hash(), same.hash());
+        for other in [&run_together, &fewer] {
+            assert!(!other.is(&stored));
+            assert!(!one.is(&other.bytes()));
+        }
+        assert_eq!(one.name(), names::labelled("m", &[("alias", "a"), ("backend", "b")]));
+    }
 }

@@ -5,7 +5,7 @@
 //! Nothing is held back, with one exception: while the gateway cuts the usage chunk it asked for, a chunk that
 //! ends inside an event keeps that partial event until the next chunk completes it (see `StreamTracker::relay`),
 //! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
-//! to read its usage at the end.
+//! to read its usage, once, at its end.
 //!
 //! The other exception is a stream the gateway asked for on the client's behalf (`stream_upstream: always`):
 //! the response headers wait, each chunk is read into the core's `Assembler` and dropped from Envoy's buffer
@@ -24,9 +24,10 @@ pub enum ResponseWatch {
         tracker: StreamTracker,
         eos: bool,
     },
+    /// A JSON answer: copied while it comes, then read for its usage once, at its end (`read`).
     Json {
         copy: Vec<u8>,
-        eos: bool,
+        read: Option<Usage>,
     },
     /// A stream being rebuilt into one JSON answer; `verdict` is set once it ended.
     Assemble {
@@ -57,7 +58,7 @@ impl ResponseWatch {
             },
             Media::Json => ResponseWatch::Json {
                 copy: Vec::new(),
-                eos: false,
+                read: None,
             },
         }
     }
@@ -149,11 +150,19 @@ impl ResponseWatch {
                 }
                 Hold::Relay
             }
-            ResponseWatch::Json { copy, eos } => {
+            ResponseWatch::Json { copy, read } => {
+                if read.is_some() {
+                    return Hold::Relay;
+                }
                 if size > 0 && copy.len().saturating_add(size) <= usage::MAX_USAGE_DOC {
                     copy.extend(host::response_body(size).unwrap_or_default());
                 }
-                *eos |= end_of_stream;
+                if end_of_stream {
+                    // Read once: the access-log fields, the token limits and the metrics all take this figure.
+                    let text = std::str::from_utf8(copy).ok();
+                    *read = Some(text.and_then(usage::of_document).unwrap_or_default());
+                    *copy = Vec::new();
+                }
                 Hold::Relay
             }
         }
@@ -164,9 +173,7 @@ impl ResponseWatch {
     pub fn used_tokens(&self) -> Option<u64> {
         let usage = match self {
             ResponseWatch::Stream { tracker, eos: true } => tracker.usage(),
-            ResponseWatch::Json { copy, eos: true } => {
-                usage::from_value(&usage::parse_doc(std::str::from_utf8(copy).ok()?)?)
-            }
+            ResponseWatch::Json { read: Some(u), .. } => *u,
             ResponseWatch::Assemble {
                 usage,
                 verdict: Some(Verdict::Complete),
@@ -190,15 +197,7 @@ impl ResponseWatch {
                 Some(stream::outcome(*eos, tracker.verdict(), &code_details())),
                 tracker.usage(),
             ),
-            ResponseWatch::Json { copy, eos: true } => (
-                None,
-                std::str::from_utf8(copy)
-                    .ok()
-                    .and_then(usage::parse_doc)
-                    .map(|doc| usage::from_value(&doc))
-                    .unwrap_or_default(),
-            ),
-            ResponseWatch::Json { .. } => (None, Usage::default()),
+            ResponseWatch::Json { read, .. } => (None, read.unwrap_or_default()),
             ResponseWatch::Assemble {
                 usage, verdict, eos, ..
             } => {

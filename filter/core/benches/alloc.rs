@@ -59,6 +59,7 @@ fn main() {
             copied as f64 / body.len() as f64
         );
     }
+    table.push_str(&response_path_table());
     print!("{table}");
     if let Some(dir) = std::env::var_os("LLMROUTE_BENCH_OUT") {
         let dir = std::path::PathBuf::from(dir);
@@ -67,6 +68,41 @@ fn main() {
             eprintln!("alloc bench: writing {}: {e}", dir.join("alloc.md").display());
         }
     }
+}
+
+/// A non-streamed chat answer of about 300 bytes, like the overhead bench's upstreams send.
+pub const ANSWER: &str = include_str!("response_answer.json");
+/// One content delta of a chat stream, the event a stream is mostly made of.
+pub const DELTA_EVENT: &str = include_str!("response_event.json");
+
+/// The response path's reads, side by side: the whole document parsed (as before issue 13's response-path
+/// change) against only the members the filter reads (`usage::parse_members`, as it is now).
+fn response_path_table() -> String {
+    use llmroute_core::stream::usage;
+    let mut t = String::from(
+        "\n| response path read | whole document: allocations | bytes | kept members: allocations | bytes |\n\
+         |---|---:|---:|---:|---:|\n",
+    );
+    let reads: [(&str, &str, &[&str], &[&str]); 2] = [
+        (
+            "usage of a ~300-byte JSON answer",
+            ANSWER.trim(),
+            &["timings", "usage"],
+            &[],
+        ),
+        (
+            "one chat stream delta event",
+            DELTA_EVENT.trim(),
+            &["type", "error", "usage", "timings", "message", "response"],
+            &["choices"],
+        ),
+    ];
+    for (what, text, keep, shape) in reads {
+        let (w_allocs, w_bytes, _) = counted(|| usage::parse_doc(text).map(|d| usage::from_value(&d)));
+        let (k_allocs, k_bytes, _) = counted(|| usage::parse_members(text, keep, shape));
+        let _ = writeln!(t, "| {what} | {w_allocs} | {w_bytes} | {k_allocs} | {k_bytes} |");
+    }
+    t
 }
 
 fn patch_cost(decision: &RouteDecision, body: &[u8]) -> (u64, u64) {

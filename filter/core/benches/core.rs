@@ -125,12 +125,31 @@ fn bench_placement(c: &mut Criterion) {
     group.finish();
 }
 
+/// The response path's reads of an answer's usage and of a stream event: the whole document parsed against only
+/// the members the filter reads. Inputs as in `alloc.rs`.
+fn bench_response_reads(c: &mut Criterion) {
+    use llmroute_core::stream::usage;
+    let answer = include_str!("response_answer.json").trim();
+    let event = include_str!("response_event.json").trim();
+    let mut group = c.benchmark_group("response_read");
+    group.bench_function("answer-whole", |b| {
+        b.iter(|| usage::parse_doc(black_box(answer)).map(|d| usage::from_value(&d)))
+    });
+    group.bench_function("answer-kept", |b| b.iter(|| usage::of_document(black_box(answer))));
+    let keep = ["type", "error", "usage", "timings", "message", "response"];
+    group.bench_function("event-whole", |b| b.iter(|| usage::parse_doc(black_box(event))));
+    group.bench_function("event-kept", |b| {
+        b.iter(|| usage::parse_members(black_box(event), &keep, &["choices"]))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    targets = bench_scan, bench_estimate, bench_route, bench_patch, bench_placement
+    targets = bench_scan, bench_estimate, bench_route, bench_patch, bench_placement, bench_response_reads
 }
 criterion_main!(benches);

@@ -43,11 +43,36 @@ pub fn criterion_table(criterion_dir: &Path) -> Option<String> {
     }
     let head: Vec<String> = SIZES.iter().map(|&s| size_label(s)).collect();
     let rule = vec!["---:"; SIZES.len()].join(" | ");
-    Some(format!(
+    let mut table = format!(
         "| MiB/s (median) | {} |\n|---| {rule} |\n{}\n",
         head.join(" | "),
         rows.join("\n")
-    ))
+    );
+    table.push_str(&response_reads(criterion_dir));
+    Some(table)
+}
+
+/// The response path's reads (criterion group `response_read`): the whole document parsed against only the members
+/// the filter reads, side by side in one run, with their ratio. Empty when the group has not run.
+fn response_reads(criterion_dir: &Path) -> String {
+    let group = criterion_dir.join("response_read");
+    let ns = |id: &str| median_ns(&group.join(id).join("new/estimates.json"));
+    let mut rows = String::new();
+    for (what, id) in [
+        ("usage of a ~300-byte JSON answer", "answer"),
+        ("one chat stream delta event", "event"),
+    ] {
+        if let (Some(whole), Some(kept)) = (ns(&format!("{id}-whole")), ns(&format!("{id}-kept"))) {
+            rows.push_str(&format!("| {what} | {whole:.0} | {kept:.0} | {:.2}× |\n", whole / kept));
+        }
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n| response path read, ns (median) | whole document | kept members (`usage::parse_members`) | speed-up |\n\
+         |---|---:|---:|---:|\n{rows}"
+    )
 }
 
 /// The median of a criterion `estimates.json`, in ns.
@@ -78,5 +103,21 @@ mod tests {
         assert!(table.contains("| 954 |"), "{table}");
         assert!(!table.contains("scan_object"));
         assert!(criterion_table(&dir.path().join("none")).is_none());
+        assert!(!table.contains("response path read"), "{table}");
+        for (id, ns) in [("answer-whole", "3000.0"), ("answer-kept", "1000.0")] {
+            let est = dir.path().join("response_read").join(id).join("new");
+            std::fs::create_dir_all(&est).unwrap();
+            std::fs::write(
+                est.join("estimates.json"),
+                format!(r#"{{"median":{{"point_estimate":{ns}}}}}"#),
+            )
+            .unwrap();
+        }
+        let table = criterion_table(dir.path()).unwrap();
+        assert!(
+            table.contains("| usage of a ~300-byte JSON answer | 3000 | 1000 | 3.00× |"),
+            "{table}"
+        );
+        assert!(!table.contains("delta event"), "{table}");
     }
 }

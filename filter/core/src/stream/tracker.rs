@@ -242,11 +242,18 @@ fn error_event(api: Api, message: &str, request_id: Option<&str>) -> String {
     }
 }
 
+/// The top-level members of an event that [`classify`] reads; `choices` only for whether it is empty.
+const EVENT_MEMBERS: &[&str] = &["type", "error", "usage", "timings", "message", "response"];
+
 fn classify(api: Api, ev: &Event) -> Kind {
     if matches!(api, Api::Chat | Api::Completions) && ev.data.trim() == "[DONE]" {
         return Kind::Terminal(Usage::default());
     }
-    let doc = if ev.oversized { None } else { usage::parse_doc(&ev.data) };
+    // Only the members read below are built; an event's text (`choices`, `delta`) is checked and skipped.
+    let doc = match ev.oversized {
+        true => None,
+        false => usage::parse_members(&ev.data, EVENT_MEMBERS, &["choices"]),
+    };
     let name = match (ev.name.as_str(), doc.as_ref()) {
         ("", Some(d)) => d.get("type").and_then(Value::as_str).unwrap_or("").to_string(),
         (n, _) => n.to_string(),

@@ -43,6 +43,112 @@ pub fn parse_doc(text: &str) -> Option<Value> {
     serde_json::from_str(text).ok()
 }
 
+/// The usage of a whole JSON answer: the same as [`from_value`] of [`parse_doc`], without building the rest of the
+/// document (see [`parse_members`]). `None` when `parse_doc` would give none.
+pub fn of_document(text: &str) -> Option<Usage> {
+    parse_members(text, &["timings", "usage"], &[]).map(|doc| from_value(&doc))
+}
+
+/// [`parse_doc`], keeping only the top-level members named in `keep`, and those named in `shape_only` as their
+/// shape: an array as an empty array or a one-`null` array, anything else as `null`. Every other member is checked
+/// and skipped by serde without being built, so a stream event's text or an answer's choices cost no allocation.
+/// A member given twice counts as its last copy, as in a parsed document. Whatever reads the kept members of the
+/// result reads what it would have read in `parse_doc`'s.
+pub fn parse_members(text: &str, keep: &[&str], shape_only: &[&str]) -> Option<Value> {
+    use serde::de::DeserializeSeed;
+    if text.len() > MAX_USAGE_DOC || scan_object(text.as_bytes(), MAX_DEPTH).is_err() {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let doc = Members { keep, shape_only }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(Value::Object(doc))
+}
+
+/// Reads a JSON object, keeping the members it names (see [`parse_members`]).
+struct Members<'a> {
+    keep: &'a [&'a str],
+    shape_only: &'a [&'a str],
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Members<'_> {
+    type Value = serde_json::Map<String, Value>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Members<'_> {
+    type Value = serde_json::Map<String, Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut doc = serde_json::Map::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if self.keep.contains(&key.as_ref()) {
+                doc.insert(key.into_owned(), map.next_value()?);
+            } else if self.shape_only.contains(&key.as_ref()) {
+                doc.insert(key.into_owned(), map.next_value::<Shape>()?.0);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(doc)
+    }
+}
+
+/// A JSON value reduced to its shape (see [`parse_members`]).
+struct Shape(Value);
+
+impl<'de> serde::Deserialize<'de> for Shape {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ShapeVisitor)
+    }
+}
+
+struct ShapeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ShapeVisitor {
+    type Value = Shape;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+        let first = seq.next_element::<serde::de::IgnoredAny>()?;
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Shape(Value::Array(match first {
+            Some(_) => vec![Value::Null],
+            None => Vec::new(),
+        })))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(Shape(Value::Null))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+    fn visit_unit<E>(self) -> Result<Shape, E> {
+        Ok(Shape(Value::Null))
+    }
+}
+
 /// Usage in any of the shapes, looked for in `doc` itself.
 pub fn from_value(doc: &Value) -> Usage {
     let mut u = Usage::default();
@@ -97,7 +203,79 @@ pub fn from_usage_object(u: &Value) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn a_whole_answer_reads_as_its_parsed_document_does() {
+        let answers = [
+            r#"{"id":"x","choices":[{"message":{"role":"assistant","content":"hi \"there\""}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+            r#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2,"completion_tokens":5}}"#,
+            r#"{"content":"x","timings":{"prompt_n":4,"cache_n":6,"predicted_n":2}}"#,
+            r#"{"type":"message","usage":{"input_tokens":2,"cache_read_input_tokens":30,"output_tokens":7}}"#,
+            r#"{"usage":"none","timings":[1]}"#,
+            r#"{"choices":[]}"#,
+            r#"{"\u0075sage":{"prompt_tokens":9}}"#,
+            r#"[1,2]"#,
+            r#"{"usage":{"prompt_tokens":1}"#,
+            r#"{"a":1} trailing"#,
+            "",
+        ];
+        for text in answers {
+            let parsed = parse_doc(text).map(|d| from_value(&d));
+            assert_eq!(of_document(text), parsed, "{text}");
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            "[a-z\\\"\u{e9}]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            let key = prop_oneof![
+                Just("usage".to_string()),
+                Just("choices".to_string()),
+                Just("type".to_string()),
+                Just("prompt_tokens".to_string()),
+                "[a-z]{1,3}",
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((key, inner), 0..4).prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// What `parse_members` keeps reads as `parse_doc`'s document does, member by member, duplicates included.
+        #[test]
+        fn the_kept_members_are_the_parsed_documents(
+            members in prop::collection::vec((prop_oneof![
+                Just("usage"), Just("timings"), Just("choices"), Just("type"), Just("error"), Just("delta"),
+            ], json_value()), 0..6)
+        ) {
+            let text = format!("{{{}}}", members.iter()
+                .map(|(k, v)| format!("{}:{v}", Value::from(*k)))
+                .collect::<Vec<_>>()
+                .join(","));
+            let full = parse_doc(&text);
+            let kept = parse_members(&text, &["usage", "timings", "type", "error"], &["choices"]);
+            prop_assert_eq!(full.is_some(), kept.is_some(), "{}", text);
+            let (Some(full), Some(kept)) = (full, kept) else { return Ok(()) };
+            for k in ["usage", "timings", "type", "error"] {
+                prop_assert_eq!(full.get(k), kept.get(k), "{}", k);
+            }
+            let shape = |d: &Value| d.get("choices").and_then(Value::as_array).map(Vec::is_empty);
+            prop_assert_eq!(shape(&full), shape(&kept));
+            prop_assert_eq!(kept.get("delta"), None);
+            prop_assert_eq!(of_document(&text), Some(from_value(&full)));
+        }
+    }
 
     #[test]
     fn openai_usage() {
