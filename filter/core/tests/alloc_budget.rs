@@ -85,3 +85,19 @@ fn a_request_allocates_within_its_budget_at_every_size() {
         assert_eq!(cost(&cfg, same.as_bytes()), UNTOUCHED, "{label}, model unchanged");
     }
 }
+
+/// The response path's reads: a JSON answer's usage (once per answer) and one chat stream delta (once per event),
+/// building only the members the filter reads. Whole-document parses of the same texts took 31 and 20.
+#[test]
+fn the_response_path_reads_allocate_within_their_budget() {
+    use llmroute_core::stream::usage;
+    let answer = include_str!("../benches/response_answer.json").trim();
+    let event = include_str!("../benches/response_event.json").trim();
+    let keep = ["type", "error", "usage", "timings", "message", "response"];
+    usage::of_document(answer);
+    let (answer_allocs, _, read) = counted(|| usage::of_document(answer));
+    assert_eq!(read.and_then(|u| u.prompt_tokens), Some(1024));
+    let (event_allocs, _, doc) = counted(|| usage::parse_members(event, &keep, &["choices"]));
+    assert!(doc.is_some());
+    assert_eq!((answer_allocs, event_allocs), (18, 11), "answer, event");
+}
