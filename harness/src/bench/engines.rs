@@ -360,7 +360,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                         prompt_tokens = prompt_tokens.max(tokens);
                         eprintln!(
                             "[{:>5.0}s] run {}/{} {:>2} tenants {:<44} ttft p50 {:>6.0} ms p90 {:>6.0} ms, cache hit \
-                             {:.3}, per server {:?}, ok {:.0}%",
+                             {:.3}, per server {:?}, off home {}, ok {:.0}%{}",
                             started.elapsed().as_secs_f64(),
                             round + 1,
                             settings.runs,
@@ -370,7 +370,12 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                             figures.ttft_p90_ms,
                             figures.cache_hit,
                             figures.per_server,
-                            figures.success * 100.0
+                            share(figures.off_home),
+                            figures.success * 100.0,
+                            figures.store.map_or(String::new(), |c| format!(
+                                ", store: {} stored / {} fallbacks",
+                                c.stored, c.fallbacks
+                            ))
                         );
                         result.runs.push(figures);
                     }
@@ -638,6 +643,11 @@ fn llama_version() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// A share as a percentage with one decimal, `-` when unknown.
+fn share(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
 fn fmt(v: Option<f64>, digits: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
@@ -721,9 +731,9 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
         "- llmroute: Envoy with the filter, one worker, the engines as one `llamacpp` backend; the affinity key is \
          the system prompt. `chwbl` is Envoy's ring hash with `hash_balance_factor` 150 (the default). \
          `bounded_keys` is the same plus `affinity.placement: bounded_keys` and the backend's `slots` \
-         ({SLOTS} per endpoint, the servers' `-np`).\n\
-         Each Envoy is ready once its health checks pass for every server, the filter's own snapshot sees them \
-         (with `bounded_keys`) and `/readyz` answers 200; no request reaches an engine before the run.\n\
+         ({SLOTS} per endpoint, the servers' `-np`). Each Envoy is ready once its health checks pass for every \
+         server, the filter's own snapshot sees them (with `bounded_keys`) and `/readyz` answers 200; no request \
+         reaches an engine before the run.\n\
          - Peers: started with `--host 127.0.0.1 --prometheus-host 127.0.0.1 --worker-urls <the three servers> \
          --policy P`. `manual` and `consistent_hash` get the tenant id in their routing header; `cache_aware` reads \
          the prompt itself.\n",
@@ -753,12 +763,12 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
     }
     md.push_str(
         "\n## Each run\n\n| tenants | system | run | TTFT p50 ms | TTFT p90 ms | cache hit | per server | success | \
-         wall s | first error |\n|---|---|---|---|---|---|---|---|---|---|\n",
+         wall s | off home | store: stored / fallbacks | first error |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in o.tables.iter().flat_map(|t| t.results.iter()) {
         for (i, f) in r.runs.iter().enumerate() {
             md.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:?} | {:.0}% | {:.1} | {} |\n",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:?} | {:.0}% | {:.1} | {} | {} | {} |\n",
                 r.tenants,
                 r.kind.name(),
                 i + 1,
@@ -768,6 +778,9 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
                 f.per_server,
                 f.success * 100.0,
                 f.wall_s,
+                share(f.off_home),
+                f.store
+                    .map_or(String::new(), |c| format!("{} / {}", c.stored, c.fallbacks)),
                 f.first_error
                     .as_deref()
                     .map(|e| e.chars().take(80).collect::<String>())
@@ -854,7 +867,7 @@ fn replicas_table(md: &mut String, results: &[SystemResult]) {
             "| {} | {} | {delta} | {} | {} |\n",
             r.kind.name(),
             fmt(hit(r), 3),
-            median_of(r.runs.iter().map(|f| f.off_home)).map_or("-".into(), |v| format!("{:.1}%", 100.0 * v)),
+            share(median_of(r.runs.iter().map(|f| f.off_home))),
             r.store()
                 .map_or(String::new(), |c| format!("{} / {}", c.stored, c.fallbacks)),
         ));
@@ -992,7 +1005,7 @@ pub fn parse_tenants(list: &str) -> Result<Vec<usize>, String> {
 }
 
 /// The table rows as `("<system>, <n> tenants", {tenants, ttft p50, ttft p90, cache hit, busiest ÷ mean,
-/// success, missing})` medians, for the console; tables in tenant-count order.
+/// off home, success, missing})` medians, for the console; tables in tenant-count order.
 pub fn summary(o: &Outcome) -> Vec<(String, Value)> {
     o.tables
         .iter()
@@ -1006,6 +1019,7 @@ pub fn summary(o: &Outcome) -> Vec<(String, Value)> {
                     "ttft_p90_ms": r.med(|f| f.ttft_p90_ms),
                     "cache_hit": r.med(|f| f.cache_hit),
                     "busiest_over_mean": r.med(|f| f.busiest_over_mean),
+                    "off_home": median_of(r.runs.iter().map(|f| f.off_home)),
                     "success": r.med(|f| f.success),
                     "missing": r.missing,
                 }),
@@ -1239,6 +1253,10 @@ mod tests {
             md.contains("| 12 | llmroute bounded_keys | 1 |"),
             "the per-run table names the tenants"
         );
+        assert!(
+            md.contains("| 5.0 | 0.0% |  |  |"),
+            "the per-run table gives off home and no store: {md}"
+        );
         let keys: Vec<String> = summary(&o).into_iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
@@ -1314,6 +1332,7 @@ mod tests {
         let section = results_section(&o, &Machine::fixture(), "replicas/ENGINES.md");
         assert!(section.starts_with("## Envoy replicas on real llama.cpp (`make bench-engines-replicas`)"));
         assert!(section.contains("[ENGINES.md](replicas/ENGINES.md)") && section.contains("| -0.005 |"));
+        assert!(md.contains("| 0.0% | 5 / 1 |"), "each run's store counts: {md}");
         // Without the one-Envoy row, there is nothing to subtract.
         let mut alone = o;
         alone.tables[0].results.remove(0);
