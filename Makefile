@@ -136,7 +136,7 @@ bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys 
 
 ENGINES_REPLICA_SYSTEMS := bounded_keys,bounded_keys_x2_replicas,bounded_keys_etcd_x2_replicas
 
-bench-engines-replicas: build envoy etcd engines ## Envoy replicas on 3 real llama-servers: bounded_keys on one Envoy, on 2 replicas each with its own key table, and on 2 sharing it through a 1-member etcd, 6 and 12 tenants (~5 min): bench/replicas/ENGINES.md and a section of bench/RESULTS.md; BENCH_ENGINES_ARGS=--quick for a sanity run
+bench-engines-replicas: build envoy etcd engines ## Envoy replicas on 3 real llama-servers: bounded_keys on one Envoy, on 2 replicas each with its own key table, and on 2 sharing it through a 1-member etcd, 6 and 12 tenants (~10 min): bench/replicas/ENGINES.md and a section of bench/RESULTS.md; BENCH_ENGINES_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines --systems $(ENGINES_REPLICA_SYSTEMS) --out bench/replicas/ENGINES.md \
 		--results bench/RESULTS.md --section placement-engines-replicas $(BENCH_ENGINES_ARGS)

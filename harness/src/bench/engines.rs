@@ -1092,14 +1092,7 @@ mod tests {
 
     #[test]
     fn each_replica_gets_the_bounded_keys_config_and_the_store_only_with_etcd() {
-        let base = json!({
-            "version": 1,
-            "backends": [{ "name": BACKEND, "kind": "llamacpp",
-                           "endpoints": ["127.0.0.1:20001", "127.0.0.1:20002", "127.0.0.1:20003"], "lb": "chwbl" }],
-            "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND }] }],
-            "affinity": { "session_headers": ["x-session-id"] },
-            "debug_headers": true,
-        });
+        let base = base_config();
         let member = Some("http://127.0.0.1:23790");
         let one = llmroute_config(SystemKind::LlmrouteBoundedKeys, base.clone(), &[SLOTS; 3], member);
         let apart = llmroute_config(
@@ -1173,17 +1166,21 @@ mod tests {
         assert_eq!(tenant_list(&[2, 6, 12]), "2, 6 and 12");
     }
 
-    #[test]
-    fn the_bounded_keys_config_loads() {
-        // The shape of `LlamaFleet::config`, with three made-up endpoints.
-        let base = json!({
+    /// The shape of `LlamaFleet::config`, with three made-up endpoints.
+    fn base_config() -> Value {
+        json!({
             "version": 1,
             "backends": [{ "name": BACKEND, "kind": "llamacpp",
                            "endpoints": ["127.0.0.1:20001", "127.0.0.1:20002", "127.0.0.1:20003"], "lb": "chwbl" }],
             "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND }] }],
             "affinity": { "session_headers": ["x-session-id"] },
             "debug_headers": true,
-        });
+        })
+    }
+
+    #[test]
+    fn the_bounded_keys_config_loads() {
+        let base = base_config();
         let doc = bounded_keys_config(base, &[SLOTS; 3]);
         assert_eq!(doc["affinity"]["placement"], "bounded_keys");
         assert_eq!(
@@ -1201,6 +1198,21 @@ mod tests {
         assert!((six - 1000.0 / 1020.0 * 42.0 / 48.0).abs() < 1e-9);
         assert!(best_ratio(1020, 48, 12) < six);
         assert_eq!(best_ratio(1020, 48, 60), 0.0);
+    }
+
+    /// An outcome of `settings` whose systems, table after table, get the runs `runs` gives in turn.
+    fn outcome(settings: Settings, mut runs: impl FnMut() -> Vec<RunFigures>) -> Outcome {
+        let mut tables = TenantTable::empty(&settings);
+        for r in tables.iter_mut().flat_map(|t| t.results.iter_mut()) {
+            r.runs = runs();
+        }
+        Outcome {
+            settings,
+            tables,
+            llama_version: "test".into(),
+            prompt_tokens: 1000,
+            elapsed: Duration::from_secs(1),
+        }
     }
 
     #[test]
@@ -1221,17 +1233,7 @@ mod tests {
         };
         let mut settings = Settings::quick(42);
         settings.systems = vec![SystemKind::LlmrouteChwbl, SystemKind::LlmrouteBoundedKeys];
-        let mut tables = TenantTable::empty(&settings);
-        for r in tables.iter_mut().flat_map(|t| t.results.iter_mut()) {
-            r.runs.push(run.clone());
-        }
-        let o = Outcome {
-            settings,
-            tables,
-            llama_version: "test".into(),
-            prompt_tokens: 1000,
-            elapsed: Duration::from_secs(1),
-        };
+        let o = outcome(settings, || vec![run.clone()]);
         let md = markdown(&o, &Machine::fixture());
         assert!(md.starts_with("# Routers in front of real llama.cpp servers (`make bench-engines`)"));
         assert!(
@@ -1292,23 +1294,14 @@ mod tests {
             SystemKind::LlmrouteBoundedKeysEtcdReplicas,
             SystemKind::LlmrouteChwbl,
         ];
-        let mut tables = TenantTable::empty(&settings);
-        let runs = [
+        let mut runs = [
             vec![run(0.600, 0.0, None), run(0.620, 0.02, None)],
             vec![run(0.500, 0.25, None), run(0.520, 0.15, None)],
             vec![run(0.600, 0.0, Some(counts(6, 0))), run(0.610, 0.0, Some(counts(5, 1)))],
             vec![run(0.400, 0.0, None), run(0.400, 0.0, None)],
-        ];
-        for (r, runs) in tables[0].results.iter_mut().zip(runs) {
-            r.runs = runs;
-        }
-        let o = Outcome {
-            settings,
-            tables,
-            llama_version: "test".into(),
-            prompt_tokens: 1000,
-            elapsed: Duration::from_secs(1),
-        };
+        ]
+        .into_iter();
+        let o = outcome(settings, || runs.next().unwrap_or_default());
         let md = markdown(&o, &Machine::fixture());
         assert!(md.starts_with("# Routers in front of real llama.cpp servers (`make bench-engines-replicas`)"));
         assert!(md.contains("| llmroute bounded_keys | 0.610 |  | 1.0% |  |"), "{md}");
