@@ -117,7 +117,7 @@ fuzz-smoke: ## Every fuzz target for 5000 executions from its seeds alone (testd
 clean: ## Remove build outputs (keeps .tools)
 	$(CARGO) clean
 
-.PHONY: engines engines-check real-engines bench-engines
+.PHONY: engines engines-check real-engines bench-engines bench-engines-replicas
 
 engines: ## Build a real llama.cpp llama-server (cached in ~/.cache/llmroute, ~5 min once) and the tiny model .tools/models/tiny-llama.gguf
 	CARGO="$(CARGO)" ./scripts/build-engines.sh
@@ -133,6 +133,13 @@ BENCH_ENGINES_ARGS ?=
 bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers, 6 and 12 tenants (~11 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
+
+ENGINES_REPLICA_SYSTEMS := bounded_keys,bounded_keys_x2_replicas,bounded_keys_etcd_x2_replicas
+
+bench-engines-replicas: build envoy etcd engines ## Envoy replicas on 3 real llama-servers: bounded_keys on one Envoy, on 2 replicas each with its own key table, and on 2 sharing it through a 1-member etcd, 6 and 12 tenants (~10 min): bench/replicas/ENGINES.md and a section of bench/RESULTS.md; BENCH_ENGINES_ARGS=--quick for a sanity run
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
+	target/release/llmroute-bench-engines --systems $(ENGINES_REPLICA_SYSTEMS) --out bench/replicas/ENGINES.md \
+		--results bench/RESULTS.md --section placement-engines-replicas $(BENCH_ENGINES_ARGS)
 
 .PHONY: bench bench-overhead bench-micro bench-peers bench-routing bench-replicas
 

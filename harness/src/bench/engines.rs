@@ -13,16 +13,30 @@
 //! `prompt_tokens_cached_total / (prompt_tokens_total + prompt_tokens_cached_total)` summed over the servers'
 //! `/metrics` (cached ÷ (prefilled + cached)); the per-server request counts (from each answer's `model`, the
 //! server's `--alias`) and busiest ÷ mean; the success rate. The report gives the median of each over the runs.
+//!
+//! Envoy replicas (issue 16; not in a default run, chosen with `--systems`, `make bench-engines-replicas`):
+//! [`SystemKind::LlmrouteBoundedKeysReplicas`] starts [`REPLICAS`] Envoys with `llmroute bounded_keys`' config,
+//! and the client sends each request to one of them at random, seeded ([`replica`]), as an L4 load balancer
+//! would; each builds its own key table. [`SystemKind::LlmrouteBoundedKeysEtcdReplicas`] does the same with the
+//! table shared through `affinity.placement_store.etcd`, on a fresh single-member etcd per run ([`Etcd`]: one
+//! member leaves the CPUs to the llama-servers), `timeout_ms` [`STORE_TIMEOUT_MS`]. Their rows add the hit rate
+//! minus the one-Envoy `bounded_keys` row's, the share of requests answered *off home* (by another server than
+//! the one that answered the tenant's first request, [`off_home_of`]), and the store's counts from the Envoys'
+//! stats ([`store_counts`]).
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::machine::Machine;
-use super::stats::median;
+use super::routing::agreement::{off_home_of, HIT_SLACK};
+use super::routing::policy::{start_envoy_healthy, store_counts, StoreCounts, STORE_PREFIX};
+use super::routing::replay::replica;
+use super::stats::{median, median_of};
 use super::systems::{peer_python, peer_version, Peer};
-use crate::envoy::{random_ports, Envoy, EnvoyOptions};
-use crate::llama::workload::{chat_body, client, prompt_text, run_jobs, tenant_system_prompt, ChatOutcome, Job};
+use crate::envoy::{random_ports, Envoy};
+use crate::etcd::Etcd;
+use crate::llama::workload::{chat_body, client, prompt_text, run_jobs_on, tenant_system_prompt, ChatOutcome, Job};
 use crate::llama::{llama_server_binary, LlamaFleet, LlamaOptions};
 
 const ALIAS: &str = "local-chat";
@@ -31,6 +45,11 @@ const CHAT_PATH: &str = "/v1/chat/completions";
 const PEER_START_LIMIT: Duration = Duration::from_secs(90);
 /// Slots per server (`llama-server -np`); `llmroute bounded_keys` tells the filter the same count.
 pub const SLOTS: u32 = 2;
+/// Envoys of the replicated systems.
+pub const REPLICAS: usize = 2;
+/// How long a new key's first request waits for etcd, with the placement store: the default 50 ms is short for a
+/// machine whose two CPUs the llama-servers keep busy.
+pub const STORE_TIMEOUT_MS: u64 = 200;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -87,9 +106,20 @@ pub enum SystemKind {
     SglangManual,
     VllmConsistentHash,
     VllmCacheAware,
+    /// [`REPLICAS`] Envoys configured as `LlmrouteBoundedKeys`, each request sent to one at random (seeded), each
+    /// with its own key table.
+    LlmrouteBoundedKeysReplicas,
+    /// The same, sharing one key table through `affinity.placement_store.etcd`.
+    LlmrouteBoundedKeysEtcdReplicas,
 }
 
 impl SystemKind {
+    /// Not in a default run: chosen with `--systems` (`make bench-engines-replicas`).
+    pub const EXTRA: [SystemKind; 2] = [
+        SystemKind::LlmrouteBoundedKeysReplicas,
+        SystemKind::LlmrouteBoundedKeysEtcdReplicas,
+    ];
+
     pub const ALL: [SystemKind; 8] = [
         SystemKind::LlmrouteChwbl,
         SystemKind::LlmrouteBoundedKeys,
@@ -111,7 +141,49 @@ impl SystemKind {
             SystemKind::SglangManual => "sglang-router manual + x-smg-routing-key",
             SystemKind::VllmConsistentHash => "vllm-router consistent_hash + x-session-id",
             SystemKind::VllmCacheAware => "vllm-router cache_aware",
+            SystemKind::LlmrouteBoundedKeysReplicas => "llmroute bounded_keys x2 replicas",
+            SystemKind::LlmrouteBoundedKeysEtcdReplicas => "llmroute bounded_keys+etcd x2 replicas",
         }
+    }
+
+    /// The name on the command line (`--systems`).
+    pub fn short(self) -> &'static str {
+        match self {
+            SystemKind::LlmrouteChwbl => "chwbl",
+            SystemKind::LlmrouteBoundedKeys => "bounded_keys",
+            SystemKind::LlmrouteLeastRequest => "least_request",
+            SystemKind::LlmrouteRoundRobin => "round_robin",
+            SystemKind::SglangCacheAware => "sglang_cache_aware",
+            SystemKind::SglangManual => "sglang_manual",
+            SystemKind::VllmConsistentHash => "vllm_consistent_hash",
+            SystemKind::VllmCacheAware => "vllm_cache_aware",
+            SystemKind::LlmrouteBoundedKeysReplicas => "bounded_keys_x2_replicas",
+            SystemKind::LlmrouteBoundedKeysEtcdReplicas => "bounded_keys_etcd_x2_replicas",
+        }
+    }
+
+    /// How many Envoys the system runs (1 for the rest).
+    pub fn replicas(self) -> usize {
+        if Self::EXTRA.contains(&self) {
+            REPLICAS
+        } else {
+            1
+        }
+    }
+
+    /// Whether the replicas share their key table through etcd.
+    pub fn store(self) -> bool {
+        self == SystemKind::LlmrouteBoundedKeysEtcdReplicas
+    }
+
+    /// Whether the filter places keys with `bounded_keys`.
+    fn bounded_keys(self) -> bool {
+        matches!(
+            self,
+            SystemKind::LlmrouteBoundedKeys
+                | SystemKind::LlmrouteBoundedKeysReplicas
+                | SystemKind::LlmrouteBoundedKeysEtcdReplicas
+        )
     }
 
     /// What decides the server: for the table.
@@ -127,12 +199,22 @@ impl SystemKind {
             SystemKind::SglangCacheAware | SystemKind::VllmCacheAware => "router's approximate radix tree of prompts",
             SystemKind::SglangManual => "tenant id in `x-smg-routing-key`",
             SystemKind::VllmConsistentHash => "tenant id in `x-session-id`",
+            SystemKind::LlmrouteBoundedKeysReplicas => {
+                "as `bounded_keys`, on 2 Envoys each sent a random share of the requests, each with its own key table"
+            }
+            SystemKind::LlmrouteBoundedKeysEtcdReplicas => {
+                "as `bounded_keys`, on 2 Envoys each sent a random share of the requests, sharing one key table \
+                 through etcd (`affinity.placement_store`)"
+            }
         }
     }
 
     fn lb(self) -> Option<&'static str> {
         match self {
-            SystemKind::LlmrouteChwbl | SystemKind::LlmrouteBoundedKeys => Some("chwbl"),
+            SystemKind::LlmrouteChwbl
+            | SystemKind::LlmrouteBoundedKeys
+            | SystemKind::LlmrouteBoundedKeysReplicas
+            | SystemKind::LlmrouteBoundedKeysEtcdReplicas => Some("chwbl"),
             SystemKind::LlmrouteLeastRequest => Some("least_request"),
             SystemKind::LlmrouteRoundRobin => Some("round_robin"),
             _ => None,
@@ -191,6 +273,11 @@ pub struct RunFigures {
     pub wall_s: f64,
     /// The first failure, if any.
     pub first_error: Option<String>,
+    /// The share of answered requests that another server than the one that answered their tenant's first
+    /// request answered ([`off_home_of`]).
+    pub off_home: Option<f64>,
+    /// What the replicas' new keys met in etcd, summed over them; `None` without a store.
+    pub store: Option<StoreCounts>,
 }
 
 /// A system's runs at one tenant count.
@@ -206,6 +293,11 @@ pub struct SystemResult {
 impl SystemResult {
     fn med(&self, f: impl Fn(&RunFigures) -> f64) -> Option<f64> {
         median(&self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+
+    /// The store's counts summed over the runs; `None` without a store.
+    fn store(&self) -> Option<StoreCounts> {
+        self.runs.iter().filter_map(|f| f.store).reduce(|a, b| a + b)
     }
 }
 
@@ -268,7 +360,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                         prompt_tokens = prompt_tokens.max(tokens);
                         eprintln!(
                             "[{:>5.0}s] run {}/{} {:>2} tenants {:<44} ttft p50 {:>6.0} ms p90 {:>6.0} ms, cache hit \
-                             {:.3}, per server {:?}, ok {:.0}%",
+                             {:.3}, per server {:?}, off home {}, ok {:.0}%{}",
                             started.elapsed().as_secs_f64(),
                             round + 1,
                             settings.runs,
@@ -278,7 +370,12 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
                             figures.ttft_p90_ms,
                             figures.cache_hit,
                             figures.per_server,
-                            figures.success * 100.0
+                            share(figures.off_home),
+                            figures.success * 100.0,
+                            figures.store.map_or(String::new(), |c| format!(
+                                ", store: {} stored / {} fallbacks",
+                                c.stored, c.fallbacks
+                            ))
                         );
                         result.runs.push(figures);
                     }
@@ -324,10 +421,17 @@ async fn run_once(
         })
         .collect();
     let t0 = Instant::now();
-    let outcomes = run_jobs(&client(), &router.url, jobs, settings.concurrency).await;
+    // With replicas, request `i` goes to a replica drawn from the seed alone: the same split in every run.
+    let n = router.urls.len();
+    let pick = |i: usize| replica(settings.seed, i, 0, n);
+    let outcomes = run_jobs_on(&client(), &router.urls, pick, jobs, settings.concurrency).await;
     let wall_s = t0.elapsed().as_secs_f64();
     let (prefilled, cached) = engine_prompt_tokens(&fleet).await?;
-    let figures = figures(&fleet, &outcomes, prefilled, cached, wall_s);
+    let mut figures = figures(&fleet, &outcomes, prefilled, cached, wall_s);
+    figures.off_home = off_home(&order, &outcomes);
+    if kind.store() {
+        figures.store = Some(store_counts(&router.envoys).await);
+    }
     let tokens = outcomes.iter().map(|o| o.prompt_tokens).max().unwrap_or(0);
     Ok((figures, tokens))
 }
@@ -372,7 +476,22 @@ fn figures(fleet: &LlamaFleet, outcomes: &[ChatOutcome], prefilled: u64, cached:
         success: ok.len() as f64 / outcomes.len().max(1) as f64,
         wall_s,
         first_error: outcomes.iter().find_map(|o| o.error.clone()),
+        off_home: None,
+        store: None,
     }
+}
+
+/// The share of answered requests off their tenant's home server; `order` gives each request's tenant. `None`
+/// when an answer names no server.
+fn off_home(order: &[usize], outcomes: &[ChatOutcome]) -> Option<f64> {
+    let mut served = Vec::with_capacity(outcomes.len());
+    for (tenant, o) in order.iter().zip(outcomes).filter(|(_, o)| o.ok) {
+        if o.model.is_empty() {
+            return None;
+        }
+        served.push((o.sent_at, *tenant, o.model.as_str()));
+    }
+    off_home_of(served)
 }
 
 /// `(prefilled, cached)` prompt tokens summed over the fleet's `/metrics`.
@@ -400,32 +519,37 @@ async fn engine_prompt_tokens(fleet: &LlamaFleet) -> Result<(u64, u64), String> 
     Ok((prefilled, cached))
 }
 
-/// A router in front of the fleet; stopped on drop.
+/// A router in front of the fleet (a peer, one Envoy, or Envoy replicas and the etcd they share); stopped on
+/// drop, the Envoys before etcd.
 struct Router {
-    url: String,
-    _envoy: Option<Envoy>,
+    /// The chat URL of each replica (one, except for the replicated systems).
+    urls: Vec<String>,
+    envoys: Vec<Envoy>,
+    _etcd: Option<Etcd>,
     _peer: Option<Peer>,
 }
 
 impl Router {
     async fn start(kind: SystemKind, fleet: &LlamaFleet) -> Result<Router, String> {
         if let Some(lb) = kind.lb() {
-            let opts = EnvoyOptions {
-                concurrency: 1,
-                log_level: "warning".into(),
-                ..EnvoyOptions::default()
-            };
-            let mut config = fleet.config(ALIAS, lb);
-            if kind == SystemKind::LlmrouteBoundedKeys {
-                // The slots each server was really started with.
-                let slots: Vec<u32> = fleet.servers.iter().map(|s| s.options().parallel).collect();
-                config = bounded_keys_config(config, &slots);
+            let etcd = if kind.store() { Some(Etcd::start().await?) } else { None };
+            // The slots each server was really started with.
+            let slots: Vec<u32> = fleet.servers.iter().map(|s| s.options().parallel).collect();
+            let store = etcd.as_ref().map(Etcd::url);
+            let config = llmroute_config(kind, fleet.config(ALIAS, lb), &slots, store.as_deref());
+            let mut envoys = Vec::with_capacity(kind.replicas());
+            for _ in 0..kind.replicas() {
+                // Every server healthy in Envoy (and in the filter's snapshot, which `bounded_keys` reads), the
+                // etcd member too with the store; no request reaches an engine before the run.
+                let envoy =
+                    start_envoy_healthy(&config, BACKEND, fleet.servers.len(), usize::from(etcd.is_some())).await?;
+                wait_ok(&envoy.url("/readyz"), None).await?;
+                envoys.push(envoy);
             }
-            let envoy = Envoy::start_with(config, opts).await?;
-            wait_ok(&envoy.url("/readyz"), None).await?;
             return Ok(Router {
-                url: envoy.url(CHAT_PATH),
-                _envoy: Some(envoy),
+                urls: envoys.iter().map(|e| e.url(CHAT_PATH)).collect(),
+                envoys,
+                _etcd: etcd,
                 _peer: None,
             });
         }
@@ -440,8 +564,9 @@ impl Router {
             match wait_ok(&format!("{base}/v1/models"), Some(&mut peer)).await {
                 Ok(()) => {
                     return Ok(Router {
-                        url: format!("{base}{CHAT_PATH}"),
-                        _envoy: None,
+                        urls: vec![format!("{base}{CHAT_PATH}")],
+                        envoys: Vec::new(),
+                        _etcd: None,
                         _peer: Some(peer),
                     })
                 }
@@ -450,6 +575,22 @@ impl Router {
         }
         Err(last)
     }
+}
+
+/// The config each of `kind`'s Envoys gets, from `base`, a one-backend llmroute config (see
+/// [`LlamaFleet::config`]): as it is, or with `bounded_keys` ([`bounded_keys_config`]); with the store, also
+/// `affinity.placement_store.etcd` on the member `store` (`http://IP:PORT`).
+fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&str>) -> Value {
+    let mut config = base;
+    if kind.bounded_keys() {
+        config = bounded_keys_config(config, slots);
+    }
+    if let Some(member) = store.filter(|_| kind.store()) {
+        config["affinity"]["placement_store"] = json!({
+            "etcd": { "endpoints": [member], "prefix": STORE_PREFIX, "timeout_ms": STORE_TIMEOUT_MS }
+        });
+    }
+    config
 }
 
 /// `llmroute bounded_keys`'s config: a one-backend llmroute config (see [`LlamaFleet::config`]) with
@@ -502,6 +643,11 @@ fn llama_version() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// A share as a percentage with one decimal, `-` when unknown.
+fn share(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
 fn fmt(v: Option<f64>, digits: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
@@ -514,7 +660,10 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
     let s = &o.settings;
     let slots = total_slots(s);
     let mut md = String::new();
-    md.push_str("# Routers in front of real llama.cpp servers (`make bench-engines`)\n\n");
+    md.push_str(&format!(
+        "# Routers in front of real llama.cpp servers (`{}`)\n\n",
+        make_target(s)
+    ));
     md.push_str(&format!(
         "Written by `llmroute-bench-engines` on {}, in {:.0} s. Every figure is the median of {} run(s); every run \
          starts a fresh fleet and a fresh router, so it starts cold.\n\n",
@@ -536,6 +685,7 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
         md.push_str(&format!("\n### {} tenants\n\n", table.tenants));
         results_table(&mut md, &table.results);
         md.push_str(&format!("\n- {}\n", best_note(o, table.tenants)));
+        replicas_table(&mut md, &table.results);
     }
     md.push_str(
         "\n- **Cache hit (engines)**: cached ÷ (prefilled + cached) prompt tokens, from the servers' own `/metrics` \
@@ -581,11 +731,24 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
         "- llmroute: Envoy with the filter, one worker, the engines as one `llamacpp` backend; the affinity key is \
          the system prompt. `chwbl` is Envoy's ring hash with `hash_balance_factor` 150 (the default). \
          `bounded_keys` is the same plus `affinity.placement: bounded_keys` and the backend's `slots` \
-         ({SLOTS} per endpoint, the servers' `-np`).\n\
+         ({SLOTS} per endpoint, the servers' `-np`). Each Envoy is ready once its health checks pass for every \
+         server, the filter's own snapshot sees them (with `bounded_keys`) and `/readyz` answers 200; no request \
+         reaches an engine before the run.\n\
          - Peers: started with `--host 127.0.0.1 --prometheus-host 127.0.0.1 --worker-urls <the three servers> \
          --policy P`. `manual` and `consistent_hash` get the tenant id in their routing header; `cache_aware` reads \
          the prompt itself.\n",
     ));
+    if s.systems.iter().any(|k| k.replicas() > 1) {
+        md.push_str(&format!(
+            "- Replicas: {REPLICAS} Envoys, each configured as `llmroute bounded_keys`; the client sends request `i` \
+             to one of them at random, drawn from the seed alone (`replica` in `harness/src/bench/routing/replay.rs`), \
+             so every replicated row and every run sees the same split. `bounded_keys+etcd` adds \
+             `affinity.placement_store.etcd` (prefix `{STORE_PREFIX}`, `timeout_ms` {STORE_TIMEOUT_MS}: the default \
+             50 is short for a machine the llama-servers keep busy) on a fresh **single-member** etcd on loopback per \
+             run (one member leaves the CPUs to the llama-servers); each Envoy is ready only once it sees the member \
+             healthy.\n"
+        ));
+    }
     md.push_str("\n## Machine and versions\n\n");
     md.push_str(&format!(
         "- {} CPUs ({}), Linux {}, shared with other work: the figures are for comparing the systems with each \
@@ -600,12 +763,12 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
     }
     md.push_str(
         "\n## Each run\n\n| tenants | system | run | TTFT p50 ms | TTFT p90 ms | cache hit | per server | success | \
-         wall s | first error |\n|---|---|---|---|---|---|---|---|---|---|\n",
+         wall s | off home | store: stored / fallbacks | first error |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in o.tables.iter().flat_map(|t| t.results.iter()) {
         for (i, f) in r.runs.iter().enumerate() {
             md.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:?} | {:.0}% | {:.1} | {} |\n",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:?} | {:.0}% | {:.1} | {} | {} | {} |\n",
                 r.tenants,
                 r.kind.name(),
                 i + 1,
@@ -615,6 +778,9 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
                 f.per_server,
                 f.success * 100.0,
                 f.wall_s,
+                share(f.off_home),
+                f.store
+                    .map_or(String::new(), |c| format!("{} / {}", c.stored, c.fallbacks)),
                 f.first_error
                     .as_deref()
                     .map(|e| e.chars().take(80).collect::<String>())
@@ -625,22 +791,87 @@ pub fn markdown(o: &Outcome, machine: &Machine) -> String {
     md
 }
 
-/// The `placement-engines` section of `bench/RESULTS.md`: one table per tenant count.
-pub fn results_section(o: &Outcome, machine: &Machine) -> String {
+/// A section of `bench/RESULTS.md` (`placement-engines`, or `placement-engines-replicas` for a run with replicas):
+/// one table per tenant count; `link` is the run's ENGINES.md, relative to RESULTS.md.
+pub fn results_section(o: &Outcome, machine: &Machine, link: &str) -> String {
     let s = &o.settings;
-    let mut md = String::from("## Placement on real llama.cpp (`make bench-engines`)\n\n");
+    let title = if s.systems.iter().any(|k| k.replicas() > 1) {
+        "Envoy replicas on real llama.cpp"
+    } else {
+        "Placement on real llama.cpp"
+    };
+    let mut md = format!("## {title} (`{}`)\n\n", make_target(s));
     md.push_str(&format!(
         "{} `llama-server`s with {SLOTS} slots each and no host-RAM prompt cache (`-cram 0`), {} streamed requests at \
          {} in flight, medians of {} run(s), written by `llmroute-bench-engines` on {}. Cache hit is read from the \
-         servers' own counters. Settings and every run: [ENGINES.md](ENGINES.md).\n",
+         servers' own counters. Settings and every run: [ENGINES.md]({link}).\n",
         s.servers, s.requests, s.concurrency, s.runs, machine.date
     ));
     for table in &o.tables {
         md.push_str(&format!("\n### {} tenants\n\n", table.tenants));
         results_table(&mut md, &table.results);
         md.push_str(&format!("\n{}\n", best_note(o, table.tenants)));
+        replicas_table(&mut md, &table.results);
     }
     md
+}
+
+/// The make target that runs these systems: `make bench-engines-replicas` when replicas are among them.
+fn make_target(s: &Settings) -> &'static str {
+    if s.systems.iter().any(|k| k.replicas() > 1) {
+        "make bench-engines-replicas"
+    } else {
+        "make bench-engines"
+    }
+}
+
+/// The replicas table under a tenant count's results, when replicated systems ran: the one-Envoy `bounded_keys`
+/// row and each replicated row with its hit rate minus the one-Envoy row's, the share off home and the store's
+/// counts.
+fn replicas_table(md: &mut String, results: &[SystemResult]) {
+    if !results.iter().any(|r| r.kind.replicas() > 1) {
+        return;
+    }
+    let hit = |r: &SystemResult| r.med(|f| f.cache_hit).filter(|h| h.is_finite());
+    let one = results
+        .iter()
+        .find(|r| r.kind == SystemKind::LlmrouteBoundedKeys && r.missing.is_none())
+        .and_then(hit);
+    md.push_str(
+        "\n**Replicas.** *− one Envoy*: the row's cache hit minus the one-Envoy `bounded_keys` row's, both medians. \
+         *Off home*: the share of answered requests that another server answered than the one that answered the \
+         tenant's first request (the server is the answer's `model`, its `--alias`), median over the runs; one \
+         Envoy's own spills past the in-flight bound count too. *Store*: new keys stored in etcd (created or \
+         adopted) / placed locally because etcd did not answer in time, summed over the runs and the replicas, \
+         from the Envoys' `llmroute_placement_store_total`. ",
+    );
+    md.push_str(&format!(
+        "Goal (issue 16): with the store, a cache hit within {HIT_SLACK} of one Envoy's.\n\n\
+         | system | cache hit (engines) | − one Envoy | off home | store: new keys stored / fallbacks |\n\
+         |---|---|---|---|---|\n"
+    ));
+    for r in results
+        .iter()
+        .filter(|r| r.kind == SystemKind::LlmrouteBoundedKeys || r.kind.replicas() > 1)
+    {
+        if let Some(why) = &r.missing {
+            let first = why.lines().next().unwrap_or(why);
+            md.push_str(&format!("| {} | not run: {first} | | | |\n", r.kind.name()));
+            continue;
+        }
+        let delta = match (hit(r), one) {
+            (Some(h), Some(o)) if r.kind.replicas() > 1 => format!("{:+.3}", h - o),
+            _ => String::new(),
+        };
+        md.push_str(&format!(
+            "| {} | {} | {delta} | {} | {} |\n",
+            r.kind.name(),
+            fmt(hit(r), 3),
+            share(median_of(r.runs.iter().map(|f| f.off_home))),
+            r.store()
+                .map_or(String::new(), |c| format!("{} / {}", c.stored, c.fallbacks)),
+        ));
+    }
 }
 
 /// One results table: a row per system, medians over its runs.
@@ -731,20 +962,25 @@ fn usage_gap(o: &Outcome) -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// The systems a `--systems` list names, by the short names `chwbl`, `bounded_keys`, `least_request`,
-/// `round_robin`, `sglang_cache_aware`, `sglang_manual`, `vllm_consistent_hash`, `vllm_cache_aware`.
+/// The systems a `--systems` list names, by their [`SystemKind::short`] names: `chwbl`, `bounded_keys`,
+/// `least_request`, `round_robin`, `sglang_cache_aware`, `sglang_manual`, `vllm_consistent_hash`,
+/// `vllm_cache_aware`, and the replicated `bounded_keys_x2_replicas` and `bounded_keys_etcd_x2_replicas`.
 pub fn parse_systems(list: &str) -> Result<Vec<SystemKind>, String> {
     list.split(',')
-        .map(|s| match s.trim() {
-            "chwbl" => Ok(SystemKind::LlmrouteChwbl),
-            "bounded_keys" => Ok(SystemKind::LlmrouteBoundedKeys),
-            "least_request" => Ok(SystemKind::LlmrouteLeastRequest),
-            "round_robin" => Ok(SystemKind::LlmrouteRoundRobin),
-            "sglang_cache_aware" => Ok(SystemKind::SglangCacheAware),
-            "sglang_manual" => Ok(SystemKind::SglangManual),
-            "vllm_consistent_hash" => Ok(SystemKind::VllmConsistentHash),
-            "vllm_cache_aware" => Ok(SystemKind::VllmCacheAware),
-            other => Err(format!("unknown system {other:?}")),
+        .map(|s| {
+            let s = s.trim();
+            SystemKind::ALL
+                .into_iter()
+                .chain(SystemKind::EXTRA)
+                .find(|k| k.short() == s)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = SystemKind::ALL
+                        .iter()
+                        .chain(&SystemKind::EXTRA)
+                        .map(|k| k.short())
+                        .collect();
+                    format!("unknown system {s:?} (known: {})", known.join(", "))
+                })
         })
         .collect()
 }
@@ -769,7 +1005,7 @@ pub fn parse_tenants(list: &str) -> Result<Vec<usize>, String> {
 }
 
 /// The table rows as `("<system>, <n> tenants", {tenants, ttft p50, ttft p90, cache hit, busiest ÷ mean,
-/// success, missing})` medians, for the console; tables in tenant-count order.
+/// off home, success, missing})` medians, for the console; tables in tenant-count order.
 pub fn summary(o: &Outcome) -> Vec<(String, Value)> {
     o.tables
         .iter()
@@ -783,6 +1019,7 @@ pub fn summary(o: &Outcome) -> Vec<(String, Value)> {
                     "ttft_p90_ms": r.med(|f| f.ttft_p90_ms),
                     "cache_hit": r.med(|f| f.cache_hit),
                     "busiest_over_mean": r.med(|f| f.busiest_over_mean),
+                    "off_home": median_of(r.runs.iter().map(|f| f.off_home)),
                     "success": r.med(|f| f.success),
                     "missing": r.missing,
                 }),
@@ -822,6 +1059,96 @@ mod tests {
         assert_eq!(SystemKind::ALL[1], SystemKind::LlmrouteBoundedKeys, "right after chwbl");
         assert_eq!(SystemKind::LlmrouteBoundedKeys.lb(), Some("chwbl"));
         assert!(SystemKind::LlmrouteBoundedKeys.header(3).is_none());
+        for k in SystemKind::ALL.into_iter().chain(SystemKind::EXTRA) {
+            assert_eq!(parse_systems(k.short()).unwrap(), vec![k], "{}", k.short());
+        }
+        let err = parse_systems("bounded-keys-x2-replicas").unwrap_err();
+        assert!(
+            err.contains("bounded_keys_etcd_x2_replicas"),
+            "the error lists the names: {err}"
+        );
+    }
+
+    #[test]
+    fn the_replicated_systems_parse_and_stay_out_of_a_default_run() {
+        assert_eq!(
+            parse_systems("bounded_keys, bounded_keys_x2_replicas,bounded_keys_etcd_x2_replicas").unwrap(),
+            vec![
+                SystemKind::LlmrouteBoundedKeys,
+                SystemKind::LlmrouteBoundedKeysReplicas,
+                SystemKind::LlmrouteBoundedKeysEtcdReplicas
+            ]
+        );
+        for k in SystemKind::EXTRA {
+            assert!(!SystemKind::ALL.contains(&k) && !Settings::full(1).systems.contains(&k));
+            assert_eq!(k.replicas(), REPLICAS);
+            assert!(k.name().contains(&format!("x{REPLICAS} replicas")), "{}", k.name());
+            assert_eq!((k.lb(), k.peer(), k.header(1)), (Some("chwbl"), None, None));
+        }
+        assert!(SystemKind::ALL.iter().all(|k| k.replicas() == 1 && !k.store()));
+        assert!(SystemKind::LlmrouteBoundedKeysEtcdReplicas.store());
+        assert!(!SystemKind::LlmrouteBoundedKeysReplicas.store());
+    }
+
+    #[test]
+    fn each_replica_gets_the_bounded_keys_config_and_the_store_only_with_etcd() {
+        let base = base_config();
+        let member = Some("http://127.0.0.1:23790");
+        let one = llmroute_config(SystemKind::LlmrouteBoundedKeys, base.clone(), &[SLOTS; 3], member);
+        let apart = llmroute_config(
+            SystemKind::LlmrouteBoundedKeysReplicas,
+            base.clone(),
+            &[SLOTS; 3],
+            member,
+        );
+        assert_eq!(one, apart, "replicas without the store run one Envoy's config");
+        assert!(one.pointer("/affinity/placement_store").is_none());
+        let shared = llmroute_config(
+            SystemKind::LlmrouteBoundedKeysEtcdReplicas,
+            base.clone(),
+            &[SLOTS; 3],
+            member,
+        );
+        assert_eq!(
+            shared["affinity"]["placement_store"],
+            json!({ "etcd": { "endpoints": ["http://127.0.0.1:23790"], "prefix": STORE_PREFIX, "timeout_ms": 200 } })
+        );
+        let mut without_store = shared.clone();
+        if let Some(affinity) = without_store["affinity"].as_object_mut() {
+            affinity.remove("placement_store");
+        }
+        assert_eq!(without_store, one, "the store is the only difference");
+        let cfg = llmroute_core::load_config(&shared.to_string()).expect("the filter accepts it");
+        let store = cfg.affinity.placement_store.expect("a store");
+        assert_eq!((store.endpoints.len(), store.timeout_ms), (1, STORE_TIMEOUT_MS));
+        assert_eq!(cfg.backends[0].slots, Some(vec![SLOTS; 3]));
+        let chwbl = llmroute_config(SystemKind::LlmrouteChwbl, base.clone(), &[SLOTS; 3], member);
+        assert_eq!(chwbl, base, "other systems keep the base config");
+    }
+
+    #[test]
+    fn off_home_follows_each_tenants_first_server_by_send_time() {
+        let answer = |ms: u64, model: &str| ChatOutcome {
+            ok: true,
+            model: model.into(),
+            sent_at: Duration::from_millis(ms),
+            ..ChatOutcome::default()
+        };
+        // Tenant 0's first request (t=0) went to llama-1; its later one at llama-0 is off home, whatever the
+        // outcome order. A failed request does not count.
+        let order = [0, 0, 1, 1, 0];
+        let outcomes = [
+            answer(5, "llama-0"),
+            answer(0, "llama-1"),
+            answer(1, "llama-2"),
+            answer(7, "llama-2"),
+            ChatOutcome::default(),
+        ];
+        assert_eq!(off_home(&order, &outcomes), Some(0.25));
+        let mut unnamed = outcomes.clone();
+        unnamed[2].model.clear();
+        assert_eq!(off_home(&order, &unnamed), None, "an answer that names no server");
+        assert_eq!(off_home(&[], &[]), None);
     }
 
     #[test]
@@ -839,17 +1166,21 @@ mod tests {
         assert_eq!(tenant_list(&[2, 6, 12]), "2, 6 and 12");
     }
 
-    #[test]
-    fn the_bounded_keys_config_loads() {
-        // The shape of `LlamaFleet::config`, with three made-up endpoints.
-        let base = json!({
+    /// The shape of `LlamaFleet::config`, with three made-up endpoints.
+    fn base_config() -> Value {
+        json!({
             "version": 1,
             "backends": [{ "name": BACKEND, "kind": "llamacpp",
                            "endpoints": ["127.0.0.1:20001", "127.0.0.1:20002", "127.0.0.1:20003"], "lb": "chwbl" }],
             "models": [{ "name": ALIAS, "routes": [{ "backend": BACKEND }] }],
             "affinity": { "session_headers": ["x-session-id"] },
             "debug_headers": true,
-        });
+        })
+    }
+
+    #[test]
+    fn the_bounded_keys_config_loads() {
+        let base = base_config();
         let doc = bounded_keys_config(base, &[SLOTS; 3]);
         assert_eq!(doc["affinity"]["placement"], "bounded_keys");
         assert_eq!(
@@ -869,6 +1200,21 @@ mod tests {
         assert_eq!(best_ratio(1020, 48, 60), 0.0);
     }
 
+    /// An outcome of `settings` whose systems, table after table, get the runs `runs` gives in turn.
+    fn outcome(settings: Settings, mut runs: impl FnMut() -> Vec<RunFigures>) -> Outcome {
+        let mut tables = TenantTable::empty(&settings);
+        for r in tables.iter_mut().flat_map(|t| t.results.iter_mut()) {
+            r.runs = runs();
+        }
+        Outcome {
+            settings,
+            tables,
+            llama_version: "test".into(),
+            prompt_tokens: 1000,
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
     #[test]
     fn the_report_has_a_table_per_tenant_count() {
         let run = RunFigures {
@@ -882,21 +1228,18 @@ mod tests {
             success: 1.0,
             wall_s: 5.0,
             first_error: None,
+            off_home: Some(0.0),
+            store: None,
         };
         let mut settings = Settings::quick(42);
         settings.systems = vec![SystemKind::LlmrouteChwbl, SystemKind::LlmrouteBoundedKeys];
-        let mut tables = TenantTable::empty(&settings);
-        for r in tables.iter_mut().flat_map(|t| t.results.iter_mut()) {
-            r.runs.push(run.clone());
-        }
-        let o = Outcome {
-            settings,
-            tables,
-            llama_version: "test".into(),
-            prompt_tokens: 1000,
-            elapsed: Duration::from_secs(1),
-        };
+        let o = outcome(settings, || vec![run.clone()]);
         let md = markdown(&o, &Machine::fixture());
+        assert!(md.starts_with("# Routers in front of real llama.cpp servers (`make bench-engines`)"));
+        assert!(
+            !md.contains("**Replicas.**") && !md.contains("- Replicas:"),
+            "no replicas ran"
+        );
         assert!(md.contains("### 6 tenants") && md.contains("### 12 tenants"), "{md}");
         assert_eq!(
             md.matches("| llmroute bounded_keys | system prompt (filter) → each new key pinned")
@@ -912,6 +1255,10 @@ mod tests {
             md.contains("| 12 | llmroute bounded_keys | 1 |"),
             "the per-run table names the tenants"
         );
+        assert!(
+            md.contains("| 5.0 | 0.0% |  |  |"),
+            "the per-run table gives off home and no store: {md}"
+        );
         let keys: Vec<String> = summary(&o).into_iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
@@ -921,6 +1268,71 @@ mod tests {
                 "llmroute chwbl, 12 tenants",
                 "llmroute bounded_keys, 12 tenants"
             ]
+        );
+    }
+
+    #[test]
+    fn the_replicas_table_compares_with_one_envoy() {
+        let run = |hit: f64, off: f64, store: Option<StoreCounts>| RunFigures {
+            cache_hit: hit,
+            off_home: Some(off),
+            store,
+            per_server: vec![16, 16, 16],
+            success: 1.0,
+            ..RunFigures::default()
+        };
+        let counts = |stored, fallbacks| StoreCounts {
+            stored,
+            fallbacks,
+            ..StoreCounts::default()
+        };
+        let mut settings = Settings::quick(42);
+        settings.tenants = vec![6];
+        settings.systems = vec![
+            SystemKind::LlmrouteBoundedKeys,
+            SystemKind::LlmrouteBoundedKeysReplicas,
+            SystemKind::LlmrouteBoundedKeysEtcdReplicas,
+            SystemKind::LlmrouteChwbl,
+        ];
+        let mut runs = [
+            vec![run(0.600, 0.0, None), run(0.620, 0.02, None)],
+            vec![run(0.500, 0.25, None), run(0.520, 0.15, None)],
+            vec![run(0.600, 0.0, Some(counts(6, 0))), run(0.610, 0.0, Some(counts(5, 1)))],
+            vec![run(0.400, 0.0, None), run(0.400, 0.0, None)],
+        ]
+        .into_iter();
+        let o = outcome(settings, || runs.next().unwrap_or_default());
+        let md = markdown(&o, &Machine::fixture());
+        assert!(md.starts_with("# Routers in front of real llama.cpp servers (`make bench-engines-replicas`)"));
+        assert!(md.contains("| llmroute bounded_keys | 0.610 |  | 1.0% |  |"), "{md}");
+        assert!(
+            md.contains("| llmroute bounded_keys x2 replicas | 0.510 | -0.100 | 20.0% |  |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| llmroute bounded_keys+etcd x2 replicas | 0.605 | -0.005 | 0.0% | 11 / 1 |"),
+            "{md}"
+        );
+        assert!(
+            !md.contains("| llmroute chwbl | 0.400 |"),
+            "only the bounded_keys rows: {md}"
+        );
+        assert!(md.contains("within 0.02 of one Envoy's"));
+        assert!(
+            md.contains("single-member") && md.contains("`timeout_ms` 200"),
+            "the settings say how: {md}"
+        );
+        let section = results_section(&o, &Machine::fixture(), "replicas/ENGINES.md");
+        assert!(section.starts_with("## Envoy replicas on real llama.cpp (`make bench-engines-replicas`)"));
+        assert!(section.contains("[ENGINES.md](replicas/ENGINES.md)") && section.contains("| -0.005 |"));
+        assert!(md.contains("| 0.0% | 5 / 1 |"), "each run's store counts: {md}");
+        // Without the one-Envoy row, there is nothing to subtract.
+        let mut alone = o;
+        alone.tables[0].results.remove(0);
+        let md = markdown(&alone, &Machine::fixture());
+        assert!(
+            md.contains("| llmroute bounded_keys+etcd x2 replicas | 0.605 |  | 0.0% | 11 / 1 |"),
+            "{md}"
         );
     }
 }

@@ -27,7 +27,8 @@ struct Args {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Only these systems: chwbl, bounded_keys, least_request, round_robin, sglang_cache_aware, sglang_manual,
-    /// vllm_consistent_hash, vllm_cache_aware (comma-separated).
+    /// vllm_consistent_hash, vllm_cache_aware, and (never in a default run) the Envoy replicas
+    /// bounded_keys_x2_replicas and bounded_keys_etcd_x2_replicas (comma-separated).
     #[arg(long)]
     systems: Option<String>,
     /// Tenant counts, comma-separated: every system runs with each, one results table per count (default 6,12).
@@ -36,6 +37,12 @@ struct Args {
     /// Where to write the report (default bench/ENGINES.md).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The file whose section gets the results tables (default: RESULTS.md next to the report).
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// The name of that section.
+    #[arg(long, default_value = "placement-engines")]
+    section: String,
 }
 
 #[tokio::main]
@@ -79,18 +86,38 @@ async fn main() -> ExitCode {
         println!("{name:<56} {v}");
     }
     let out = args.out.unwrap_or_else(|| repo_root().join("bench/ENGINES.md"));
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("llmroute-bench-engines: creating {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
     if let Err(e) = std::fs::write(&out, engines::markdown(&outcome, &machine)) {
         eprintln!("llmroute-bench-engines: writing {}: {e}", out.display());
         return ExitCode::FAILURE;
     }
     println!("wrote {}", out.display());
-    let summary = out.with_file_name("RESULTS.md");
+    let summary = args.results.unwrap_or_else(|| out.with_file_name("RESULTS.md"));
+    // The link from the summary to the report, relative when the report sits in or below the summary's folder.
+    let canonical = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let summary_dir = canonical(
+        summary
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new(".")),
+    );
+    let report = canonical(&out);
+    let link = report
+        .strip_prefix(&summary_dir)
+        .unwrap_or(&report)
+        .display()
+        .to_string();
     match sections::write(
         &summary,
-        "placement-engines",
-        &engines::results_section(&outcome, &machine),
+        &args.section,
+        &engines::results_section(&outcome, &machine, &link),
     ) {
-        Ok(()) => println!("wrote the placement-engines section of {}", summary.display()),
+        Ok(()) => println!("wrote the {} section of {}", args.section, summary.display()),
         Err(e) => {
             eprintln!("llmroute-bench-engines: {e}");
             return ExitCode::FAILURE;

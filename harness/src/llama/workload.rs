@@ -182,9 +182,25 @@ pub struct Job {
 
 /// Sends `jobs` to `url` in order with at most `concurrency` in flight; the outcomes are in job order.
 pub async fn run_jobs(client: &reqwest::Client, url: &str, jobs: Vec<Job>, concurrency: usize) -> Vec<ChatOutcome> {
+    run_jobs_on(client, &[url.to_string()], |_| 0, jobs, concurrency).await
+}
+
+/// [`run_jobs`] in front of several routers (Envoy replicas): job `i` goes to `urls[pick(i)]` (the first URL when
+/// `pick` names none).
+pub async fn run_jobs_on(
+    client: &reqwest::Client,
+    urls: &[String],
+    pick: impl Fn(usize) -> usize,
+    jobs: Vec<Job>,
+    concurrency: usize,
+) -> Vec<ChatOutcome> {
     let run_start = Instant::now();
-    futures_util::stream::iter(jobs)
-        .map(|job| async move {
+    let first = urls.first().map_or("", String::as_str);
+    let picked: Vec<&str> = (0..jobs.len())
+        .map(|i| urls.get(pick(i)).map_or(first, String::as_str))
+        .collect();
+    futures_util::stream::iter(jobs.into_iter().zip(picked))
+        .map(|(job, url)| async move {
             let sent_at = run_start.elapsed();
             let mut out = stream_chat(client, url, &job.body, &job.headers).await;
             out.sent_at = sent_at;

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
+use std::hash::Hash;
 
 use super::policy::{Placement, Policy};
 use super::replay::Sample;
@@ -29,16 +30,25 @@ pub fn off_home(samples: &[Sample]) -> Option<f64> {
     for s in samples.iter().filter(|s| s.error.is_none()) {
         served.push((s.sent?, s.key.as_deref()?, s.backend.as_deref()?));
     }
+    off_home_of(served)
+}
+
+/// [`off_home`] over `(sent, key, engine)` of every answered request, whatever says when each was sent and which
+/// engine answered it (the real-engine bench reads the engine from the answer's `model`). `None` when empty.
+pub fn off_home_of<T: Ord + Copy, K: Eq + Hash, E: PartialEq + Copy>(mut served: Vec<(T, K, E)>) -> Option<f64> {
     if served.is_empty() {
         return None;
     }
+    let n = served.len();
     served.sort_by_key(|(sent, _, _)| *sent);
-    let mut home: HashMap<&str, &str> = HashMap::new();
-    let off = served
-        .iter()
-        .filter(|(_, key, engine)| home.entry(key).or_insert(engine) != engine)
-        .count();
-    Some(off as f64 / served.len() as f64)
+    let mut home: HashMap<K, E> = HashMap::new();
+    let mut off = 0usize;
+    for (_, key, engine) in served {
+        if *home.entry(key).or_insert(engine) != engine {
+            off += 1;
+        }
+    }
+    Some(off as f64 / n as f64)
 }
 
 /// The policy a replicated one is compared with: the same config on one Envoy.

@@ -250,16 +250,7 @@ impl Cell {
 
     /// Store fallbacks summed over the repeats, and the keys stored; `None` without a store.
     pub fn store(&self) -> Option<policy::StoreCounts> {
-        self.runs
-            .iter()
-            .filter_map(|r| r.store)
-            .reduce(|a, b| policy::StoreCounts {
-                stored: a.stored + b.stored,
-                fallbacks: a.fallbacks + b.fallbacks,
-                timeouts: a.timeouts + b.timeouts,
-                errors: a.errors + b.errors,
-                not_sent: a.not_sent + b.not_sent,
-            })
+        self.runs.iter().filter_map(|r| r.store).reduce(|a, b| a + b)
     }
 
     /// Errors over all repeats, and the first message.

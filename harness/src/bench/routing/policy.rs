@@ -301,6 +301,21 @@ pub struct StoreCounts {
     pub not_sent: u64,
 }
 
+impl std::ops::Add for StoreCounts {
+    type Output = StoreCounts;
+
+    /// Counts of several runs (or replicas) together.
+    fn add(self, b: StoreCounts) -> StoreCounts {
+        StoreCounts {
+            stored: self.stored + b.stored,
+            fallbacks: self.fallbacks + b.fallbacks,
+            timeouts: self.timeouts + b.timeouts,
+            errors: self.errors + b.errors,
+            not_sent: self.not_sent + b.not_sent,
+        }
+    }
+}
+
 /// Reads the store outcomes from every Envoy's admin `/stats`.
 pub async fn store_counts(envoys: &[Envoy]) -> StoreCounts {
     let mut counts = StoreCounts::default();
@@ -354,6 +369,16 @@ async fn start_llmroute(policy: Policy, endpoints: &[String], slots: usize) -> R
 /// Starts one Envoy with `config` and waits until its `hosts` engines (and its `members` etcd members, when it
 /// has a store) pass their health checks, the filter's snapshot sees them (with `bounded_keys`), and it routes.
 pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result<Envoy, String> {
+    let envoy = start_envoy_healthy(config, BACKEND, hosts, members).await?;
+    wait_routes(&envoy.url(CHAT_PATH), None).await?;
+    Ok(envoy)
+}
+
+/// Starts one Envoy (one worker) with `config` and waits until the `hosts` hosts of `backend` (and its `members`
+/// etcd members, when it has a store) pass their health checks, and the filter's snapshot sees them (with
+/// `bounded_keys`). Sends no request: the real-engine bench starts its routers with this, so that no probe leaves
+/// a prompt in an engine's slots.
+pub async fn start_envoy_healthy(config: &Value, backend: &str, hosts: usize, members: usize) -> Result<Envoy, String> {
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
@@ -361,7 +386,7 @@ pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result
     };
     let envoy = Envoy::start_with(config.clone(), opts).await?;
     let deadline = Instant::now() + START_LIMIT;
-    for (cluster, n) in [(BACKEND, hosts), (PLACEMENT_STORE_CLUSTER, members)] {
+    for (cluster, n) in [(backend, hosts), (PLACEMENT_STORE_CLUSTER, members)] {
         loop {
             let health = envoy.host_health(cluster).await;
             if health.len() == n && health.values().all(|f| f == "healthy") {
@@ -376,9 +401,8 @@ pub async fn start_envoy(config: &Value, hosts: usize, members: usize) -> Result
     // Bounded-keys placement reads the filter's own snapshot of host health: until it is current, keys are left
     // to Envoy's ring, and would move once it is.
     if config.pointer("/affinity/placement").is_some() {
-        envoy.wait_snapshot_healthy(BACKEND, hosts as u64, START_LIMIT).await?;
+        envoy.wait_snapshot_healthy(backend, hosts as u64, START_LIMIT).await?;
     }
-    wait_routes(&envoy.url(CHAT_PATH), None).await?;
     Ok(envoy)
 }
 
