@@ -22,7 +22,7 @@ pub use raw::{
     RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
-pub use tls::{ListenTls, UpstreamTls};
+pub use tls::{CertKey, ListenTls, UpstreamTls};
 
 use crate::endpoint::ApiSet;
 use crate::limits::RateLimits;
@@ -313,7 +313,8 @@ pub struct PlacementStore {
     pub prefix: String,
     /// How long a new key's first request waits for etcd.
     pub timeout_ms: u64,
-    /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host).
+    /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host), with
+    /// the client certificate when one is given.
     pub tls: Option<UpstreamTls>,
 }
 

@@ -171,7 +171,8 @@ pub struct RawBackend {
     /// Ejection of hosts that return consecutive 5xx. On by default.
     #[serde(default)]
     pub outlier: Option<RawOutlier>,
-    /// TLS to the engines.
+    /// TLS to the engines: `ca_file` (required), optional `sni`, optional client certificate (`cert_file` with
+    /// `key_file`).
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
     /// An environment variable holding a bearer token that Envoy sends to this backend.
@@ -337,7 +338,8 @@ pub struct RawStoreEtcd {
     /// `1` to `10000`; default 50.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required) and optional `sni`.
+    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required), optional `sni`, and an optional
+    /// client certificate (`cert_file` with `key_file`) for an etcd that requires one (`--client-cert-auth`).
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
 }
