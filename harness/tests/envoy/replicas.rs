@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
+use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
@@ -616,11 +617,15 @@ async fn agree_over_tls(fleet: &Fleet, etcd: &Etcd, cfg: Value, what: &str) {
     assert_eq!(store_count(&shared, "won").await, 12, "each key created once, {what}");
     assert_eq!(fallbacks(&shared).await, 0);
     assert_eq!(stored_keys(etcd), 12);
+    for e in &shared {
+        assert!(e.stat(&store_ssl("handshake")).await.unwrap_or(0) >= 1, "{what}");
+    }
 }
 
-/// Three replicas with `cfg`, whose TLS handshake with `etcd` fails (`what` says why): Envoy never holds a member
-/// healthy, every new key is placed locally, counted, without a failed request, and nothing new reaches etcd.
-async fn fall_back_without_a_handshake(fleet: &Fleet, etcd: &Etcd, cfg: Value, what: &str) {
+/// Three replicas with `cfg`, whose TLS handshake with `etcd` fails (`what` says why, and Envoy counts it in the
+/// store cluster's `ssl.REFUSED`): Envoy never holds a member healthy, every new key is placed locally, counted,
+/// without a failed request, and nothing new reaches etcd.
+async fn fall_back_without_a_handshake(fleet: &Fleet, etcd: &Etcd, cfg: Value, what: &str, refused: &str) {
     let before = stored_keys(etcd);
     let lone = replicas_of(fleet, cfg).await;
     let served = rotate(&lone, 100..106, REPLICAS).await;
@@ -638,6 +643,18 @@ async fn fall_back_without_a_handshake(fleet: &Fleet, etcd: &Etcd, cfg: Value, w
         before,
         "nothing reached etcd without a completed handshake"
     );
+    for e in &lone {
+        assert_eq!(e.stat(&store_ssl("handshake")).await.unwrap_or(0), 0);
+        assert!(
+            e.stat(&store_ssl(refused)).await.unwrap_or(0) >= 1,
+            "{what}: no {refused}"
+        );
+    }
+}
+
+/// The placement-store cluster's TLS statistic `name`.
+fn store_ssl(name: &str) -> String {
+    format!("cluster.{PLACEMENT_STORE_CLUSTER}.ssl.{name}")
 }
 
 #[tokio::test]
@@ -655,7 +672,7 @@ async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_loc
     agree_over_tls(&fleet, &etcd, cfg, "etcd over TLS").await;
     // A CA that did not sign etcd's certificate: the handshake fails.
     let cfg = tls_config(&fleet, etcd.url(), &wrong.ca_file, None);
-    fall_back_without_a_handshake(&fleet, &etcd, cfg, "wrong CA").await;
+    fall_back_without_a_handshake(&fleet, &etcd, cfg, "wrong CA", "fail_verify_error").await;
 }
 
 #[tokio::test]
@@ -672,7 +689,8 @@ async fn etcd_requiring_client_certificates_serves_replicas_that_present_one_and
         "etcd with --client-cert-auth, client certificate presented",
     )
     .await;
-    // The right CA, but no client certificate: etcd refuses the handshake.
+    // The right CA, but no client certificate: etcd refuses the handshake (Envoy, the client, sees a connection
+    // error, not a verification failure).
     let cfg = tls_config(&fleet, etcd.url(), &files.ca_file, None);
-    fall_back_without_a_handshake(&fleet, &etcd, cfg, "no client certificate").await;
+    fall_back_without_a_handshake(&fleet, &etcd, cfg, "no client certificate", "connection_error").await;
 }
