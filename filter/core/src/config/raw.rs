@@ -209,12 +209,17 @@ pub struct RawDiscovery {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEtcd {
-    /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, tried in order.
+    /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT` (with `tls`: `HOST:PORT` or `https://HOST:PORT`),
+    /// tried in order.
     #[serde(default)]
     pub endpoints: Option<Vec<String>>,
     /// The key prefix: each instance registers as `<prefix>/<IP:PORT>`. Starts with `/`, no trailing `/`.
     #[serde(default)]
     pub prefix: Option<String>,
+    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required), optional `sni`, optional
+    /// client certificate (`cert_file` with `key_file`). `llmroute discover` reads it.
+    #[serde(default)]
+    pub tls: Option<RawUpstreamTls>,
 }
 
 /// A model alias and its routes.

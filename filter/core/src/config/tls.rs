@@ -134,6 +134,21 @@ impl Checker<'_> {
     }
 }
 
+/// Validates an upstream `tls` block found at `at` (its errors are named `AT.tls.FIELD`), for a caller outside
+/// the config file, such as `llmroute register`'s flags.
+pub fn upstream_tls(raw: &RawUpstreamTls, at: &str, diag: &mut Diagnostics) -> UpstreamTls {
+    let mut check = Checker {
+        diag,
+        at: at.to_string(),
+    };
+    let checked = check.tls(Some(raw));
+    checked.unwrap_or_else(|| UpstreamTls {
+        sni: None,
+        ca_file: raw.ca_file.clone(),
+        client_cert: None,
+    })
+}
+
 /// Validates `listen_tls`.
 pub fn listen_tls(raw: Option<&RawListenTls>, diag: &mut Diagnostics) -> Option<ListenTls> {
     let t = raw?;
