@@ -6,8 +6,9 @@
 //! the endpoint (a DNS name, or an IP matched as an IP-address subject alternative name, with no SNI sent). With
 //! `cert_file` and `key_file` it presents that client certificate, for an etcd started with `--client-cert-auth`.
 //! The PEM files are read once, when the client is made, so a missing or unreadable file fails the command at
-//! start-up with the file named. The handshake completes inside `connect`, so a refused certificate is an error
-//! of that endpoint, and the client tries the next one.
+//! start-up with the file named. The handshake runs inside `connect`; a server certificate that does not verify
+//! fails there, and a client certificate etcd refuses fails there or, under TLS 1.3, at the first read (etcd's
+//! `bad certificate` alert). Either way it is an error of that endpoint, and the client tries the next one.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
