@@ -608,7 +608,7 @@ async fn discover_and_register_reach_an_etcd_that_requires_client_certificates()
     let registered = register(&s.etcd, &addrs[1], &addrs[1], &tls);
     wait_hosts(&s.envoy, 2).await;
     let since = Instant::now();
-    let reached = first_request_on(&s.envoy, &s.fleet.engines[1].name(), since, Duration::from_secs(10)).await;
+    let reached = first_request_on(&s.envoy, s.fleet.engines[1].name(), since, Duration::from_secs(10)).await;
     assert!(
         reached.is_some(),
         "nothing reached the registered engine:\n{}",
