@@ -199,12 +199,18 @@ pub fn run(cfg: &Config, stats_path: Option<PathBuf>) -> Result<(), String> {
         return Err("no backend has `discovery.etcd`: nothing to discover".into());
     }
     let stats: Stats = Arc::default();
-    let mut threads = Vec::new();
+    // Every client first, so that an unreadable PEM file stops the command before anything runs.
+    let mut clients = Vec::new();
     for (b, source, path) in backends {
-        let (name, source, path) = (b.name.clone(), source.clone(), PathBuf::from(path));
+        let client = Client::new(source.endpoints.clone(), source.tls.as_ref(), CALL_TIMEOUT, WATCH_IDLE)
+            .map_err(|e| format!("backend {}: discovery.etcd.{e}", b.name))?;
+        clients.push((b.name.clone(), source.clone(), PathBuf::from(path), client));
+    }
+    let mut threads = Vec::new();
+    for (name, source, path, client) in clients {
         let (stats, stats_path) = (stats.clone(), stats_path.clone());
         threads.push(std::thread::spawn(move || {
-            follow(&name, &source, &path, &stats, stats_path.as_deref())
+            follow(&name, &source, &path, client, &stats, stats_path.as_deref())
         }));
     }
     for t in threads {
@@ -213,9 +219,8 @@ pub fn run(cfg: &Config, stats_path: Option<PathBuf>) -> Result<(), String> {
     Err("every discovery thread stopped".into())
 }
 
-/// Follows one backend's prefix forever.
-fn follow(name: &str, source: &EtcdSource, path: &Path, stats: &Stats, stats_path: Option<&Path>) {
-    let mut client = Client::new(source.endpoints.clone(), CALL_TIMEOUT, WATCH_IDLE);
+/// Follows one backend's prefix forever, through `client`.
+fn follow(name: &str, source: &EtcdSource, path: &Path, mut client: Client, stats: &Stats, stats_path: Option<&Path>) {
     let dir = format!("{}/", source.prefix);
     let mut last: Option<Vec<Host>> = None;
     let mut failing = false;

@@ -4,11 +4,14 @@
 //! leaves out zero values. Verified against etcd 3.4.
 //!
 //! Each call tries the configured endpoints in turn, starting with the last one that answered, so a cluster
-//! member going away costs one failed connect. Plain HTTP only: TLS to etcd is not supported.
+//! member going away costs one failed connect. With a `tls` block the endpoints are `https://` and each connection
+//! is verified (and presents a client certificate) as `crate::etcd_tls` says.
 
 use std::io::{BufRead, BufReader, Read};
+use std::sync::Arc;
 use std::time::Duration;
 
+use llmroute_core::config::UpstreamTls;
 use llmroute_core::etcd_json::{self, int};
 use serde_json::Value;
 
@@ -62,21 +65,37 @@ pub struct Client {
 }
 
 impl Client {
-    /// `endpoints` are base URLs (`http://HOST:PORT`); `timeout` bounds each call, `watch_idle` how long a watch
-    /// waits for a change before it returns [`WatchEnd::Idle`].
-    pub fn new(endpoints: Vec<String>, timeout: Duration, watch_idle: Duration) -> Self {
-        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-        let watch_agent = ureq::AgentBuilder::new()
-            .timeout_connect(timeout)
-            .timeout_write(timeout)
-            .timeout_read(watch_idle)
-            .build();
-        Client {
+    /// `endpoints` are base URLs (`http://HOST:PORT`, or `https://HOST:PORT` with `tls`); `timeout` bounds each
+    /// call, `watch_idle` how long a watch waits for a change before it returns [`WatchEnd::Idle`]. Fails only
+    /// when `tls` names a PEM file that cannot be read (the error names it).
+    pub fn new(
+        endpoints: Vec<String>,
+        tls: Option<&UpstreamTls>,
+        timeout: Duration,
+        watch_idle: Duration,
+    ) -> Result<Self, EtcdError> {
+        let connector = match tls {
+            Some(t) => Some(Arc::new(crate::etcd_tls::Connector::new(t).map_err(EtcdError)?)),
+            None => None,
+        };
+        let with_tls = |b: ureq::AgentBuilder| match &connector {
+            Some(c) => b.tls_connector(c.clone()),
+            None => b,
+        };
+        let agent = with_tls(ureq::AgentBuilder::new().timeout(timeout)).build();
+        let watch_agent = with_tls(
+            ureq::AgentBuilder::new()
+                .timeout_connect(timeout)
+                .timeout_write(timeout)
+                .timeout_read(watch_idle),
+        )
+        .build();
+        Ok(Client {
             endpoints,
             agent,
             watch_agent,
             current: 0,
-        }
+        })
     }
 
     /// The endpoint that answered last.
@@ -216,7 +235,7 @@ mod tests {
 
     #[test]
     fn no_endpoint_is_an_error_not_a_panic() {
-        let mut c = Client::new(Vec::new(), Duration::from_millis(100), Duration::from_millis(100));
+        let mut c = Client::new(Vec::new(), None, Duration::from_millis(100), Duration::from_millis(100)).unwrap();
         assert!(c.range_prefix("/p/").is_err());
     }
 }

@@ -10,13 +10,17 @@
 
 use std::time::{Duration, Instant};
 
+use llmroute_core::config::{upstream_tls, Diagnostics, RawUpstreamTls, UpstreamTls};
+
 use crate::etcd::{Client, EtcdError};
 
 /// What `register` was told.
 #[derive(Debug, Clone)]
 pub struct Registration {
-    /// etcd base URLs, `http://HOST:PORT`.
+    /// etcd base URLs, `http://HOST:PORT` (`https://HOST:PORT` with `tls`).
     pub etcd: Vec<String>,
+    /// TLS to etcd (`--ca-file`, `--sni`, `--cert-file`, `--key-file`), checked by [`tls_flags`].
+    pub tls: Option<UpstreamTls>,
     /// The key prefix, without a trailing `/`.
     pub prefix: String,
     /// The engine's `IP:PORT` as Envoy should reach it.
@@ -51,16 +55,17 @@ pub struct Registrar {
 }
 
 impl Registrar {
-    pub fn new(reg: Registration) -> Self {
+    /// Fails only when a `tls` PEM file cannot be read (the error names it).
+    pub fn new(reg: Registration) -> Result<Self, String> {
         let timeout = reg.interval.clamp(Duration::from_millis(100), Duration::from_secs(5));
-        let client = Client::new(reg.etcd.clone(), timeout, timeout);
+        let client = Client::new(reg.etcd.clone(), reg.tls.as_ref(), timeout, timeout).map_err(|e| e.0)?;
         let health = ureq::AgentBuilder::new().timeout(timeout).build();
-        Registrar {
+        Ok(Registrar {
             reg,
             client,
             health,
             lease: None,
-        }
+        })
     }
 
     fn key(&self) -> String {
@@ -146,16 +151,72 @@ impl Registrar {
     }
 }
 
+/// The TLS flags as the upstream `tls` block (`--ca-file` is `ca_file`, and so on), validated as the config file's
+/// block is; `None` when none is given. The error names the flag, the value and the fix.
+pub fn tls_flags(
+    ca_file: Option<String>,
+    sni: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+) -> Result<Option<UpstreamTls>, String> {
+    if ca_file.is_none() && sni.is_none() && cert_file.is_none() && key_file.is_none() {
+        return Ok(None);
+    }
+    let Some(ca_file) = ca_file else {
+        return Err(
+            "--ca-file: missing: TLS to etcd (--sni, --cert-file, --key-file) needs the CA that signed etcd's \
+                    certificate"
+                .into(),
+        );
+    };
+    let raw = RawUpstreamTls {
+        sni,
+        ca_file,
+        cert_file,
+        key_file,
+    };
+    let mut diag = Diagnostics::default();
+    let tls = upstream_tls(&raw, "etcd", &mut diag);
+    match diag.errors.first() {
+        None => Ok(Some(tls)),
+        Some(e) => {
+            let flag = |text: &str| {
+                ["ca_file", "sni", "cert_file", "key_file"]
+                    .iter()
+                    .fold(text.replace("etcd.tls.", "").replace(": PATH`", " PATH`"), |t, f| {
+                        t.replace(f, &format!("--{}", f.replace('_', "-")))
+                    })
+            };
+            Err(format!("{} {}: {}", flag(&e.field), e.value, flag(&e.reason)))
+        }
+    }
+}
+
 /// Checks the arguments; the error names the flag, the value and the fix.
 pub fn check(reg: &Registration) -> Result<(), String> {
     if reg.etcd.is_empty() {
         return Err("--etcd: missing: give etcd's client URL, such as http://127.0.0.1:2379".into());
     }
     for e in &reg.etcd {
-        if !e.starts_with("http://") {
-            return Err(format!(
-                "--etcd {e:?}: must be an http:// URL (TLS to etcd is not supported)"
-            ));
+        match (e.starts_with("http://"), e.starts_with("https://"), reg.tls.is_some()) {
+            (true, _, false) | (_, true, true) => {}
+            (_, true, false) => {
+                return Err(format!(
+                    "--etcd {e:?}: https:// needs the CA that signed etcd's certificate: add --ca-file PATH, or \
+                     write http://HOST:PORT"
+                ))
+            }
+            (true, _, true) => {
+                return Err(format!(
+                    "--etcd {e:?}: with --ca-file every member is reached over TLS; write https://HOST:PORT, or \
+                     remove --ca-file"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "--etcd {e:?}: must be an http:// URL (https:// with --ca-file), such as http://127.0.0.1:2379"
+                ))
+            }
         }
     }
     let prefix_ok = reg.prefix.starts_with('/') && !reg.prefix.ends_with('/') && reg.prefix.len() >= 2;
@@ -206,6 +267,7 @@ mod tests {
     fn reg() -> Registration {
         Registration {
             etcd: vec!["http://127.0.0.1:2379".into()],
+            tls: None,
             prefix: "/llmroute/backends/a".into(),
             addr: "127.0.0.1:8080".into(),
             health: "http://127.0.0.1:8080/health".into(),
@@ -219,8 +281,9 @@ mod tests {
     fn arguments_are_checked_with_the_flag_named() {
         assert_eq!(check(&reg()), Ok(()));
         type Change = fn(&mut Registration);
-        let cases: [(Change, &str); 7] = [
+        let cases: [(Change, &str); 8] = [
             (|r| r.etcd = vec!["https://x:1".into()], "--etcd"),
+            (|r| r.etcd = vec!["x:1".into()], "--etcd"),
             (|r| r.prefix = "/a/".into(), "--prefix"),
             (|r| r.addr = "llama.local:8080".into(), "--addr"),
             (|r| r.health = "localhost/health".into(), "--health"),
@@ -234,5 +297,40 @@ mod tests {
             let err = check(&r).unwrap_err();
             assert!(err.starts_with(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn the_tls_flags_are_the_tls_block_checked_the_same_way() {
+        assert_eq!(tls_flags(None, None, None, None), Ok(None));
+        let t = tls_flags(
+            Some("/ca.pem".into()),
+            None,
+            Some("/c.pem".into()),
+            Some("/c.key".into()),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.client_cert.unwrap().key_file, "/c.key");
+        let cases = [
+            (tls_flags(None, None, Some("/c.pem".into()), Some("/c.key".into())), "--ca-file: missing"),
+            (
+                tls_flags(Some("/ca.pem".into()), None, Some("/c.pem".into()), None),
+                "--cert-file /c.pem: a client certificate needs its private key: add `--key-file PATH` beside `--cert-file`",
+            ),
+            (tls_flags(Some("".into()), None, None, None), "--ca-file \"\": a CA bundle is needed"),
+            (tls_flags(Some("/ca.pem".into()), Some("a b".into()), None, None), "--sni a b: must be a DNS name"),
+        ];
+        for (got, want) in cases {
+            let err = got.unwrap_err();
+            assert!(err.starts_with(want), "{want}: {err}");
+        }
+        // With TLS, https:// only.
+        let mut r = reg();
+        r.tls = tls_flags(Some("/ca.pem".into()), None, None, None).unwrap();
+        assert!(check(&r)
+            .unwrap_err()
+            .contains("with --ca-file every member is reached over TLS"));
+        r.etcd = vec!["https://127.0.0.1:2379".into()];
+        assert_eq!(check(&r), Ok(()));
     }
 }

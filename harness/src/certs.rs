@@ -1,5 +1,10 @@
-//! Test-only certificates, generated at run time with `rcgen`: a CA, and a server certificate it signs for
-//! `localhost`, `127.0.0.1` and any extra names (an upstream SNI, say). Every file is PEM.
+//! Test-only certificates, generated at run time with `rcgen`: a CA, a server certificate it signs for
+//! `localhost`, `127.0.0.1` and any extra names (an upstream SNI, say), and a client certificate it signs (for
+//! servers that require one: etcd's `--client-cert-auth`, an mTLS engine front). Every file is PEM.
+//!
+//! The server certificate may also authenticate a client (EKU `serverAuth` and `clientAuth`): etcd 3.4 started
+//! with `--trusted-ca-file` dials its own gRPC port through its gateway presenting its server certificate as a
+//! client one, and the member never reports healthy unless that certificate allows it.
 //!
 //! The TLS tests use a fresh set per test, in a temporary directory. `testdata/tls/` holds one set written by
 //! [`TestPki::write`] for the config fixtures (`envoy --mode validate` checks that the files exist); those keys
@@ -11,12 +16,14 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 
-/// A CA and one server certificate it signed, as PEM text.
+/// A CA, one server certificate and one client certificate it signed, as PEM text.
 #[derive(Clone, Debug)]
 pub struct TestPki {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
 }
 
 /// Where [`TestPki::write`] put the files.
@@ -25,6 +32,8 @@ pub struct PkiFiles {
     pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    pub client_cert_file: PathBuf,
+    pub client_key_file: PathBuf,
 }
 
 impl TestPki {
@@ -61,29 +70,46 @@ impl TestPki {
         server
             .distinguished_name
             .push(DnType::CommonName, "llmroute test server (test only)");
-        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // clientAuth too: see the module doc (etcd's gateway).
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         server.use_authority_key_identifier_extension = true;
         let server_cert = server.signed_by(&server_key, &issuer).map_err(err)?;
+
+        let client_key = KeyPair::generate().map_err(err)?;
+        let mut client = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+        client
+            .distinguished_name
+            .push(DnType::CommonName, "llmroute test client (test only)");
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        client.use_authority_key_identifier_extension = true;
+        let client_cert = client.signed_by(&client_key, &issuer).map_err(err)?;
 
         Ok(TestPki {
             ca_pem: ca_cert.pem(),
             cert_pem: server_cert.pem(),
             key_pem: server_key.serialize_pem(),
+            client_cert_pem: client_cert.pem(),
+            client_key_pem: client_key.serialize_pem(),
         })
     }
 
-    /// Writes `ca.pem`, `server.pem` and `server.key` (mode 600) into `dir`.
+    /// Writes `ca.pem`, `server.pem`, `server.key`, `client.pem` and `client.key` (the keys mode 600) into `dir`.
     pub fn write(&self, dir: &Path) -> std::io::Result<PkiFiles> {
         std::fs::create_dir_all(dir)?;
         let files = PkiFiles {
             ca_file: dir.join("ca.pem"),
             cert_file: dir.join("server.pem"),
             key_file: dir.join("server.key"),
+            client_cert_file: dir.join("client.pem"),
+            client_key_file: dir.join("client.key"),
         };
         std::fs::write(&files.ca_file, &self.ca_pem)?;
         std::fs::write(&files.cert_file, &self.cert_pem)?;
         write_private(&files.key_file, &self.key_pem)?;
+        std::fs::write(&files.client_cert_file, &self.client_cert_pem)?;
+        write_private(&files.client_key_file, &self.client_key_pem)?;
         Ok(files)
     }
 }
@@ -111,18 +137,22 @@ mod tests {
         let files = pki.write(dir.path()).unwrap();
         let ca = std::fs::read_to_string(&files.ca_file).unwrap();
         assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(std::fs::read_to_string(&files.cert_file)
-            .unwrap()
-            .starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(std::fs::read_to_string(&files.key_file)
-            .unwrap()
-            .contains("PRIVATE KEY-----"));
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(&files.key_file).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o600);
+        for (cert, key) in [
+            (&files.cert_file, &files.key_file),
+            (&files.client_cert_file, &files.client_key_file),
+        ] {
+            assert!(std::fs::read_to_string(cert)
+                .unwrap()
+                .starts_with("-----BEGIN CERTIFICATE-----"));
+            assert!(std::fs::read_to_string(key).unwrap().contains("PRIVATE KEY-----"));
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(key).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o600);
+            }
         }
+        assert_ne!(pki.client_cert_pem, pki.cert_pem);
         // Two sets never share a CA.
         assert_ne!(TestPki::generate(&[]).unwrap().ca_pem, pki.ca_pem);
     }

@@ -2,7 +2,8 @@
 //! ports, its data in a temporary directory, killed on drop. [`Etcd::stop`] and [`Etcd::restart`] keep the data
 //! and the ports, so a test can take etcd away and bring it back. [`EtcdCluster`] runs three such members as one
 //! cluster, so a test can kill one and keep the quorum. [`Etcd::start_tls`] serves clients over TLS with a
-//! certificate from `certs` (etcd's `--cert-file` and `--key-file`). Also: the `llmroute` CLI's long-running
+//! certificate from `certs` (etcd's `--cert-file` and `--key-file`); [`Etcd::start_mtls`] also requires a client
+//! certificate signed by the same CA (`--client-cert-auth --trusted-ca-file`). Also: the `llmroute` CLI's long-running
 //! subcommands (`discover`, `register`) as child processes killed on drop, with their logs kept.
 
 use std::path::{Path, PathBuf};
@@ -20,21 +21,29 @@ pub struct Etcd {
     runs: u32,
     /// The certificate clients are served over TLS with; `None`: plain HTTP.
     tls: Option<PkiFiles>,
+    /// With `tls`: clients must present a certificate signed by its CA.
+    client_auth: bool,
 }
 
 impl Etcd {
     /// Starts etcd on random ports and waits until `/health` answers.
     pub async fn start() -> Result<Etcd, String> {
-        Self::start_with(None).await
+        Self::start_with(None, false).await
     }
 
     /// Starts etcd serving its clients over TLS with `files`' certificate and key, and waits until it is healthy
     /// (checked with `etcdctl --cacert`, which trusts `files`' CA).
     pub async fn start_tls(files: PkiFiles) -> Result<Etcd, String> {
-        Self::start_with(Some(files)).await
+        Self::start_with(Some(files), false).await
     }
 
-    async fn start_with(tls: Option<PkiFiles>) -> Result<Etcd, String> {
+    /// [`Etcd::start_tls`], and every client must present a certificate signed by `files`' CA; a handshake
+    /// without one is refused. [`Etcd::etcdctl`] presents `files`' client certificate.
+    pub async fn start_mtls(files: PkiFiles) -> Result<Etcd, String> {
+        Self::start_with(Some(files), true).await
+    }
+
+    async fn start_with(tls: Option<PkiFiles>, client_auth: bool) -> Result<Etcd, String> {
         let mut last = String::new();
         for attempt in 0..5 {
             // Different ports from an Envoy started at the same moment: offset the attempt.
@@ -46,6 +55,7 @@ impl Etcd {
                 dir: tempfile::tempdir().map_err(|e| e.to_string())?,
                 runs: 0,
                 tls: tls.clone(),
+                client_auth,
             };
             match etcd.spawn_and_wait().await {
                 Ok(()) => return Ok(etcd),
@@ -86,7 +96,7 @@ impl Etcd {
             ports,
             &initial,
             &self.log_path(),
-            self.tls.as_ref(),
+            self.tls.as_ref().map(|t| (t, self.client_auth)),
         )?;
         self.child = Some(child);
         let http = reqwest::Client::new();
@@ -131,6 +141,10 @@ impl Etcd {
         c.env("ETCDCTL_API", "3").args(["--endpoints", &self.url()]);
         if let Some(t) = &self.tls {
             c.arg("--cacert").arg(&t.ca_file);
+            if self.client_auth {
+                c.arg("--cert").arg(&t.client_cert_file);
+                c.arg("--key").arg(&t.client_key_file);
+            }
         }
         c
     }
@@ -288,14 +302,15 @@ impl Drop for EtcdCluster {
 }
 
 /// Starts one etcd member named `name` with its data in `data`, on loopback `(client, peer)` ports, in the cluster
-/// `initial` (`name=peer-url,...`), writing its output to `log`.
+/// `initial` (`name=peer-url,...`), writing its output to `log`. With `tls`, clients are served over TLS, and with
+/// its `true` they must present a certificate signed by its CA.
 fn spawn_member(
     name: &str,
     data: &Path,
     (client, peer): (u16, u16),
     initial: &str,
     log: &Path,
-    tls: Option<&PkiFiles>,
+    tls: Option<(&PkiFiles, bool)>,
 ) -> Result<Child, String> {
     let bin = which("etcd").ok_or("`etcd` is not on PATH: run `make etcd`")?;
     let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
@@ -304,12 +319,14 @@ fn spawn_member(
     let client = format!("{scheme}://127.0.0.1:{client}");
     let peer = format!("http://127.0.0.1:{peer}");
     let mut cmd = Command::new(bin);
-    if let Some(t) = tls {
-        // Server TLS only: clients are not asked for certificates. No `--trusted-ca-file`: with it, etcd 3.4's
-        // own gateway dials the gRPC port presenting the server certificate as a client one, which the test
-        // certificate (server-auth only) cannot be, and the member never reports healthy.
+    if let Some((t, client_auth)) = tls {
         cmd.arg("--cert-file").arg(&t.cert_file);
         cmd.arg("--key-file").arg(&t.key_file);
+        if client_auth {
+            // etcd 3.4's own gateway then dials the gRPC port presenting the server certificate as a client one,
+            // which is why the test server certificate also carries the clientAuth usage (`certs`).
+            cmd.arg("--client-cert-auth").arg("--trusted-ca-file").arg(&t.ca_file);
+        }
     }
     cmd.args(["--name", name])
         .arg("--data-dir")

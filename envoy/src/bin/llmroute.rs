@@ -62,9 +62,23 @@ enum Command {
     /// Run next to an engine: keep `<prefix>/<addr>` registered in etcd under a lease while the engine's health
     /// URL answers 2xx; revoke it when the check fails. Runs until stopped.
     Register {
-        /// etcd client URL (http://HOST:PORT); repeat or separate with commas for several.
+        /// etcd client URL (http://HOST:PORT, or https://HOST:PORT with --ca-file); repeat or separate with commas
+        /// for several.
         #[arg(long, required = true, value_delimiter = ',')]
         etcd: Vec<String>,
+        /// TLS to etcd: the PEM bundle of CAs that etcd's certificates must chain to (as `tls.ca_file`).
+        #[arg(long, value_name = "PATH")]
+        ca_file: Option<String>,
+        /// TLS to etcd: the name every member's certificate must carry, sent as SNI (as `tls.sni`). Default: each
+        /// member's own host.
+        #[arg(long, value_name = "NAME")]
+        sni: Option<String>,
+        /// TLS to etcd: a PEM client certificate to present, for etcd's --client-cert-auth (as `tls.cert_file`).
+        #[arg(long, value_name = "PATH")]
+        cert_file: Option<String>,
+        /// TLS to etcd: the client certificate's PEM private key (as `tls.key_file`).
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<String>,
         /// The backend's `discovery.etcd.prefix`.
         #[arg(long)]
         prefix: String,
@@ -222,6 +236,10 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::Register {
             etcd,
+            ca_file,
+            sni,
+            cert_file,
+            key_file,
             prefix,
             addr,
             health,
@@ -230,6 +248,7 @@ fn run(command: Command) -> Result<(), String> {
             metadata,
         } => register(Registration {
             etcd,
+            tls: register::tls_flags(ca_file, sni, cert_file, key_file)?,
             prefix,
             addr,
             health,
@@ -242,7 +261,7 @@ fn run(command: Command) -> Result<(), String> {
 
 fn register(reg: Registration) -> Result<(), String> {
     register::check(&reg)?;
-    register::Registrar::new(reg).run()
+    register::Registrar::new(reg)?.run()
 }
 
 fn load(path: &PathBuf) -> Result<(llmroute_core::Config, String), String> {

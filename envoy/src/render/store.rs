@@ -171,6 +171,53 @@ mod tests {
     }
 
     #[test]
+    fn a_client_certificate_reaches_the_store_cluster_in_every_target() {
+        let tls = "tls: { ca_file: /ca.pem, cert_file: /etcd-client.pem, key_file: /etcd-client.key }";
+        let want = serde_json::json!([{
+            "certificate_chain": { "filename": "/etcd-client.pem" },
+            "private_key": { "filename": "/etcd-client.key" },
+        }]);
+        let certs = |c: &Value| c["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificates"].clone();
+        // The full bootstrap and `--target filter`; the health checks have no socket of their own, so they present
+        // the cluster's certificate too.
+        let doc =
+            format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['https://127.0.0.1:2379']\n      {tls}\n");
+        let c = &store_clusters(&doc)[0];
+        assert_eq!(certs(c), want, "{c}");
+        assert!(c["health_checks"][0].get("transport_socket_match_criteria").is_none());
+        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let p = crate::render::target::pieces(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let piece = p
+            .clusters
+            .iter()
+            .find(|c| c["name"] == PLACEMENT_STORE_CLUSTER)
+            .unwrap();
+        assert_eq!(certs(piece), want);
+        // `--target istio`: the store cluster is a CLUSTER ADD patch carrying the same socket.
+        let istio = include_str!("../../../testdata/istio/llmroute.yaml").replace(
+            "etcd: { endpoints: [\"etcd-0",
+            &format!("etcd: {{ {tls}, endpoints: [\"etcd-0"),
+        );
+        let cfg = llmroute_core::load_config(&istio).unwrap();
+        let wasm = crate::render::istio::WasmSource::Local("/w.wasm".into());
+        let docs =
+            crate::render::istio::manifests(&cfg, &istio, &crate::render::istio::IstioOptions::sidecar(wasm, "m"))
+                .unwrap();
+        let filter: Value = serde_yaml_ng::from_str(&docs[0].1).unwrap();
+        let added = filter["spec"]["configPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["patch"]["value"]["name"] == PLACEMENT_STORE_CLUSTER)
+            .unwrap();
+        let c = &added["patch"]["value"];
+        assert_eq!(certs(c), want, "{c}");
+        for m in c["transport_socket_matches"].as_array().unwrap() {
+            assert_eq!(certs(m), want, "each member's own context presents it too");
+        }
+    }
+
+    #[test]
     fn no_store_no_cluster_and_names_resolve_by_dns() {
         assert!(store_clusters(DOC).is_empty());
         let doc = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['etcd-0.local:2379']\n");

@@ -8,8 +8,10 @@
 //!   when given (sent as SNI, matched as a DNS subject alternative name). Without `sni`, it is each endpoint's
 //!   own host: a DNS name is sent as SNI and matched as a DNS SAN; an IP literal is matched as an IP-address SAN
 //!   (and no SNI is sent, since SNI cannot carry an IP).
+//! - With `cert_file` and `key_file`, that context also presents a client certificate (`tls_certificates` in its
+//!   `common_tls_context`), for servers that require one (mTLS; etcd's `--client-cert-auth`).
 //! - The placement store's `tls` (`affinity.placement_store.etcd.tls`, the same block) secures the etcd cluster
-//!   the same way ([`secure_endpoints`]); its health checks go over that socket too.
+//!   the same way ([`secure_endpoints`]); its health checks go over that socket too, client certificate included.
 //! - When the endpoints of one backend need different names, each endpoint gets its own context: the cluster's
 //!   `transport_socket_matches` holds one per name, keyed on the endpoint metadata
 //!   `envoy.transport_socket_match: { llmroute_tls_name: NAME }`. The cluster's default `transport_socket` is
@@ -17,7 +19,7 @@
 //!
 //! Envoy reads the PEM files itself, at start-up; they never enter the rendered bootstrap.
 
-use llmroute_core::config::{Backend, Config, Endpoint, ListenTls, UpstreamTls};
+use llmroute_core::config::{Backend, CertKey, Config, Endpoint, ListenTls, UpstreamTls};
 use serde_json::{json, Value};
 
 const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
@@ -126,17 +128,23 @@ pub fn downstream(t: &ListenTls) -> Value {
         "typed_config": {
             "@type": DOWNSTREAM,
             "common_tls_context": {
-                "tls_certificates": [{
-                    "certificate_chain": { "filename": t.cert_file },
-                    "private_key": { "filename": t.key_file },
-                }],
+                "tls_certificates": certificates(t),
                 "alpn_protocols": ["h2", "http/1.1"],
             },
         },
     })
 }
 
-/// The cluster side: verify the engine against `ca_file`, and that its certificate names `name`.
+/// `tls_certificates`: the one certificate and key Envoy presents, read from their files at start-up.
+fn certificates(t: &CertKey) -> Value {
+    json!([{
+        "certificate_chain": { "filename": t.cert_file },
+        "private_key": { "filename": t.key_file },
+    }])
+}
+
+/// The cluster side: verify the engine against `ca_file`, and that its certificate names `name`; present the
+/// client certificate when there is one.
 pub fn upstream(t: &UpstreamTls, name: &VerifiedName) -> Value {
     let (san_type, san) = match name {
         VerifiedName::Dns(n) => ("DNS", n),
@@ -151,6 +159,9 @@ pub fn upstream(t: &UpstreamTls, name: &VerifiedName) -> Value {
     });
     if let VerifiedName::Dns(n) = name {
         context["sni"] = Value::from(n.as_str());
+    }
+    if let Some(client) = &t.client_cert {
+        context["common_tls_context"]["tls_certificates"] = certificates(client);
     }
     json!({ "name": TLS_SOCKET, "typed_config": context })
 }
@@ -301,6 +312,45 @@ mod tests {
         }
         // The default is the first endpoint's context, never an unverified one.
         assert_eq!(c["transport_socket"], matches[0]["transport_socket"]);
+    }
+
+    #[test]
+    fn a_client_certificate_is_presented_by_every_context_and_none_without_one() {
+        let v = render(PLAIN);
+        for name in ["b", "c"] {
+            let ctx = &cluster(&v, name)["transport_socket"]["typed_config"]["common_tls_context"];
+            assert!(ctx.get("tls_certificates").is_none(), "{name}: {ctx}");
+        }
+        let doc = PLAIN
+            .replace(
+                "tls: { ca_file: /etc/ssl/ca.pem }",
+                "tls: { ca_file: /etc/ssl/ca.pem, cert_file: /etc/llmroute/client.pem, key_file: /etc/llmroute/client.key }",
+            )
+            .replace(
+                "endpoints: ['api.example.com:443']",
+                "endpoints: ['api.example.com:443', 'eu.example.com:443']",
+            );
+        let v = render(&doc);
+        let c = cluster(&v, "c");
+        let want = json!([{
+            "certificate_chain": { "filename": "/etc/llmroute/client.pem" },
+            "private_key": { "filename": "/etc/llmroute/client.key" },
+        }]);
+        let sockets = std::iter::once(&c["transport_socket"]).chain(
+            c["transport_socket_matches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| &m["transport_socket"]),
+        );
+        for socket in sockets {
+            let ctx = &socket["typed_config"]["common_tls_context"];
+            assert_eq!(ctx["tls_certificates"], want, "{socket}");
+            assert_eq!(ctx["validation_context"]["trusted_ca"]["filename"], "/etc/ssl/ca.pem");
+        }
+        // Only the backend that has one presents it.
+        let b = &cluster(&v, "b")["transport_socket"]["typed_config"]["common_tls_context"];
+        assert!(b.get("tls_certificates").is_none(), "{b}");
     }
 
     #[test]

@@ -1233,6 +1233,60 @@ fn a_credential_without_tls_is_refused_unless_every_endpoint_is_loopback() {
 }
 
 #[test]
+fn a_client_certificate_needs_both_files_and_each_a_path() {
+    let tls = |extra: Value| {
+        let mut t = json!({ "ca_file": "/etc/ca.pem" });
+        t.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        credential_doc(&["10.0.0.5:8000"], Some(t))
+    };
+    let cfg = loads(&tls(
+        json!({ "cert_file": "/etc/client.pem", "key_file": "/etc/client.key" }),
+    ));
+    let client = cfg.backends[0].tls.as_ref().unwrap().client_cert.clone().unwrap();
+    assert_eq!(
+        (client.cert_file.as_str(), client.key_file.as_str()),
+        ("/etc/client.pem", "/etc/client.key")
+    );
+    assert_eq!(
+        loads(&tls(json!({}))).backends[0].tls.as_ref().unwrap().client_cert,
+        None
+    );
+    let cases = [
+        (
+            json!({ "cert_file": "/etc/client.pem" }),
+            "backends[0].tls.cert_file",
+            "/etc/client.pem",
+            "add `key_file: PATH`",
+        ),
+        (
+            json!({ "key_file": "/etc/client.key" }),
+            "backends[0].tls.key_file",
+            "/etc/client.key",
+            "add `cert_file: PATH`",
+        ),
+        (
+            json!({ "cert_file": "", "key_file": "/k" }),
+            "backends[0].tls.cert_file",
+            "\"\"",
+            "a PEM file path is needed",
+        ),
+        (
+            json!({ "cert_file": "/c", "key_file": "" }),
+            "backends[0].tls.key_file",
+            "\"\"",
+            "a PEM file path is needed",
+        ),
+    ];
+    for (extra, field, value, fix) in cases {
+        let errs = load(&tls(extra.clone())).unwrap_err();
+        assert_eq!(errs.0.len(), 1, "{extra}: {errs}");
+        let e = &errs.0[0];
+        assert_eq!((e.field.as_str(), e.value.as_str()), (field, value), "{extra}");
+        assert!(e.reason.contains(fix), "{extra}: {}", e.reason);
+    }
+}
+
+#[test]
 fn global_limits_are_off_by_default_and_filled_with_defaults_when_set() {
     assert_eq!(loads(&minimal()).global_limits, None);
     let cfg = loads(&edit(minimal(), |v| {

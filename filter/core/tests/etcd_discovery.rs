@@ -41,9 +41,59 @@ fn an_etcd_source_is_normalised() {
         EtcdSource {
             endpoints: vec!["http://127.0.0.1:2379".into(), "http://etcd.local:2379".into()],
             prefix: "/llmroute/backends/llama-a".into(),
+            tls: None,
         }
     );
     assert_eq!(etcd.key("10.0.0.5:8080"), "/llmroute/backends/llama-a/10.0.0.5:8080");
+}
+
+#[test]
+fn an_etcd_source_over_tls_takes_the_upstream_tls_block() {
+    let tls = json!({"ca_file": "/ca.pem", "sni": "etcd.internal", "cert_file": "/c.pem", "key_file": "/c.key"});
+    let cfg = load_config(
+        &doc(json!({
+            "eds_path": "/e.json",
+            "etcd": {"endpoints": ["10.0.0.1:2379", "https://etcd.local:2379"], "prefix": "/p", "tls": tls},
+        }))
+        .to_string(),
+    )
+    .unwrap();
+    let etcd = cfg.backends[0].discovery.clone().unwrap().etcd.unwrap();
+    assert_eq!(etcd.endpoints, ["https://10.0.0.1:2379", "https://etcd.local:2379"]);
+    let t = etcd.tls.unwrap();
+    assert_eq!(
+        (t.ca_file.as_str(), t.sni.as_deref()),
+        ("/ca.pem", Some("etcd.internal"))
+    );
+    let client = t.client_cert.unwrap();
+    assert_eq!(
+        (client.cert_file.as_str(), client.key_file.as_str()),
+        ("/c.pem", "/c.key")
+    );
+    let cases = [
+        (
+            json!({"endpoints": ["http://10.0.0.1:2379"], "prefix": "/p", "tls": {"ca_file": "/ca.pem"}}),
+            "backends[0].discovery.etcd.endpoints[0]",
+            "with `tls` every member is reached over TLS",
+        ),
+        (
+            json!({"endpoints": ["10.0.0.1:2379"], "prefix": "/p", "tls": {"ca_file": "/ca.pem", "key_file": "/k"}}),
+            "backends[0].discovery.etcd.tls.key_file",
+            "add `cert_file: PATH`",
+        ),
+        (
+            json!({"endpoints": ["10.0.0.1:2379"], "prefix": "/p", "tls": {"ca_file": ""}}),
+            "backends[0].discovery.etcd.tls.ca_file",
+            "a CA bundle is needed",
+        ),
+    ];
+    for (etcd, field, reason) in cases {
+        let errs = errors(&doc(json!({"eds_path": "/e.json", "etcd": etcd})));
+        assert!(
+            errs.iter().any(|e| e.field == field && e.reason.contains(reason)),
+            "{etcd}: {errs:?}"
+        );
+    }
 }
 
 #[test]
@@ -61,7 +111,7 @@ fn bad_endpoints_and_prefixes_are_named() {
         (
             json!(["https://10.0.0.1:2379"]),
             "backends[0].discovery.etcd.endpoints[0]",
-            "TLS to etcd",
+            "https:// needs the CA that signed etcd's certificate: add `tls: { ca_file: ... }` to backends[0].discovery.etcd",
         ),
         (
             json!(["10.0.0.1"]),

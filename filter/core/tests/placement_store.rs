@@ -754,6 +754,21 @@ fn the_store_config_is_normalised_with_defaults() {
         (tls.ca_file.as_str(), tls.sni.as_deref()),
         ("/ca.pem", Some("etcd.internal"))
     );
+    assert_eq!(tls.client_cert, None);
+    // A client certificate, for an etcd started with `--client-cert-auth`.
+    let cfg = load_config(
+        &config(
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "cert_file": "/c.pem", "key_file": "/c.key"}}}),
+            "bounded_keys",
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let client = cfg.affinity.placement_store.unwrap().tls.unwrap().client_cert.unwrap();
+    assert_eq!(
+        (client.cert_file.as_str(), client.key_file.as_str()),
+        ("/c.pem", "/c.key")
+    );
     assert!(load_config(&config(Value::Null, "bounded_keys").to_string())
         .unwrap()
         .affinity
@@ -793,6 +808,11 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
             json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "sni": "bad name"}}}),
             "bounded_keys",
             "affinity.placement_store.etcd.tls.sni",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["https://127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "cert_file": "/c.pem"}}}),
+            "bounded_keys",
+            "affinity.placement_store.etcd.tls.cert_file = /c.pem: a client certificate needs its private key: add `key_file: PATH`",
         ),
         (
             json!({"etcd": {"endpoints": ["127.0.0.1:2379"], "tls": {"ca_file": "/ca.pem", "verify": false}}}),

@@ -3,13 +3,16 @@
 //! `etcdctl` get traffic within 2 s; a revoked or an expired lease takes its host out with no failed request
 //! under load; while etcd is down nothing changes, and changes flow again once it is back; `register` revokes
 //! its lease as soon as the engine's health URL fails; a registration's `slots` weighs its host in `bounded_keys`
-//! placement ahead of what `/props` reports.
+//! placement ahead of what `/props` reports; with etcd requiring client certificates, `discover` and `register`
+//! reach it with theirs (`discovery.etcd.tls`, `--ca-file`/`--cert-file`/`--key-file`), and a `register`
+//! without one never registers.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use llmroute_harness::certs::{PkiFiles, TestPki};
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::etcd::{CliProcess, Etcd};
 use llmroute_harness::fleet::Fleet;
@@ -21,8 +24,10 @@ use crate::support::*;
 const BACKEND: &str = "llama-etcd";
 const PREFIX: &str = "/llmroute/backends/llama-etcd";
 
-fn config(etcd: &Etcd, eds: &Path) -> Value {
-    json!({
+/// The config with `etcd` as the backend's discovery source, reached with `tls`'s CA and client certificate when
+/// given.
+fn config(etcd: &Etcd, eds: &Path, tls: Option<&PkiFiles>) -> Value {
+    let mut cfg = json!({
         "version": 1,
         "backends": [{
             "name": BACKEND,
@@ -39,7 +44,12 @@ fn config(etcd: &Etcd, eds: &Path) -> Value {
         "affinity": {"placement": "bounded_keys"},
         "retries": {"attempts": 2},
         "debug_headers": true,
-    })
+    });
+    if let Some(f) = tls {
+        cfg["backends"][0]["discovery"]["etcd"]["tls"] =
+            json!({"ca_file": f.ca_file, "cert_file": f.client_cert_file, "key_file": f.client_key_file});
+    }
+    cfg
 }
 
 /// Everything a test runs: etcd, the engines, `discover`, Envoy. Dropped in reverse order.
@@ -62,8 +72,12 @@ async fn setup(initial: usize) -> Setup {
 
 /// As [`setup`], with `fleet`'s first engines registered with `slots`, one entry each.
 async fn setup_fleet(fleet: Fleet, slots: &[u32]) -> Setup {
+    setup_on(fleet, slots, Etcd::start().await.unwrap(), None).await
+}
+
+/// As [`setup_fleet`], on `etcd`, which `discover` reaches with `tls` when given.
+async fn setup_on(fleet: Fleet, slots: &[u32], etcd: Etcd, tls: Option<&PkiFiles>) -> Setup {
     let initial = slots.len();
-    let etcd = Etcd::start().await.unwrap();
     let addrs = fleet.endpoints();
     let lease = etcd.grant(60).unwrap();
     for (a, n) in addrs.iter().zip(slots) {
@@ -79,7 +93,7 @@ async fn setup_fleet(fleet: Fleet, slots: &[u32]) -> Setup {
     let eds = dir.path().join("llama-etcd.eds.json");
     let stats = dir.path().join("stats.json");
     let cfg_path = dir.path().join("llmroute.json");
-    std::fs::write(&cfg_path, config(&etcd, &eds).to_string()).unwrap();
+    std::fs::write(&cfg_path, config(&etcd, &eds, tls).to_string()).unwrap();
     let discover = CliProcess::start(&[
         "discover",
         cfg_path.to_str().unwrap(),
@@ -93,7 +107,7 @@ async fn setup_fleet(fleet: Fleet, slots: &[u32]) -> Setup {
         "discover never wrote {initial} hosts:\n{}",
         discover.log()
     );
-    let envoy = Envoy::start(config(&etcd, &eds)).await.unwrap();
+    let envoy = Envoy::start(config(&etcd, &eds, tls)).await.unwrap();
     wait_hosts(&envoy, initial as u64).await;
     Setup {
         envoy,
@@ -469,30 +483,39 @@ async fn keys(etcd: &Etcd) -> Vec<(String, i64)> {
         .unwrap_or_default()
 }
 
+/// `llmroute register` for the engine at `addr` (its health URL at `health`) on `etcd`, refreshing every 200 ms,
+/// with `extra` flags.
+fn register(etcd: &Etcd, addr: &str, health: &str, extra: &[&str]) -> CliProcess {
+    let (url, health) = (etcd.url(), format!("http://{health}/health"));
+    let mut args = vec![
+        "register",
+        "--etcd",
+        &url,
+        "--prefix",
+        PREFIX,
+        "--addr",
+        addr,
+        "--health",
+        &health,
+        "--interval-ms",
+        "200",
+    ];
+    args.extend_from_slice(extra);
+    CliProcess::start(&args).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_revokes_its_lease_when_the_health_url_fails() {
     let etcd = Etcd::start().await.unwrap();
     let fleet = Fleet::start(BACKEND, 1).await.unwrap();
     let addr = fleet.endpoints()[0].clone();
     let key = format!("{PREFIX}/{addr}");
-    let register = CliProcess::start(&[
-        "register",
-        "--etcd",
-        &etcd.url(),
-        "--prefix",
-        PREFIX,
-        "--addr",
+    let register = register(
+        &etcd,
         &addr,
-        "--health",
-        &format!("http://{addr}/health"),
-        "--ttl",
-        "30",
-        "--interval-ms",
-        "200",
-        "--metadata",
-        r#"{"slots": 4, "zone": "rack-1"}"#,
-    ])
-    .unwrap();
+        &addr,
+        &["--ttl", "30", "--metadata", r#"{"slots": 4, "zone": "rack-1"}"#],
+    );
     let registered = wait_for(Duration::from_secs(10), || async {
         keys(&etcd).await.iter().any(|(k, lease)| *k == key && *lease != 0)
     })
@@ -537,7 +560,8 @@ async fn registered_slots_weigh_placement_over_what_props_reports() {
     let mut sorted = addrs.clone();
     sorted.sort();
     let weights: Vec<u32> = sorted.iter().map(|a| if *a == addrs[2] { 6 } else { 2 }).collect();
-    let mut predict = crate::placement::Predictor::with(&config(&s.etcd, &s.eds), ALIAS, sorted.clone(), &weights);
+    let mut predict =
+        crate::placement::Predictor::with(&config(&s.etcd, &s.eds, None), ALIAS, sorted.clone(), &weights);
     let c = client();
     for t in 0..12 {
         let body = chat(Some(&format!("You are the assistant of etcd tenant {t}.")), "hi");
@@ -562,4 +586,51 @@ async fn registered_slots_weigh_placement_over_what_props_reports() {
     let counts = predict.live_keys();
     let others = counts.iter().enumerate().filter(|(i, _)| *i != big).map(|(_, n)| *n);
     assert!(counts[big] >= 6 && others.clone().all(|n| n <= 3), "{counts:?}");
+}
+
+/// etcd serving TLS and requiring client certificates (`--client-cert-auth`): `discover` follows it through the
+/// backend's `discovery.etcd.tls` and `register` writes to it with `--ca-file`, `--cert-file` and `--key-file`, so
+/// the engine it registers gets traffic; a `register` with the right CA but no client certificate is refused at
+/// the handshake, says so in its log, and never registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discover_and_register_reach_an_etcd_that_requires_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = TestPki::generate(&[]).unwrap().write(dir.path()).unwrap();
+    let etcd = Etcd::start_mtls(files.clone()).await.unwrap();
+    assert!(etcd.url().starts_with("https://"));
+    let fleet = Fleet::start(BACKEND, 2).await.unwrap();
+    // `discover` finds the instance etcdctl put (over TLS, with its client certificate).
+    let s = setup_on(fleet, &[2], etcd, Some(&files)).await;
+    let addrs = s.fleet.endpoints();
+    let [ca, cert, key] =
+        [&files.ca_file, &files.client_cert_file, &files.client_key_file].map(|p| p.to_str().unwrap());
+    let tls = ["--ca-file", ca, "--cert-file", cert, "--key-file", key];
+    let registered = register(&s.etcd, &addrs[1], &addrs[1], &tls);
+    wait_hosts(&s.envoy, 2).await;
+    let since = Instant::now();
+    let reached = first_request_on(&s.envoy, s.fleet.engines[1].name(), since, Duration::from_secs(10)).await;
+    assert!(
+        reached.is_some(),
+        "nothing reached the registered engine:\n{}",
+        registered.log()
+    );
+
+    // The right CA, no client certificate: the handshake is refused, and nothing is registered.
+    let stray = "127.0.0.1:9";
+    let refused = register(&s.etcd, stray, &addrs[0], &["--ca-file", ca]);
+    let said = wait_for(Duration::from_secs(10), || async {
+        refused.log().contains("llmroute register: etcd:")
+    })
+    .await;
+    assert!(said.is_some(), "no etcd failure logged:\n{}", refused.log());
+    println!("without a client certificate: {}", refused.log().trim());
+    assert!(
+        refused.log().contains("fatal alert"),
+        "etcd refused the handshake:\n{}",
+        refused.log()
+    );
+    let stored: Vec<String> = keys(&s.etcd).await.into_iter().map(|(k, _)| k).collect();
+    assert!(!stored.contains(&format!("{PREFIX}/{stray}")), "{stored:?}");
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(eds_hosts(&s.eds).len(), 2);
 }

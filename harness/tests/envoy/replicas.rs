@@ -9,6 +9,9 @@
 //!
 //! - etcd serving TLS: the replicas agree through it; with a CA that did not sign etcd's certificate nothing
 //!   reaches etcd, every new key falls back to local placement (counted), and no request fails;
+//! - etcd requiring client certificates (`--client-cert-auth`): replicas presenting one (`tls.cert_file`,
+//!   `tls.key_file`) agree through it; without one etcd refuses the handshake and every new key falls back, as
+//!   with a wrong CA;
 //! - a host killed: the first replica to see each of its keys moves it with a compare-and-swap in etcd, every other
 //!   replica adopts that move, so all of them send the key to one new host, and nothing fails.
 //!
@@ -18,10 +21,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
+use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
-use llmroute_harness::certs::TestPki;
+use llmroute_harness::certs::{PkiFiles, TestPki};
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::etcd::{Etcd, EtcdCluster};
 use llmroute_harness::fleet::Fleet;
@@ -579,10 +583,16 @@ async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
     }
 }
 
-/// [`config_with`] for one etcd reached over TLS, trusting `ca_file`.
-fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path) -> Value {
+/// [`config_with`] for one etcd reached over TLS, trusting `ca_file`, presenting `client`'s client certificate when
+/// given.
+fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path, client: Option<&PkiFiles>) -> Value {
     let mut cfg = config_with(fleet, Some(vec![url]), 1000);
-    cfg["affinity"]["placement_store"]["etcd"]["tls"] = json!({ "ca_file": ca_file.display().to_string() });
+    let mut tls = json!({ "ca_file": ca_file });
+    if let Some(c) = client {
+        tls["cert_file"] = json!(c.client_cert_file);
+        tls["key_file"] = json!(c.client_key_file);
+    }
+    cfg["affinity"]["placement_store"]["etcd"]["tls"] = tls;
     cfg
 }
 
@@ -591,6 +601,60 @@ fn stored_keys(etcd: &Etcd) -> usize {
         .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
         .unwrap_or_default();
     keys.lines().filter(|l| l.starts_with("/e2e/keys/")).count()
+}
+
+/// Three replicas with `cfg` (etcd over TLS) agree on 12 tenants through `etcd`: each key created once, stored,
+/// and no fallback.
+async fn agree_over_tls(fleet: &Fleet, etcd: &Etcd, cfg: Value, what: &str) {
+    let shared = replicas_of(fleet, cfg).await;
+    assert!(shared[0].bootstrap_yaml().contains("UpstreamTlsContext"));
+    let with = spray(&shared, 0..12, 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
+    println!(
+        "{what}: {} of 72 off their tenant's host: {with:?}",
+        disagreements(&with)
+    );
+    assert_eq!(disagreements(&with), 0, "{with:?}");
+    assert_eq!(store_count(&shared, "won").await, 12, "each key created once, {what}");
+    assert_eq!(fallbacks(&shared).await, 0);
+    assert_eq!(stored_keys(etcd), 12);
+    for e in &shared {
+        assert!(e.stat(&store_ssl("handshake")).await.unwrap_or(0) >= 1, "{what}");
+    }
+}
+
+/// Three replicas with `cfg`, whose TLS handshake with `etcd` fails (`what` says why, and Envoy counts it in the
+/// store cluster's `ssl.REFUSED`): Envoy never holds a member healthy, every new key is placed locally, counted,
+/// without a failed request, and nothing new reaches etcd.
+async fn fall_back_without_a_handshake(fleet: &Fleet, etcd: &Etcd, cfg: Value, what: &str, refused: &str) {
+    let before = stored_keys(etcd);
+    let lone = replicas_of(fleet, cfg).await;
+    let served = rotate(&lone, 100..106, REPLICAS).await;
+    let fell_back = fallbacks(&lone).await;
+    let (won, adopted) = (store_count(&lone, "won").await, store_count(&lone, "adopted").await);
+    let (error, not_sent) = (store_count(&lone, "error").await, store_count(&lone, "not_sent").await);
+    println!(
+        "{what}: every request served, {fell_back} fallbacks ({error} error, {not_sent} not_sent), {won} won, \
+         {adopted} adopted: {served:?}"
+    );
+    assert_eq!(fell_back, 18, "each new key's first request on each replica falls back");
+    assert_eq!((won, adopted), (0, 0));
+    assert_eq!(
+        stored_keys(etcd),
+        before,
+        "nothing reached etcd without a completed handshake"
+    );
+    for e in &lone {
+        assert_eq!(e.stat(&store_ssl("handshake")).await.unwrap_or(0), 0);
+        assert!(
+            e.stat(&store_ssl(refused)).await.unwrap_or(0) >= 1,
+            "{what}: no {refused}"
+        );
+    }
+}
+
+/// The placement-store cluster's TLS statistic `name`.
+fn store_ssl(name: &str) -> String {
+    format!("cluster.{PLACEMENT_STORE_CLUSTER}.ssl.{name}")
 }
 
 #[tokio::test]
@@ -604,36 +668,29 @@ async fn replicas_agree_through_etcd_over_tls_and_a_wrong_ca_fails_closed_to_loc
     let etcd = Etcd::start_tls(files.clone()).await.unwrap();
     assert!(etcd.url().starts_with("https://"));
     let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let cfg = tls_config(&fleet, etcd.url(), &files.ca_file, None);
+    agree_over_tls(&fleet, &etcd, cfg, "etcd over TLS").await;
+    // A CA that did not sign etcd's certificate: the handshake fails.
+    let cfg = tls_config(&fleet, etcd.url(), &wrong.ca_file, None);
+    fall_back_without_a_handshake(&fleet, &etcd, cfg, "wrong CA", "fail_verify_error").await;
+}
 
-    let shared = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &files.ca_file)).await;
-    assert!(shared[0].bootstrap_yaml().contains("UpstreamTlsContext"));
-    let with = spray(&shared, 0..12, 6, &mut Rng(0x2545_f491_4f6c_dd1d)).await;
-    println!(
-        "etcd over TLS: {} of 72 off their tenant's host: {with:?}",
-        disagreements(&with)
-    );
-    assert_eq!(disagreements(&with), 0, "{with:?}");
-    assert_eq!(store_count(&shared, "won").await, 12, "each key created once, over TLS");
-    assert_eq!(fallbacks(&shared).await, 0);
-    assert_eq!(stored_keys(&etcd), 12);
-    drop(shared);
-
-    // A CA that did not sign etcd's certificate: the handshake fails, Envoy never holds a member healthy, and
-    // every new key is placed locally, counted, without a failed request.
-    let lone = replicas_of(&fleet, tls_config(&fleet, etcd.url(), &wrong.ca_file)).await;
-    let served = rotate(&lone, 100..106, REPLICAS).await;
-    let fell_back = fallbacks(&lone).await;
-    let (won, adopted) = (store_count(&lone, "won").await, store_count(&lone, "adopted").await);
-    let (error, not_sent) = (store_count(&lone, "error").await, store_count(&lone, "not_sent").await);
-    println!(
-        "wrong CA: every request served, {fell_back} fallbacks ({error} error, {not_sent} not_sent), {won} won, \
-         {adopted} adopted: {served:?}"
-    );
-    assert_eq!(fell_back, 18, "each new key's first request on each replica falls back");
-    assert_eq!((won, adopted), (0, 0));
-    assert_eq!(
-        stored_keys(&etcd),
-        12,
-        "nothing reached etcd through an unverified connection"
-    );
+#[tokio::test]
+async fn etcd_requiring_client_certificates_serves_replicas_that_present_one_and_refuses_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = TestPki::generate(&[]).unwrap().write(dir.path()).unwrap();
+    let etcd = Etcd::start_mtls(files.clone()).await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let cfg = tls_config(&fleet, etcd.url(), &files.ca_file, Some(&files));
+    agree_over_tls(
+        &fleet,
+        &etcd,
+        cfg,
+        "etcd with --client-cert-auth, client certificate presented",
+    )
+    .await;
+    // The right CA, but no client certificate: etcd refuses the handshake (Envoy, the client, sees a connection
+    // error, not a verification failure).
+    let cfg = tls_config(&fleet, etcd.url(), &files.ca_file, None);
+    fall_back_without_a_handshake(&fleet, &etcd, cfg, "no client certificate", "connection_error").await;
 }

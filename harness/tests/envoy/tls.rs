@@ -4,6 +4,8 @@
 //! - upstream: a backend with `tls` is reached through a TLS front (rustls, in this module) that forwards to an
 //!   emulator, so the emulator still names the backend and records the request. The front records the SNI it was
 //!   sent. A wrong CA, or an SNI the certificate does not name, fails the handshake: 503, and nothing arrives.
+//!   A front that requires a client certificate serves the backend whose `tls` gives one (`cert_file`,
+//!   `key_file`), and refuses the handshake without one: 503, and nothing arrives.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::server::Acceptor;
+use tokio_rustls::rustls::server::{Acceptor, WebPkiClientVerifier};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
@@ -211,7 +213,8 @@ async fn without_a_certificate_the_listener_is_plain_http() {
 }
 
 /// A TLS server in front of one emulator: terminates TLS with the given certificate and pipes the bytes to the
-/// emulator. Records the SNI of each connection's hello, and counts failed handshakes.
+/// emulator. Records the SNI of each connection's hello, and counts failed handshakes. With `client_auth`, a
+/// client must present a certificate signed by `pki`'s CA.
 struct TlsFront {
     addr: SocketAddr,
     snis: Arc<Mutex<Vec<Option<String>>>>,
@@ -220,14 +223,22 @@ struct TlsFront {
 }
 
 impl TlsFront {
-    async fn start(pki: &TestPki, target: SocketAddr) -> TlsFront {
+    async fn start(pki: &TestPki, target: SocketAddr, client_auth: bool) -> TlsFront {
         let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes()).unwrap();
-        let config = ServerConfig::builder_with_provider(provider())
+        let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(pem_certs(&pki.cert_pem), key)
             .unwrap();
+        let builder = if client_auth {
+            let mut roots = RootCertStore::empty();
+            roots.add_parsable_certificates(pem_certs(&pki.ca_pem));
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = builder.with_single_cert(pem_certs(&pki.cert_pem), key).unwrap();
         let config = Arc::new(config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -280,19 +291,27 @@ async fn upstream_case(
     tls: impl FnOnce(&PkiFiles) -> Value,
     credential: Option<(&str, &str)>,
 ) -> (Fleet, TlsFront, Envoy, tempfile::TempDir) {
-    upstream_case_with(TestPki::generate(&["backend.internal"]).unwrap(), tls, credential).await
+    upstream_case_with(
+        TestPki::generate(&["backend.internal"]).unwrap(),
+        false,
+        tls,
+        credential,
+    )
+    .await
 }
 
-/// [`upstream_case`] with the front serving `pki`'s certificate.
+/// [`upstream_case`] with the front serving `pki`'s certificate, requiring a client certificate with
+/// `client_auth`.
 async fn upstream_case_with(
     pki: TestPki,
+    client_auth: bool,
     tls: impl FnOnce(&PkiFiles) -> Value,
     credential: Option<(&str, &str)>,
 ) -> (Fleet, TlsFront, Envoy, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let files = pki.write(dir.path()).unwrap();
     let fleet = Fleet::start("secure", 1).await.unwrap();
-    let front = TlsFront::start(&pki, fleet.engines[0].addr()).await;
+    let front = TlsFront::start(&pki, fleet.engines[0].addr(), client_auth).await;
     let mut backend = json!({ "name": "secure", "kind": "llamacpp", "endpoints": [front.addr.to_string()] });
     backend["tls"] = tls(&files);
     let mut opts = llmroute_harness::envoy::EnvoyOptions::default();
@@ -378,6 +397,7 @@ async fn without_sni_a_certificate_for_another_name_is_refused_and_gets_no_token
     let wrong_name = TestPki::generate_exact(&["backend.internal", "10.9.9.9"]).unwrap();
     let (fleet, front, envoy, _dir) = upstream_case_with(
         wrong_name,
+        false,
         |f| json!({ "ca_file": f.ca_file }),
         Some(("LLMROUTE_TEST_TLS_TOKEN", "tls-token-wrong-name")),
     )
@@ -415,4 +435,31 @@ async fn without_sni_a_certificate_that_names_the_endpoint_ip_works() {
     assert!(front.snis().iter().all(Option::is_none), "{:?}", front.snis());
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains("IP_ADDRESS"), "{bootstrap}");
+}
+
+/// An engine front that requires a client certificate (mTLS): the backend whose `tls` gives one is served; the same
+/// backend without one fails the handshake, gets a 503, and nothing reaches the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_requiring_a_client_certificate_serves_the_backend_that_presents_one() {
+    let mtls = |f: &PkiFiles| json!({ "sni": "backend.internal", "ca_file": f.ca_file, "cert_file": f.client_cert_file, "key_file": f.client_key_file });
+    let pki = || TestPki::generate(&["backend.internal"]).unwrap();
+    let (fleet, _front, envoy, _dir) = upstream_case_with(pki(), true, mtls, None).await;
+    let (status, backend, body) = post(&client(), &envoy, &chat(None, "mutual tls"), &[]).await;
+    assert_eq!((status, backend.as_str()), (200, "secure-0"), "{body}");
+    assert_eq!(fleet.engines[0].chat_requests().len(), 1);
+    assert!(envoy.stat("cluster.secure.ssl.handshake").await.unwrap_or(0) >= 1);
+
+    let plain_tls = |f: &PkiFiles| json!({ "sni": "backend.internal", "ca_file": f.ca_file });
+    let (fleet, front, envoy, _dir) = upstream_case_with(pki(), true, plain_tls, None).await;
+    let (status, backend, _) = post(&client(), &envoy, &chat(None, "no client certificate"), &[]).await;
+    assert_eq!((status, backend.as_str()), (503, ""));
+    assert_eq!(
+        fleet.engines[0].chat_requests().len(),
+        0,
+        "nothing may reach the engine"
+    );
+    assert!(
+        front.failed.load(Ordering::SeqCst) >= 1,
+        "the front refused the handshake"
+    );
 }

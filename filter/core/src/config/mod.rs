@@ -19,10 +19,10 @@ pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
-    RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUsage,
+    RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
-pub use tls::{ListenTls, UpstreamTls};
+pub use tls::{upstream_tls, CertKey, ListenTls, UpstreamTls};
 
 use crate::endpoint::ApiSet;
 use crate::limits::RateLimits;
@@ -161,10 +161,12 @@ pub struct Discovery {
 /// An etcd prefix holding a backend's instances, as `llmroute discover` and `llmroute register` use it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EtcdSource {
-    /// Base URLs, `http://HOST:PORT`, tried in order.
+    /// Base URLs, `http://HOST:PORT` (`https://HOST:PORT` with `tls`), tried in order.
     pub endpoints: Vec<String>,
     /// Without a trailing `/`; an instance's key is `<prefix>/<IP:PORT>`.
     pub prefix: String,
+    /// TLS to the members, verified as a backend's `tls` is, with the client certificate when one is given.
+    pub tls: Option<UpstreamTls>,
 }
 
 impl EtcdSource {
@@ -313,7 +315,8 @@ pub struct PlacementStore {
     pub prefix: String,
     /// How long a new key's first request waits for etcd.
     pub timeout_ms: u64,
-    /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host).
+    /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host), with
+    /// the client certificate when one is given.
     pub tls: Option<UpstreamTls>,
 }
 

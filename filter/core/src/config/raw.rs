@@ -171,7 +171,8 @@ pub struct RawBackend {
     /// Ejection of hosts that return consecutive 5xx. On by default.
     #[serde(default)]
     pub outlier: Option<RawOutlier>,
-    /// TLS to the engines.
+    /// TLS to the engines: `ca_file` (required), optional `sni`, optional client certificate (`cert_file` with
+    /// `key_file`).
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
     /// An environment variable holding a bearer token that Envoy sends to this backend.
@@ -208,12 +209,17 @@ pub struct RawDiscovery {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEtcd {
-    /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT`, tried in order.
+    /// etcd client addresses, `HOST:PORT` or `http://HOST:PORT` (with `tls`: `HOST:PORT` or `https://HOST:PORT`),
+    /// tried in order.
     #[serde(default)]
     pub endpoints: Option<Vec<String>>,
     /// The key prefix: each instance registers as `<prefix>/<IP:PORT>`. Starts with `/`, no trailing `/`.
     #[serde(default)]
     pub prefix: Option<String>,
+    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required), optional `sni`, optional
+    /// client certificate (`cert_file` with `key_file`). `llmroute discover` reads it.
+    #[serde(default)]
+    pub tls: Option<RawUpstreamTls>,
 }
 
 /// A model alias and its routes.
@@ -337,7 +343,8 @@ pub struct RawStoreEtcd {
     /// `1` to `10000`; default 50.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required) and optional `sni`.
+    /// TLS to the members, the same block as a backend's `tls`: `ca_file` (required), optional `sni`, and an optional
+    /// client certificate (`cert_file` with `key_file`) for an etcd that requires one (`--client-cert-auth`).
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
 }

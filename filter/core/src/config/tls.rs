@@ -1,13 +1,15 @@
-//! Config for TLS and backend credentials: TLS to the engines (`backends[].tls`), TLS for clients (`listen_tls`),
-//! and the engine token's environment variable (`backends[].credential_env`). One rule ties them: a backend token
-//! never crosses the network in clear text, so `credential_env` needs `tls` unless every endpoint is loopback.
+//! Config for TLS and backend credentials: TLS to the engines (`backends[].tls`, also the placement store's etcd
+//! `tls`), TLS for clients (`listen_tls`), and the engine token's environment variable (`backends[].credential_env`).
+//! One rule ties them: a backend token never crosses the network in clear text, so `credential_env` needs `tls`
+//! unless every endpoint is loopback. The upstream `tls` block may carry a client certificate (`cert_file` and
+//! `key_file`, both or neither) for servers that require one, such as etcd with `--client-cert-auth`.
 
 use serde::Deserialize;
 
 use super::resilience::Checker;
 use super::{Diagnostics, Endpoint};
 
-/// `backends[].tls`: TLS to the engines.
+/// `backends[].tls` and `affinity.placement_store.etcd.tls`: TLS to the engines, or to the etcd members.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
@@ -16,6 +18,12 @@ pub struct RawUpstreamTls {
     pub sni: Option<String>,
     /// PEM bundle of trusted CAs. Without it, the system's trust store is not used: give one.
     pub ca_file: String,
+    /// PEM client certificate (chain) Envoy presents to servers that ask for one. Needs `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`. Needs `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<String>,
 }
 
 /// `listen_tls`: TLS termination for clients.
@@ -30,13 +38,20 @@ pub struct RawListenTls {
 pub struct UpstreamTls {
     pub sni: Option<String>,
     pub ca_file: String,
+    /// The client certificate presented to the servers; `None`: none (a server that requires one refuses).
+    pub client_cert: Option<CertKey>,
 }
 
+/// A certificate and its private key, PEM files Envoy reads at start-up: the listener's own (`listen_tls`), or a
+/// client certificate (`tls.cert_file` and `tls.key_file`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenTls {
+pub struct CertKey {
     pub cert_file: String,
     pub key_file: String,
 }
+
+/// `listen_tls`: the certificate served to clients.
+pub type ListenTls = CertKey;
 
 impl Checker<'_> {
     pub fn tls(&mut self, raw: Option<&RawUpstreamTls>) -> Option<UpstreamTls> {
@@ -56,9 +71,32 @@ impl Checker<'_> {
                 self.error("tls.sni", sni, "must be a DNS name");
             }
         }
+        let client_cert = match (&t.cert_file, &t.key_file) {
+            (Some(cert), Some(key)) => Some(cert_key(&mut *self.diag, &format!("{}.tls", self.at), cert, key)),
+            (Some(cert), None) => {
+                self.error(
+                    "tls.cert_file",
+                    cert,
+                    "a client certificate needs its private key: add `key_file: PATH` beside `cert_file`, or \
+                     remove `cert_file`",
+                );
+                None
+            }
+            (None, Some(key)) => {
+                self.error(
+                    "tls.key_file",
+                    key,
+                    "a private key needs its client certificate: add `cert_file: PATH` beside `key_file`, or \
+                     remove `key_file`",
+                );
+                None
+            }
+            (None, None) => None,
+        };
         Some(UpstreamTls {
             sni: t.sni.clone(),
             ca_file: t.ca_file.clone(),
+            client_cert,
         })
     }
 
@@ -96,21 +134,39 @@ impl Checker<'_> {
     }
 }
 
+/// Validates an upstream `tls` block found at `at` (its errors are named `AT.tls.FIELD`), for a caller outside
+/// the config file, such as `llmroute register`'s flags.
+pub fn upstream_tls(raw: &RawUpstreamTls, at: &str, diag: &mut Diagnostics) -> UpstreamTls {
+    let mut check = Checker {
+        diag,
+        at: at.to_string(),
+    };
+    let checked = check.tls(Some(raw));
+    checked.unwrap_or_else(|| UpstreamTls {
+        sni: None,
+        ca_file: raw.ca_file.clone(),
+        client_cert: None,
+    })
+}
+
 /// Validates `listen_tls`.
 pub fn listen_tls(raw: Option<&RawListenTls>, diag: &mut Diagnostics) -> Option<ListenTls> {
     let t = raw?;
-    for (field, v) in [
-        ("listen_tls.cert_file", &t.cert_file),
-        ("listen_tls.key_file", &t.key_file),
-    ] {
+    Some(cert_key(diag, "listen_tls", &t.cert_file, &t.key_file))
+}
+
+/// `AT.cert_file` and `AT.key_file`, a certificate and its key: each must name a file (Envoy reads and checks the
+/// PEM itself, at start-up, and refuses to start when it is missing or does not parse).
+fn cert_key(diag: &mut Diagnostics, at: &str, cert_file: &str, key_file: &str) -> CertKey {
+    for (field, v) in [("cert_file", cert_file), ("key_file", key_file)] {
         if v.is_empty() {
-            diag.push(field, "\"\"", "a PEM file path is needed");
+            diag.push(format!("{at}.{field}"), "\"\"", "a PEM file path is needed");
         }
     }
-    Some(ListenTls {
-        cert_file: t.cert_file.clone(),
-        key_file: t.key_file.clone(),
-    })
+    CertKey {
+        cert_file: cert_file.to_string(),
+        key_file: key_file.to_string(),
+    }
 }
 
 /// True for an IP loopback literal (127.0.0.0/8, ::1) and for `localhost`.

@@ -322,13 +322,22 @@ fn discovery(errs: &mut Diagnostics, at: &str, d: &RawDiscovery) -> Discovery {
     }
 }
 
-/// The etcd source of a discovered backend: client addresses normalised to `http://HOST:PORT`, and a prefix
-/// that makes `<prefix>/<IP:PORT>` keys.
+/// The etcd source of a discovered backend: client addresses normalised to `http://HOST:PORT` (`https://` with
+/// `tls`), and a prefix that makes `<prefix>/<IP:PORT>` keys.
 fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
     let list = e.endpoints.clone().unwrap_or_default();
-    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &list, EtcdScheme::PlainOnly)
+    let tls = resilience::Checker {
+        diag: &mut *errs,
+        at: at.to_string(),
+    }
+    .tls(e.tls.as_ref());
+    let (scheme, url) = match tls {
+        Some(_) => (EtcdScheme::Tls, "https"),
+        None => (EtcdScheme::Plain, "http"),
+    };
+    let endpoints = etcd_endpoints(errs, at, &list, scheme)
         .iter()
-        .map(|ep| format!("http://{ep}"))
+        .map(|ep| format!("{url}://{ep}"))
         .collect();
     let prefix = e.prefix.clone().unwrap_or_default();
     etcd_prefix(
@@ -337,23 +346,22 @@ fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
         &prefix,
         "such as /llmroute/backends/llama-a (instances register as <prefix>/<IP:PORT>)",
     );
-    EtcdSource { endpoints, prefix }
+    EtcdSource { endpoints, prefix, tls }
 }
 
 /// Which schemes a list of etcd client addresses may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EtcdScheme {
-    /// `http://` or bare: TLS is not supported there (discovery).
-    PlainOnly,
-    /// The placement store without `tls`: `http://` or bare; `https://` asks for the `tls` block.
+    /// Without `tls`: `http://` or bare; `https://` asks for the `tls` block.
     Plain,
-    /// The placement store with `tls`: `https://` or bare; `http://` contradicts it.
+    /// With `tls`: `https://` or bare; `http://` contradicts it.
     Tls,
 }
 
-/// etcd client addresses, `HOST:PORT` or `http://HOST:PORT` (`https://HOST:PORT` with TLS), 1 to
-/// [`EtcdSource::MAX_ENDPOINTS`] of them.
-fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String], scheme: EtcdScheme) -> Vec<Endpoint> {
+/// `AT.endpoints`, etcd client addresses of the block at `at`: `HOST:PORT` or `http://HOST:PORT`
+/// (`https://HOST:PORT` with TLS), 1 to [`EtcdSource::MAX_ENDPOINTS`] of them.
+fn etcd_endpoints(errs: &mut Diagnostics, at: &str, list: &[String], scheme: EtcdScheme) -> Vec<Endpoint> {
+    let field = &format!("{at}.endpoints");
     if list.is_empty() || list.len() > EtcdSource::MAX_ENDPOINTS {
         errs.push(
             field,
@@ -367,31 +375,28 @@ fn etcd_endpoints(errs: &mut Diagnostics, field: &str, list: &[String], scheme: 
     let mut endpoints = Vec::new();
     let (strip, example) = match scheme {
         EtcdScheme::Tls => ("https://", "HOST:PORT or https://HOST:PORT"),
-        EtcdScheme::Plain | EtcdScheme::PlainOnly => ("http://", "HOST:PORT or http://HOST:PORT"),
+        EtcdScheme::Plain => ("http://", "HOST:PORT or http://HOST:PORT"),
     };
     for (j, text) in list.iter().enumerate() {
-        let at = format!("{field}[{j}]");
+        let field_at = format!("{field}[{j}]");
         let bare = text.strip_prefix(strip).unwrap_or(text);
         match (parse_endpoint(bare), scheme) {
             (Ok(ep), _) => endpoints.push(ep),
-            (Err(_), EtcdScheme::PlainOnly) if text.starts_with("https://") => errs.push(
-                at,
-                text,
-                "TLS to etcd is not supported here; reach etcd over http:// (or HOST:PORT) on a trusted network",
-            ),
             (Err(_), EtcdScheme::Plain) if text.starts_with("https://") => errs.push(
-                at,
+                field_at,
                 text,
-                "https:// needs the CA that signed etcd's certificate: add `tls: { ca_file: ... }` to \
-                 affinity.placement_store.etcd, or write http://HOST:PORT",
+                format!(
+                    "https:// needs the CA that signed etcd's certificate: add `tls: {{ ca_file: ... }}` to {at}, or \
+                     write http://HOST:PORT"
+                ),
             ),
             (Err(_), EtcdScheme::Tls) if text.starts_with("http://") => errs.push(
-                at,
+                field_at,
                 text,
                 "with `tls` every member is reached over TLS; write https://HOST:PORT (or HOST:PORT), or remove \
                  `tls`",
             ),
-            (Err(why), _) => errs.push(at, text, format!("{why}; write {example}")),
+            (Err(why), _) => errs.push(field_at, text, format!("{why}; write {example}")),
         }
     }
     endpoints
@@ -437,7 +442,7 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
         Some(_) => EtcdScheme::Tls,
         None => EtcdScheme::Plain,
     };
-    let endpoints = etcd_endpoints(errs, &format!("{at}.endpoints"), &e.endpoints, scheme);
+    let endpoints = etcd_endpoints(errs, at, &e.endpoints, scheme);
     let prefix = e
         .prefix
         .clone()
