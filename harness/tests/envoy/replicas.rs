@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
 use llmroute_core::etcd_json;
-use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
+use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
 use llmroute_harness::certs::TestPki;
 use llmroute_harness::envoy::Envoy;
@@ -147,6 +147,88 @@ async fn the_swap_that_moves_a_key_off_a_down_host_holds_against_a_real_etcd() {
     let gone = etcd_call(&etcd, store::TXN_PATH, store::move_request("/t", BACKEND, 8, a, b, 0)).await;
     assert_eq!(store::move_outcome(answer(&gone)), None, "{gone:?}");
     assert_eq!(store::next(None, &[]), store::Next::Send(store::Ask::Create));
+}
+
+#[tokio::test]
+async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
+    let etcd = Etcd::start().await.unwrap();
+    let (a, b) = ("10.0.0.1:8001", "10.0.0.2:8001");
+    let in_view = |key: u64, host: &str, view: i64| {
+        store::ask_request(&Ask::Create.in_view(view, 64), "/t", BACKEND, key, host, 0)
+    };
+    // An empty range compares true, whatever the view.
+    let first = etcd_call(&etcd, store::TXN_PATH, in_view(1, a, 0)).await;
+    let InView::Settled {
+        outcome: Outcome::Won,
+        revision: r1,
+    } = store::create_in_view_outcome(answer(&first))
+    else {
+        panic!("{first:?}")
+    };
+    // A view complete up to the first key's revision: still nothing newer, so the second commits.
+    let second = etcd_call(&etcd, store::TXN_PATH, in_view(2, b, r1)).await;
+    let InView::Settled {
+        outcome: Outcome::Won,
+        revision: r2,
+    } = store::create_in_view_outcome(answer(&second))
+    else {
+        panic!("{second:?}")
+    };
+    assert!(r2 > r1);
+    // A view from before the second put is stale: nothing is written, and the answer brings just what changed.
+    let stale = etcd_call(&etcd, store::TXN_PATH, in_view(3, a, r1)).await;
+    let InView::Stale(changed) = store::create_in_view_outcome(answer(&stale)) else {
+        panic!("{stale:?}")
+    };
+    assert_eq!(changed.revision, r2);
+    assert!(!changed.more);
+    assert_eq!(changed.kvs.len(), 1, "{changed:?}");
+    assert_eq!(changed.kvs[0].key, store::key_path("/t", BACKEND, 2).into_bytes());
+    assert_eq!(changed.kvs[0].value, b.as_bytes());
+    assert!(etcd
+        .ctl(&["get", &store::key_path("/t", BACKEND, 3)])
+        .unwrap()
+        .trim()
+        .is_empty());
+    assert_eq!(
+        store::after_stale(&changed, 0, 64),
+        Ask::CreateInView { view: r2, limit: 64 }
+    );
+    // A view that never saw the range (revision 0) reads all of it back, cut at the limit.
+    let cut = store::ask_request(&Ask::Create.in_view(0, 1), "/t", BACKEND, 3, a, 0);
+    let cut = etcd_call(&etcd, store::TXN_PATH, cut).await;
+    let InView::Stale(all) = store::create_in_view_outcome(answer(&cut)) else {
+        panic!("{cut:?}")
+    };
+    assert!(all.more && all.kvs.len() == 1, "{all:?}");
+    assert_eq!(
+        store::after_stale(&all, 0, 1),
+        Ask::Create,
+        "a cut answer makes no view"
+    );
+    // Another backend's keys, and another put since the view, are told apart: only this range counts.
+    let other = etcd_json::put_body(&store::key_path("/t", "other", 9), a, 0);
+    etcd_call(&etcd, "/v3/kv/put", other).await;
+    let third = etcd_call(&etcd, store::TXN_PATH, in_view(3, a, r2)).await;
+    assert!(
+        matches!(
+            store::create_in_view_outcome(answer(&third)),
+            InView::Settled {
+                outcome: Outcome::Won,
+                ..
+            }
+        ),
+        "{third:?}"
+    );
+    // A key that exists is adopted, even from a stale view.
+    let exists = etcd_call(&etcd, store::TXN_PATH, in_view(1, b, 0)).await;
+    assert_eq!(
+        store::create_in_view_outcome(answer(&exists)),
+        InView::Settled {
+            outcome: Outcome::Adopted { host: host_id(a) },
+            revision: 0
+        }
+    );
 }
 
 fn config(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Value {
