@@ -668,6 +668,56 @@ fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path) -> Value {
     cfg
 }
 
+/// How many of the backend's keys etcd stores on each engine, by the engines' names (fewest first).
+fn stored_per_engine(etcd: &Etcd, fleet: &Fleet) -> Vec<usize> {
+    let values = etcd
+        .ctl(&[
+            "get",
+            &store::backend_prefix("/e2e", BACKEND),
+            "--prefix",
+            "--print-value-only",
+        ])
+        .unwrap();
+    let mut per: BTreeMap<String, usize> = fleet.engines.iter().map(|e| (e.name().to_string(), 0)).collect();
+    for value in values.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let engine = fleet.engines.iter().find(|e| e.addr().to_string() == value);
+        *per.entry(engine.map_or(value.to_string(), |e| e.name().to_string()))
+            .or_default() += 1;
+    }
+    let mut counts: Vec<usize> = per.into_values().collect();
+    counts.sort_unstable();
+    counts
+}
+
+#[tokio::test]
+async fn new_keys_arriving_at_once_on_every_replica_are_spread_as_one_envoy_spreads_them() {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let envoys = replicas(&fleet, Some(&etcd), 1000).await;
+    // Six new tenants at once, two on each replica, none of which knows any key: one Envoy holds them 2/2/2, and
+    // so must the fleet. Then three more at once, one per replica: 3/3/3.
+    let first = rotate(&envoys, 500..506, 1).await;
+    let after_six = stored_per_engine(&etcd, &fleet);
+    let second = rotate(&envoys, 600..603, 1).await;
+    let after_nine = stored_per_engine(&etcd, &fleet);
+    let stale = store_count(&envoys, store::STALE_VIEW).await;
+    println!(
+        "keys per engine after 6: {after_six:?}, after 9: {after_nine:?}; {stale} stale views retried; \
+         served {first:?} then {second:?}"
+    );
+    assert_eq!(fallbacks(&envoys).await, 0, "every key went through etcd");
+    assert_eq!(
+        after_six,
+        vec![2, 2, 2],
+        "6 new keys on 3 hosts, as one Envoy places them"
+    );
+    assert_eq!(after_nine, vec![3, 3, 3], "then 3 more");
+    assert_eq!(store_count(&envoys, "won").await, 9, "each key created once");
+    // Every replica sends each tenant where etcd says.
+    let all = rotate(&envoys, 500..506, REPLICAS).await;
+    assert_eq!(disagreements(&all), 0, "{all:?}");
+}
+
 fn stored_keys(etcd: &Etcd) -> usize {
     let keys = etcd
         .ctl(&["get", "/e2e/keys/", "--prefix", "--keys-only"])
