@@ -3,7 +3,10 @@
 //! `llmroute_core::key_placement::store`; this module only sends and hands back.
 //!
 //! - **Request side.** For a key the local table lacks, [`begin`] sends the create-if-absent transaction with the
-//!   host the local table would choose, and the request context pauses; for a known key whose host is down, the
+//!   host the local table would choose, conditional on the backend's keys being unchanged since the revision the
+//!   table is known complete up to (shared data, written by the root's refresh and by won creates), and the
+//!   request context pauses; an answer that finds that view stale is merged into the table, and the key chosen
+//!   again and sent again (counted `stale_view`); for a known key whose host is down, the
 //!   compare-and-swap that moves it off that host for the whole fleet. [`finish`] reads the answer (or Envoy's
 //!   "no answer" after `timeout_ms`), counts the outcome in `llmroute_placement_store_total{outcome}`, and pins the
 //!   request where the store says, or locally on a fallback. A swap that finds the key gone from etcd is sent

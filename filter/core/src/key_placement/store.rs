@@ -6,10 +6,18 @@
 //!
 //! - **A known key** is read from the local table, as before: no extra latency.
 //! - **A new key** (unknown to the local table, or idled out of it) costs one etcd transaction,
-//!   [`etcd_json::create_if_absent_body`]: create `<prefix>/keys/<backend>/<key as 16 hex digits>` = the local
-//!   choice's `IP:PORT`, unless it exists, in which case read it. The replica that created it uses its own
-//!   choice ([`Outcome::Won`]); one that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's
-//!   first request on a replica waits for etcd.
+//!   [`etcd_json::create_in_view_body`] ([`Ask::CreateInView`]): create `<prefix>/keys/<backend>/<key as 16 hex
+//!   digits>` = the local choice's `IP:PORT`, unless it exists, in which case read it; and only if no key of the
+//!   backend changed in etcd after the revision the replica's local view is known complete up to (its last
+//!   refresh, or its own last create). The replica that created it uses its own choice ([`Outcome::Won`]); one
+//!   that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's first request on a replica
+//!   waits for etcd.
+//! - **A stale view** ([`InView::Stale`]): the same answer brings the backend's keys changed since the view; the
+//!   replica [`merge`]s them, chooses again, and sends the create in the new view ([`after_stale`], at most
+//!   [`MAX_STALE_RETRIES`] times, then a plain [`etcd_json::create_if_absent_body`]). So every key is created
+//!   from a view that holds every key etcd held at that moment: replicas place new keys as one table placing
+//!   them in etcd's commit order would, however many arrive at once. Each retry follows another key's write to
+//!   the backend, so a burst of new keys costs its last one a retry per key committed before it.
 //! - **When etcd is slow or gone** (no answer within `timeout_ms`, an error, an unreadable answer), the request is
 //!   placed locally and proceeds ([`Outcome::Fallback`], counted by reason). When etcd is back and holds another
 //!   host for that key, the stored placement wins at the next refresh ([`merge`]): the key moves once.
@@ -19,7 +27,7 @@
 //!   So a key moves at most once, and replicas agree again without waiting for the key to idle out.
 //! - **The local view**: every second one root context per replica reads the keys modified since the revision it
 //!   last saw ([`range_request`], [`next_revision`]) and [`merge`]s them into the local table, so the key-count
-//!   bounds of new placements see the whole fleet's keys.
+//!   bounds of new placements see the whole fleet's keys, and a new key's create is rarely stale.
 //! - **Idle expiry**: keys are attached to a lease that one root context per replica grants every [`epoch_ms`],
 //!   with a TTL of `key_idle_ttl_s` plus one epoch ([`lease_ttl_s`]). At each new lease the replica re-attaches
 //!   the keys its own requests touched during the last epoch ([`refresh_batches`]). A key no replica uses is
