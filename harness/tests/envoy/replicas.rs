@@ -149,31 +149,30 @@ async fn the_swap_that_moves_a_key_off_a_down_host_holds_against_a_real_etcd() {
     assert_eq!(store::next(None, &[]), store::Next::Send(store::Ask::Create));
 }
 
+fn in_view(key: u64, host: &str, view: i64) -> String {
+    store::ask_request(&Ask::Create.in_view(view, 64), "/t", BACKEND, key, host, 0)
+}
+
+/// Sends the create-in-view of `key` on `host` in `view`, which must win: the revision it was created at.
+async fn won_in_view(etcd: &Etcd, key: u64, host: &str, view: i64) -> i64 {
+    let r = etcd_call(etcd, store::TXN_PATH, in_view(key, host, view)).await;
+    match store::create_in_view_outcome(answer(&r)) {
+        InView::Settled {
+            outcome: Outcome::Won,
+            revision,
+        } => revision,
+        other => panic!("{other:?}: {r:?}"),
+    }
+}
+
 #[tokio::test]
 async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
     let etcd = Etcd::start().await.unwrap();
     let (a, b) = ("10.0.0.1:8001", "10.0.0.2:8001");
-    let in_view = |key: u64, host: &str, view: i64| {
-        store::ask_request(&Ask::Create.in_view(view, 64), "/t", BACKEND, key, host, 0)
-    };
     // An empty range compares true, whatever the view.
-    let first = etcd_call(&etcd, store::TXN_PATH, in_view(1, a, 0)).await;
-    let InView::Settled {
-        outcome: Outcome::Won,
-        revision: r1,
-    } = store::create_in_view_outcome(answer(&first))
-    else {
-        panic!("{first:?}")
-    };
+    let r1 = won_in_view(&etcd, 1, a, 0).await;
     // A view complete up to the first key's revision: still nothing newer, so the second commits.
-    let second = etcd_call(&etcd, store::TXN_PATH, in_view(2, b, r1)).await;
-    let InView::Settled {
-        outcome: Outcome::Won,
-        revision: r2,
-    } = store::create_in_view_outcome(answer(&second))
-    else {
-        panic!("{second:?}")
-    };
+    let r2 = won_in_view(&etcd, 2, b, r1).await;
     assert!(r2 > r1);
     // A view from before the second put is stale: nothing is written, and the answer brings just what changed.
     let stale = etcd_call(&etcd, store::TXN_PATH, in_view(3, a, r1)).await;
@@ -209,17 +208,7 @@ async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
     // Another backend's keys, and another put since the view, are told apart: only this range counts.
     let other = etcd_json::put_body(&store::key_path("/t", "other", 9), a, 0);
     etcd_call(&etcd, "/v3/kv/put", other).await;
-    let third = etcd_call(&etcd, store::TXN_PATH, in_view(3, a, r2)).await;
-    assert!(
-        matches!(
-            store::create_in_view_outcome(answer(&third)),
-            InView::Settled {
-                outcome: Outcome::Won,
-                ..
-            }
-        ),
-        "{third:?}"
-    );
+    won_in_view(&etcd, 3, a, r2).await;
     // A key that exists is adopted, even from a stale view.
     let exists = etcd_call(&etcd, store::TXN_PATH, in_view(1, b, 0)).await;
     assert_eq!(
