@@ -207,10 +207,15 @@ fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, met
     let backend = cfg.backends.iter().find(|b| b.name == w.cluster)?;
     let now = host::now_ms();
     let prefix = store::backend_prefix(&st.prefix, &w.cluster);
-    if merge(&w.cluster, &prefix, &stale.kvs, now, w.keys.max_keys) && !stale.more {
+    let merged = merge(&w.cluster, &prefix, &stale.kvs, now, w.keys.max_keys);
+    if merged && !stale.more {
         advance_revision(&w.cluster, stale.revision);
     }
-    let ask = store::after_stale(stale, w.stale_retries, w.keys.max_keys);
+    // A table that every try to merge into lost its race holds no view: a plain create-if-absent, as when cut.
+    let ask = match merged {
+        true => store::after_stale(stale, w.stale_retries, w.keys.max_keys),
+        false => store::Ask::Create,
+    };
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
     let bounds = Bounds::new(&w.keys, backend.balance_factor);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
