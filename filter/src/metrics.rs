@@ -215,6 +215,15 @@ impl Metrics {
         self.add(names::PLACEMENT_STORE, &[("outcome", o.as_str())], 1);
     }
 
+    /// A new key's transaction sent again because the view it was proposed in was stale (`stale_view`).
+    pub fn placement_store_stale_view(&self) {
+        self.add(
+            names::PLACEMENT_STORE,
+            &[("outcome", llmroute_core::key_placement::store::STALE_VIEW)],
+            1,
+        );
+    }
+
     /// A routed request is over: count it, its tokens, and record its timings and sizes.
     pub fn finished(&self, f: &Finished) {
         let class = names::code_class(f.status);

@@ -3,7 +3,10 @@
 //! `llmroute_core::key_placement::store`; this module only sends and hands back.
 //!
 //! - **Request side.** For a key the local table lacks, [`begin`] sends the create-if-absent transaction with the
-//!   host the local table would choose, and the request context pauses; for a known key whose host is down, the
+//!   host the local table would choose, conditional on the backend's keys being unchanged since the revision the
+//!   table is known complete up to (shared data, written by the root's refresh and by won creates), and the
+//!   request context pauses; an answer that finds that view stale is merged into the table, and the key chosen
+//!   again and sent again (counted `stale_view`); for a known key whose host is down, the
 //!   compare-and-swap that moves it off that host for the whole fleet. [`finish`] reads the answer (or Envoy's
 //!   "no answer" after `timeout_ms`), counts the outcome in `llmroute_placement_store_total{outcome}`, and pins the
 //!   request where the store says, or locally on a fallback. A swap that finds the key gone from etcd is sent
@@ -21,7 +24,7 @@ use llmroute_core::config::{BoundedKeys, KeyPlacement, PlacementStore};
 use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
-use llmroute_core::key_placement::store::{self, Lease, Next, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::store::{self, InView, Lease, Next, Outcome, Pending, Reply, Settled};
 use llmroute_core::key_placement::{Bounds, HostView, KeyTable};
 use llmroute_core::status::POLL_INTERVAL_MS;
 use llmroute_core::Config;
@@ -54,6 +57,8 @@ pub struct Waiting {
     retried: bool,
     /// Transactions sent after the first ([`store::next`]).
     follow_ups: u8,
+    /// Transactions sent again because the view they were proposed in was stale ([`store::after_stale`]).
+    stale_retries: u8,
 }
 
 /// What became of a paused request when its answer came.
@@ -94,8 +99,11 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
     let now = host::now_ms();
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
     let bounds = Bounds::new(keys, backend.balance_factor);
+    // The revision first: the table is merged before the revision is written, so the table read after it holds
+    // every key up to it.
+    let view = read_revision(cluster);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(cluster)).0.unwrap_or_default());
-    let ask = store::ask(&table, &hosts, key, now, &bounds)?;
+    let ask = store::ask(&table, &hosts, key, now, &bounds)?.in_view(view, keys.max_keys);
     let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
     let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
     let body = store::ask_request(&ask, &store.prefix, cluster, key, &host.address, lease.id);
@@ -118,6 +126,7 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
             timeout_ms: store.timeout_ms,
             retried: false,
             follow_ups: 0,
+            stale_retries: 0,
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
@@ -138,7 +147,23 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
             return Step::Retrying;
         }
     }
-    let answered = store::ask_outcome(&w.ask, reply(body.as_ref()));
+    // The revision this replica's own create committed at, in the view it was proposed in.
+    let mut won_at = 0;
+    let answered = match &w.ask {
+        store::Ask::CreateInView { .. } => match store::create_in_view_outcome(reply(body.as_ref())) {
+            InView::Stale(stale) => {
+                if let Some(step) = stale_view(cfg, w, &stale, metrics) {
+                    return step;
+                }
+                Some(Outcome::Fallback(store::Fallback::NotSent))
+            }
+            InView::Settled { outcome, revision } => {
+                won_at = revision;
+                Some(outcome)
+            }
+        },
+        _ => store::ask_outcome(&w.ask, reply(body.as_ref())),
+    };
     let outcome = match store::next(answered, &hosts_of(cfg, &w.cluster)) {
         Next::Done(o) => o,
         Next::Send(ask) if w.follow_ups < store::MAX_FOLLOW_UPS => {
@@ -159,13 +184,48 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
         log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
         note_pending(&w.cluster, w.key);
     }
-    Step::Pinned(key_placement::pin_stored(
+    let pin = key_placement::pin_stored(
         cfg,
         &KeyPlacement::BoundedKeys(w.keys),
         &w.cluster,
         w.key,
         outcome.stored(w.proposed),
-    ))
+    );
+    if outcome == Outcome::Won && won_at > 0 && pin.is_some() {
+        // The table now holds this key, and nothing else in the backend's range changed between the view and it.
+        advance_revision(&w.cluster, won_at);
+    }
+    Step::Pinned(pin)
+}
+
+/// `w`'s create found its view of the backend's keys stale: merges the keys the answer brought into the shared
+/// table, chooses again from it, and sends the next create ([`store::after_stale`]), counting the retry.
+/// `None` when it could not be sent (the request then falls back).
+fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, metrics: &Metrics) -> Option<Step> {
+    metrics.placement_store_stale_view();
+    let st = cfg.affinity.placement_store.as_ref()?;
+    let backend = cfg.backends.iter().find(|b| b.name == w.cluster)?;
+    let now = host::now_ms();
+    let prefix = store::backend_prefix(&st.prefix, &w.cluster);
+    let merged = merge(&w.cluster, &prefix, &stale.kvs, now, w.keys.max_keys);
+    if merged && !stale.more {
+        advance_revision(&w.cluster, stale.revision);
+    }
+    // A table that every try to merge into lost its race holds no view: a plain create-if-absent, as when cut.
+    let ask = match merged {
+        true => store::after_stale(stale, w.stale_retries, w.keys.max_keys),
+        false => store::Ask::Create,
+    };
+    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
+    let bounds = Bounds::new(&w.keys, backend.balance_factor);
+    let table = KeyTable::decode(&host::shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
+    let chosen = hosts.get(store::proposal(&table, &hosts, w.key, now, &bounds)?)?;
+    w.proposed = chosen.id();
+    w.address = chosen.address.clone();
+    w.body = store::ask_request(&ask, &st.prefix, &w.cluster, w.key, &w.address, w.lease);
+    w.ask = ask;
+    w.stale_retries = w.stale_retries.saturating_add(1);
+    w.send_again().then_some(Step::Retrying)
 }
 
 /// The answer's body, when there is an answer (`None`: Envoy delivered none, such as after a timeout).
@@ -454,6 +514,15 @@ fn read_revision(backend: &str) -> i64 {
         .get(..8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map_or(0, i64::from_le_bytes)
+}
+
+/// Raises `backend`'s view revision to `revision` (never lowers it: the root's refresh does that, when the store
+/// was replaced). Not a compare-and-swap: a lost race leaves a lower revision, which only makes a view look older
+/// than it is (one stale retry more), never newer.
+fn advance_revision(backend: &str, revision: i64) {
+    if revision > read_revision(backend) {
+        write_revision(backend, revision);
+    }
 }
 
 fn write_revision(backend: &str, revision: i64) {

@@ -100,6 +100,32 @@ pub fn create_if_absent_body(key: &str, value: &str, lease: i64) -> String {
     .to_string()
 }
 
+/// `/v3/kv/txn`: [`create_if_absent_body`], and only while no key in the range `[range_prefix, its end)` was modified
+/// after revision `view` (a compare with `range_end` on `mod_revision < view + 1`, which etcd 3.3 and later
+/// evaluate over every key of the range; an empty range compares true). Its failure branch reads `key` back and
+/// the keys of the range modified after `view`, at most `limit` ([`parse_create_in_view`]). So a writer that
+/// chose `value` from a view of the range complete up to `view` either commits against exactly that range, or
+/// learns both whether the key exists and what it missed, in the same round trip.
+pub fn create_in_view_body(key: &str, value: &str, lease: i64, range_prefix: &str, view: i64, limit: u64) -> String {
+    let k = b64(key);
+    let (start, end) = (b64(range_prefix), b64(prefix_end(range_prefix.as_bytes())));
+    let after = view.max(0).saturating_add(1).to_string();
+    json!({
+        "compare": [
+            { "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" },
+            { "key": start, "range_end": end, "target": "MOD", "result": "LESS", "mod_revision": after },
+        ],
+        "success": [{ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }],
+        "failure": [
+            { "request_range": { "key": k } },
+            { "request_range": {
+                "key": start, "range_end": end, "limit": limit.to_string(), "min_mod_revision": after,
+            } },
+        ],
+    })
+    .to_string()
+}
+
 /// `/v3/kv/txn`: set `key` = `value` (attached to `lease`, 0 for none) only if it still holds `expected`
 /// (compare on the value); otherwise read it. Its answer reads like [`create_if_absent_body`]'s
 /// ([`parse_create`]): `Created` when the swap ran, `Exists` with the current value when it did not, and
@@ -240,6 +266,39 @@ pub fn parse_create(text: &[u8]) -> Result<TxnAnswer, EtcdJsonError> {
         .iter()
         .find_map(|r| kvs(at(r, "/response_range/kvs")).into_iter().next());
     Ok(TxnAnswer::Exists { kv, revision })
+}
+
+/// The answer to [`create_in_view_body`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InViewAnswer {
+    /// Created, at this revision: nothing else in the range changed between the view and it.
+    Created { revision: i64 },
+    /// The key existed: its current value.
+    Exists { kv: Kv, revision: i64 },
+    /// The key did not exist, but the view was stale: the keys of the range modified after it (as a range read
+    /// returns them, `revision` being the store's when the transaction ran).
+    Stale(RangeAnswer),
+}
+
+/// Reads the answer to [`create_in_view_body`].
+pub fn parse_create_in_view(text: &[u8]) -> Result<InViewAnswer, EtcdJsonError> {
+    let v = parse(text)?;
+    let revision = revision(&v)?;
+    if at(&v, "/succeeded").as_bool() == Some(true) {
+        return Ok(InViewAnswer::Created { revision });
+    }
+    if let Some(kv) = kvs(at(&v, "/responses/0/response_range/kvs")).into_iter().next() {
+        return Ok(InViewAnswer::Exists { kv, revision });
+    }
+    let range = at(&v, "/responses/1/response_range");
+    if !range.is_object() {
+        return Err(EtcdJsonError::Missing("responses[1].response_range"));
+    }
+    Ok(InViewAnswer::Stale(RangeAnswer {
+        kvs: kvs(at(range, "/kvs")),
+        revision,
+        more: at(range, "/more").as_bool().unwrap_or(false),
+    }))
 }
 
 /// Reads the answer to [`puts_body`]: the revision it was written at.

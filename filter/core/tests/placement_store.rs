@@ -5,11 +5,11 @@
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
-use llmroute_core::key_placement::store::{self, Ask, Fallback, Lease, Next, Outcome, Pending, Reply, Settled};
-use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, KeyTable, PlacementReason};
+use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, Lease, Next, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_core::{load_config, ConfigErrors};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -210,7 +210,122 @@ fn each_answer_decides_what_the_replica_does() {
     .iter()
     .map(|o| o.as_str())
     .collect();
-    assert_eq!(labels, Outcome::LABELS);
+    assert_eq!(labels, Outcome::LABELS[..7]);
+    assert_eq!(Outcome::LABELS[7], store::STALE_VIEW);
+}
+
+// A create-in-view's answers, in etcd 3.4's shape: the key absent and the range changed since the view (one key,
+// of two, read back: `more`), and the key present (the range read is then whatever it is).
+const STALE: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"9","raft_term":"2"},"responses":[{"response_range":{"header":{"revision":"9"}}},{"response_range":{"header":{"revision":"9"},"kvs":[{"key":"L2wva2V5cy9hLzAwMDAwMDAwMDAwMDAwMDE=","create_revision":"8","mod_revision":"8","version":"1","value":"MTI3LjAuMC4xOjgwMDI="}],"more":true,"count":"2"}}]}"#;
+const IN_VIEW_EXISTS: &str = r#"{"header":{"revision":"9"},"responses":[{"response_range":{"header":{"revision":"9"},"kvs":[{"key":"L2wva2V5cy9hLzAwMDAwMDAwMDAwMDAwZmY=","create_revision":"2","mod_revision":"2","version":"1","value":"MTI3LjAuMC4xOjgwMDE="}],"count":"1"}},{"response_range":{"header":{"revision":"9"}}}]}"#;
+
+#[test]
+fn a_create_in_view_compares_the_backend_range_and_reads_back_what_changed() {
+    let body = store::ask_request(&Ask::Create.in_view(41, 64), "/l", "a", 255, "127.0.0.1:8002", 42);
+    let b = json_of(&body);
+    assert_eq!(unb64(&b["compare"][0]["key"]), "/l/keys/a/00000000000000ff");
+    assert_eq!(b["compare"][0]["target"], "CREATE");
+    let range = &b["compare"][1];
+    assert_eq!(unb64(&range["key"]), "/l/keys/a/");
+    assert_eq!(unb64(&range["range_end"]), "/l/keys/a0");
+    assert_eq!(range["target"], "MOD");
+    assert_eq!(range["result"], "LESS");
+    assert_eq!(
+        range["mod_revision"], "42",
+        "unchanged since the view: modified before view + 1"
+    );
+    assert_eq!(unb64(&b["success"][0]["request_put"]["value"]), "127.0.0.1:8002");
+    assert_eq!(b["success"][0]["request_put"]["lease"], "42");
+    assert_eq!(
+        unb64(&b["failure"][0]["request_range"]["key"]),
+        "/l/keys/a/00000000000000ff"
+    );
+    let read = &b["failure"][1]["request_range"];
+    assert_eq!(unb64(&read["key"]), "/l/keys/a/");
+    assert_eq!(unb64(&read["range_end"]), "/l/keys/a0");
+    assert_eq!(read["min_mod_revision"], "42");
+    assert_eq!(read["limit"], "64");
+    // A replica that never read the range compares against revision 1: only an empty range passes.
+    let never = json_of(&store::ask_request(&Ask::Create.in_view(0, 8), "/l", "a", 1, "x:1", 0));
+    assert_eq!(never["compare"][1]["mod_revision"], "1");
+    // Moves are not affected by a view.
+    let mv = Ask::Move { from: "x:1".into() };
+    assert_eq!(mv.clone().in_view(5, 8), mv);
+}
+
+#[test]
+fn each_answer_to_a_create_in_view_decides_what_the_replica_does() {
+    let ok = |body: &'static str| Reply::Answer {
+        status: 200,
+        body: body.as_bytes(),
+    };
+    assert_eq!(
+        store::create_in_view_outcome(ok(CREATED)),
+        InView::Settled {
+            outcome: Outcome::Won,
+            revision: 2
+        },
+        "created: the view holding this key is complete up to its revision"
+    );
+    assert_eq!(
+        store::create_in_view_outcome(ok(IN_VIEW_EXISTS)),
+        InView::Settled {
+            outcome: Outcome::Adopted {
+                host: host_id("127.0.0.1:8001")
+            },
+            revision: 0
+        }
+    );
+    let InView::Stale(stale) = store::create_in_view_outcome(ok(STALE)) else {
+        panic!("a stale view")
+    };
+    assert_eq!(stale.revision, 9);
+    assert!(stale.more);
+    assert_eq!(stale.kvs.len(), 1);
+    assert_eq!(stale.kvs[0].key, b"/l/keys/a/0000000000000001");
+    assert_eq!(stale.kvs[0].value, b"127.0.0.1:8002");
+    assert_eq!(stale.kvs[0].mod_revision, 8);
+    // Failures read as a create-if-absent's do.
+    for (reply, want) in [
+        (Reply::NoAnswer, Fallback::Timeout),
+        (Reply::NotSent, Fallback::NotSent),
+        (Reply::Answer { status: 504, body: b"" }, Fallback::Timeout),
+        (ok(LEASE_GONE), Fallback::Error),
+        (ok("not json"), Fallback::Error),
+        // A failed transaction without the range read is not something this body gets back.
+        (ok(RANGE_EMPTY_TXN), Fallback::Error),
+    ] {
+        assert_eq!(
+            store::create_in_view_outcome(reply),
+            InView::Settled {
+                outcome: Outcome::Fallback(want),
+                revision: 0
+            },
+            "{reply:?}"
+        );
+    }
+    let in_view = Ask::CreateInView { view: 1, limit: 8 };
+    assert_eq!(store::ask_outcome(&in_view, ok(CREATED)), Some(Outcome::Won));
+
+    // After a stale view: retry in the answer's view, until the retries are spent or the answer was cut.
+    let answer = |more| RangeAnswer {
+        kvs: vec![],
+        revision: 9,
+        more,
+    };
+    assert_eq!(
+        store::after_stale(&answer(false), 0, 64),
+        Ask::CreateInView { view: 9, limit: 64 }
+    );
+    assert_eq!(
+        store::after_stale(&answer(false), store::MAX_STALE_RETRIES - 1, 64),
+        Ask::CreateInView { view: 9, limit: 64 }
+    );
+    assert_eq!(
+        store::after_stale(&answer(false), store::MAX_STALE_RETRIES, 64),
+        Ask::Create
+    );
+    assert_eq!(store::after_stale(&answer(true), 0, 64), Ask::Create);
 }
 
 #[test]
@@ -399,26 +514,109 @@ fn refreshes_re_attach_only_keys_this_replica_used_in_batches_etcd_accepts() {
     assert!(unb64(&put["value"]).starts_with("127.0.0.1:800"));
 }
 
-/// A create-if-absent store in memory: what etcd does with [`etcd_json::create_if_absent_body`].
-fn settle(store: &mut HashMap<u64, u32>, key: u64, proposed: u32) -> Outcome {
-    match store.get(&key) {
-        Some(&host) => Outcome::Adopted { host },
-        None => {
-            store.insert(key, proposed);
-            Outcome::Won
+/// etcd in memory, as far as the store's transactions go: each key's host and the revision it was last modified
+/// at, the store's revision, and the keys in the order they were created.
+#[derive(Default)]
+struct MemEtcd {
+    revision: i64,
+    keys: BTreeMap<u64, (u32, i64)>,
+    created: Vec<u64>,
+}
+
+/// The backend prefix the model's keys live under.
+const MODEL_PREFIX: &str = "/l/keys/a/";
+
+impl MemEtcd {
+    fn put(&mut self, key: u64, host: u32) -> i64 {
+        self.revision += 1;
+        if self.keys.insert(key, (host, self.revision)).is_none() {
+            self.created.push(key);
         }
+        self.revision
+    }
+
+    /// What etcd does with [`etcd_json::create_if_absent_body`].
+    fn create(&mut self, key: u64, proposed: u32) -> Outcome {
+        match self.keys.get(&key) {
+            Some(&(host, _)) => Outcome::Adopted { host },
+            None => {
+                self.put(key, proposed);
+                Outcome::Won
+            }
+        }
+    }
+
+    /// What etcd does with [`etcd_json::create_in_view_body`]: the key is created only if it is absent and no
+    /// key of the range was modified after `view`; else the key, or the changed keys (at most `limit`, in key
+    /// order as etcd returns them), are read back.
+    fn create_in_view(&mut self, key: u64, proposed: u32, view: i64, limit: usize, h: &[HostView]) -> InView {
+        if let Some(&(host, _)) = self.keys.get(&key) {
+            return InView::Settled {
+                outcome: Outcome::Adopted { host },
+                revision: 0,
+            };
+        }
+        let changed: Vec<Kv> = self
+            .keys
+            .iter()
+            .filter(|(_, (_, m))| *m > view)
+            .map(|(k, (host, m))| Kv {
+                mod_revision: *m,
+                ..kv(MODEL_PREFIX, *k, &h.iter().find(|v| v.id() == *host).unwrap().address)
+            })
+            .collect();
+        if changed.is_empty() {
+            let revision = self.put(key, proposed);
+            return InView::Settled {
+                outcome: Outcome::Won,
+                revision,
+            };
+        }
+        InView::Stale(RangeAnswer {
+            more: changed.len() > limit,
+            kvs: changed.into_iter().take(limit).collect(),
+            revision: self.revision,
+        })
+    }
+
+    /// What etcd does with [`etcd_json::swap_body`]. `None` when the key is absent.
+    fn swap(&mut self, key: u64, from: u32, proposed: u32) -> Option<Outcome> {
+        match self.keys.get(&key).copied() {
+            Some((host, _)) if host == from => {
+                self.put(key, proposed);
+                Some(Outcome::Moved)
+            }
+            Some((host, _)) => Some(Outcome::MoveAdopted { host }),
+            None => None,
+        }
+    }
+
+    /// Keys per host, in the order of `h`.
+    fn per_host(&self, h: &[HostView]) -> Vec<usize> {
+        h.iter()
+            .map(|v| self.keys.values().filter(|(host, _)| *host == v.id()).count())
+            .collect()
     }
 }
 
-/// A compare-and-swap in memory: what etcd does with [`etcd_json::swap_body`]. `None` when the key is absent.
-fn swap(store: &mut HashMap<u64, u32>, key: u64, from: u32, proposed: u32) -> Option<Outcome> {
-    match store.get(&key).copied() {
-        Some(host) if host == from => {
-            store.insert(key, proposed);
-            Some(Outcome::Moved)
+/// The most changed keys a stale view reads back, in the model.
+const MODEL_LIMIT: usize = 4096;
+
+/// One replica of the model: its local table and the revision that table is known complete up to.
+#[derive(Clone, Default)]
+struct Replica {
+    table: KeyTable,
+    view: i64,
+}
+
+impl Replica {
+    /// What the filter does with a stale view's answer ([`InView::Stale`]): merge, and take the answer's view
+    /// when it was not cut.
+    fn merge_stale(&mut self, stale: &RangeAnswer, now: u64, b: &Bounds) {
+        store::merge(&mut self.table, MODEL_PREFIX, &stale.kvs, now, b.max_keys);
+        if !stale.more {
+            self.view = self.view.max(stale.revision);
         }
-        Some(host) => Some(Outcome::MoveAdopted { host }),
-        None => None,
     }
 }
 
@@ -429,24 +627,50 @@ fn run(replicas: usize, picks: &[(usize, u64)], shared: bool) -> Vec<(u64, usize
 
 /// [`run`], with host 0 down from request `down_at` on; also returns how many swaps moved a key.
 fn run_down(replicas: usize, picks: &[(usize, u64)], shared: bool, down_at: usize) -> (Vec<(u64, usize)>, usize) {
+    let (out, moved, _) = run_in(replicas, picks, shared, down_at);
+    (out, moved)
+}
+
+/// [`run_down`], also returning the store.
+fn run_in(
+    replicas: usize,
+    picks: &[(usize, u64)],
+    shared: bool,
+    down_at: usize,
+) -> (Vec<(u64, usize)>, usize, MemEtcd) {
     let mut h = hosts(3);
     let b = bounds();
-    let mut tables = vec![KeyTable::default(); replicas];
-    let mut etcd = HashMap::new();
+    let mut fleet = vec![Replica::default(); replicas];
+    let mut etcd = MemEtcd::default();
     let mut out = Vec::new();
     let mut moved = 0;
     for (i, &(r, key)) in picks.iter().enumerate() {
         h[0].up = i < down_at;
         let now = i as u64 * 10;
-        let t = &mut tables[r % replicas];
-        let mut ask = if shared { store::ask(t, &h, key, now, &b) } else { None };
+        let rep = &mut fleet[r % replicas];
+        let mut ask = match shared {
+            true => store::ask(&rep.table, &h, key, now, &b).map(|a| a.in_view(rep.view, MODEL_LIMIT)),
+            false => None,
+        };
         let mut stored = None;
-        let mut sends = 0;
+        let (mut sends, mut stale_retries, mut won_at) = (0, 0, 0);
         while let Some(a) = ask.take() {
-            let proposed = h[store::proposal(t, &h, key, now, &b).unwrap()].id();
+            let proposed = h[store::proposal(&rep.table, &h, key, now, &b).unwrap()].id();
             let answered = match a {
-                Ask::Create => Some(settle(&mut etcd, key, proposed)),
-                Ask::Move { from } => swap(&mut etcd, key, host_id(&from), proposed),
+                Ask::Create => Some(etcd.create(key, proposed)),
+                Ask::CreateInView { view, limit } => match etcd.create_in_view(key, proposed, view, limit, &h) {
+                    InView::Stale(stale) => {
+                        rep.merge_stale(&stale, now, &b);
+                        ask = Some(store::after_stale(&stale, stale_retries, MODEL_LIMIT));
+                        stale_retries += 1;
+                        continue;
+                    }
+                    InView::Settled { outcome, revision } => {
+                        won_at = revision;
+                        Some(outcome)
+                    }
+                },
+                Ask::Move { from } => etcd.swap(key, host_id(&from), proposed),
             };
             sends += 1;
             match store::next(answered, &h) {
@@ -458,10 +682,131 @@ fn run_down(replicas: usize, picks: &[(usize, u64)], shared: bool, down_at: usiz
                 }
             }
         }
-        let c = choose_stored(t, &h, key, stored, now, &b).unwrap();
+        let c = choose_stored(&mut rep.table, &h, key, stored, now, &b).unwrap();
+        if won_at > 0 {
+            rep.view = rep.view.max(won_at);
+        }
         out.push((key, c.host));
     }
-    (out, moved)
+    (out, moved, etcd)
+}
+
+/// One new key's request on its way through the store, in [`burst`].
+struct Flight {
+    replica: usize,
+    key: u64,
+    ask: Ask,
+    proposed: u32,
+    stale_retries: u8,
+}
+
+/// Requests for new keys sent to replicas (`picks`: replica, key) with their transactions reaching etcd in any
+/// order: each step of `steps` either sends the next pick (its proposal and view taken from its replica at that
+/// moment) or delivers the in-flight transaction at that index (modulo how many there are), a stale view being
+/// merged and sent again at once. Returns the store, and whether any request spent its stale retries.
+fn burst(replicas: usize, picks: &[(usize, u64)], steps: &[(bool, usize)]) -> (MemEtcd, bool) {
+    burst_with(replicas, picks, steps, true)
+}
+
+/// [`burst`]; with `in_view` false each new key is proposed with a plain create-if-absent, as before the range
+/// compare.
+fn burst_with(replicas: usize, picks: &[(usize, u64)], steps: &[(bool, usize)], in_view: bool) -> (MemEtcd, bool) {
+    let h = hosts(3);
+    let b = bounds();
+    let mut fleet = vec![Replica::default(); replicas];
+    let mut etcd = MemEtcd::default();
+    let mut flights: Vec<Flight> = Vec::new();
+    let mut exhausted = false;
+    let mut next_pick = picks.iter();
+    let mut steps = steps.iter().copied();
+    loop {
+        let (send, i) = steps.next().unwrap_or((false, 0));
+        if send || flights.is_empty() {
+            let Some(&(r, key)) = next_pick.next() else {
+                if flights.is_empty() {
+                    break;
+                }
+                continue;
+            };
+            let rep = &fleet[r % replicas];
+            // A key the replica already holds (merged, or settled by an earlier request) is placed locally.
+            if let Some(ask) = store::ask(&rep.table, &h, key, 0, &b) {
+                flights.push(Flight {
+                    replica: r % replicas,
+                    key,
+                    ask: match in_view {
+                        true => ask.in_view(rep.view, MODEL_LIMIT),
+                        false => ask,
+                    },
+                    proposed: h[store::proposal(&rep.table, &h, key, 0, &b).unwrap()].id(),
+                    stale_retries: 0,
+                });
+            }
+            continue;
+        }
+        let mut f = flights.remove(i % flights.len());
+        let rep = &mut fleet[f.replica];
+        let (outcome, won_at) = match f.ask {
+            Ask::Create => (etcd.create(f.key, f.proposed), 0),
+            Ask::CreateInView { view, limit } => match etcd.create_in_view(f.key, f.proposed, view, limit, &h) {
+                InView::Stale(stale) => {
+                    rep.merge_stale(&stale, 0, &b);
+                    f.ask = store::after_stale(&stale, f.stale_retries, MODEL_LIMIT);
+                    exhausted |= f.ask == Ask::Create;
+                    f.stale_retries += 1;
+                    f.proposed = h[store::proposal(&rep.table, &h, f.key, 0, &b).unwrap()].id();
+                    flights.push(f);
+                    continue;
+                }
+                InView::Settled { outcome, revision } => (outcome, revision),
+            },
+            Ask::Move { .. } => unreachable!("every host stays up"),
+        };
+        choose_stored(&mut rep.table, &h, f.key, outcome.stored(f.proposed), 0, &b).unwrap();
+        if won_at > 0 {
+            rep.view = rep.view.max(won_at);
+        }
+    }
+    (etcd, exhausted)
+}
+
+#[test]
+fn six_new_keys_at_once_on_three_replicas_are_spread_two_per_host() {
+    // Two new keys per replica, all six proposed before any reaches etcd (each replica's view empty), delivered
+    // in the order sent.
+    let picks: Vec<(usize, u64)> = (1..=6).map(|k| ((k % 3) as usize, k)).collect();
+    let all_sent_first = vec![(true, 0); 6];
+    let (etcd, exhausted) = burst(3, &picks, &all_sent_first);
+    assert!(!exhausted);
+    assert_eq!(etcd.per_host(&hosts(3)), vec![2, 2, 2]);
+    assert_eq!(etcd.per_host(&hosts(3)), one_table(&etcd.created));
+    // Before the range compare each replica placed its keys by its own empty view: the bound one table keeps is
+    // broken for some set of six keys (found among the first few; the test names it).
+    let broken = (0..20u64).find_map(|base| {
+        let picks: Vec<(usize, u64)> = (1..=6).map(|k| ((k % 3) as usize, base * 6 + k)).collect();
+        let (plain, _) = burst_with(3, &picks, &all_sent_first, false);
+        let counts = plain.per_host(&hosts(3));
+        (counts.iter().any(|&c| c > 2)).then_some((base, counts))
+    });
+    assert!(
+        broken.is_some(),
+        "plain create-if-absent was expected to break the bound"
+    );
+    let (base, _) = broken.unwrap();
+    let picks: Vec<(usize, u64)> = (1..=6).map(|k| ((k % 3) as usize, base * 6 + k)).collect();
+    let (etcd, _) = burst(3, &picks, &all_sent_first);
+    assert_eq!(etcd.per_host(&hosts(3)), vec![2, 2, 2], "the same keys, in view");
+}
+
+/// Keys per host when one table places `keys` in this order.
+fn one_table(keys: &[u64]) -> Vec<usize> {
+    let h = hosts(3);
+    let mut t = KeyTable::default();
+    let mut counts = vec![0; h.len()];
+    for &key in keys {
+        counts[choose(&mut t, &h, key, 0, &bounds()).unwrap().host] += 1;
+    }
+    counts
 }
 
 fn disagreements(placed: &[(u64, usize)]) -> usize {
@@ -495,6 +840,19 @@ proptest! {
         picks in proptest::collection::vec((0usize..3, 1u64..13), 1..200),
     ) {
         prop_assert_eq!(disagreements(&run(3, &picks, true)), 0);
+    }
+
+    #[test]
+    fn new_keys_in_any_interleaving_are_placed_as_one_table_places_them_in_commit_order(
+        picks in proptest::collection::vec((0usize..3, 1u64..8), 1..40),
+        steps in proptest::collection::vec((any::<bool>(), 0usize..64), 0..120),
+    ) {
+        let (etcd, exhausted) = burst(3, &picks, &steps);
+        // Each stale retry follows another key's creation, and there are at most 7 keys.
+        prop_assert!(!exhausted);
+        let keys: BTreeSet<u64> = picks.iter().map(|(_, k)| *k).collect();
+        prop_assert_eq!(etcd.created.len(), keys.len());
+        prop_assert_eq!(etcd.per_host(&hosts(3)), one_table(&etcd.created));
     }
 
     #[test]

@@ -586,3 +586,130 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
     assert!(pending(&fake).is_empty());
     assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
 }
+
+/// etcd's answer to a create-in-view whose view was stale: the key absent, and `keys` (key, address) of the
+/// backend changed since the view, read at `revision`.
+fn stale(keys: &[(u64, &str)], revision: i64) -> String {
+    let kvs: Vec<String> = keys
+        .iter()
+        .map(|(k, address)| {
+            format!(
+                r#"{{"key":"{}","create_revision":"{revision}","mod_revision":"{revision}","version":"1","value":"{}"}}"#,
+                b64(store::key_path("/llmroute", "llama-a", *k)),
+                b64(address)
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"header":{{"revision":"{revision}"}},"responses":[{{"response_range":{{"header":{{"revision":"{revision}"}}}}}},{{"response_range":{{"header":{{"revision":"{revision}"}},"kvs":[{}],"count":"{}"}}}}]}}"#,
+        kvs.join(","),
+        keys.len()
+    )
+}
+
+fn revision(fake: &FakeHost) -> i64 {
+    let bytes = fake
+        .shared(&shared::store_revision("llama-a"))
+        .map(|s| s.0)
+        .unwrap_or_default();
+    bytes.get(..8).map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap()))
+}
+
+/// The transaction a callout carries, as JSON.
+fn txn(c: &Callout) -> serde_json::Value {
+    serde_json::from_slice(c.body.as_deref().unwrap_or_default()).unwrap()
+}
+
+fn proposed(c: &Callout) -> String {
+    let value = txn(c)["success"][0]["request_put"]["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    String::from_utf8(llmroute_core::etcd_json::unb64(&value).unwrap()).unwrap()
+}
+
+#[test]
+fn a_new_key_proposed_from_a_stale_view_learns_what_changed_chooses_again_and_retries() {
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (_, key) = send(&mut x);
+    let first = store_calls(&fake)[0].clone();
+    let body = txn(&first);
+    assert_eq!(
+        body["compare"][1]["mod_revision"], "1",
+        "a replica that never read the range: only an empty one passes"
+    );
+    let mine = proposed(&first);
+    // Two keys another replica just placed on that host: with two hosts, it is at its bound for a third.
+    answer(
+        &mut x,
+        first.token,
+        Some(("200", &stale(&[(0xa1, &mine), (0xa2, &mine)], 9))),
+    );
+    let calls = store_calls(&fake);
+    assert_eq!((calls.len(), fake.resumes()), (2, 0), "sent again, still waiting");
+    assert_eq!(outcome(&fake, "stale_view"), Some(1));
+    assert_eq!(
+        txn(&calls[1])["compare"][1]["mod_revision"],
+        "10",
+        "in the view the answer brought"
+    );
+    assert_ne!(
+        proposed(&calls[1]),
+        mine,
+        "chosen again, with the other replica's keys counted"
+    );
+    let t = table(&fake);
+    assert_eq!(t.get(0xa1).map(|e| e.host), Some(host_id(&mine)), "merged");
+    assert_eq!(revision(&fake), 9);
+    // Created at revision 12: the view, now holding this key too, is complete up to it.
+    let created = CREATED.replace(r#""revision":"2""#, r#""revision":"12""#);
+    answer(&mut x, calls[1].token, Some(("200", &created)));
+    assert_eq!((fake.resumes(), outcome(&fake, "won")), (1, Some(1)));
+    assert_eq!(
+        table(&fake).get(key).map(|e| e.host),
+        Some(host_id(&proposed(&calls[1])))
+    );
+    assert_eq!(revision(&fake), 12);
+    assert!(pending(&fake).is_empty());
+
+    // Stale views past the retries: the last transaction is a plain create-if-absent, and its answer stands.
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    send(&mut x);
+    for i in 0..=store::MAX_STALE_RETRIES {
+        let c = store_calls(&fake)[usize::from(i)].clone();
+        assert_eq!(
+            txn(&c)["compare"].as_array().map(Vec::len),
+            Some(2),
+            "try {i} compares the range"
+        );
+        let r = 20 + i64::from(i);
+        answer(&mut x, c.token, Some(("200", &stale(&[(0xb0 + u64::from(i), A)], r))));
+    }
+    let calls = store_calls(&fake);
+    assert_eq!(calls.len(), usize::from(store::MAX_STALE_RETRIES) + 2);
+    let last = calls.last().unwrap();
+    assert_eq!(
+        txn(last)["compare"].as_array().map(Vec::len),
+        Some(1),
+        "a plain create-if-absent"
+    );
+    assert_eq!(
+        outcome(&fake, "stale_view"),
+        Some(u64::from(store::MAX_STALE_RETRIES) + 1)
+    );
+    answer(&mut x, last.token, Some(("200", CREATED)));
+    assert_eq!((fake.resumes(), outcome(&fake, "won")), (1, Some(1)));
+
+    // A cut answer (`more`) makes no view: merged, then a plain create-if-absent.
+    let (fake, root) = setup();
+    let mut x = Exchange::new(&fake, &root, 1);
+    send(&mut x);
+    let cut = stale(&[(0xc1, B)], 30).replace(r#""count":"1""#, r#""more":true,"count":"5""#);
+    answer(&mut x, store_calls(&fake)[0].token, Some(("200", &cut)));
+    let calls = store_calls(&fake);
+    assert_eq!(txn(&calls[1])["compare"].as_array().map(Vec::len), Some(1));
+    assert_eq!(revision(&fake), 0, "the view did not advance");
+    assert!(table(&fake).get(0xc1).is_some());
+}

@@ -23,7 +23,7 @@ use std::time::Duration;
 use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use llmroute_core::etcd_json;
-use llmroute_core::key_placement::store::{self, Fallback, Outcome, Reply};
+use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
 use llmroute_harness::certs::{PkiFiles, TestPki};
 use llmroute_harness::envoy::Envoy;
@@ -151,6 +151,77 @@ async fn the_swap_that_moves_a_key_off_a_down_host_holds_against_a_real_etcd() {
     let gone = etcd_call(&etcd, store::TXN_PATH, store::move_request("/t", BACKEND, 8, a, b, 0)).await;
     assert_eq!(store::move_outcome(answer(&gone)), None, "{gone:?}");
     assert_eq!(store::next(None, &[]), store::Next::Send(store::Ask::Create));
+}
+
+fn in_view(key: u64, host: &str, view: i64) -> String {
+    store::ask_request(&Ask::Create.in_view(view, 64), "/t", BACKEND, key, host, 0)
+}
+
+/// Sends the create-in-view of `key` on `host` in `view`, which must win: the revision it was created at.
+async fn won_in_view(etcd: &Etcd, key: u64, host: &str, view: i64) -> i64 {
+    let r = etcd_call(etcd, store::TXN_PATH, in_view(key, host, view)).await;
+    match store::create_in_view_outcome(answer(&r)) {
+        InView::Settled {
+            outcome: Outcome::Won,
+            revision,
+        } => revision,
+        other => panic!("{other:?}: {r:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
+    let etcd = Etcd::start().await.unwrap();
+    let (a, b) = ("10.0.0.1:8001", "10.0.0.2:8001");
+    // An empty range compares true, whatever the view.
+    let r1 = won_in_view(&etcd, 1, a, 0).await;
+    // A view complete up to the first key's revision: still nothing newer, so the second commits.
+    let r2 = won_in_view(&etcd, 2, b, r1).await;
+    assert!(r2 > r1);
+    // A view from before the second put is stale: nothing is written, and the answer brings just what changed.
+    let stale = etcd_call(&etcd, store::TXN_PATH, in_view(3, a, r1)).await;
+    let InView::Stale(changed) = store::create_in_view_outcome(answer(&stale)) else {
+        panic!("{stale:?}")
+    };
+    assert_eq!(changed.revision, r2);
+    assert!(!changed.more);
+    assert_eq!(changed.kvs.len(), 1, "{changed:?}");
+    assert_eq!(changed.kvs[0].key, store::key_path("/t", BACKEND, 2).into_bytes());
+    assert_eq!(changed.kvs[0].value, b.as_bytes());
+    assert!(etcd
+        .ctl(&["get", &store::key_path("/t", BACKEND, 3)])
+        .unwrap()
+        .trim()
+        .is_empty());
+    assert_eq!(
+        store::after_stale(&changed, 0, 64),
+        Ask::CreateInView { view: r2, limit: 64 }
+    );
+    // A view that never saw the range (revision 0) reads all of it back, cut at the limit.
+    let cut = store::ask_request(&Ask::Create.in_view(0, 1), "/t", BACKEND, 3, a, 0);
+    let cut = etcd_call(&etcd, store::TXN_PATH, cut).await;
+    let InView::Stale(all) = store::create_in_view_outcome(answer(&cut)) else {
+        panic!("{cut:?}")
+    };
+    assert!(all.more && all.kvs.len() == 1, "{all:?}");
+    assert_eq!(
+        store::after_stale(&all, 0, 1),
+        Ask::Create,
+        "a cut answer makes no view"
+    );
+    // Another backend's keys, and another put since the view, are told apart: only this range counts.
+    let other = etcd_json::put_body(&store::key_path("/t", "other", 9), a, 0);
+    etcd_call(&etcd, "/v3/kv/put", other).await;
+    won_in_view(&etcd, 3, a, r2).await;
+    // A key that exists is adopted, even from a stale view.
+    let exists = etcd_call(&etcd, store::TXN_PATH, in_view(1, b, 0)).await;
+    assert_eq!(
+        store::create_in_view_outcome(answer(&exists)),
+        InView::Settled {
+            outcome: Outcome::Adopted { host: host_id(a) },
+            revision: 0
+        }
+    );
 }
 
 fn config(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Value {
@@ -594,6 +665,56 @@ fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path, client: Opt
     }
     cfg["affinity"]["placement_store"]["etcd"]["tls"] = tls;
     cfg
+}
+
+/// How many of the backend's keys etcd stores on each engine, by the engines' names (fewest first).
+fn stored_per_engine(etcd: &Etcd, fleet: &Fleet) -> Vec<usize> {
+    let values = etcd
+        .ctl(&[
+            "get",
+            &store::backend_prefix("/e2e", BACKEND),
+            "--prefix",
+            "--print-value-only",
+        ])
+        .unwrap();
+    let mut per: BTreeMap<String, usize> = fleet.engines.iter().map(|e| (e.name().to_string(), 0)).collect();
+    for value in values.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let engine = fleet.engines.iter().find(|e| e.addr().to_string() == value);
+        *per.entry(engine.map_or(value.to_string(), |e| e.name().to_string()))
+            .or_default() += 1;
+    }
+    let mut counts: Vec<usize> = per.into_values().collect();
+    counts.sort_unstable();
+    counts
+}
+
+#[tokio::test]
+async fn new_keys_arriving_at_once_on_every_replica_are_spread_as_one_envoy_spreads_them() {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let envoys = replicas(&fleet, Some(&etcd), 1000).await;
+    // Six new tenants at once, two on each replica, none of which knows any key: one Envoy holds them 2/2/2, and
+    // so must the fleet. Then three more at once, one per replica: 3/3/3.
+    let first = rotate(&envoys, 500..506, 1).await;
+    let after_six = stored_per_engine(&etcd, &fleet);
+    let second = rotate(&envoys, 600..603, 1).await;
+    let after_nine = stored_per_engine(&etcd, &fleet);
+    let stale = store_count(&envoys, store::STALE_VIEW).await;
+    println!(
+        "keys per engine after 6: {after_six:?}, after 9: {after_nine:?}; {stale} stale views retried; \
+         served {first:?} then {second:?}"
+    );
+    assert_eq!(fallbacks(&envoys).await, 0, "every key went through etcd");
+    assert_eq!(
+        after_six,
+        vec![2, 2, 2],
+        "6 new keys on 3 hosts, as one Envoy places them"
+    );
+    assert_eq!(after_nine, vec![3, 3, 3], "then 3 more");
+    assert_eq!(store_count(&envoys, "won").await, 9, "each key created once");
+    // Every replica sends each tenant where etcd says.
+    let all = rotate(&envoys, 500..506, REPLICAS).await;
+    assert_eq!(disagreements(&all), 0, "{all:?}");
 }
 
 fn stored_keys(etcd: &Etcd) -> usize {

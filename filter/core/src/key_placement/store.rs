@@ -6,10 +6,18 @@
 //!
 //! - **A known key** is read from the local table, as before: no extra latency.
 //! - **A new key** (unknown to the local table, or idled out of it) costs one etcd transaction,
-//!   [`etcd_json::create_if_absent_body`]: create `<prefix>/keys/<backend>/<key as 16 hex digits>` = the local
-//!   choice's `IP:PORT`, unless it exists, in which case read it. The replica that created it uses its own
-//!   choice ([`Outcome::Won`]); one that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's
-//!   first request on a replica waits for etcd.
+//!   [`etcd_json::create_in_view_body`] ([`Ask::CreateInView`]): create `<prefix>/keys/<backend>/<key as 16 hex
+//!   digits>` = the local choice's `IP:PORT`, unless it exists, in which case read it; and only if no key of the
+//!   backend changed in etcd after the revision the replica's local view is known complete up to (its last
+//!   refresh, or its own last create). The replica that created it uses its own choice ([`Outcome::Won`]); one
+//!   that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's first request on a replica
+//!   waits for etcd.
+//! - **A stale view** ([`InView::Stale`]): the same answer brings the backend's keys changed since the view; the
+//!   replica [`merge`]s them, chooses again, and sends the create in the new view ([`after_stale`], at most
+//!   [`MAX_STALE_RETRIES`] times, then a plain [`etcd_json::create_if_absent_body`]). So every key is created
+//!   from a view that holds every key etcd held at that moment: replicas place new keys as one table placing
+//!   them in etcd's commit order would, however many arrive at once. Each retry follows another key's write to
+//!   the backend, so a burst of new keys costs its last one a retry per key committed before it.
 //! - **When etcd is slow or gone** (no answer within `timeout_ms`, an error, an unreadable answer), the request is
 //!   placed locally and proceeds ([`Outcome::Fallback`], counted by reason). When etcd is back and holds another
 //!   host for that key, the stored placement wins at the next refresh ([`merge`]): the key moves once.
@@ -19,7 +27,7 @@
 //!   So a key moves at most once, and replicas agree again without waiting for the key to idle out.
 //! - **The local view**: every second one root context per replica reads the keys modified since the revision it
 //!   last saw ([`range_request`], [`next_revision`]) and [`merge`]s them into the local table, so the key-count
-//!   bounds of new placements see the whole fleet's keys.
+//!   bounds of new placements see the whole fleet's keys, and a new key's create is rarely stale.
 //! - **Idle expiry**: keys are attached to a lease that one root context per replica grants every [`epoch_ms`],
 //!   with a TTL of `key_idle_ttl_s` plus one epoch ([`lease_ttl_s`]). At each new lease the replica re-attaches
 //!   the keys its own requests touched during the last epoch ([`refresh_batches`]). A key no replica uses is
@@ -39,7 +47,7 @@
 //! filter's `placement_store` module sends the bodies and hands the answers back.
 
 use super::{host_id, Bounds, HostView, KeyTable};
-use crate::etcd_json::{self, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
+use crate::etcd_json::{self, EtcdJsonError, InViewAnswer, Kv, RangeAnswer, TxnAnswer};
 
 /// The gateway path of a transaction.
 pub const TXN_PATH: &str = "/v3/kv/txn";
@@ -86,14 +94,50 @@ pub fn needs_store(table: &KeyTable, key: u64, now_ms: u64, b: &Bounds) -> bool 
         .is_none_or(|e| now_ms.saturating_sub(e.last_ms) >= b.idle_ttl_ms)
 }
 
+/// The body of a new key's create-if-absent transaction that also requires `backend`'s keys unchanged since
+/// revision `view` ([`etcd_json::create_in_view_body`]); its failure branch reads at most `limit` changed keys.
+pub fn create_in_view_request(
+    prefix: &str,
+    backend: &str,
+    key: u64,
+    address: &str,
+    lease: i64,
+    view: i64,
+    limit: usize,
+) -> String {
+    etcd_json::create_in_view_body(
+        &key_path(prefix, backend, key),
+        address,
+        lease,
+        &backend_prefix(prefix, backend),
+        view,
+        limit as u64,
+    )
+}
+
 /// What a request's key asks of the store before it is placed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ask {
     /// The local table lacks the key (or it idled out): create-if-absent ([`create_request`]).
     Create,
+    /// [`Ask::Create`], proposed from a local view of the backend's keys complete up to etcd revision `view`: it
+    /// commits only if none of them changed since ([`create_in_view_request`]; at most `limit` changed keys are
+    /// read back when some did).
+    CreateInView { view: i64, limit: usize },
     /// The table holds the key on a listed host that is down, at `from` (`IP:PORT`, as etcd stores it): move it
     /// with a compare-and-swap ([`move_request`]).
     Move { from: String },
+}
+
+impl Ask {
+    /// This ask, for a replica whose local view of the backend's keys is complete up to revision `view`: a
+    /// create becomes [`Ask::CreateInView`]; a move stays as it is.
+    pub fn in_view(self, view: i64, limit: usize) -> Ask {
+        match self {
+            Ask::Create => Ask::CreateInView { view, limit },
+            other => other,
+        }
+    }
 }
 
 /// What `key` asks of the store at `now_ms`: `None` when the local table places it alone (a known key on an up
@@ -121,6 +165,9 @@ pub fn move_request(prefix: &str, backend: &str, key: u64, from: &str, to: &str,
 pub fn ask_request(ask: &Ask, prefix: &str, backend: &str, key: u64, address: &str, lease: i64) -> String {
     match ask {
         Ask::Create => create_request(prefix, backend, key, address, lease),
+        Ask::CreateInView { view, limit } => {
+            create_in_view_request(prefix, backend, key, address, lease, *view, *limit)
+        }
         Ask::Move { from } => move_request(prefix, backend, key, from, address, lease),
     }
 }
@@ -172,8 +219,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Every metric label value, for priming the counters.
-    pub const LABELS: [&'static str; 7] = [
+    /// Every metric label value, for priming the counters: the outcomes, and [`STALE_VIEW`].
+    pub const LABELS: [&'static str; 8] = [
         "won",
         "adopted",
         "moved",
@@ -181,6 +228,7 @@ impl Outcome {
         "timeout",
         "not_sent",
         "error",
+        STALE_VIEW,
     ];
 
     /// The metric label (`outcome`) of this outcome.
@@ -206,16 +254,28 @@ impl Outcome {
     }
 }
 
-/// Reads a create-if-absent transaction's reply.
-pub fn create_outcome(reply: Reply<'_>) -> Outcome {
-    let body = match reply {
-        Reply::NotSent => return Outcome::Fallback(Fallback::NotSent),
-        Reply::NoAnswer => return Outcome::Fallback(Fallback::Timeout),
-        Reply::Answer { status: 200, body } => body,
+/// The metric label (`outcome`) counted once per [`Ask::CreateInView`] that found its view stale and was sent
+/// again ([`after_stale`]): not an outcome, since the key is settled by the transaction that follows.
+pub const STALE_VIEW: &str = "stale_view";
+
+/// The body of a `200` answer, or the fallback any other reply is.
+fn answer_body(reply: Reply<'_>) -> Result<&[u8], Outcome> {
+    match reply {
+        Reply::NotSent => Err(Outcome::Fallback(Fallback::NotSent)),
+        Reply::NoAnswer => Err(Outcome::Fallback(Fallback::Timeout)),
+        Reply::Answer { status: 200, body } => Ok(body),
         // Envoy answers a callout that outlives its timeout with a 504 of its own (and etcd's gateway maps a
         // deadline it missed to 504 too): a timeout either way, not an error.
-        Reply::Answer { status: 504, .. } => return Outcome::Fallback(Fallback::Timeout),
-        Reply::Answer { .. } => return Outcome::Fallback(Fallback::Error),
+        Reply::Answer { status: 504, .. } => Err(Outcome::Fallback(Fallback::Timeout)),
+        Reply::Answer { .. } => Err(Outcome::Fallback(Fallback::Error)),
+    }
+}
+
+/// Reads a create-if-absent transaction's reply.
+pub fn create_outcome(reply: Reply<'_>) -> Outcome {
+    let body = match answer_body(reply) {
+        Ok(body) => body,
+        Err(fallback) => return fallback,
     };
     match etcd_json::parse_create(body) {
         Ok(TxnAnswer::Created { .. }) => Outcome::Won,
@@ -224,6 +284,58 @@ pub fn create_outcome(reply: Reply<'_>) -> Outcome {
             None => Outcome::Fallback(Fallback::Error),
         },
         Ok(TxnAnswer::Exists { kv: None, .. }) | Err(_) => Outcome::Fallback(Fallback::Error),
+    }
+}
+
+/// What a [`Ask::CreateInView`] transaction's reply says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InView {
+    /// Settled as a create-if-absent is ([`create_outcome`]). `revision`: the revision the key was created at,
+    /// for [`Outcome::Won`] (the replica's view, holding its own key, is then complete up to it: nothing else in
+    /// the range changed in between); 0 otherwise.
+    Settled { outcome: Outcome, revision: i64 },
+    /// The key is absent, but the view was stale: merge these keys ([`merge`]), choose again, and send
+    /// [`after_stale`]'s transaction.
+    Stale(RangeAnswer),
+}
+
+/// Reads a [`Ask::CreateInView`] transaction's reply.
+pub fn create_in_view_outcome(reply: Reply<'_>) -> InView {
+    let settled = |outcome| InView::Settled { outcome, revision: 0 };
+    let body = match answer_body(reply) {
+        Ok(body) => body,
+        Err(fallback) => return settled(fallback),
+    };
+    match etcd_json::parse_create_in_view(body) {
+        Ok(InViewAnswer::Created { revision }) => InView::Settled {
+            outcome: Outcome::Won,
+            revision,
+        },
+        Ok(InViewAnswer::Exists { kv, .. }) => {
+            settled(stored_host(&kv).map_or(Outcome::Fallback(Fallback::Error), |host| Outcome::Adopted { host }))
+        }
+        Ok(InViewAnswer::Stale(range)) => InView::Stale(range),
+        Err(_) => settled(Outcome::Fallback(Fallback::Error)),
+    }
+}
+
+/// The most times a new key's transaction is sent again because its view was stale ([`InView::Stale`]). Each
+/// such retry follows another key's write to the backend's range after the view, so a burst of up to this many
+/// plus one new keys across the fleet is placed exactly as one table would; past it the key is proposed with a
+/// plain create-if-absent, so a busy fleet never livelocks.
+pub const MAX_STALE_RETRIES: u8 = 6;
+
+/// The transaction to send after a stale view's answer, when `retries` stale retries were already sent: the
+/// create in the view the answer brought (its revision), or a plain create-if-absent when the retries are spent
+/// or the answer was cut at its `limit` (`more`: the merged keys are not the whole change, so no view is complete).
+pub fn after_stale(stale: &RangeAnswer, retries: u8, limit: usize) -> Ask {
+    if stale.more || retries >= MAX_STALE_RETRIES {
+        Ask::Create
+    } else {
+        Ask::CreateInView {
+            view: stale.revision,
+            limit,
+        }
     }
 }
 
@@ -248,6 +360,11 @@ pub fn move_outcome(reply: Reply<'_>) -> Option<Outcome> {
 pub fn ask_outcome(ask: &Ask, reply: Reply<'_>) -> Option<Outcome> {
     match ask {
         Ask::Create => Some(create_outcome(reply)),
+        // A stale view is handled before this ([`create_in_view_outcome`]); here it reads as an error.
+        Ask::CreateInView { .. } => Some(match create_in_view_outcome(reply) {
+            InView::Settled { outcome, .. } => outcome,
+            InView::Stale(_) => Outcome::Fallback(Fallback::Error),
+        }),
         Ask::Move { .. } => move_outcome(reply),
     }
 }
