@@ -192,7 +192,7 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
         outcome.stored(w.proposed),
     );
     if outcome == Outcome::Won && won_at > 0 && pin.is_some() {
-        // The table now holds this key, and nothing else in the backend's range changed between the view and it.
+        // The table now holds this key, and no other placement of the backend was written between the view and it.
         advance_revision(&w.cluster, won_at);
     }
     Step::Pinned(pin)

@@ -90,32 +90,55 @@ pub fn put_body(key: &str, value: &str, lease: i64) -> String {
 /// `/v3/kv/txn`: create `key` = `value` (attached to `lease`, 0 for none) only if it does not exist
 /// (`create_revision == 0`); otherwise read it. One round trip settles a race: exactly one writer succeeds, and
 /// every other learns the winner's value from the same answer.
-pub fn create_if_absent_body(key: &str, value: &str, lease: i64) -> String {
+///
+/// With `marker`, a successful create also puts that key (no lease, an empty value), so its `mod_revision` is the
+/// revision of the last placement written under it ([`create_in_view_body`]).
+pub fn create_if_absent_body(key: &str, value: &str, lease: i64, marker: Option<&str>) -> String {
     let k = b64(key);
     json!({
         "compare": [{ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
-        "success": [{ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }],
+        "success": with_marker(json!({ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }), marker),
         "failure": [{ "request_range": { "key": k } }],
     })
     .to_string()
 }
 
-/// `/v3/kv/txn`: [`create_if_absent_body`], and only while no key in the range `[range_prefix, its end)` was modified
-/// after revision `view` (a compare with `range_end` on `mod_revision < view + 1`, which etcd 3.3 and later
-/// evaluate over every key of the range; an empty range compares true). Its failure branch reads `key` back and
-/// the keys of the range modified after `view`, at most `limit` ([`parse_create_in_view`]). So a writer that
-/// chose `value` from a view of the range complete up to `view` either commits against exactly that range, or
-/// learns both whether the key exists and what it missed, in the same round trip.
-pub fn create_in_view_body(key: &str, value: &str, lease: i64, range_prefix: &str, view: i64, limit: u64) -> String {
+/// `put`, then a put of `marker` (no lease, empty value) when there is one: the success branch of a transaction
+/// that writes a placement.
+fn with_marker(put: Value, marker: Option<&str>) -> Value {
+    let mut ops = vec![put];
+    if let Some(m) = marker {
+        ops.push(json!({ "request_put": { "key": b64(m), "value": "", "lease": "0" } }));
+    }
+    Value::Array(ops)
+}
+
+/// `/v3/kv/txn`: [`create_if_absent_body`] with `marker`, and only while no placement was written under `marker`
+/// after revision `view` (a compare on the marker's `mod_revision < view + 1`; a marker never written compares
+/// true). Every transaction that writes a placement of the range `[range_prefix, its end)` (a create, a move)
+/// also puts the marker, and nothing else does: a lease's refresh of the same keys leaves it alone, and the
+/// compare reads one key, not the range. Its failure branch reads `key` back and the keys of the range modified
+/// after `view`, at most `limit` ([`parse_create_in_view`]). So a writer that chose `value` from a view of the
+/// range's placements complete up to `view` either commits against exactly those placements, or learns both
+/// whether the key exists and what it missed, in the same round trip.
+pub fn create_in_view_body(
+    key: &str,
+    value: &str,
+    lease: i64,
+    range_prefix: &str,
+    marker: &str,
+    view: i64,
+    limit: u64,
+) -> String {
     let k = b64(key);
     let (start, end) = (b64(range_prefix), b64(prefix_end(range_prefix.as_bytes())));
     let after = view.max(0).saturating_add(1).to_string();
     json!({
         "compare": [
             { "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" },
-            { "key": start, "range_end": end, "target": "MOD", "result": "LESS", "mod_revision": after },
+            { "key": b64(marker), "target": "MOD", "result": "LESS", "mod_revision": after },
         ],
-        "success": [{ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }],
+        "success": with_marker(json!({ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }), Some(marker)),
         "failure": [
             { "request_range": { "key": k } },
             { "request_range": {
@@ -130,11 +153,13 @@ pub fn create_in_view_body(key: &str, value: &str, lease: i64, range_prefix: &st
 /// (compare on the value); otherwise read it. Its answer reads like [`create_if_absent_body`]'s
 /// ([`parse_create`]): `Created` when the swap ran, `Exists` with the current value when it did not, and
 /// `Exists` with no value when the key is gone (a missing key compares unequal).
-pub fn swap_body(key: &str, expected: &str, value: &str, lease: i64) -> String {
+///
+/// With `marker`, a swap that runs also puts the marker, as a create does ([`create_if_absent_body`]).
+pub fn swap_body(key: &str, expected: &str, value: &str, lease: i64, marker: Option<&str>) -> String {
     let k = b64(key);
     json!({
         "compare": [{ "key": k, "target": "VALUE", "result": "EQUAL", "value": b64(expected) }],
-        "success": [{ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }],
+        "success": with_marker(json!({ "request_put": { "key": k, "value": b64(value), "lease": lease.to_string() } }), marker),
         "failure": [{ "request_range": { "key": k } }],
     })
     .to_string()
@@ -271,7 +296,7 @@ pub fn parse_create(text: &[u8]) -> Result<TxnAnswer, EtcdJsonError> {
 /// The answer to [`create_in_view_body`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InViewAnswer {
-    /// Created, at this revision: nothing else in the range changed between the view and it.
+    /// Created, at this revision: no other placement was written between the view and it.
     Created { revision: i64 },
     /// The key existed: its current value.
     Exists { kv: Kv, revision: i64 },

@@ -47,8 +47,14 @@ fn bodies_carry_base64_keys_and_int64s_as_strings() {
         "/l/keys/a/00000000000000ff",
         "127.0.0.1:8001",
         42,
+        None,
     ));
     assert_eq!(unb64(&b["compare"][0]["key"]), "/l/keys/a/00000000000000ff");
+    assert_eq!(
+        b["success"].as_array().map(Vec::len),
+        Some(1),
+        "no marker, no second put"
+    );
     assert_eq!(b["compare"][0]["target"], "CREATE");
     assert_eq!(b["compare"][0]["result"], "EQUAL");
     assert_eq!(b["compare"][0]["create_revision"], "0");
@@ -220,22 +226,35 @@ const STALE: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"9
 const IN_VIEW_EXISTS: &str = r#"{"header":{"revision":"9"},"responses":[{"response_range":{"header":{"revision":"9"},"kvs":[{"key":"L2wva2V5cy9hLzAwMDAwMDAwMDAwMDAwZmY=","create_revision":"2","mod_revision":"2","version":"1","value":"MTI3LjAuMC4xOjgwMDE="}],"count":"1"}},{"response_range":{"header":{"revision":"9"}}}]}"#;
 
 #[test]
-fn a_create_in_view_compares_the_backend_range_and_reads_back_what_changed() {
+fn a_create_in_view_compares_the_backends_marker_and_reads_back_what_changed() {
     let body = store::ask_request(&Ask::Create.in_view(41, 64), "/l", "a", 255, "127.0.0.1:8002", 42);
     let b = json_of(&body);
     assert_eq!(unb64(&b["compare"][0]["key"]), "/l/keys/a/00000000000000ff");
     assert_eq!(b["compare"][0]["target"], "CREATE");
-    let range = &b["compare"][1];
-    assert_eq!(unb64(&range["key"]), "/l/keys/a/");
-    assert_eq!(unb64(&range["range_end"]), "/l/keys/a0");
-    assert_eq!(range["target"], "MOD");
-    assert_eq!(range["result"], "LESS");
+    let marker = &b["compare"][1];
+    assert_eq!(unb64(&marker["key"]), "/l/placed/a");
+    assert!(marker.get("range_end").is_none(), "one key compared, not the range");
+    assert_eq!(marker["target"], "MOD");
+    assert_eq!(marker["result"], "LESS");
     assert_eq!(
-        range["mod_revision"], "42",
-        "unchanged since the view: modified before view + 1"
+        marker["mod_revision"], "42",
+        "no placement since the view: the marker modified before view + 1"
     );
     assert_eq!(unb64(&b["success"][0]["request_put"]["value"]), "127.0.0.1:8002");
     assert_eq!(b["success"][0]["request_put"]["lease"], "42");
+    let put_marker = &b["success"][1]["request_put"];
+    assert_eq!(unb64(&put_marker["key"]), "/l/placed/a");
+    assert_eq!(put_marker["lease"], "0", "the marker outlives every lease");
+    // Every placement write puts the marker: a plain create and a move too; a lease's refresh does not.
+    for other in [
+        store::create_request("/l", "a", 255, "127.0.0.1:8002", 42),
+        store::move_request("/l", "a", 255, "127.0.0.1:8001", "127.0.0.1:8002", 42),
+    ] {
+        assert_eq!(
+            unb64(&json_of(&other)["success"][1]["request_put"]["key"]),
+            "/l/placed/a"
+        );
+    }
     assert_eq!(
         unb64(&b["failure"][0]["request_range"]["key"]),
         "/l/keys/a/00000000000000ff"
@@ -245,7 +264,7 @@ fn a_create_in_view_compares_the_backend_range_and_reads_back_what_changed() {
     assert_eq!(unb64(&read["range_end"]), "/l/keys/a0");
     assert_eq!(read["min_mod_revision"], "42");
     assert_eq!(read["limit"], "64");
-    // A replica that never read the range compares against revision 1: only an empty range passes.
+    // A replica that never read the range compares against revision 1: only a backend never written passes.
     let never = json_of(&store::ask_request(&Ask::Create.in_view(0, 8), "/l", "a", 1, "x:1", 0));
     assert_eq!(never["compare"][1]["mod_revision"], "1");
     // Moves are not affected by a view.
@@ -505,6 +524,11 @@ fn refreshes_re_attach_only_keys_this_replica_used_in_batches_etcd_accepts() {
         .collect();
     assert_eq!(bodies.len(), 2);
     assert_eq!(ops.len(), 200, "keys 100..300 were used since 5100");
+    assert!(
+        ops.iter()
+            .all(|op| unb64(&op["request_put"]["key"]).starts_with("/l/keys/a/")),
+        "a refresh writes no placement: the marker is left alone"
+    );
     assert!(bodies
         .iter()
         .all(|b| json_of(b)["success"].as_array().unwrap().len() <= etcd_json::MAX_TXN_OPS));
@@ -521,14 +545,18 @@ struct MemEtcd {
     revision: i64,
     keys: BTreeMap<u64, (u32, i64)>,
     created: Vec<u64>,
+    /// The revision of the last placement write: the backend's marker key (`store::marker_path`).
+    marker: i64,
 }
 
 /// The backend prefix the model's keys live under.
 const MODEL_PREFIX: &str = "/l/keys/a/";
 
 impl MemEtcd {
+    /// A placement write (a create or a move): the key and the marker, at one revision.
     fn put(&mut self, key: u64, host: u32) -> i64 {
         self.revision += 1;
+        self.marker = self.revision;
         if self.keys.insert(key, (host, self.revision)).is_none() {
             self.created.push(key);
         }
@@ -547,8 +575,8 @@ impl MemEtcd {
     }
 
     /// What etcd does with [`etcd_json::create_in_view_body`]: the key is created only if it is absent and no
-    /// key of the range was modified after `view`; else the key, or the changed keys (at most `limit`, in key
-    /// order as etcd returns them), are read back.
+    /// placement was written after `view` (the marker); else the key, or the changed keys (at most `limit`, in
+    /// key order as etcd returns them), are read back.
     fn create_in_view(&mut self, key: u64, proposed: u32, view: i64, limit: usize, h: &[HostView]) -> InView {
         if let Some(&(host, _)) = self.keys.get(&key) {
             return InView::Settled {
@@ -565,7 +593,7 @@ impl MemEtcd {
                 ..kv(MODEL_PREFIX, *k, &h.iter().find(|v| v.id() == *host).unwrap().address)
             })
             .collect();
-        if changed.is_empty() {
+        if self.marker <= view {
             let revision = self.put(key, proposed);
             return InView::Settled {
                 outcome: Outcome::Won,
@@ -780,7 +808,7 @@ fn six_new_keys_at_once_on_three_replicas_are_spread_two_per_host() {
     assert!(!exhausted);
     assert_eq!(etcd.per_host(&hosts(3)), vec![2, 2, 2]);
     assert_eq!(etcd.per_host(&hosts(3)), one_table(&etcd.created));
-    // Before the range compare each replica placed its keys by its own empty view: the bound one table keeps is
+    // Before the view condition each replica placed its keys by its own empty view: the bound one table keeps is
     // broken for some set of six keys (found among the first few; the test names it).
     let broken = (0..20u64).find_map(|base| {
         let picks: Vec<(usize, u64)> = (1..=6).map(|k| ((k % 3) as usize, base * 6 + k)).collect();

@@ -170,10 +170,10 @@ async fn won_in_view(etcd: &Etcd, key: u64, host: &str, view: i64) -> i64 {
 }
 
 #[tokio::test]
-async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
+async fn the_create_in_view_compares_the_backends_marker_against_a_real_etcd() {
     let etcd = Etcd::start().await.unwrap();
     let (a, b) = ("10.0.0.1:8001", "10.0.0.2:8001");
-    // An empty range compares true, whatever the view.
+    // A backend never written (no marker yet) compares true, whatever the view.
     let r1 = won_in_view(&etcd, 1, a, 0).await;
     // A view complete up to the first key's revision: still nothing newer, so the second commits.
     let r2 = won_in_view(&etcd, 2, b, r1).await;
@@ -209,10 +209,25 @@ async fn the_create_in_view_compares_the_backend_range_against_a_real_etcd() {
         Ask::Create,
         "a cut answer makes no view"
     );
-    // Another backend's keys, and another put since the view, are told apart: only this range counts.
+    // Another backend's keys, and another put since the view, are told apart: only this backend's marker counts.
     let other = etcd_json::put_body(&store::key_path("/t", "other", 9), a, 0);
     etcd_call(&etcd, "/v3/kv/put", other).await;
-    won_in_view(&etcd, 3, a, r2).await;
+    let r3 = won_in_view(&etcd, 3, a, r2).await;
+    // A lease's refresh re-puts the keys but writes no placement: a view from before it is still current.
+    let refresh = etcd_json::puts_body(
+        &[1, 2, 3].map(|k| (store::key_path("/t", BACKEND, k), a.to_string())),
+        0,
+    );
+    etcd_call(&etcd, store::TXN_PATH, refresh).await;
+    won_in_view(&etcd, 4, b, r3).await;
+    assert!(
+        !etcd
+            .ctl(&["get", &store::marker_path("/t", BACKEND)])
+            .unwrap()
+            .trim()
+            .is_empty(),
+        "the backend's placement marker is in etcd"
+    );
     // A key that exists is adopted, even from a stale view.
     let exists = etcd_call(&etcd, store::TXN_PATH, in_view(1, b, 0)).await;
     assert_eq!(

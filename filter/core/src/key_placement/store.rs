@@ -7,9 +7,11 @@
 //! - **A known key** is read from the local table, as before: no extra latency.
 //! - **A new key** (unknown to the local table, or idled out of it) costs one etcd transaction,
 //!   [`etcd_json::create_in_view_body`] ([`Ask::CreateInView`]): create `<prefix>/keys/<backend>/<key as 16 hex
-//!   digits>` = the local choice's `IP:PORT`, unless it exists, in which case read it; and only if no key of the
-//!   backend changed in etcd after the revision the replica's local view is known complete up to (its last
-//!   refresh, or its own last create). The replica that created it uses its own choice ([`Outcome::Won`]); one
+//!   digits>` = the local choice's `IP:PORT`, unless it exists, in which case read it; and only if no placement
+//!   of the backend was written in etcd after the revision the replica's local view is known complete up to (its
+//!   last refresh, or its own last create). Every create and move of the backend also puts its marker key
+//!   ([`marker_path`]), so the condition reads one key, however many the backend holds, and a lease's refresh of
+//!   the keys (which moves nothing) does not make other views stale. The replica that created it uses its own choice ([`Outcome::Won`]); one
 //!   that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's first request on a replica
 //!   waits for etcd.
 //! - **A stale view** ([`InView::Stale`]): the same answer brings the backend's keys changed since the view; the
@@ -81,9 +83,16 @@ pub fn key_of(backend_prefix: &str, etcd_key: &[u8]) -> Option<u64> {
     u64::from_str_radix(std::str::from_utf8(rest).ok()?, 16).ok()
 }
 
+/// The etcd key whose `mod_revision` is the revision of `backend`'s last placement write (a create or a move):
+/// `<prefix>/placed/<backend>`, outside the backend's key range. See [`etcd_json::create_in_view_body`].
+pub fn marker_path(prefix: &str, backend: &str) -> String {
+    format!("{prefix}/placed/{backend}")
+}
+
 /// The body of a new key's create-if-absent transaction: the key, stored as the `IP:PORT` of `address`.
 pub fn create_request(prefix: &str, backend: &str, key: u64, address: &str, lease: i64) -> String {
-    etcd_json::create_if_absent_body(&key_path(prefix, backend, key), address, lease)
+    let marker = marker_path(prefix, backend);
+    etcd_json::create_if_absent_body(&key_path(prefix, backend, key), address, lease, Some(&marker))
 }
 
 /// True when `key` must be settled with the store before it is placed: the local table does not hold it, or
@@ -110,6 +119,7 @@ pub fn create_in_view_request(
         address,
         lease,
         &backend_prefix(prefix, backend),
+        &marker_path(prefix, backend),
         view,
         limit as u64,
     )
@@ -158,7 +168,8 @@ pub fn ask(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Boun
 
 /// The body of a moving key's compare-and-swap: stored as `to` if etcd still holds `from`, else read back.
 pub fn move_request(prefix: &str, backend: &str, key: u64, from: &str, to: &str, lease: i64) -> String {
-    etcd_json::swap_body(&key_path(prefix, backend, key), from, to, lease)
+    let marker = marker_path(prefix, backend);
+    etcd_json::swap_body(&key_path(prefix, backend, key), from, to, lease, Some(&marker))
 }
 
 /// The body `ask` sends for `key`, proposing `address`.
@@ -292,7 +303,7 @@ pub fn create_outcome(reply: Reply<'_>) -> Outcome {
 pub enum InView {
     /// Settled as a create-if-absent is ([`create_outcome`]). `revision`: the revision the key was created at,
     /// for [`Outcome::Won`] (the replica's view, holding its own key, is then complete up to it: nothing else in
-    /// the range changed in between); 0 otherwise.
+    /// the backend was placed in between); 0 otherwise.
     Settled { outcome: Outcome, revision: i64 },
     /// The key is absent, but the view was stale: merge these keys ([`merge`]), choose again, and send
     /// [`after_stale`]'s transaction.
