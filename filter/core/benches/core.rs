@@ -4,7 +4,9 @@
 //! - `token_estimate`: the input-token estimate, a second pass over the body (`estimate::input_tokens`);
 //! - `route_chat`: the whole decision for a chat body (`route` with `Api::Chat`): parse, validate, read fields,
 //!   resolve the alias, extract and hash the affinity key, plan the `model` rewrite;
-//! - `body_patch_apply`: apply that rewrite (`BodyPatch::apply`), one copy of the body.
+//! - `body_patch_apply`: apply that rewrite (`BodyPatch::apply`), one copy of the body;
+//! - `response_read`: an answer's usage and a stream event read whole against only the members the filter reads;
+//! - `messages_read`: the content key read from `messages` by walking against through the scan's message index.
 //!
 //! The bodies are the overhead bench's (`harness/src/bench/body.rs`, included below), so the figures compare.
 //! Run with `make bench-micro` or `cargo bench -p llmroute-core --bench core`.
@@ -144,12 +146,50 @@ fn bench_response_reads(c: &mut Criterion) {
     group.finish();
 }
 
+/// The content key read from `messages` after the scan: walking the array against reading the scan's message
+/// index (`message_index`). The bench bodies write `content` before `role`, as serde_json does, so the walk steps
+/// over the user message twice to learn its role.
+fn bench_messages_read(c: &mut Criterion) {
+    use llmroute_core::affinity::ContentKey;
+    use llmroute_core::content::{feed_first_user, feed_leading};
+    use llmroute_core::json::{nav, scan_object_with, Span};
+    use llmroute_core::message_index::MessageIndex;
+    fn key(body: &[u8], list: Span, index: Option<&MessageIndex<'_>>) -> bool {
+        let mut system = ContentKey::system(body::ALIAS);
+        feed_leading(body, list, index, &["system", "developer"], &mut system);
+        if system.finish().is_some() {
+            return true;
+        }
+        let mut user = ContentKey::user_prefix(body::ALIAS, 256);
+        feed_first_user(body, list, index, &mut user) && user.finish().is_some()
+    }
+    let mut group = c.benchmark_group("messages_read");
+    for (id, body) in bodies() {
+        let mut index = MessageIndex::new(&body);
+        let Ok(members) = scan_object_with(&body, MAX_DEPTH, &mut index) else {
+            continue;
+        };
+        let Some(list) = members
+            .iter()
+            .find(|m| nav::str_value(&body, m.key).as_deref() == Some("messages"))
+            .map(|m| m.value)
+        else {
+            continue;
+        };
+        group.bench_function(format!("{id}-walked"), |b| b.iter(|| key(black_box(&body), list, None)));
+        group.bench_function(format!("{id}-indexed"), |b| {
+            b.iter(|| key(black_box(&body), list, Some(&index)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    targets = bench_scan, bench_estimate, bench_route, bench_patch, bench_placement, bench_response_reads
+    targets = bench_scan, bench_estimate, bench_route, bench_patch, bench_placement, bench_response_reads, bench_messages_read
 }
 criterion_main!(benches);

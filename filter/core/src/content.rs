@@ -4,11 +4,86 @@
 //! text parts (`text`, `input_text`) hold a `text` string. Images, tool calls, tool results and reasoning
 //! (`thinking`) parts are skipped, so they never shape an affinity key. Everything here walks validated JSON
 //! without allocating, except to decode an escaped string.
+//!
+//! The messages of a `messages` array are read through the scan's [`MessageIndex`] when it covers the array,
+//! else found by walking; [`Message`] reads a message's role and content the same way from either.
 
 use std::borrow::Cow;
 
 use crate::affinity::ContentKey;
 use crate::json::{nav, Kind, Span};
+use crate::message_index::{Entry, MessageIndex};
+
+/// One message of a `messages` array: as the scan indexed it, or its span, to walk.
+#[derive(Debug, Clone, Copy)]
+pub enum Message {
+    Indexed(Entry),
+    Walked(Span),
+}
+
+impl Message {
+    /// The message's `role`, when it is an object whose first `role` is a string.
+    pub fn role(self, buf: &[u8]) -> Option<Cow<'_, str>> {
+        match self {
+            Message::Indexed(e) if e.object => nav::str_value(buf, e.role?),
+            Message::Indexed(_) => None,
+            Message::Walked(span) => role(buf, span),
+        }
+    }
+
+    /// The value of the message's first `content` member.
+    pub fn content(self, buf: &[u8]) -> Option<Span> {
+        match self {
+            Message::Indexed(e) => e.content.filter(|_| e.object),
+            Message::Walked(span) => nav::get(buf, span, "content"),
+        }
+    }
+}
+
+/// The messages of the array in `messages`, in order: from `index` while it covers them, then by walking.
+pub fn messages<'a>(buf: &'a [u8], messages: Span, index: Option<&'a MessageIndex<'_>>) -> Messages<'a> {
+    match index.and_then(|i| i.of(messages)) {
+        Some(indexed) => Messages {
+            buf,
+            span: messages,
+            indexed: indexed.entries.iter(),
+            walk_after: indexed.overflow.then_some(indexed.entries.len()),
+            walking: None,
+        },
+        None => Messages {
+            buf,
+            span: messages,
+            indexed: [].iter(),
+            walk_after: Some(0),
+            walking: None,
+        },
+    }
+}
+
+/// The iterator of [`messages`].
+pub struct Messages<'a> {
+    buf: &'a [u8],
+    span: Span,
+    indexed: std::slice::Iter<'a, Entry>,
+    /// Once the index is used up: walk on, past this many elements, or stop (`None`).
+    walk_after: Option<usize>,
+    walking: Option<std::iter::Skip<nav::ArrayItems<'a>>>,
+}
+
+impl Iterator for Messages<'_> {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        if let Some(e) = self.indexed.next() {
+            return Some(Message::Indexed(*e));
+        }
+        if self.walking.is_none() {
+            let skip = self.walk_after.take()?;
+            self.walking = Some(nav::array_items(self.buf, self.span).skip(skip));
+        }
+        self.walking.as_mut()?.next().map(Message::Walked)
+    }
+}
 
 /// The `role` of a message object.
 pub fn role(buf: &[u8], msg: Span) -> Option<Cow<'_, str>> {
@@ -56,28 +131,37 @@ pub fn feed_content(buf: &[u8], content: Span, key: &mut ContentKey) {
 
 /// Feeds the text of a message object's `content`.
 pub fn feed_message(buf: &[u8], msg: Span, key: &mut ContentKey) {
-    if let Some(content) = nav::get(buf, msg, "content") {
+    feed_indexed(buf, Message::Walked(msg), key);
+}
+
+/// Feeds the text of a message's `content`, however it was found.
+fn feed_indexed(buf: &[u8], msg: Message, key: &mut ContentKey) {
+    if let Some(content) = msg.content(buf) {
         feed_content(buf, content, key);
     }
 }
 
 /// Feeds every leading message whose role is one of `roles`, separated from each other.
-pub fn feed_leading(buf: &[u8], messages: Span, roles: &[&str], key: &mut ContentKey) {
-    for msg in nav::array_items(buf, messages) {
-        if !role(buf, msg).is_some_and(|r| roles.contains(&r.as_ref())) {
+pub fn feed_leading(buf: &[u8], list: Span, index: Option<&MessageIndex<'_>>, roles: &[&str], key: &mut ContentKey) {
+    for msg in messages(buf, list, index) {
+        if !msg.role(buf).is_some_and(|r| roles.contains(&r.as_ref())) {
             break;
         }
         key.separate();
-        feed_message(buf, msg, key);
+        feed_indexed(buf, msg, key);
     }
 }
 
-/// The first message with role `user`.
-pub fn first_user(buf: &[u8], messages: Span) -> Option<Span> {
-    nav::array_items(buf, messages).find(|m| role(buf, *m).as_deref() == Some("user"))
+/// Feeds the text of the first message with role `user`; false when there is none.
+pub fn feed_first_user(buf: &[u8], list: Span, index: Option<&MessageIndex<'_>>, key: &mut ContentKey) -> bool {
+    let Some(msg) = messages(buf, list, index).find(|m| m.role(buf).as_deref() == Some("user")) else {
+        return false;
+    };
+    feed_indexed(buf, msg, key);
+    true
 }
 
 /// True when `span` is a non-empty array.
-pub fn is_non_empty_array(buf: &[u8], span: Span) -> bool {
-    nav::kind(buf, span) == Some(Kind::Array) && nav::array_items(buf, span).next().is_some()
+pub fn is_non_empty_array(buf: &[u8], span: Span, index: Option<&MessageIndex<'_>>) -> bool {
+    nav::kind(buf, span) == Some(Kind::Array) && messages(buf, span, index).next().is_some()
 }

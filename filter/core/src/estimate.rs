@@ -50,7 +50,7 @@ pub fn input_tokens(buf: &[u8], image_tokens: u32) -> u64 {
                 continue;
             }
             b'}' | b']' => {
-                est.close();
+                est.close(i.saturating_add(1));
                 i = i.saturating_add(1);
                 continue;
             }
@@ -165,7 +165,7 @@ impl Visit for Estimator<'_> {
         self.walk.open(at, object);
     }
 
-    fn close(&mut self) {
+    fn close(&mut self, _at: usize) {
         if let Some(m) = &mut self.muted {
             m.levels = m.levels.saturating_sub(1);
             if m.levels == 0 {
@@ -193,7 +193,7 @@ impl Visit for Estimator<'_> {
         };
     }
 
-    fn value_start(&mut self) {
+    fn value_start(&mut self, _at: usize) {
         if let Some(m) = self.muted {
             if m.levels == 1 && m.array {
                 self.images = self.images.saturating_add(1);

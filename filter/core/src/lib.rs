@@ -26,6 +26,7 @@ pub mod headers;
 pub mod json;
 pub mod key_placement;
 pub mod limits;
+pub mod message_index;
 pub mod models;
 pub mod patch;
 pub mod request;

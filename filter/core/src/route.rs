@@ -15,6 +15,7 @@ use crate::error::GatewayError;
 use crate::estimate::Estimator;
 use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
+use crate::message_index::MessageIndex;
 use crate::route_choice;
 pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 use crate::stream_always;
@@ -88,9 +89,10 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     if api.is_decision() {
         return crate::decisions::route(cfg, api, body, session);
     }
-    // One pass validates, indexes the top-level members and counts the tokens.
-    let mut tokens = Estimator::new(body);
-    let members = scan_object_with(body, MAX_DEPTH, &mut tokens).map_err(GatewayError::InvalidJson)?;
+    // One pass validates, indexes the top-level members and the messages, and counts the tokens.
+    let mut heard = (Estimator::new(body), MessageIndex::new(body));
+    let members = scan_object_with(body, MAX_DEPTH, &mut heard).map_err(GatewayError::InvalidJson)?;
+    let (tokens, messages) = &heard;
     let fields = read_fields(body, &members)?;
     let usage_insert = stream_usage_insert(cfg, api, body, &fields, &members);
     let model_member = fields
@@ -102,6 +104,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     let ctx = api::Context {
         alias: &alias.name,
         affinity: &alias.affinity,
+        messages: Some(messages),
     };
     let inspection = api::inspect(api, body, &fields, &ctx)?;
     let cache_key = prompt_cache_key(body, &fields)?;

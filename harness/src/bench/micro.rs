@@ -49,7 +49,33 @@ pub fn criterion_table(criterion_dir: &Path) -> Option<String> {
         rows.join("\n")
     );
     table.push_str(&response_reads(criterion_dir));
+    table.push_str(&messages_reads(criterion_dir));
     Some(table)
+}
+
+/// The content key read from `messages` (criterion group `messages_read`): walking the array against reading the
+/// scan's message index, side by side in one run, per body size. Empty when the group has not run.
+fn messages_reads(criterion_dir: &Path) -> String {
+    let group = criterion_dir.join("messages_read");
+    let ns = |id: String| median_ns(&group.join(id).join("new/estimates.json"));
+    let mut rows = String::new();
+    for &size in SIZES.iter() {
+        let id = size_id(size);
+        if let (Some(walked), Some(indexed)) = (ns(format!("{id}-walked")), ns(format!("{id}-indexed"))) {
+            rows.push_str(&format!(
+                "| {} | {walked:.0} | {indexed:.0} | {:.1}× |\n",
+                size_label(size),
+                walked / indexed
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\n| content key read from `messages`, ns (median) | walking the array | the scan's message index | speed-up |\n\
+         |---|---:|---:|---:|\n{rows}"
+    )
 }
 
 /// The response path's reads (criterion group `response_read`): the whole document parsed against only the members
@@ -91,6 +117,19 @@ pub fn alloc_table(path: &Path) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// Criterion's `new/estimates.json` for each `(id, median ns)` of `group`.
+    fn write_medians(dir: &Path, group: &str, medians: &[(&str, f64)]) {
+        for (id, ns) in medians {
+            let est = dir.join(group).join(id).join("new");
+            std::fs::create_dir_all(&est).unwrap();
+            std::fs::write(
+                est.join("estimates.json"),
+                format!(r#"{{"median":{{"point_estimate":{ns:.1}}}}}"#),
+            )
+            .unwrap();
+        }
+    }
+
     #[test]
     fn reads_criterion_medians_into_mib_per_s() {
         let dir = tempfile::tempdir().unwrap();
@@ -104,20 +143,24 @@ mod tests {
         assert!(!table.contains("scan_object"));
         assert!(criterion_table(&dir.path().join("none")).is_none());
         assert!(!table.contains("response path read"), "{table}");
-        for (id, ns) in [("answer-whole", "3000.0"), ("answer-kept", "1000.0")] {
-            let est = dir.path().join("response_read").join(id).join("new");
-            std::fs::create_dir_all(&est).unwrap();
-            std::fs::write(
-                est.join("estimates.json"),
-                format!(r#"{{"median":{{"point_estimate":{ns}}}}}"#),
-            )
-            .unwrap();
-        }
+        write_medians(
+            dir.path(),
+            "response_read",
+            &[("answer-whole", 3000.0), ("answer-kept", 1000.0)],
+        );
         let table = criterion_table(dir.path()).unwrap();
         assert!(
             table.contains("| usage of a ~300-byte JSON answer | 3000 | 1000 | 3.00× |"),
             "{table}"
         );
         assert!(!table.contains("delta event"), "{table}");
+        assert!(!table.contains("content key read"), "{table}");
+        write_medians(
+            dir.path(),
+            "messages_read",
+            &[("256KiB-walked", 50000.0), ("256KiB-indexed", 200.0)],
+        );
+        let table = criterion_table(dir.path()).unwrap();
+        assert!(table.contains("| 256 KiB | 50000 | 200 | 250.0× |"), "{table}");
     }
 }

@@ -9,11 +9,11 @@ use crate::fields::Fields;
 
 pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection, GatewayError> {
     let messages = require(fields, "messages")?.value;
-    if !is_non_empty_array(buf, messages) {
+    if !is_non_empty_array(buf, messages, ctx.messages) {
         return Err(invalid("messages", "must be a non-empty array"));
     }
     let mut system = ContentKey::system(ctx.alias);
-    feed_leading(buf, messages, &["system", "developer"], &mut system);
+    feed_leading(buf, messages, ctx.messages, &["system", "developer"], &mut system);
     let content = system.finish().or_else(|| first_user_key(buf, messages, ctx));
     Ok(Inspection::sticky(content, None))
 }

@@ -17,7 +17,7 @@ pub fn inspect(buf: &[u8], fields: &Fields, ctx: &Context) -> Result<Inspection,
         return Err(invalid("max_tokens", "must be a positive integer"));
     }
     let messages = require(fields, "messages")?.value;
-    if !is_non_empty_array(buf, messages) {
+    if !is_non_empty_array(buf, messages, ctx.messages) {
         return Err(invalid("messages", "must be a non-empty array"));
     }
     let mut system = ContentKey::system(ctx.alias);

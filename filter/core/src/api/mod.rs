@@ -16,6 +16,7 @@ use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::fields::Fields;
 use crate::json::{nav, Kind, Member, Span};
+use crate::message_index::MessageIndex;
 
 /// What an API module found in a body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -32,6 +33,8 @@ pub struct Inspection {
 pub struct Context<'a> {
     pub alias: &'a str,
     pub affinity: &'a AffinityConfig,
+    /// The `messages` array as the validating pass indexed it (`None`: walk it).
+    pub messages: Option<&'a MessageIndex<'a>>,
 }
 
 /// Runs the checks and key extraction of `api`.
@@ -60,9 +63,10 @@ impl Inspection {
 
 /// The fallback key: a prefix of the first `user` message in `messages`.
 fn first_user_key(buf: &[u8], messages: Span, ctx: &Context) -> Option<Affinity> {
-    let msg = crate::content::first_user(buf, messages)?;
     let mut key = ContentKey::user_prefix(ctx.alias, ctx.affinity.user_prefix_bytes);
-    crate::content::feed_message(buf, msg, &mut key);
+    if !crate::content::feed_first_user(buf, messages, ctx.messages, &mut key) {
+        return None;
+    }
     key.finish()
 }
 

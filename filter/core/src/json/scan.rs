@@ -102,12 +102,12 @@ impl fmt::Display for JsonError {
 /// method does nothing by default, so a plain scan pays nothing for them. The token estimate
 /// ([`crate::estimate::Estimator`]) listens, so the routes count tokens in the pass that validates.
 pub trait Visit {
-    /// A value starts (before [`Visit::open`] when it is a container).
-    fn value_start(&mut self) {}
+    /// A value starts at byte `at` (before [`Visit::open`] when it is a container).
+    fn value_start(&mut self, _at: usize) {}
     /// An object (`object`) or array opens at byte `at`.
     fn open(&mut self, _at: usize, _object: bool) {}
-    /// The innermost open container closes.
-    fn close(&mut self) {}
+    /// The innermost open container closes; `at` is the byte just past its bracket.
+    fn close(&mut self, _at: usize) {}
     /// An object key, quotes included.
     fn key(&mut self, _key: Span) {}
     /// A string value, quotes included.
@@ -116,6 +116,35 @@ pub trait Visit {
 
 /// The plain scan: no listener.
 impl Visit for () {}
+
+/// Two listeners hear the same pass, `A` before `B`.
+impl<A: Visit, B: Visit> Visit for (A, B) {
+    #[inline]
+    fn value_start(&mut self, at: usize) {
+        self.0.value_start(at);
+        self.1.value_start(at);
+    }
+    #[inline]
+    fn open(&mut self, at: usize, object: bool) {
+        self.0.open(at, object);
+        self.1.open(at, object);
+    }
+    #[inline]
+    fn close(&mut self, at: usize) {
+        self.0.close(at);
+        self.1.close(at);
+    }
+    #[inline]
+    fn key(&mut self, key: Span) {
+        self.0.key(key);
+        self.1.key(key);
+    }
+    #[inline]
+    fn string_value(&mut self, value: Span) {
+        self.0.string_value(value);
+        self.1.string_value(value);
+    }
+}
 
 /// Validates `body` as one JSON object nested at most `max_depth` levels, and returns its top-level members in
 /// document order (duplicates kept).
@@ -231,7 +260,7 @@ impl<V: Visit> Scanner<'_, V> {
                     if b == b']' && matches!(want, Want::ValueOrCloseArray) {
                         self.advance(1);
                         self.stack.pop();
-                        self.visit.close();
+                        self.visit.close(self.pos);
                         true
                     } else {
                         self.value_start(b)?
@@ -241,7 +270,7 @@ impl<V: Visit> Scanner<'_, V> {
                     if b == b'}' && matches!(want, Want::KeyOrClose) {
                         self.advance(1);
                         self.stack.pop();
-                        self.visit.close();
+                        self.visit.close(self.pos);
                         true
                     } else if b == b'"' {
                         let start = self.pos;
@@ -274,7 +303,7 @@ impl<V: Visit> Scanner<'_, V> {
                     } else if b == close {
                         self.advance(1);
                         self.stack.pop();
-                        self.visit.close();
+                        self.visit.close(self.pos);
                         true
                     } else {
                         return Err(self.syntax("',' or a closing bracket"));
@@ -322,7 +351,7 @@ impl<V: Visit> Scanner<'_, V> {
     /// Consumes the start of a value. Returns true when the value is complete (a scalar), false when a
     /// container was opened.
     fn value_start(&mut self, b: u8) -> Result<bool, JsonError> {
-        self.visit.value_start();
+        self.visit.value_start(self.pos);
         match b {
             b'{' | b'[' => {
                 if self.stack.len() >= self.max_depth {
