@@ -624,10 +624,14 @@ async fn discover_and_register_reach_an_etcd_that_requires_client_certificates()
     .await;
     assert!(said.is_some(), "no etcd failure logged:\n{}", refused.log());
     println!("without a client certificate: {}", refused.log().trim());
+    // With TLS 1.3 the client may finish its side of the handshake and send the request before etcd's refusal
+    // arrives: it then reads the alert, or finds the connection torn down under it.
+    let log = refused.log();
     assert!(
-        refused.log().contains("fatal alert"),
-        "etcd refused the handshake:\n{}",
-        refused.log()
+        ["fatal alert", "Broken pipe", "Connection reset"]
+            .iter()
+            .any(|s| log.contains(s)),
+        "etcd refused the handshake:\n{log}"
     );
     let stored: Vec<String> = keys(&s.etcd).await.into_iter().map(|(k, _)| k).collect();
     assert!(!stored.contains(&format!("{PREFIX}/{stray}")), "{stored:?}");
