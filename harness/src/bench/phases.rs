@@ -47,13 +47,15 @@ pub const PHASES: [(&str, &str); 7] = [
 /// The phases whose sum is the floor of any body-routing wasm filter.
 const FLOOR: [&str; 3] = ["enter", "copy", "scan"];
 
-/// The rows after plain Envoy: the phases, then the shipped filter.
+/// The rows after the phases: the shipped build routed as the phase Envoys are, then as it ships.
+const STATIC: &str = "the shipped build, routed statically like the phase Envoys";
 const SHIPPED: &str = "shipped filter, routed on its cluster header";
 
 /// Body sizes the breakdown runs at (those of the run's sizes that are here).
 const SIZES: [usize; 2] = [4 << 10, 256 << 10];
 
-/// The rounds of one case: `rounds[row]`, row 0 plain Envoy, then each phase, then the shipped filter.
+/// The rounds of one case: `rounds[row]`, row 0 plain Envoy, then each phase, then the shipped build routed
+/// statically, then the shipped filter.
 #[derive(Debug, Clone)]
 pub struct PhaseCase {
     pub case: Case,
@@ -135,6 +137,18 @@ pub async fn run(
             Err(e) => return Breakdown::Missing(format!("the `{name}` Envoy did not start: {e}")),
         }
     }
+    progress(None, "starting the shipped filter routed statically");
+    let opts = EnvoyOptions {
+        concurrency: 1,
+        log_level: "warning".into(),
+        cpu_list: settings.proxy_cpus.clone(),
+        static_route: true,
+        ..EnvoyOptions::default()
+    };
+    match Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await {
+        Ok(e) => envoys.push(e),
+        Err(e) => return Breakdown::Missing(format!("the statically routed Envoy did not start: {e}")),
+    }
     let mut targets: Vec<(String, u32)> = vec![(plain.url.clone(), plain.pid)];
     targets.extend(envoys.iter().map(|e| (e.url(super::systems::CHAT_PATH), e.pid())));
     targets.push((shipped.url.clone(), shipped.pid));
@@ -159,6 +173,7 @@ pub async fn run(
 fn row_name(row: usize) -> &'static str {
     match row {
         0 => "plain",
+        r if r == PHASES.len() + 1 => "static",
         r => PHASES.get(r - 1).map_or("shipped", |(n, _)| n),
     }
 }
@@ -211,7 +226,9 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
          in the same interleaved rounds as plain Envoy and the shipped filter. Each phase's Envoy runs the filter up \
          to that phase; \"adds\" is its proxy CPU per request minus the row above's, per round, then the median over \
          rounds (so the column need not sum exactly). Phase Envoys route to the cluster statically, like plain \
-         Envoy; the last row is the shipped filter routing on its own cluster header. Method: \
+         Envoy. `static` is the shipped build routed the same way (what it adds over `response` is the bench \
+         build's own switches, noise when small); the last row is the shipped filter routing on its own cluster \
+         header, so what it adds over `static` is what that routing costs Envoy. Method: \
          [bench/README.md](README.md#where-the-cost-goes-the-phase-breakdown).\n"
     );
     let mut head = String::from("| phase | what it adds |");
@@ -222,11 +239,12 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         rule.push_str("---:|---:|---:|");
     }
     let _ = writeln!(md, "{head}\n{rule}");
-    let rows = PHASES.len() + 2;
+    let rows = PHASES.len() + 3;
     for row in 0..rows {
         let (name, what) = match row {
             0 => ("plain Envoy", "no filter"),
             r if r <= PHASES.len() => PHASES[r - 1],
+            r if r == PHASES.len() + 1 => ("static", STATIC),
             _ => ("shipped", SHIPPED),
         };
         let _ = write!(md, "| {name} | {what} |");
@@ -287,15 +305,18 @@ mod tests {
         }
     }
 
-    /// Plain 50 µs, then each phase 10 µs more than the one above, the shipped filter 5 µs more than `response`.
+    /// Plain 50 µs, then each phase 10 µs more than the one above, the statically routed shipped build 1 µs more
+    /// than `response`, the shipped filter 5 µs more than that.
     fn sample() -> PhaseCase {
         let mut rounds = Vec::new();
         for row in 0..=PHASES.len() {
             let cpu = 50.0 + 10.0 * row as f64;
             rounds.push(vec![m(cpu, 1e6 / cpu); 3]);
         }
-        let last = 50.0 + 10.0 * PHASES.len() as f64 + 5.0;
-        rounds.push(vec![m(last, 1e6 / last); 3]);
+        for extra in [1.0, 6.0] {
+            let cpu = 50.0 + 10.0 * PHASES.len() as f64 + extra;
+            rounds.push(vec![m(cpu, 1e6 / cpu); 3]);
+        }
         PhaseCase {
             case: Case {
                 size: 4 << 10,
@@ -311,7 +332,10 @@ mod tests {
         for row in 1..=PHASES.len() {
             assert!((c.added_us(row).unwrap() - 10.0).abs() < 1e-6);
         }
-        assert!((c.added_us(PHASES.len() + 1).unwrap() - 5.0).abs() < 1e-6);
+        assert!((c.added_us(PHASES.len() + 1).unwrap() - 1.0).abs() < 1e-6);
+        assert!((c.added_us(PHASES.len() + 2).unwrap() - 5.0).abs() < 1e-6);
+        assert_eq!(row_name(PHASES.len() + 1), "static");
+        assert_eq!(row_name(PHASES.len() + 2), "shipped");
         assert_eq!(c.added_us(0), None);
         assert!((c.floor_us().unwrap() - 30.0).abs() < 1e-6);
         assert!((c.over_plain_us(PHASES.len()).unwrap() - 70.0).abs() < 1e-6);
@@ -327,6 +351,14 @@ mod tests {
         }
         assert!(md.contains("| plain Envoy | no filter | 50.0 | – | – |"), "{md}");
         assert!(md.contains("| enter | "), "{md}");
+        assert!(
+            md.contains("| static | the shipped build, routed statically like the phase Envoys | 121.0 | 1.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| shipped | shipped filter, routed on its cluster header | 126.0 | 5.0 |"),
+            "{md}"
+        );
         assert!(
             md.contains("is 30.0 µs, so on proxy CPU the best ratio to plain Envoy is 0.62×"),
             "{md}"
