@@ -5,8 +5,10 @@
 //! Each phase's Envoy runs the filter up to and including that phase; every later phase returns at once. So the
 //! proxy CPU per request of one row minus the row above is what that phase adds, taken per round (the rows of one
 //! round ran within seconds of each other) and then the median over rounds. Every phase Envoy routes to the
-//! backend's cluster statically, like plain Envoy, because a filter stopped early names no cluster; the last row,
-//! the shipped filter routing on its own `x-llmroute-cluster` header, shows what that routing adds in Envoy.
+//! backend's cluster statically, like plain Envoy, because a filter stopped early names no cluster. Two rows
+//! follow: the shipped build routed the same way (`static`: against `response` it shows what the bench build's
+//! switches cost, which should be nothing), and the shipped filter routing on its own `x-llmroute-cluster` header
+//! (against `static`: what that routing adds in Envoy).
 //!
 //! The floor: a filter that routes on the body in a wasm VM must enter the VM, have Envoy buffer the body and copy
 //! it in, and read it. The first, third and fourth phases are that; what they cost over plain Envoy bounds the
