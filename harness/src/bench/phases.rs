@@ -1,6 +1,7 @@
 //! Where the filter's cost goes, measured inside Envoy: the filter built with its later phases switched off
 //! (`make build-phases`, see `filter/src/phases.rs`), one Envoy per phase, side by side with plain Envoy and the
-//! whole filter in the same interleaved rounds.
+//! whole filter in the same interleaved rounds. Every row is an Envoy started for the breakdown once the main run's
+//! have stopped, so all rows are equally fresh.
 //!
 //! Each phase's Envoy runs the filter up to and including that phase; every later phase returns at once. So the
 //! proxy CPU per request of one row minus the row above is what that phase adds, taken per round (the rows of one
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use super::overhead::{measure, prepare, progress, report_round, Case, Measure, Settings};
 use super::stats::median_of;
-use super::systems::{bench_config, System};
+use super::systems::bench_config;
 use super::upstream::Upstreams;
 use crate::envoy::{phases_wasm_module, Envoy, EnvoyOptions};
 
@@ -109,51 +110,54 @@ pub enum Breakdown {
     Missing(String),
 }
 
-/// Runs the breakdown at 4 KiB and 256 KiB (those of `settings.sizes`), at concurrency 16 (or the highest run),
-/// against `plain` and `shipped` (the main run's plain Envoy and llmroute).
-pub async fn run(
-    settings: &Settings,
-    upstreams: &Upstreams,
-    plain: &System,
-    shipped: &System,
-    started: Instant,
-) -> Breakdown {
+/// Runs the breakdown at 4 KiB and 256 KiB (those of `settings.sizes`), at concurrency 16 (or the highest run).
+/// Every row is an Envoy started for it, at the same moment, so none carries the main run's load: an Envoy that
+/// has buffered ten minutes of bodies up to 1 MiB costs more per large body than a fresh one.
+pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -> Breakdown {
     let wasm = phases_wasm_module();
     if !wasm.exists() {
         return Breakdown::Missing(format!("{} is missing: run `make build-phases`", wasm.display()));
     }
-    let mut envoys = Vec::new();
-    for (name, _) in PHASES {
-        progress(None, &format!("starting the filter up to phase `{name}`"));
-        let opts = EnvoyOptions {
-            concurrency: 1,
-            log_level: "warning".into(),
-            cpu_list: settings.proxy_cpus.clone(),
-            wasm: Some(wasm.clone()),
-            vm_configuration: Some(name.to_string()),
-            static_route: true,
-            ..EnvoyOptions::default()
-        };
-        match Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await {
-            Ok(e) => envoys.push(e),
-            Err(e) => return Breakdown::Missing(format!("the `{name}` Envoy did not start: {e}")),
-        }
-    }
-    progress(None, "starting the shipped filter routed statically");
-    let opts = EnvoyOptions {
+    let base = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
         cpu_list: settings.proxy_cpus.clone(),
-        static_route: true,
         ..EnvoyOptions::default()
     };
-    match Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await {
-        Ok(e) => envoys.push(e),
-        Err(e) => return Breakdown::Missing(format!("the statically routed Envoy did not start: {e}")),
+    let mut rows: Vec<(String, EnvoyOptions)> = vec![(
+        "plain Envoy".into(),
+        EnvoyOptions {
+            with_filter: false,
+            ..base.clone()
+        },
+    )];
+    for (name, _) in PHASES {
+        let opts = EnvoyOptions {
+            wasm: Some(wasm.clone()),
+            vm_configuration: Some(name.to_string()),
+            static_route: true,
+            ..base.clone()
+        };
+        rows.push((format!("the filter up to phase `{name}`"), opts));
     }
-    let mut targets: Vec<(String, u32)> = vec![(plain.url.clone(), plain.pid)];
-    targets.extend(envoys.iter().map(|e| (e.url(super::systems::CHAT_PATH), e.pid())));
-    targets.push((shipped.url.clone(), shipped.pid));
+    let statically = EnvoyOptions {
+        static_route: true,
+        ..base.clone()
+    };
+    rows.push(("the shipped filter routed statically".into(), statically));
+    rows.push(("the shipped filter".into(), base));
+    let mut envoys = Vec::new();
+    for (what, opts) in rows {
+        progress(None, &format!("starting {what}"));
+        match Envoy::start_with(bench_config(&upstreams.endpoints()), opts).await {
+            Ok(e) => envoys.push(e),
+            Err(e) => return Breakdown::Missing(format!("{what} did not start: {e}")),
+        }
+    }
+    let targets: Vec<(String, u32)> = envoys
+        .iter()
+        .map(|e| (e.url(super::systems::CHAT_PATH), e.pid()))
+        .collect();
     let concurrency = settings
         .concurrencies
         .iter()
@@ -225,7 +229,8 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
     let _ = writeln!(
         md,
         "The filter built with its later phases switched off (`make build-phases`), one Envoy per phase, measured \
-         in the same interleaved rounds as plain Envoy and the shipped filter. Each phase's Envoy runs the filter up \
+         in the same interleaved rounds as plain Envoy and the shipped filter; every row is an Envoy started for \
+         this section, after the main run's have stopped. Each phase's Envoy runs the filter up \
          to that phase; \"adds\" is its proxy CPU per request minus the row above's, per round, then the median over \
          rounds (so the column need not sum exactly). Phase Envoys route to the cluster statically, like plain \
          Envoy. `static` is the shipped build routed the same way (what it adds over `response` is the bench \
