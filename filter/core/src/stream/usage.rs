@@ -37,10 +37,13 @@ impl Usage {
 
 /// Parses a bounded JSON document; `None` when it is too big, too deep or not an object.
 pub fn parse_doc(text: &str) -> Option<Value> {
-    if text.len() > MAX_USAGE_DOC || scan_object(text.as_bytes(), MAX_DEPTH).is_err() {
-        return None;
-    }
-    serde_json::from_str(text).ok()
+    readable(text).then(|| serde_json::from_str(text).ok()).flatten()
+}
+
+/// True when `text` is within the bounds of a document read for usage: at most [`MAX_USAGE_DOC`] bytes, one JSON
+/// object nested at most [`MAX_DEPTH`] levels.
+fn readable(text: &str) -> bool {
+    text.len() <= MAX_USAGE_DOC && scan_object(text.as_bytes(), MAX_DEPTH).is_ok()
 }
 
 /// The usage of a whole JSON answer: the same as [`from_value`] of [`parse_doc`], without building the rest of the
@@ -56,7 +59,7 @@ pub fn of_document(text: &str) -> Option<Usage> {
 /// result reads what it would have read in `parse_doc`'s.
 pub fn parse_members(text: &str, keep: &[&str], shape_only: &[&str]) -> Option<Value> {
     use serde::de::DeserializeSeed;
-    if text.len() > MAX_USAGE_DOC || scan_object(text.as_bytes(), MAX_DEPTH).is_err() {
+    if !readable(text) {
         return None;
     }
     let mut de = serde_json::Deserializer::from_str(text);
