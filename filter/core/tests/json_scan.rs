@@ -1059,3 +1059,70 @@ fn scanner_and_serde_json_both_refuse_lone_surrogates() {
         assert!(scan(body).is_err(), "{body}");
     }
 }
+
+/// The UTF-8 check rides on the scan (a string's characters from 0x80 up are checked where the skip stops at
+/// them); it must still answer exactly as a check of the whole body before the scan would: a body that is not
+/// UTF-8 is refused as such at std's offset whatever else is wrong with it, and a UTF-8 one never is.
+#[test]
+fn utf8_errors_are_found_anywhere_and_at_stds_offset() {
+    const BYTES: &[u8] = &[
+        0x80, 0xbf, 0xc0, 0xc1, 0xc3, 0xdf, 0xe0, 0xe2, 0xed, 0xef, 0xf0, 0xf4, 0xf5, 0xff, b'"', b'\\', b'a', 0x1f,
+    ];
+    let mut rng = Lcg(0x5eed_0007);
+    let mut invalid = 0;
+    for n in 0..600 {
+        let (_, body) = gen_document(&mut rng);
+        let mut bytes = body.into_bytes();
+        for _ in 0..1 + rng.below(3) {
+            if bytes.is_empty() {
+                break;
+            }
+            let at = rng.below(bytes.len());
+            bytes[at] = *rng.pick(BYTES);
+        }
+        if rng.chance(4) {
+            bytes.truncate(rng.below(bytes.len() + 1));
+        }
+        let got = scan_object(&bytes, MAX_DEPTH);
+        match std::str::from_utf8(&bytes) {
+            Err(e) => {
+                invalid += 1;
+                assert_eq!(
+                    got,
+                    Err(JsonError::InvalidUtf8 {
+                        offset: e.valid_up_to()
+                    }),
+                    "doc {n}: {bytes:?}"
+                );
+            }
+            Ok(_) => {
+                assert!(!matches!(got, Err(JsonError::InvalidUtf8 { .. })), "doc {n}: {bytes:?}");
+                if let Some(theirs) = serde_accepts(&bytes) {
+                    assert_eq!(got.is_ok(), theirs, "doc {n}: {bytes:?}");
+                }
+            }
+        }
+    }
+    assert!(invalid > 100, "the mutations made {invalid} bodies that are not UTF-8");
+}
+
+#[test]
+fn long_runs_of_text_outside_ascii_scan() {
+    // Runs of characters from 0x80 up, between escapes and ASCII, across the 16-byte steps.
+    for len in [1usize, 5, 15, 16, 17, 40, 1000] {
+        for piece in ["é", "€", "中", "😀", "aé", "\\n中"] {
+            let s = piece.repeat(len);
+            let body = format!("{{\"a\":\"{s}\",\"b\":[\"{s}x\",1]}}");
+            assert_eq!(ok(&body).len(), 2, "{piece} x{len}");
+            let mut cut = body.clone().into_bytes();
+            let last = body.rfind(piece.chars().last().unwrap()).unwrap();
+            cut.remove(last + piece.chars().last().unwrap().len_utf8() - 1);
+            if std::str::from_utf8(&cut).is_err() {
+                assert!(matches!(
+                    scan_object(&cut, MAX_DEPTH),
+                    Err(JsonError::InvalidUtf8 { .. })
+                ));
+            }
+        }
+    }
+}

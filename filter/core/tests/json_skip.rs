@@ -1,11 +1,24 @@
-//! The fast string skip (`json::skip`) against its byte-at-a-time definition, on random input: every length and
-//! alignment around the 8- and 16-byte steps, and bytes drawn mostly from the ones that stop it and their
-//! neighbours (`"`, `\`, 0x1f, 0x20, 0x21, 0x5b-0x5d, 0x7f-0x81, 0xa0, 0xff), where a bit trick would slip.
+//! The fast string skips (`json::skip`, with and without the stop at bytes from 0x80 up) against their
+//! byte-at-a-time definitions, on random input: every length and alignment around the 8- and 16-byte steps, and
+//! bytes drawn mostly from the ones that stop them and their neighbours (`"`, `\`, 0x1f, 0x20, 0x21, 0x5b-0x5d,
+//! 0x7f-0x81, 0xa0, 0xff), where a bit trick would slip.
 
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use llmroute_core::json::skip::{string_stop, string_stop_simple, string_stop_words};
+use llmroute_core::json::skip::{
+    string_stop, string_stop_simple, string_stop_utf8, string_stop_utf8_simple, string_stop_utf8_words,
+    string_stop_words,
+};
+
+/// Every fast skip against its definition on `bytes`.
+fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(string_stop(bytes), string_stop_simple(bytes));
+    prop_assert_eq!(string_stop_words(bytes), string_stop_simple(bytes));
+    prop_assert_eq!(string_stop_utf8(bytes), string_stop_utf8_simple(bytes));
+    prop_assert_eq!(string_stop_utf8_words(bytes), string_stop_utf8_simple(bytes));
+    Ok(())
+}
 use proptest::prelude::*;
 
 /// Bytes near the stop set, plus plain text, plus anything.
@@ -37,14 +50,12 @@ proptest! {
 
     #[test]
     fn fast_skip_agrees_with_the_definition(bytes in prop::collection::vec(byte(), 0..80)) {
-        prop_assert_eq!(string_stop(&bytes), string_stop_simple(&bytes));
-        prop_assert_eq!(string_stop_words(&bytes), string_stop_simple(&bytes));
+        agree(&bytes)?;
     }
 
     #[test]
     fn fast_skip_finds_a_lone_stop_anywhere(bytes in sparse()) {
-        prop_assert_eq!(string_stop(&bytes), string_stop_simple(&bytes));
-        prop_assert_eq!(string_stop_words(&bytes), string_stop_simple(&bytes));
+        agree(&bytes)?;
     }
 }
 
@@ -63,6 +74,16 @@ fn every_byte_value_at_every_offset() {
                 assert_eq!(
                     string_stop(&v),
                     string_stop_simple(&v),
+                    "byte {b:#04x} at {at} of {len}"
+                );
+                assert_eq!(
+                    string_stop_utf8_words(&v),
+                    string_stop_utf8_simple(&v),
+                    "byte {b:#04x} at {at} of {len}"
+                );
+                assert_eq!(
+                    string_stop_utf8(&v),
+                    string_stop_utf8_simple(&v),
                     "byte {b:#04x} at {at} of {len}"
                 );
             }

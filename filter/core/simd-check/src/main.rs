@@ -1,10 +1,14 @@
-//! Runs in V8 (node's WASI), built exactly as the filter is (`wasm32-wasip1`, `+simd128`): the SIMD128 string skip
-//! and ASCII check of `llmroute_core::json::skip` must return what the byte-at-a-time definitions return, on
-//! random input drawn mostly from the bytes that stop a scan and their neighbours, and on every byte value at
-//! every offset around the 16- and 64-byte steps. The native build runs the same comparison as a property test
-//! (`filter/core/tests/json_skip.rs`). Exits non-zero on the first disagreement.
+//! Runs in V8 (node's WASI), built exactly as the filter is (`wasm32-wasip1`, `+simd128`): the SIMD128 string
+//! skips of `llmroute_core::json::skip` (with and without the stop at bytes from 0x80 up, on which the scanner's
+//! UTF-8 check rides) must return what the byte-at-a-time definitions return, on random input drawn mostly from
+//! the bytes that stop a scan and their neighbours, and on every byte value at every offset around the 16-byte
+//! step. The native build runs the same comparison as a property test (`filter/core/tests/json_skip.rs`). Exits
+//! non-zero on the first disagreement.
 
-use llmroute_core::json::skip::{is_ascii, string_stop, string_stop_simple, string_stop_words};
+use llmroute_core::json::skip::{
+    string_stop, string_stop_simple, string_stop_utf8, string_stop_utf8_simple, string_stop_utf8_words,
+    string_stop_words,
+};
 
 /// The bytes near the stop set, plus plain text.
 const POOL: [u8; 16] = [
@@ -16,8 +20,9 @@ fn check(v: &[u8]) -> Result<(), String> {
     if string_stop(v) != want || string_stop_words(v) != want {
         return Err(format!("string_stop disagrees on {v:?}: want {want:?}"));
     }
-    if is_ascii(v) != v.iter().all(u8::is_ascii) {
-        return Err(format!("is_ascii disagrees on {v:?}"));
+    let want = string_stop_utf8_simple(v);
+    if string_stop_utf8(v) != want || string_stop_utf8_words(v) != want {
+        return Err(format!("string_stop_utf8 disagrees on {v:?}: want {want:?}"));
     }
     Ok(())
 }

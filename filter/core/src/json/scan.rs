@@ -154,14 +154,18 @@ pub fn scan_object(body: &[u8], max_depth: usize) -> Result<Vec<Member>, JsonErr
 
 /// [`scan_object`], telling `visit` the structure as it goes. On an error, what `visit` heard is meaningless.
 pub fn scan_object_with<V: Visit>(body: &[u8], max_depth: usize, visit: &mut V) -> Result<Vec<Member>, JsonError> {
-    // All ASCII is UTF-8: only a body with other bytes gets the closer look.
-    if !super::skip::is_ascii(body) {
-        if let Err(e) = std::str::from_utf8(body) {
-            return Err(JsonError::InvalidUtf8 {
-                offset: e.valid_up_to(),
-            });
-        }
-    }
+    // The UTF-8 check rides on the scan: outside strings only ASCII passes, and inside one every character from
+    // 0x80 up is checked where the string skip stops at it. A body that fails either way gets std's whole check,
+    // so an invalid byte anywhere is reported as such, at its offset, before any syntax error.
+    scan_checked(body, max_depth, visit).map_err(|e| match std::str::from_utf8(body) {
+        Err(bad) => JsonError::InvalidUtf8 {
+            offset: bad.valid_up_to(),
+        },
+        Ok(_) => e,
+    })
+}
+
+fn scan_checked<V: Visit>(body: &[u8], max_depth: usize, visit: &mut V) -> Result<Vec<Member>, JsonError> {
     let mut s = Scanner {
         buf: body,
         pos: 0,
@@ -391,7 +395,7 @@ impl<V: Visit> Scanner<'_, V> {
         let mut escaped = false;
         loop {
             let rest = self.buf.get(self.pos..).unwrap_or_default();
-            let stop = super::skip::string_stop(rest);
+            let stop = super::skip::string_stop_utf8(rest);
             let Some(i) = stop else {
                 self.pos = self.buf.len();
                 return Err(self.syntax("a closing '\"'"));
@@ -406,8 +410,27 @@ impl<V: Visit> Scanner<'_, V> {
                     escaped = true;
                     self.escape()?;
                 }
+                Some(&c) if c >= 0x80 => self.non_ascii()?,
                 _ => return Err(self.syntax("no raw control characters inside a string")),
             }
+        }
+    }
+
+    /// Checks the run of string bytes from a byte of 0x80 or more up to the next `"`, `\\` or control byte (or the
+    /// end) as UTF-8, and steps over it. The run starts after an ASCII byte and ends before one, on character
+    /// boundaries, so it is valid exactly when the body is valid there. Text outside ASCII is usually a run of such
+    /// characters: one check per run, not per character.
+    fn non_ascii(&mut self) -> Result<(), JsonError> {
+        let rest = self.buf.get(self.pos..).unwrap_or_default();
+        let run = super::skip::string_stop(rest).unwrap_or(rest.len());
+        match std::str::from_utf8(rest.get(..run).unwrap_or_default()) {
+            Ok(_) => {
+                self.advance(run);
+                Ok(())
+            }
+            Err(e) => Err(JsonError::InvalidUtf8 {
+                offset: self.pos.saturating_add(e.valid_up_to()),
+            }),
         }
     }
 

@@ -9,11 +9,15 @@
 //!   the classic "has a zero byte" and "has a byte less than n" bit tricks. The lowest flagged byte is always a
 //!   real hit (a false flag can only sit above a real one, where a borrow ran on), so the first stop is exact.
 //!
-//! [`is_ascii`] lets the scanner skip its UTF-8 check for an all-ASCII body, the usual prompt, in the same way.
+//! [`string_stop_utf8`] stops at the same bytes and at every byte from 0x80 up, the start of a character outside
+//! ASCII: the scanner's string loop uses it, so the UTF-8 check costs a look only where a string holds such
+//! characters, instead of a second pass over the whole body (with SIMD128 it is the same three compares: a signed
+//! "below 0x20" is also true of every byte from 0x80 up).
 //!
-//! Both return exactly what [`string_stop_simple`] returns, the byte-at-a-time definition; a property test
-//! (`filter/core/tests/json_skip.rs`) holds the word version to it on random input, and the real-Envoy tests run
-//! the SIMD build. Cost: linear, no allocation, no indexing that can fail.
+//! Each returns exactly what its byte-at-a-time definition returns ([`string_stop_simple`],
+//! [`string_stop_utf8_simple`]); a property test (`filter/core/tests/json_skip.rs`) holds the word versions to
+//! them on random input, `make simd-check` the SIMD128 ones in V8, and the real-Envoy tests run the SIMD build.
+//! Cost: linear, no allocation, no indexing that can fail.
 
 /// The index of the first `"`, `\` or byte below 0x20 in `bytes`, if any.
 #[inline]
@@ -28,17 +32,16 @@ pub fn string_stop(bytes: &[u8]) -> Option<usize> {
     }
 }
 
-/// True when every byte of `bytes` is ASCII, so the body is UTF-8 without a closer look. With SIMD128, 64 bytes
-/// per step (std's own check steps a machine word at a time, 4 bytes on wasm32); elsewhere, std's check.
+/// The index of the first `"`, `\`, byte below 0x20 or byte from 0x80 up in `bytes`, if any.
 #[inline]
-pub fn is_ascii(bytes: &[u8]) -> bool {
+pub fn string_stop_utf8(bytes: &[u8]) -> Option<usize> {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     {
-        simd::is_ascii(bytes)
+        simd::string_stop_utf8(bytes)
     }
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     {
-        bytes.is_ascii()
+        words::string_stop_utf8(bytes)
     }
 }
 
@@ -47,15 +50,25 @@ pub fn string_stop_simple(bytes: &[u8]) -> Option<usize> {
     bytes.iter().position(|&c| is_stop(c))
 }
 
+/// The definition of [`string_stop_utf8`]: byte at a time.
+pub fn string_stop_utf8_simple(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&c| is_stop(c) || c >= 0x80)
+}
+
 /// True for the bytes a string scan must stop at.
 #[inline(always)]
 fn is_stop(c: u8) -> bool {
     c == b'"' || c == b'\\' || c < 0x20
 }
 
-/// The word-at-a-time version, exposed so the property test can hold it to the definition on every target.
+/// The word-at-a-time versions, exposed so the property test can hold them to the definitions on every target.
 pub fn string_stop_words(bytes: &[u8]) -> Option<usize> {
     words::string_stop(bytes)
+}
+
+/// See [`string_stop_words`].
+pub fn string_stop_utf8_words(bytes: &[u8]) -> Option<usize> {
+    words::string_stop_utf8(bytes)
 }
 
 mod words {
@@ -85,10 +98,21 @@ mod words {
     }
 
     pub fn string_stop(bytes: &[u8]) -> Option<usize> {
+        first(bytes, stops, super::string_stop_simple)
+    }
+
+    /// [`string_stop`], also stopping at every byte from 0x80 up: its high bit is a real flag, never a false one.
+    pub fn string_stop_utf8(bytes: &[u8]) -> Option<usize> {
+        first(bytes, |w| stops(w) | (w & HIGH), super::string_stop_utf8_simple)
+    }
+
+    /// The first byte `flags` marks, 16 bytes a step; the tail shorter than 16 bytes goes to `simple`.
+    #[inline(always)]
+    fn first(bytes: &[u8], flags: impl Fn(u64) -> u64, simple: fn(&[u8]) -> Option<usize>) -> Option<usize> {
         let mut at = 0usize;
         let mut pairs = bytes.chunks_exact(16);
         for pair in &mut pairs {
-            let (lo, hi) = (stops(word(pair)), stops(word(pair.get(8..).unwrap_or_default())));
+            let (lo, hi) = (flags(word(pair)), flags(word(pair.get(8..).unwrap_or_default())));
             if lo | hi != 0 {
                 let first = if lo != 0 {
                     lo.trailing_zeros() / 8
@@ -99,13 +123,15 @@ mod words {
             }
             at = at.saturating_add(16);
         }
-        super::string_stop_simple(pairs.remainder()).map(|i| at.saturating_add(i))
+        simple(pairs.remainder()).map(|i| at.saturating_add(i))
     }
 }
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd {
-    use core::arch::wasm32::{u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_load, v128_or};
+    use core::arch::wasm32::{
+        i8x16_lt, i8x16_splat, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_load, v128_or,
+    };
 
     /// The 16 bytes of a 16-byte chunk.
     #[inline(always)]
@@ -115,33 +141,32 @@ mod simd {
         unsafe { v128_load(chunk.as_ptr().cast::<v128>()) }
     }
 
-    pub fn is_ascii(bytes: &[u8]) -> bool {
-        let mut blocks = bytes.chunks_exact(64);
-        for block in &mut blocks {
-            let any = block
-                .chunks_exact(16)
-                .fold(u8x16_splat(0), |acc, chunk| v128_or(acc, load(chunk)));
-            // The bitmask holds each byte's high bit: zero when all 64 bytes are ASCII.
-            if u8x16_bitmask(any) != 0 {
-                return false;
-            }
-        }
-        blocks.remainder().is_ascii()
+    pub fn string_stop(bytes: &[u8]) -> Option<usize> {
+        let space = u8x16_splat(0x20);
+        first(bytes, |v| u8x16_lt(v, space), super::string_stop_simple)
     }
 
-    pub fn string_stop(bytes: &[u8]) -> Option<usize> {
-        let (quote, backslash, space) = (u8x16_splat(b'"'), u8x16_splat(b'\\'), u8x16_splat(0x20));
+    /// As signed bytes, 0x80 and up are negative: one signed "below 0x20" flags them and the control bytes.
+    pub fn string_stop_utf8(bytes: &[u8]) -> Option<usize> {
+        let space = i8x16_splat(0x20);
+        first(bytes, |v| i8x16_lt(v, space), super::string_stop_utf8_simple)
+    }
+
+    /// The first `"`, `\` or byte `low` flags, 16 bytes a step; the tail shorter than 16 bytes goes to `simple`.
+    #[inline(always)]
+    fn first(bytes: &[u8], low: impl Fn(v128) -> v128, simple: fn(&[u8]) -> Option<usize>) -> Option<usize> {
+        let (quote, backslash) = (u8x16_splat(b'"'), u8x16_splat(b'\\'));
         let mut at = 0usize;
         let mut chunks = bytes.chunks_exact(16);
         for chunk in &mut chunks {
             let v = load(chunk);
-            let hits = v128_or(v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)), u8x16_lt(v, space));
+            let hits = v128_or(v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)), low(v));
             let mask = u8x16_bitmask(hits);
             if mask != 0 {
                 return Some(at.saturating_add(mask.trailing_zeros() as usize));
             }
             at = at.saturating_add(16);
         }
-        super::string_stop_simple(chunks.remainder()).map(|i| at.saturating_add(i))
+        simple(chunks.remainder()).map(|i| at.saturating_add(i))
     }
 }
