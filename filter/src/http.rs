@@ -63,6 +63,8 @@ pub struct Http {
     /// When the request started, and when the first response body byte came (host clock, ms).
     started_ms: u64,
     first_byte_ms: Option<u64>,
+    /// The response's `:status`, as the response-header plan read it: the log phase's status.
+    status: Option<u32>,
     /// The backend that served the routed request.
     backend: Option<String>,
     /// A backend error on `/v1/messages` is being buffered, to go out in the Anthropic envelope.
@@ -93,6 +95,7 @@ impl Http {
             store_wait: None,
             started_ms: 0,
             first_byte_ms: None,
+            status: None,
             backend: None,
             rewriting_error: None,
             envelope: Envelope::OpenAi,
@@ -464,6 +467,7 @@ impl HttpContext for Http {
         let plan = response_plan::plan(&settings, routed.as_ref(), &host::response_header, &|| {
             host::property_string(&["upstream", "address"])
         });
+        self.status = plan.status;
         for name in &plan.remove {
             host::remove_response_header(name);
         }
@@ -583,7 +587,8 @@ impl HttpContext for Http {
         if let Some(o) = outcome {
             self.metrics.stream_outcome(o);
         }
-        let status = host::response_code().unwrap_or(0);
+        // The status the response headers had; `response.code` only when they never came (a reply cut before them).
+        let status = self.status.or_else(host::response_code).unwrap_or(0);
         let now = host::now_ms();
         let since_start = |t: u64| (self.started_ms > 0).then(|| t.saturating_sub(self.started_ms));
         let backend = self.backend.as_deref().unwrap_or(&d.cluster);

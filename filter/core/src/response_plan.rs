@@ -69,6 +69,9 @@ pub struct ResponsePlan {
     pub set: Vec<(&'static str, String)>,
     pub remove: Vec<&'static str>,
     pub body: BodyPlan,
+    /// The `:status` the plan read (a routed response only): the log phase's status label, which spares it a
+    /// read of `response.code`.
+    pub status: Option<u32>,
 }
 
 /// What the request phase decided, as far as the response headers need it.
@@ -107,6 +110,7 @@ pub fn plan(
         set: Vec::new(),
         remove: Vec::new(),
         body: BodyPlan::Relay,
+        status: None,
     };
     // Envoy's stateful-session filter names the upstream host (base64 `IP:PORT`) on every response it relays,
     // pinned or not; clients need not know it. Removed whatever the config in force says: a live (ECDS) change
@@ -143,6 +147,7 @@ pub fn plan(
         }
     }
     let status = response_header(":status").and_then(|s| s.parse::<u32>().ok());
+    p.status = status;
     // Envoy marks a request it shed (circuit breaker, overload) on its own 503 only, so a response of any other
     // status costs no read of the marker.
     if status == Some(OVERLOADED_STATUS) && response_header("x-envoy-overloaded").as_deref() == Some("true") {

@@ -42,7 +42,9 @@ fn a_plain_chat_request_makes_this_many_host_calls() {
         (GetMap, 1),           // the request headers, once
         (GetMapValue, 2),      // :status, content-type (x-envoy-overloaded is read only on a 503: was 3)
         (SetMapValue, 8),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source; the stateful-session header removed from the response
-        (GetProperty, 1),      // response.code (was 3: the backend is the cluster off a failover route, and response.code_details only a stream's outcome reads)
+        // GetProperty 0 (was 3): the backend is the cluster off a failover route, response.code_details only a
+        // stream's outcome reads, and the status label is the :status the response-header plan read (response.code
+        // only when no response headers came)
         (SetProperty, 6),      // access-log fields: alias, upstream model, affinity source, backend, 2 token counts
         (IncrementMetric, 3),  // requests, input and output tokens
         (RecordMetric, 4),     // ttfb, duration, prompt and completion tokens
@@ -59,7 +61,7 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
         (GetMap, 1),
         (GetMapValue, 2),      // as above (was 3)
         (SetMapValue, 9),      // as above, and content-length removed from the stream
-        (GetProperty, 2),      // response.code_details for the outcome, response.code (was 3: the backend)
+        (GetProperty, 1),      // response.code_details for the outcome (was 3: the backend, response.code)
         (SetProperty, 8),      // as above, and the outcome twice (stream start and end) ...
         (IncrementMetric, 4),  // ... and the stream outcome counted
         (RecordMetric, 4),
@@ -101,7 +103,6 @@ fn an_engine_error_is_not_copied_into_the_vm() {
         (GetMap, 1),
         (GetMapValue, 2),      // :status, content-type
         (SetMapValue, 8),
-        (GetProperty, 1),      // response.code
         (SetProperty, 4),      // alias, upstream model, affinity source, backend
         (IncrementMetric, 1),  // requests
         (RecordMetric, 2),     // ttfb, duration
@@ -145,7 +146,6 @@ fn a_body_sent_unedited_keeps_the_clients_content_length() {
         (GetMap, 1),
         (GetMapValue, 2),
         (SetMapValue, 7),      // cluster, accept-encoding, affinity, 2 token estimates; affinity source; the session header
-        (GetProperty, 1),
         (SetProperty, 6),
         (IncrementMetric, 3),
         (RecordMetric, 4),

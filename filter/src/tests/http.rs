@@ -377,3 +377,32 @@ fn a_host_error_at_any_call_neither_panics_nor_loses_the_request() {
         assert_survives(&bounded_config(), stream, HostStatus::Other(77));
     }
 }
+
+#[test]
+fn the_status_label_is_the_response_headers_and_envoys_only_without_them() {
+    let requests = |class: &str| {
+        format!("llmroute_requests_total;alias=chat;backend=llama-a;api=chat;code_class={class};affinity_source=system_prompt")
+    };
+    // Response headers came: their :status is the label (response.code is not read; here it would disagree).
+    let fake = FakeHost::install();
+    let first = root(&fake, CONFIG);
+    let mut x = Exchange::new(&fake, &first, 1);
+    let body = chat(false);
+    x.request_headers(&REQUEST_HEADERS, false);
+    x.request_body(body.as_bytes(), true);
+    x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+    fake.set_property_bytes(&["response", "code"], &503u64.to_le_bytes());
+    x.response_body(JSON_ANSWER.as_bytes(), true);
+    x.log();
+    assert_eq!(fake.metric(&requests("2xx")), Some(1));
+    assert_eq!(fake.metric(&requests("5xx")), None);
+    // None came (the upstream reset first): Envoy's response.code is the label.
+    let fake = FakeHost::install();
+    let second = root(&fake, CONFIG);
+    let mut x = Exchange::new(&fake, &second, 2);
+    x.request_headers(&REQUEST_HEADERS, false);
+    x.request_body(body.as_bytes(), true);
+    fake.set_property_bytes(&["response", "code"], &503u64.to_le_bytes());
+    x.log();
+    assert_eq!(fake.metric(&requests("5xx")), Some(1));
+}
