@@ -13,7 +13,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap build-phases cli envoy etcd demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -154,6 +154,15 @@ bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md
 bench-overhead: build build-phases envoy etcd bench-peers ## Filter overhead vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy, and bounded_keys with and without the etcd placement store vs hash (<=15 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
+
+perf: ## Install perf (Debian linux-perf; apt-get as root) unless it is on PATH
+	@if command -v perf >/dev/null; then perf --version; else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf && perf --version; fi
+
+PROFILE_ARGS ?= --size 4096 --concurrency 16 --perf-dir target/profile
+bench-profile: build envoy perf ## One case of the overhead bench, plain Envoy then llmroute: CPU per request by thread and, from perf, by object (Envoy, kernel, V8's JIT code); PROFILE_ARGS="--size 262144 --age-seconds 120" to age each Envoy and measure again; method in bench/README.md
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) profile $(PROFILE_ARGS)
 
 bench-routing: build envoy bench-peers ## Routing quality vs the peer routers and the oracle, on emulated engines with a cost model (<=10 min): bench/ROUTING.md, bench/routing.png; BENCH_ROUTING_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench

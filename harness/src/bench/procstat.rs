@@ -47,7 +47,7 @@ fn parse_cpu_busy(stat: &str, cpu: usize) -> Option<u64> {
 
 /// `utime + stime` from a `/proc/<pid>/stat` line. Fields are counted after the `)` that ends `comm`, since
 /// `comm` may itself hold spaces.
-fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+pub(crate) fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     let mut fields = after_comm.split_whitespace();
     // After comm: state is field 3; utime and stime are fields 14 and 15, i.e. the 12th and 13th after comm.
@@ -63,7 +63,7 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
 }
 
 /// `getconf CLK_TCK`, once; 100 when it cannot be read.
-fn clock_ticks() -> u64 {
+pub(crate) fn clock_ticks() -> u64 {
     static TICKS: OnceLock<u64> = OnceLock::new();
     *TICKS.get_or_init(|| {
         std::process::Command::new("getconf")

@@ -12,6 +12,9 @@
 //! `llmroute-bench new-key` measures what the placement store (etcd) adds to a new key's first request, side by
 //! side with the same Envoy without it, and writes its section of `bench/RESULTS.md`.
 //!
+//! `llmroute-bench profile` runs one case of the overhead bench system after system and prints each proxy's CPU
+//! per request by thread, with a `perf record` of each when asked (method in `bench/README.md`).
+//!
 //! `llmroute-bench routing` replays workloads through llmroute and the peer routers' policies in front of emulated
 //! engines with a cost model, against the oracle, and writes `bench/ROUTING.md` and `bench/routing.png`.
 
@@ -22,7 +25,8 @@ use clap::{Parser, Subcommand};
 use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
-use llmroute_harness::bench::{goals, micro, plot, replicas, sections};
+use llmroute_harness::bench::systems::Kind;
+use llmroute_harness::bench::{goals, micro, plot, profile, replicas, sections};
 use llmroute_harness::chaos;
 use llmroute_harness::envoy::repo_root;
 
@@ -50,6 +54,9 @@ enum Cmd {
     Chaos(ChaosArgs),
     /// Memory soak: load at a healthy fleet; fails when the filter's VM memory or Envoy's heap grows.
     Soak(SoakArgs),
+    /// One case of the overhead bench, system after system: each proxy's CPU per request by thread, and a
+    /// `perf record` of it with `--perf-dir`.
+    Profile(ProfileArgs),
 }
 
 #[derive(clap::Args)]
@@ -113,6 +120,32 @@ struct NewKeyArgs {
 }
 
 #[derive(clap::Args)]
+struct ProfileArgs {
+    /// Systems to measure, one after the other: llmroute, plain, bounded, bk+etcd, sglang, vllm.
+    #[arg(long, value_delimiter = ',', default_value = "plain,llmroute")]
+    systems: Vec<String>,
+    /// Body size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    size: usize,
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Seconds of load per system.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Record each system with `perf record -g` into DIR/<system>-<fresh|aged>.perf.data.
+    #[arg(long)]
+    perf_dir: Option<PathBuf>,
+    /// Measure each system again after this many seconds of load at concurrency 16 (0: fresh only).
+    #[arg(long, default_value_t = 0)]
+    age_seconds: u64,
+    /// Body size in bytes of the ageing load.
+    #[arg(long, default_value_t = 1 << 20)]
+    age_size: usize,
+}
+
+#[derive(clap::Args)]
 struct OverheadArgs {
     /// A fast sanity run (4 KiB and 256 KiB, concurrency 1 and 16, 2 short rounds), about a minute.
     #[arg(long)]
@@ -142,6 +175,7 @@ fn main() -> ExitCode {
         Cmd::NewKey(args) => return new_key(&args),
         Cmd::Chaos(args) => return chaos(&args),
         Cmd::Soak(args) => return soak(&args),
+        Cmd::Profile(args) => return profile(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -286,6 +320,55 @@ fn soak(args: &SoakArgs) -> ExitCode {
 }
 
 /// Pins this process (its only thread, so far) to `cpus`; threads started later inherit it.
+fn profile(args: &ProfileArgs) -> ExitCode {
+    let mut systems = Vec::new();
+    for name in &args.systems {
+        match Kind::ALL.into_iter().find(|k| k.short() == name) {
+            Some(kind) => systems.push(kind),
+            None => {
+                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.short()).collect();
+                eprintln!(
+                    "llmroute-bench: --systems: unknown system {name:?}; known: {}",
+                    known.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let pinned = Machine::probe().cpus() >= 2 && pin_self("1");
+    let settings = profile::Settings {
+        systems,
+        size: args.size,
+        concurrency: args.concurrency.max(1),
+        seconds: args.seconds.max(1),
+        seed: args.seed,
+        perf_dir: args.perf_dir.clone(),
+        proxy_cpus: pinned.then(|| "0".to_string()),
+        age_seconds: args.age_seconds,
+        age_size: args.age_size,
+    };
+    if let Some(dir) = &settings.perf_dir {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("llmroute-bench: creating {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(profile::run(&settings)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn pin_self(cpus: &str) -> bool {
     let pid = std::process::id().to_string();
     Command::new("taskset")
