@@ -13,7 +13,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile bench-ab demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -163,6 +163,12 @@ PROFILE_ARGS ?= --size 4096 --concurrency 16 --perf-dir target/profile
 bench-profile: build envoy perf ## One case of the overhead bench, plain Envoy then llmroute: CPU per request by thread and, from perf, by object (Envoy, kernel, V8's JIT code); PROFILE_ARGS="--size 262144 --age-seconds 120" to age each Envoy and measure again; method in bench/README.md
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) profile $(PROFILE_ARGS)
+
+AB_ARGS ?= --size 262144 --concurrency 16
+bench-ab: build envoy ## One lever side by side: BASELINE=old.wasm (the filter built before it) against the filter now and plain Envoy, interleaved rounds; AB_ARGS="--size 4096 --rounds 15"
+	@test -n "$(BASELINE)" || { echo "set BASELINE=path/to/llmroute_filter.wasm (the build before the lever)"; exit 2; }
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) ab --baseline $(BASELINE) $(AB_ARGS)
 
 bench-routing: build envoy bench-peers ## Routing quality vs the peer routers and the oracle, on emulated engines with a cost model (<=10 min): bench/ROUTING.md, bench/routing.png; BENCH_ROUTING_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench

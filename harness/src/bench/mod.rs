@@ -8,12 +8,14 @@
 //! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`);
 //! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
 //! - [`phases`]: the filter's cost phase by phase inside Envoy, from a build with later phases switched off;
+//! - [`ab`]: one lever, the filter built before it against the filter now, in interleaved rounds (`llmroute-bench ab`);
 //! - [`profile`]: one case's CPU by thread of each proxy, and a `perf record` of it (`llmroute-bench profile`);
 //! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
 //! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`;
 //! - [`replicas`]: the two-replica disagreement simulation; [`new_key`]: what the placement store adds to a new
 //!   key's first request (both `make bench-replicas`).
 
+pub mod ab;
 pub use llmroute_synth::body;
 pub mod engines;
 pub mod goals;

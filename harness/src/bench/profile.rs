@@ -52,6 +52,8 @@ pub struct Profile {
     pub perf_data: Option<PathBuf>,
     /// From `perf report --sort dso`: each object's (Envoy, the kernel, V8's JIT code, libc) CPU per request.
     pub objects: Vec<ThreadCost>,
+    /// From the recorded stacks: the wasm code itself, the host calls it made, and everything outside the VM.
+    pub origins: Vec<ThreadCost>,
 }
 
 impl Profile {
@@ -138,9 +140,9 @@ async fn measure(
     if let Some(child) = perf {
         stop_perf(child)?;
     }
-    let objects = match &perf_data {
-        Some(path) => by_object(path, round.ok)?,
-        None => Vec::new(),
+    let (objects, origins) = match &perf_data {
+        Some(path) => (by_object(path, round.ok)?, by_origin(path, round.ok)?),
+        None => (Vec::new(), Vec::new()),
     };
     if round.errors > 0 {
         return Err(format!(
@@ -158,6 +160,7 @@ async fn measure(
         threads: per_request(&before, &after, round.ok),
         perf_data,
         objects,
+        origins,
     })
 }
 
@@ -179,6 +182,12 @@ pub fn summary(p: &Profile) -> String {
     }
     for o in &p.objects {
         text.push_str(&format!("\n    {:<20} {:>8.1} µs/req", o.name, o.us_per_request));
+    }
+    if !p.origins.is_empty() {
+        text.push_str("\n  by origin (perf stacks):");
+    }
+    for o in &p.origins {
+        text.push_str(&format!("\n    {:<32} {:>8.1} µs/req", o.name, o.us_per_request));
     }
     text
 }
@@ -290,6 +299,69 @@ fn parse_report(report: &str, requests: u64) -> Vec<ThreadCost> {
         .collect()
 }
 
+/// Where a sample's stack says its CPU went. V8's compiled code sits in anonymous memory that perf attributes to
+/// `/tmp/perf-<pid>.map`; with frame pointers, a stack reaches from the leaf through it into Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Origin {
+    /// The leaf is JIT code: the filter's wasm (and V8's wasm wrappers).
+    Wasm,
+    /// The leaf is outside the JIT code, under a JIT frame: a host call the wasm made (Envoy's side of the ABI).
+    HostCall,
+    /// No JIT frame: Envoy itself, the kernel and libc, on its own work or entering the VM.
+    Outside,
+}
+
+impl Origin {
+    fn name(self) -> &'static str {
+        match self {
+            Origin::Wasm => "wasm code (JIT)",
+            Origin::HostCall => "host calls from wasm",
+            Origin::Outside => "outside the VM",
+        }
+    }
+}
+
+fn by_origin(data: &Path, requests: u64) -> Result<Vec<ThreadCost>, String> {
+    let out = Command::new("perf")
+        .args(["script", "-F", "period,ip,dso", "-i"])
+        .arg(data)
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("perf script: {e}"))?;
+    Ok(parse_origins(&String::from_utf8_lossy(&out.stdout), requests))
+}
+
+/// `perf script -F period,ip,dso` prints each sample as its period, then one frame per line, leaf first, and a
+/// blank line.
+fn parse_origins(script: &str, requests: u64) -> Vec<ThreadCost> {
+    let mut ns: BTreeMap<Origin, f64> = BTreeMap::new();
+    for sample in script.split("\n\n") {
+        let mut lines = sample.lines().map(str::trim).filter(|l| !l.is_empty());
+        let Some(period) = lines
+            .next()
+            .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let jit: Vec<bool> = lines
+            .map(|frame| frame.contains("/perf-") || frame.contains("[JIT]"))
+            .collect();
+        let origin = match (jit.first(), jit.iter().skip(1).any(|&j| j)) {
+            (None, _) => continue,
+            (Some(true), _) => Origin::Wasm,
+            (Some(false), true) => Origin::HostCall,
+            (Some(false), false) => Origin::Outside,
+        };
+        *ns.entry(origin).or_insert(0.0) += period;
+    }
+    ns.into_iter()
+        .map(|(o, n)| ThreadCost {
+            name: o.name().to_string(),
+            us_per_request: n / 1e3 / requests.max(1) as f64,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,6 +392,19 @@ mod tests {
         assert_eq!(o[0].name, "envoy");
         assert!((o[0].us_per_request - 3053.41056).abs() < 1e-6);
         assert_eq!(o[1].name, "[JIT]");
+    }
+
+    #[test]
+    fn sorts_samples_by_where_their_stack_was() {
+        let script = "  2000\n\t 7f01 [unknown] (/tmp/perf-7.map)\n\t 32da [unknown] (/x/envoy)\n\n\
+                      3000\n\t 2fac [unknown] (/x/envoy)\n\t 7f02 [unknown] (/tmp/perf-7.map)\n\t 55e6 [unknown] (/x/envoy)\n\n\
+                      5000\n\t 55a8 [unknown] (/x/envoy)\n\t 5b68 [unknown] (/x/envoy)\n\n\
+                      1000\n\t ffff81 copy_page [unknown] ([kernel.kallsyms])\n\n";
+        let o = parse_origins(script, 2);
+        let get = |name: &str| o.iter().find(|t| t.name == name).map(|t| t.us_per_request);
+        assert_eq!(get("wasm code (JIT)"), Some(1.0));
+        assert_eq!(get("host calls from wasm"), Some(1.5));
+        assert_eq!(get("outside the VM"), Some(3.0));
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! `llmroute-bench new-key` measures what the placement store (etcd) adds to a new key's first request, side by
 //! side with the same Envoy without it, and writes its section of `bench/RESULTS.md`.
 //!
+//! `llmroute-bench ab` measures one lever: plain Envoy, the filter built before it and the filter now, in
+//! interleaved rounds, and prints the median difference.
+//!
 //! `llmroute-bench profile` runs one case of the overhead bench system after system and prints each proxy's CPU
 //! per request by thread, with a `perf record` of each when asked (method in `bench/README.md`).
 //!
@@ -26,7 +29,7 @@ use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
 use llmroute_harness::bench::systems::Kind;
-use llmroute_harness::bench::{goals, micro, plot, profile, replicas, sections};
+use llmroute_harness::bench::{ab, goals, micro, plot, profile, replicas, sections};
 use llmroute_harness::chaos;
 use llmroute_harness::envoy::repo_root;
 
@@ -57,6 +60,9 @@ enum Cmd {
     /// One case of the overhead bench, system after system: each proxy's CPU per request by thread, and a
     /// `perf record` of it with `--perf-dir`.
     Profile(ProfileArgs),
+    /// One lever side by side: plain Envoy, the filter built before it (`--baseline`) and the filter now, in
+    /// interleaved rounds at one body size and concurrency.
+    Ab(AbArgs),
 }
 
 #[derive(clap::Args)]
@@ -120,6 +126,25 @@ struct NewKeyArgs {
 }
 
 #[derive(clap::Args)]
+struct AbArgs {
+    /// The filter built before the lever (a `.wasm`).
+    #[arg(long)]
+    baseline: PathBuf,
+    /// Body size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    size: usize,
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 15)]
+    rounds: usize,
+    /// Length of one round in ms.
+    #[arg(long, default_value_t = 1200)]
+    round_ms: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(clap::Args)]
 struct ProfileArgs {
     /// Systems to measure, one after the other: llmroute, plain, bounded, bk+etcd, sglang, vllm.
     #[arg(long, value_delimiter = ',', default_value = "plain,llmroute")]
@@ -176,6 +201,7 @@ fn main() -> ExitCode {
         Cmd::Chaos(args) => return chaos(&args),
         Cmd::Soak(args) => return soak(&args),
         Cmd::Profile(args) => return profile(&args),
+        Cmd::Ab(args) => return ab(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -320,6 +346,36 @@ fn soak(args: &SoakArgs) -> ExitCode {
 }
 
 /// Pins this process (its only thread, so far) to `cpus`; threads started later inherit it.
+fn ab(args: &AbArgs) -> ExitCode {
+    let pinned = Machine::probe().cpus() >= 2 && pin_self("1");
+    let settings = ab::Settings {
+        baseline: args.baseline.clone(),
+        size: args.size,
+        concurrency: args.concurrency.max(1),
+        rounds: args.rounds.max(1),
+        round: std::time::Duration::from_millis(args.round_ms.max(100)),
+        seed: args.seed,
+        proxy_cpus: pinned.then(|| "0".to_string()),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(ab::run(&settings)) {
+        Ok(c) => {
+            println!("{}", ab::summary(&c, &args.baseline.display().to_string()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn profile(args: &ProfileArgs) -> ExitCode {
     let mut systems = Vec::new();
     for name in &args.systems {
