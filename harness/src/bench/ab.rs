@@ -26,7 +26,13 @@ pub struct Settings {
     pub round: Duration,
     pub seed: u64,
     pub proxy_cpus: Option<String>,
+    /// After the rounds, load every Envoy with 1 MiB bodies for this long (each in turn, concurrency 16), then
+    /// measure the rounds again: what a long-lived Envoy costs against a fresh one. 0: no second measurement.
+    pub age_seconds: u64,
 }
+
+/// The body size of the ageing load.
+const AGE_SIZE: usize = 1 << 20;
 
 /// The three rows, in order.
 const ROWS: [&str; 3] = ["plain Envoy", "baseline", "current"];
@@ -37,6 +43,8 @@ pub struct Comparison {
     pub case: Case,
     /// `rounds[row]`, rows as [`ROWS`].
     pub rounds: Vec<Vec<Measure>>,
+    /// The same rounds after the ageing load, when asked for.
+    pub aged: Option<Box<Comparison>>,
 }
 
 impl Comparison {
@@ -108,13 +116,47 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
     for (url, _) in &targets {
         super::load::run(&client, url, &requests, s.concurrency, Duration::from_secs(1)).await;
     }
-    let proxy_cpu = s.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
     let started = Instant::now();
+    let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
+    let mut aged = None;
+    if s.age_seconds > 0 {
+        let ageing = prepare(AGE_SIZE, 8, s.seed);
+        let age_client = super::load::client(16).map_err(|e| format!("building the HTTP client: {e}"))?;
+        for (i, (url, _)) in targets.iter().enumerate() {
+            super::overhead::progress(
+                Some(started),
+                &format!(
+                    "ageing {}: {} s of 1 MiB bodies at concurrency 16",
+                    ROWS[i], s.age_seconds
+                ),
+            );
+            super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
+        }
+        let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
+        aged = Some(Box::new(Comparison {
+            case,
+            rounds,
+            aged: None,
+        }));
+    }
+    Ok(Comparison { case, rounds, aged })
+}
+
+/// `s.rounds` interleaved rounds of every target: `rounds[target]`.
+async fn interleaved(
+    s: &Settings,
+    case: Case,
+    client: &reqwest::Client,
+    requests: &std::sync::Arc<[super::load::Prepared]>,
+    targets: &[(String, u32)],
+    started: Instant,
+) -> Result<Vec<Vec<Measure>>, String> {
+    let proxy_cpu = s.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
     let mut rounds: Vec<Vec<Measure>> = vec![Vec::new(); targets.len()];
     for round in 0..s.rounds {
         for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
             let (url, pid) = &targets[i];
-            let m = measure(&client, (url, *pid), &requests, s.concurrency, s.round, proxy_cpu).await;
+            let m = measure(client, (url, *pid), requests, s.concurrency, s.round, proxy_cpu).await;
             if m.errors > 0 {
                 return Err(format!("{}: {} errors, first: {:?}", ROWS[i], m.errors, m.first_error));
             }
@@ -122,7 +164,7 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
             rounds[i].push(m);
         }
     }
-    Ok(Comparison { case, rounds })
+    Ok(rounds)
 }
 
 /// The comparison as a few lines of text.
@@ -151,6 +193,13 @@ pub fn summary(c: &Comparison, baseline: &str) -> String {
         "current - baseline: {} µs of proxy CPU per request (median over rounds of each round's difference)",
         f(c.cpu_diff_us(2, 1), 1)
     );
+    if let Some(aged) = &c.aged {
+        let _ = write!(out, "\nafter the ageing load:\n{}", summary(aged, baseline));
+        for (row, name) in ROWS.iter().enumerate() {
+            let grew = aged.cpu_us(row).zip(c.cpu_us(row)).map(|(a, f)| a - f);
+            let _ = write!(out, "\n{name}: aged - fresh {} µs/req", f(grew, 1));
+        }
+    }
     out
 }
 
@@ -183,6 +232,7 @@ mod tests {
                 vec![m(100.0, 100.0), m(130.0, 90.0), m(110.0, 100.0)],
                 vec![m(95.0, 110.0), m(120.0, 100.0), m(108.0, 100.0)],
             ],
+            aged: None,
         };
         assert!((c.cpu_diff_us(2, 1).unwrap() + 5.0).abs() < 1e-9);
         assert!((c.cpu_ratio(1).unwrap() - 0.5).abs() < 1e-9);

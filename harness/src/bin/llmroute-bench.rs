@@ -142,6 +142,9 @@ struct AbArgs {
     round_ms: u64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Then load every Envoy with 1 MiB bodies for this long and measure again (0: no second measurement).
+    #[arg(long, default_value_t = 0)]
+    age_seconds: u64,
 }
 
 #[derive(clap::Args)]
@@ -356,6 +359,7 @@ fn ab(args: &AbArgs) -> ExitCode {
         round: std::time::Duration::from_millis(args.round_ms.max(100)),
         seed: args.seed,
         proxy_cpus: pinned.then(|| "0".to_string()),
+        age_seconds: args.age_seconds,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
