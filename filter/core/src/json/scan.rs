@@ -416,7 +416,7 @@ impl<V: Visit> Scanner<'_, V> {
         }
     }
 
-    /// Checks the run of string bytes from a byte of 0x80 or more up to the next `"`, `\\` or control byte (or the
+    /// Checks the run of string bytes from a byte of 0x80 or more up to the next `"`, `\` or control byte (or the
     /// end) as UTF-8, and steps over it. The run starts after an ASCII byte and ends before one, on character
     /// boundaries, so it is valid exactly when the body is valid there. Text outside ASCII is usually a run of such
     /// characters: one check per run, not per character.
