@@ -11,7 +11,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::overhead::{measure, prepare, report_round, Case, Measure};
+use super::overhead::{prepare, Case, Measure, Rounds};
 use super::stats::median_of;
 use super::systems::{bench_config, CHAT_PATH};
 use super::upstream::Upstreams;
@@ -142,7 +142,7 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
     Ok(Comparison { case, rounds, aged })
 }
 
-/// `s.rounds` interleaved rounds of every target: `rounds[target]`.
+/// `s.rounds` interleaved rounds of every target (`rounds[target]`); an error in any round fails the comparison.
 async fn interleaved(
     s: &Settings,
     case: Case,
@@ -151,17 +151,19 @@ async fn interleaved(
     targets: &[(String, u32)],
     started: Instant,
 ) -> Result<Vec<Vec<Measure>>, String> {
-    let proxy_cpu = s.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
-    let mut rounds: Vec<Vec<Measure>> = vec![Vec::new(); targets.len()];
-    for round in 0..s.rounds {
-        for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
-            let (url, pid) = &targets[i];
-            let m = measure(client, (url, *pid), requests, s.concurrency, s.round, proxy_cpu).await;
-            if m.errors > 0 {
-                return Err(format!("{}: {} errors, first: {:?}", ROWS[i], m.errors, m.first_error));
-            }
-            report_round(started, case, ROWS[i], round + 1, &m);
-            rounds[i].push(m);
+    let r = Rounds {
+        client,
+        requests,
+        case,
+        rounds: s.rounds,
+        round: s.round,
+        proxy_cpu: s.proxy_cpus.as_deref().and_then(|c| c.parse().ok()),
+        started,
+    };
+    let rounds = super::overhead::interleaved(&r, targets, |i| ROWS.get(i).copied().unwrap_or("?")).await;
+    for (name, measures) in ROWS.iter().zip(&rounds) {
+        if let Some(m) = measures.iter().find(|m| m.errors > 0) {
+            return Err(format!("{name}: {} errors, first: {:?}", m.errors, m.first_error));
         }
     }
     Ok(rounds)

@@ -374,31 +374,18 @@ async fn run_case(
     let direct = load::run(&client, direct_url, &requests, case.concurrency, settings.round).await;
     let direct = Measure::from_round(&direct, None);
     report_round(started, case, "direct", 0, &direct);
+    let targets: Vec<(String, u32)> = systems.iter().map(|s| (s.url.clone(), s.pid)).collect();
+    let r = Rounds::of(settings, case, &client, &requests, started);
+    let rounds = interleaved(&r, &targets, |i| systems.get(i).map_or("?", |s| s.kind.short())).await;
     let mut runs: Vec<SystemRuns> = systems
         .iter()
-        .map(|s| SystemRuns {
+        .zip(rounds)
+        .map(|(s, rounds)| SystemRuns {
             kind: s.kind,
-            rounds: Vec::new(),
+            rounds,
             rss_bytes: None,
         })
         .collect();
-    let proxy_cpu = settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
-    for round in 0..settings.rounds {
-        for i in (0..systems.len()).map(|i| (i + round) % systems.len()) {
-            let (url, pid) = (&systems[i].url, systems[i].pid);
-            let m = measure(
-                &client,
-                (url, pid),
-                &requests,
-                case.concurrency,
-                settings.round,
-                proxy_cpu,
-            )
-            .await;
-            report_round(started, case, systems[i].kind.short(), round + 1, &m);
-            runs[i].rounds.push(m);
-        }
-    }
     for (run, system) in runs.iter_mut().zip(systems) {
         run.rss_bytes = procstat::rss_bytes(system.pid);
     }
@@ -434,6 +421,65 @@ pub(crate) async fn measure(
         .zip(cpu)
         .map(|(busy, cpu)| ((busy - cpu) / round.elapsed.as_secs_f64()).max(0.0));
     m
+}
+
+/// What interleaved rounds of one case need besides their targets.
+pub(crate) struct Rounds<'a> {
+    pub client: &'a reqwest::Client,
+    pub requests: &'a Arc<[Prepared]>,
+    pub case: Case,
+    pub rounds: usize,
+    pub round: Duration,
+    pub proxy_cpu: Option<usize>,
+    pub started: Instant,
+}
+
+impl<'a> Rounds<'a> {
+    /// The overhead bench's rounds of `case`, as `settings` sizes them.
+    pub(crate) fn of(
+        settings: &Settings,
+        case: Case,
+        client: &'a reqwest::Client,
+        requests: &'a Arc<[Prepared]>,
+        started: Instant,
+    ) -> Self {
+        Rounds {
+            client,
+            requests,
+            case,
+            rounds: settings.rounds,
+            round: settings.round,
+            proxy_cpu: settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok()),
+            started,
+        }
+    }
+}
+
+/// `r.rounds` interleaved rounds over `targets` (URL, pid), each round starting one target later (A B C, B C A,
+/// ...), each measurement reported under `name(target)`: `out[target]`, one [`Measure`] per round.
+pub(crate) async fn interleaved<'n>(
+    r: &Rounds<'_>,
+    targets: &[(String, u32)],
+    name: impl Fn(usize) -> &'n str,
+) -> Vec<Vec<Measure>> {
+    let mut out: Vec<Vec<Measure>> = vec![Vec::new(); targets.len()];
+    for round in 0..r.rounds {
+        for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
+            let (url, pid) = &targets[i];
+            let m = measure(
+                r.client,
+                (url, *pid),
+                r.requests,
+                r.case.concurrency,
+                r.round,
+                r.proxy_cpu,
+            )
+            .await;
+            report_round(r.started, r.case, name(i), round + 1, &m);
+            out[i].push(m);
+        }
+    }
+    out
 }
 
 pub(crate) fn report_round(started: Instant, case: Case, who: &str, round: usize, m: &Measure) {

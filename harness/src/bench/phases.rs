@@ -18,7 +18,7 @@
 use std::fmt::Write;
 use std::time::Instant;
 
-use super::overhead::{measure, prepare, progress, report_round, Case, Measure, Settings};
+use super::overhead::{interleaved, prepare, progress, Case, Measure, Rounds, Settings};
 use super::stats::median_of;
 use super::systems::bench_config;
 use super::upstream::Upstreams;
@@ -195,24 +195,8 @@ async fn run_case(
     for (url, _) in targets {
         super::load::run(&client, url, &requests, case.concurrency, settings.warmup).await;
     }
-    let proxy_cpu = settings.proxy_cpus.as_deref().and_then(|c| c.parse().ok());
-    let mut rounds: Vec<Vec<Measure>> = vec![Vec::new(); targets.len()];
-    for round in 0..settings.rounds {
-        for i in (0..targets.len()).map(|i| (i + round) % targets.len()) {
-            let (url, pid) = &targets[i];
-            let m = measure(
-                &client,
-                (url, *pid),
-                &requests,
-                case.concurrency,
-                settings.round,
-                proxy_cpu,
-            )
-            .await;
-            report_round(started, case, row_name(i), round + 1, &m);
-            rounds[i].push(m);
-        }
-    }
+    let r = Rounds::of(settings, case, &client, &requests, started);
+    let rounds = interleaved(&r, targets, row_name).await;
     Ok(PhaseCase { case, rounds })
 }
 

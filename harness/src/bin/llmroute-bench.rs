@@ -289,6 +289,14 @@ fn chaos_settings(seed: u64, rps: u32, seconds: u64, base_ejection_ms: u64) -> c
     }
 }
 
+/// One tokio thread: the load benches pin the process to one CPU, load generator and upstreams together.
+fn one_thread_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -361,14 +369,7 @@ fn ab(args: &AbArgs) -> ExitCode {
         proxy_cpus: pinned.then(|| "0".to_string()),
         age_seconds: args.age_seconds,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("llmroute-bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(ab::run(&settings)) {
+    match one_thread_runtime().and_then(|rt| rt.block_on(ab::run(&settings))) {
         Ok(c) => {
             println!("{}", ab::summary(&c, &args.baseline.display().to_string()));
             ExitCode::SUCCESS
@@ -413,14 +414,7 @@ fn profile(args: &ProfileArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("llmroute-bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(profile::run(&settings)) {
+    match one_thread_runtime().and_then(|rt| rt.block_on(profile::run(&settings))) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("llmroute-bench: {e}");
@@ -438,10 +432,7 @@ fn pin_self(cpus: &str) -> bool {
 }
 
 fn run(settings: Settings, machine: &Machine, out: &Path) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = one_thread_runtime()?;
     progress(
         None,
         &format!("overhead bench, seed {}, results to {}", settings.seed, out.display()),
