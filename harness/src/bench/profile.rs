@@ -262,8 +262,8 @@ fn stop_perf(child: Child) -> Result<(), String> {
 
 /// Each object's sampled CPU per request, from `perf report --sort dso --show-total-period` (periods in ns).
 fn by_object(data: &Path, requests: u64) -> Result<Vec<ThreadCost>, String> {
-    let out = Command::new("perf")
-        .args([
+    let report = perf(
+        &[
             "report",
             "--no-children",
             "--sort",
@@ -272,13 +272,22 @@ fn by_object(data: &Path, requests: u64) -> Result<Vec<ThreadCost>, String> {
             "-g",
             "none",
             "--show-total-period",
-            "-i",
-        ])
+        ],
+        data,
+    )?;
+    Ok(parse_report(&report, requests))
+}
+
+/// What `perf <args> -i <data>` prints on stdout.
+fn perf(args: &[&str], data: &Path) -> Result<String, String> {
+    let out = Command::new("perf")
+        .args(args)
+        .arg("-i")
         .arg(data)
         .stderr(Stdio::null())
         .output()
-        .map_err(|e| format!("perf report: {e}"))?;
-    Ok(parse_report(&String::from_utf8_lossy(&out.stdout), requests))
+        .map_err(|e| format!("perf {}: {e}", args.first().unwrap_or(&"")))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Lines such as `  55.69%    3053410560  envoy`; a JIT object (`[JIT] tid 7105`) is named `[JIT]`.
@@ -322,13 +331,10 @@ impl Origin {
 }
 
 fn by_origin(data: &Path, requests: u64) -> Result<Vec<ThreadCost>, String> {
-    let out = Command::new("perf")
-        .args(["script", "-F", "period,ip,dso", "-i"])
-        .arg(data)
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|e| format!("perf script: {e}"))?;
-    Ok(parse_origins(&String::from_utf8_lossy(&out.stdout), requests))
+    Ok(parse_origins(
+        &perf(&["script", "-F", "period,ip,dso"], data)?,
+        requests,
+    ))
 }
 
 /// `perf script -F period,ip,dso` prints each sample as its period, then one frame per line, leaf first, and a
