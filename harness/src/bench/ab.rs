@@ -11,8 +11,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::overhead::{prepare, Case, Measure, Rounds};
-use super::stats::median_of;
+use super::overhead::{prepare, Case, Measure, Rounds, RowRounds};
 use super::systems::{bench_config, CHAT_PATH};
 use super::upstream::Upstreams;
 use crate::envoy::{Envoy, EnvoyOptions};
@@ -37,41 +36,12 @@ const AGE_SIZE: usize = 1 << 20;
 /// The three rows, in order.
 const ROWS: [&str; 3] = ["plain Envoy", "baseline", "current"];
 
-/// Every round of each row.
+/// The rows' rounds, fresh and, when asked for, after the ageing load.
 #[derive(Debug, Clone)]
 pub struct Comparison {
-    pub case: Case,
-    /// `rounds[row]`, rows as [`ROWS`].
-    pub rounds: Vec<Vec<Measure>>,
-    /// The same rounds after the ageing load, when asked for.
-    pub aged: Option<Box<Comparison>>,
-}
-
-impl Comparison {
-    fn cpu_us(&self, row: usize) -> Option<f64> {
-        median_of(self.rounds.get(row)?.iter().map(|m| m.cpu_per_req.map(|c| c * 1e6)))
-    }
-
-    /// Median over rounds of `row` minus `other`, by `f`.
-    fn diff(&self, row: usize, other: usize, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
-        let (a, b) = (self.rounds.get(row)?, self.rounds.get(other)?);
-        median_of(a.iter().zip(b).map(|(x, y)| f(x, y)))
-    }
-
-    /// Median over rounds of `row`'s CPU per request minus `other`'s, in µs.
-    pub fn cpu_diff_us(&self, row: usize, other: usize) -> Option<f64> {
-        self.diff(row, other, |x, y| Some((x.cpu_per_req? - y.cpu_per_req?) * 1e6))
-    }
-
-    /// Median over rounds of plain Envoy's CPU per request ÷ `row`'s.
-    pub fn cpu_ratio(&self, row: usize) -> Option<f64> {
-        self.diff(0, row, |p, x| Some(p.cpu_per_req? / x.cpu_per_req?))
-    }
-
-    /// Median over rounds of `row`'s req/s ÷ plain Envoy's.
-    pub fn ratio(&self, row: usize) -> Option<f64> {
-        self.diff(row, 0, |x, p| (p.rps > 0.0).then(|| x.rps / p.rps))
-    }
+    /// Rows as [`ROWS`]: the lever is `fresh.added_us(2)`, current minus baseline round by round.
+    pub fresh: RowRounds,
+    pub aged: Option<RowRounds>,
 }
 
 /// Starts the three Envoys and measures them in interleaved rounds.
@@ -133,13 +103,12 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
             super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
         }
         let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
-        aged = Some(Box::new(Comparison {
-            case,
-            rounds,
-            aged: None,
-        }));
+        aged = Some(RowRounds { case, rounds });
     }
-    Ok(Comparison { case, rounds, aged })
+    Ok(Comparison {
+        fresh: RowRounds { case, rounds },
+        aged,
+    })
 }
 
 /// `s.rounds` interleaved rounds of every target (`rounds[target]`); an error in any round fails the comparison.
@@ -171,11 +140,27 @@ async fn interleaved(
 
 /// The comparison as a few lines of text.
 pub fn summary(c: &Comparison, baseline: &str) -> String {
-    let f = |v: Option<f64>, digits: usize| v.map_or("–".to_string(), |v| format!("{v:.digits$}"));
+    let mut out = table(&c.fresh, baseline);
+    if let Some(aged) = &c.aged {
+        let _ = write!(out, "\nafter the ageing load:\n{}", table(aged, baseline));
+        for (row, name) in ROWS.iter().enumerate() {
+            let grew = aged.cpu_us(row).zip(c.fresh.cpu_us(row)).map(|(a, f)| a - f);
+            let _ = write!(out, "\n{name}: aged - fresh {} µs/req", figure(grew, 1));
+        }
+    }
+    out
+}
+
+fn figure(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// One set of rounds: each row's figures, then the lever.
+fn table(r: &RowRounds, baseline: &str) -> String {
     let mut out = format!(
         "{}, {} rounds; baseline: {baseline}\n{:<12} {:>14} {:>18} {:>16}\n",
-        c.case.label(),
-        c.rounds.first().map_or(0, Vec::len),
+        r.case.label(),
+        r.rounds.first().map_or(0, Vec::len),
         "",
         "CPU µs/req",
         "× plain by CPU",
@@ -185,46 +170,27 @@ pub fn summary(c: &Comparison, baseline: &str) -> String {
         let _ = writeln!(
             out,
             "{name:<12} {:>14} {:>18} {:>16}",
-            f(c.cpu_us(row), 1),
-            f((row > 0).then(|| c.cpu_ratio(row)).flatten(), 3),
-            f((row > 0).then(|| c.ratio(row)).flatten(), 3),
+            figure(r.cpu_us(row), 1),
+            figure((row > 0).then(|| r.cpu_ratio(row)).flatten(), 3),
+            figure((row > 0).then(|| r.ratio(row)).flatten(), 3),
         );
     }
     let _ = write!(
         out,
         "current - baseline: {} µs of proxy CPU per request (median over rounds of each round's difference)",
-        f(c.cpu_diff_us(2, 1), 1)
+        figure(r.added_us(2), 1)
     );
-    if let Some(aged) = &c.aged {
-        let _ = write!(out, "\nafter the ageing load:\n{}", summary(aged, baseline));
-        for (row, name) in ROWS.iter().enumerate() {
-            let grew = aged.cpu_us(row).zip(c.cpu_us(row)).map(|(a, f)| a - f);
-            let _ = write!(out, "\n{name}: aged - fresh {} µs/req", f(grew, 1));
-        }
-    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn m(cpu_us: f64, rps: f64) -> Measure {
-        Measure {
-            rps,
-            p50_us: None,
-            p99_us: None,
-            cpu_per_req: Some(cpu_us / 1e6),
-            ok: 1,
-            errors: 0,
-            first_error: None,
-            foreign_load: None,
-        }
-    }
+    use crate::bench::overhead::measured as m;
 
     #[test]
     fn the_lever_is_the_median_of_each_rounds_difference() {
-        let c = Comparison {
+        let fresh = RowRounds {
             case: Case {
                 size: 4096,
                 concurrency: 16,
@@ -234,11 +200,11 @@ mod tests {
                 vec![m(100.0, 100.0), m(130.0, 90.0), m(110.0, 100.0)],
                 vec![m(95.0, 110.0), m(120.0, 100.0), m(108.0, 100.0)],
             ],
-            aged: None,
         };
-        assert!((c.cpu_diff_us(2, 1).unwrap() + 5.0).abs() < 1e-9);
-        assert!((c.cpu_ratio(1).unwrap() - 0.5).abs() < 1e-9);
-        assert!((c.ratio(2).unwrap() - 0.5).abs() < 1e-9);
+        assert!((fresh.added_us(2).unwrap() + 5.0).abs() < 1e-9);
+        assert!((fresh.cpu_ratio(1).unwrap() - 0.5).abs() < 1e-9);
+        assert!((fresh.ratio(2).unwrap() - 0.5).abs() < 1e-9);
+        let c = Comparison { fresh, aged: None };
         let text = summary(&c, "old.wasm");
         assert!(text.contains("current - baseline: -5.0 µs"), "{text}");
     }

@@ -482,6 +482,64 @@ pub(crate) async fn interleaved<'n>(
     out
 }
 
+/// Interleaved rounds of one case, `rounds[row]`, row 0 plain Envoy: each figure is a median over rounds, and each
+/// comparison is taken per round, against the row measured within seconds of it.
+#[derive(Debug, Clone)]
+pub struct RowRounds {
+    pub case: Case,
+    pub rounds: Vec<Vec<Measure>>,
+}
+
+impl RowRounds {
+    /// Median over rounds of `f(row's measure, other's measure)`.
+    fn per_round(&self, row: usize, other: usize, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
+        let (ours, theirs) = (self.rounds.get(row)?, self.rounds.get(other)?);
+        median_of(ours.iter().zip(theirs).map(|(s, o)| f(s, o)))
+    }
+
+    /// Median proxy CPU µs per request of `row`.
+    pub fn cpu_us(&self, row: usize) -> Option<f64> {
+        median_of(self.rounds.get(row)?.iter().map(|m| m.cpu_per_req.map(|c| c * 1e6)))
+    }
+
+    /// Median over rounds of `row`'s CPU per request minus the row above's, in µs.
+    pub fn added_us(&self, row: usize) -> Option<f64> {
+        self.per_round(row, row.checked_sub(1)?, |s, a| {
+            Some((s.cpu_per_req? - a.cpu_per_req?) * 1e6)
+        })
+    }
+
+    /// Median over rounds of `row`'s CPU per request minus plain Envoy's, in µs.
+    pub fn over_plain_us(&self, row: usize) -> Option<f64> {
+        self.per_round(row, 0, |s, p| Some((s.cpu_per_req? - p.cpu_per_req?) * 1e6))
+    }
+
+    /// Median over rounds of req/s ÷ plain Envoy's.
+    pub fn ratio(&self, row: usize) -> Option<f64> {
+        self.per_round(row, 0, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))
+    }
+
+    /// Median over rounds of plain Envoy's CPU per request ÷ `row`'s.
+    pub fn cpu_ratio(&self, row: usize) -> Option<f64> {
+        self.per_round(row, 0, |s, p| Some(p.cpu_per_req? / s.cpu_per_req?))
+    }
+}
+
+/// A round that measured `cpu_us` of proxy CPU per request at `rps`, for the tests of what reads rounds.
+#[cfg(test)]
+pub(crate) fn measured(cpu_us: f64, rps: f64) -> Measure {
+    Measure {
+        rps,
+        p50_us: Some(100.0),
+        p99_us: Some(300.0),
+        cpu_per_req: Some(cpu_us / 1e6),
+        ok: 1000,
+        errors: 0,
+        first_error: None,
+        foreign_load: None,
+    }
+}
+
 pub(crate) fn report_round(started: Instant, case: Case, who: &str, round: usize, m: &Measure) {
     let errors = match (&m.first_error, m.errors) {
         (Some(e), n) => format!("  {n} errors, first: {e}"),

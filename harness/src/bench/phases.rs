@@ -18,8 +18,7 @@
 use std::fmt::Write;
 use std::time::Instant;
 
-use super::overhead::{interleaved, prepare, progress, Case, Measure, Rounds, Settings};
-use super::stats::median_of;
+use super::overhead::{interleaved, prepare, progress, Case, Rounds, RowRounds, Settings};
 use super::systems::bench_config;
 use super::upstream::Upstreams;
 use crate::envoy::{phases_wasm_module, Envoy, EnvoyOptions};
@@ -59,43 +58,9 @@ const SIZES: [usize; 2] = [4 << 10, 256 << 10];
 
 /// The rounds of one case: `rounds[row]`, row 0 plain Envoy, then each phase, then the shipped build routed
 /// statically, then the shipped filter.
-#[derive(Debug, Clone)]
-pub struct PhaseCase {
-    pub case: Case,
-    pub rounds: Vec<Vec<Measure>>,
-}
+pub type PhaseCase = RowRounds;
 
 impl PhaseCase {
-    fn per_round(&self, row: usize, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
-        let (ours, plain) = (self.rounds.get(row)?, self.rounds.first()?);
-        median_of(ours.iter().zip(plain).map(|(s, p)| f(s, p)))
-    }
-
-    /// Median proxy CPU µs per request of `row`.
-    pub fn cpu_us(&self, row: usize) -> Option<f64> {
-        median_of(self.rounds.get(row)?.iter().map(|m| m.cpu_per_req.map(|c| c * 1e6)))
-    }
-
-    /// Median over rounds of `row`'s CPU per request minus the row above's, in µs.
-    pub fn added_us(&self, row: usize) -> Option<f64> {
-        let (ours, above) = (self.rounds.get(row)?, self.rounds.get(row.checked_sub(1)?)?);
-        median_of(
-            ours.iter()
-                .zip(above)
-                .map(|(s, a)| Some((s.cpu_per_req? - a.cpu_per_req?) * 1e6)),
-        )
-    }
-
-    /// Median over rounds of `row`'s CPU per request minus plain Envoy's, in µs.
-    pub fn over_plain_us(&self, row: usize) -> Option<f64> {
-        self.per_round(row, |s, p| Some((s.cpu_per_req? - p.cpu_per_req?) * 1e6))
-    }
-
-    /// Median over rounds of req/s ÷ plain Envoy's.
-    pub fn ratio(&self, row: usize) -> Option<f64> {
-        self.per_round(row, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))
-    }
-
     /// The floor's CPU per request over plain Envoy: the sum of the [`FLOOR`] phases' medians.
     pub fn floor_us(&self) -> Option<f64> {
         let row = |name: &str| PHASES.iter().position(|(n, _)| *n == name).map(|i| i + 1);
@@ -285,19 +250,7 @@ fn num(v: Option<f64>, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn m(cpu_us: f64, rps: f64) -> Measure {
-        Measure {
-            rps,
-            p50_us: Some(100.0),
-            p99_us: Some(300.0),
-            cpu_per_req: Some(cpu_us / 1e6),
-            ok: 1000,
-            errors: 0,
-            first_error: None,
-            foreign_load: None,
-        }
-    }
+    use crate::bench::overhead::measured as m;
 
     /// Plain 50 µs, then each phase 10 µs more than the one above, the statically routed shipped build 1 µs more
     /// than `response`, the shipped filter 5 µs more than that.
