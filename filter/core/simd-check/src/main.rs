@@ -1,8 +1,8 @@
 //! Runs in V8 (node's WASI), built exactly as the filter is (`wasm32-wasip1`, `+simd128`): the SIMD128 string
 //! skips of `llmroute_core::json::skip` (with and without the stop at bytes from 0x80 up, on which the scanner's
 //! UTF-8 check rides) must return what the byte-at-a-time definitions return, on random input drawn mostly from
-//! the bytes that stop a scan and their neighbours, and on every byte value at every offset around the 16-byte
-//! step. The native build runs the same comparison as a property test (`filter/core/tests/json_skip.rs`). Exits
+//! the bytes that stop a scan and their neighbours, and on every byte value at every offset around the 16- and 64-byte
+//! steps. The native build runs the same comparison as a property test (`filter/core/tests/json_skip.rs`). Exits
 //! non-zero on the first disagreement.
 
 use llmroute_core::json::skip::{
@@ -55,8 +55,8 @@ fn run() -> Result<u64, String> {
         checked += 1;
     }
     for b in 0..=255u8 {
-        for at in 0..140 {
-            let mut v = vec![b'm'; 140];
+        for at in 0..200 {
+            let mut v = vec![b'm'; 200];
             v[at] = b;
             check(&v)?;
             check(&v[..=at])?;

@@ -130,7 +130,7 @@ mod words {
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd {
     use core::arch::wasm32::{
-        i8x16_lt, i8x16_splat, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_load, v128_or,
+        i8x16_lt, i8x16_splat, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, v128, v128_any_true, v128_load, v128_or,
     };
 
     /// The 16 bytes of a 16-byte chunk.
@@ -139,6 +139,21 @@ mod simd {
         // SAFETY: every caller passes a `chunks_exact(16)` chunk, 16 readable bytes, and `v128_load` is a 1-aligned load:
         // no alignment requirement.
         unsafe { v128_load(chunk.as_ptr().cast::<v128>()) }
+    }
+
+    /// The four vectors of a 64-byte block.
+    #[inline(always)]
+    fn load4(block: &[u8; 64]) -> [v128; 4] {
+        let p = block.as_ptr().cast::<v128>();
+        // SAFETY: the block is 64 readable bytes, four 16-byte vectors, and `v128_load` needs no alignment.
+        unsafe {
+            [
+                v128_load(p),
+                v128_load(p.add(1)),
+                v128_load(p.add(2)),
+                v128_load(p.add(3)),
+            ]
+        }
     }
 
     pub fn string_stop(bytes: &[u8]) -> Option<usize> {
@@ -152,16 +167,28 @@ mod simd {
         first(bytes, |v| i8x16_lt(v, space), super::string_stop_utf8_simple)
     }
 
-    /// The first `"`, `\` or byte `low` flags, 16 bytes a step; the tail shorter than 16 bytes goes to `simple`.
+    /// The first `"`, `\` or byte `low` flags: 64 bytes a step while they last (four vectors, one test), then 16
+    /// bytes a step; the tail shorter than 16 bytes goes to `simple`.
     #[inline(always)]
     fn first(bytes: &[u8], low: impl Fn(v128) -> v128, simple: fn(&[u8]) -> Option<usize>) -> Option<usize> {
         let (quote, backslash) = (u8x16_splat(b'"'), u8x16_splat(b'\\'));
+        let hits = |v: v128| v128_or(v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)), low(v));
         let mut at = 0usize;
-        let mut chunks = bytes.chunks_exact(16);
+        let (blocks, rest) = bytes.as_chunks::<64>();
+        for block in blocks {
+            let [a, b, c, d] = load4(block).map(hits);
+            if v128_any_true(v128_or(v128_or(a, b), v128_or(c, d))) {
+                let mask = u64::from(u8x16_bitmask(a))
+                    | u64::from(u8x16_bitmask(b)) << 16
+                    | u64::from(u8x16_bitmask(c)) << 32
+                    | u64::from(u8x16_bitmask(d)) << 48;
+                return Some(at.saturating_add(mask.trailing_zeros() as usize));
+            }
+            at = at.saturating_add(64);
+        }
+        let mut chunks = rest.chunks_exact(16);
         for chunk in &mut chunks {
-            let v = load(chunk);
-            let hits = v128_or(v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)), low(v));
-            let mask = u8x16_bitmask(hits);
+            let mask = u8x16_bitmask(hits(load(chunk)));
             if mask != 0 {
                 return Some(at.saturating_add(mask.trailing_zeros() as usize));
             }
