@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::json::{scan_object, MAX_DEPTH};
+use crate::json::{nav, scan_object, Kind, Member, MAX_DEPTH};
 
 /// The most bytes of one JSON document read for usage.
 pub const MAX_USAGE_DOC: usize = 1 << 20;
@@ -53,102 +53,36 @@ pub fn of_document(text: &str) -> Option<Usage> {
 }
 
 /// [`parse_doc`], keeping only the top-level members named in `keep`, and those named in `shape_only` as their
-/// shape: an array as an empty array or a one-`null` array, anything else as `null`. Every other member is checked
-/// and skipped by serde without being built, so a stream event's text or an answer's choices cost no allocation.
-/// A member given twice counts as its last copy, as in a parsed document. Whatever reads the kept members of the
-/// result reads what it would have read in `parse_doc`'s.
+/// shape: an array as an empty array or a one-`null` array, anything else as `null`. The document is validated
+/// and its top-level members found in one pass of the scanner; only the kept members' values are then handed to
+/// serde, so a stream event's text or an answer's choices are neither parsed twice nor built. A member given
+/// twice counts as its last copy, as in a parsed document. Whatever reads the kept members of the result reads
+/// what it would have read in `parse_doc`'s.
 pub fn parse_members(text: &str, keep: &[&str], shape_only: &[&str]) -> Option<Value> {
-    use serde::de::DeserializeSeed;
-    if !readable(text) {
+    if text.len() > MAX_USAGE_DOC {
         return None;
     }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let doc = Members { keep, shape_only }.deserialize(&mut de).ok()?;
-    de.end().ok()?;
+    let bytes = text.as_bytes();
+    let mut doc = serde_json::Map::new();
+    for m in scan_object(bytes, MAX_DEPTH).ok()? {
+        let Some(name) = keep.iter().chain(shape_only).find(|n| nav::key_eq(bytes, m.key, n)) else {
+            continue;
+        };
+        let value = match keep.contains(name) {
+            true => serde_json::from_slice(m.value.of(bytes)).ok()?,
+            false => shape(bytes, &m),
+        };
+        doc.insert((*name).to_string(), value);
+    }
     Some(Value::Object(doc))
 }
 
-/// Reads a JSON object, keeping the members it names (see [`parse_members`]).
-struct Members<'a> {
-    keep: &'a [&'a str],
-    shape_only: &'a [&'a str],
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Members<'_> {
-    type Value = serde_json::Map<String, Value>;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Members<'_> {
-    type Value = serde_json::Map<String, Value>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut doc = serde_json::Map::new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if self.keep.contains(&key.as_ref()) {
-                doc.insert(key.into_owned(), map.next_value()?);
-            } else if self.shape_only.contains(&key.as_ref()) {
-                doc.insert(key.into_owned(), map.next_value::<Shape>()?.0);
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-        }
-        Ok(doc)
-    }
-}
-
-/// A JSON value reduced to its shape (see [`parse_members`]).
-struct Shape(Value);
-
-impl<'de> serde::Deserialize<'de> for Shape {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ShapeVisitor)
-    }
-}
-
-struct ShapeVisitor;
-
-impl<'de> serde::de::Visitor<'de> for ShapeVisitor {
-    type Value = Shape;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
-        let first = seq.next_element::<serde::de::IgnoredAny>()?;
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(Shape(Value::Array(match first {
-            Some(_) => vec![Value::Null],
-            None => Vec::new(),
-        })))
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
-        while map
-            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-            .is_some()
-        {}
-        Ok(Shape(Value::Null))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
-    }
-    fn visit_unit<E>(self) -> Result<Shape, E> {
-        Ok(Shape(Value::Null))
+/// A member's value reduced to its shape (see [`parse_members`]).
+fn shape(bytes: &[u8], m: &Member) -> Value {
+    match m.kind {
+        Kind::Array if nav::array_items(bytes, m.value).next().is_some() => Value::Array(vec![Value::Null]),
+        Kind::Array => Value::Array(Vec::new()),
+        _ => Value::Null,
     }
 }
 
