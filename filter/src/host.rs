@@ -125,7 +125,7 @@ pub fn init_logging(level: log::LevelFilter) {
 }
 
 /// Logs a failed call at warning level and turns it into an `Option`.
-fn logged<T>(r: HostResult<T>, what: &str) -> Option<T> {
+fn logged<T>(r: HostResult<T>, what: impl std::fmt::Display) -> Option<T> {
     r.map_err(|e| log::warn!("llmroute: {what}: {e}")).ok()
 }
 
@@ -141,21 +141,21 @@ pub fn request_headers() -> Option<Vec<(String, Vec<u8>)>> {
 pub fn set_request_header(name: &str, value: Option<&str>) {
     logged(
         host().set_map_value(MapType::HttpRequestHeaders, name, value),
-        &format!("setting request header {name}"),
+        format_args!("setting request header {name}"),
     );
 }
 
 pub fn set_response_header(name: &str, value: &str) {
     logged(
         host().set_map_value(MapType::HttpResponseHeaders, name, Some(value)),
-        &format!("setting response header {name}"),
+        format_args!("setting response header {name}"),
     );
 }
 
 pub fn remove_response_header(name: &str) {
     logged(
         host().set_map_value(MapType::HttpResponseHeaders, name, None),
-        &format!("removing response header {name}"),
+        format_args!("removing response header {name}"),
     );
 }
 
@@ -170,7 +170,7 @@ pub fn response_header(name: &str) -> Option<String> {
 }
 
 fn header(map: MapType, name: &str) -> Option<String> {
-    let bytes = logged(host().get_map_value(map, name), &format!("reading header {name}"))??;
+    let bytes = logged(host().get_map_value(map, name), format_args!("reading header {name}"))??;
     String::from_utf8(bytes).ok()
 }
 
@@ -323,7 +323,7 @@ pub fn http_call_body(size: usize) -> Option<Vec<u8>> {
 
 /// A value in the VM-wide shared data, with its compare-and-swap token.
 pub fn shared_data(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-    logged(host().get_shared_data(key), &format!("reading shared data {key}")).unwrap_or((None, None))
+    logged(host().get_shared_data(key), format_args!("reading shared data {key}")).unwrap_or((None, None))
 }
 
 /// Writes shared data; with `cas`, only if nobody wrote since it was read. False when it was not written.
@@ -343,7 +343,7 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> bool {
 
 /// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
 pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
-    logged(host().define_metric(kind, name), &format!("defining metric {name}"))
+    logged(host().define_metric(kind, name), format_args!("defining metric {name}"))
 }
 
 /// Writes an access-log field: filter state `wasm.<key>`, which the rendered access log reads. `key` comes from
@@ -359,7 +359,7 @@ pub fn set_log_field(key: &str, value: &str) {
 pub fn define_counter(name: &str) -> Option<u32> {
     logged(
         host().define_metric(MetricType::Counter, name),
-        &format!("defining metric {name}"),
+        format_args!("defining metric {name}"),
     )
 }
 
