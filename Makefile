@@ -8,12 +8,13 @@ ENVOY         := $(TOOLS)/bin/envoy
 WASM          := target/wasm32-wasip1/release/llmroute_filter.wasm
 TRAP_WASM     := target/wasm32-wasip1/release/llmroute_filter_trap.wasm
 PHASES_WASM   := target/wasm32-wasip1/release/llmroute_filter_phases.wasm
+NAMED_WASM    := target/wasm32-wasip1/release/llmroute_filter_named.wasm
 CLI           := target/release/llmroute
 CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile bench-ab demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile bench-glue bench-ab demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -163,6 +164,13 @@ PROFILE_ARGS ?= --size 4096 --concurrency 16 --perf-dir target/profile
 bench-profile: build envoy perf ## One case of the overhead bench, plain Envoy then llmroute: CPU per request by thread and, from perf, by object (Envoy, kernel, V8's JIT code); PROFILE_ARGS="--size 262144 --age-seconds 120" to age each Envoy and measure again; method in bench/README.md
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) profile $(PROFILE_ARGS)
+
+GLUE_ARGS ?= --size 4096
+bench-glue: toolchain ## The filter's own code function by function: the .wasm (built with its function names, own target dir) driven by a JavaScript proxy-wasm host in node's V8 under its CPU profiler; GLUE_ARGS="--size 262144"; method in bench/README.md
+	CARGO_PROFILE_RELEASE_STRIP=false $(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter --target-dir target/named
+	install -m 0644 target/named/wasm32-wasip1/release/llmroute_filter.wasm $(NAMED_WASM)
+	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
+	$(BENCH) glue --wasm $(NAMED_WASM) $(GLUE_ARGS)
 
 AB_ARGS ?= --size 262144 --concurrency 16
 bench-ab: build envoy ## One lever side by side: BASELINE=old.wasm (the filter built before it) against the filter now and plain Envoy, interleaved rounds; AB_ARGS="--size 4096 --rounds 15"

@@ -10,6 +10,7 @@
 //! - [`phases`]: the filter's cost phase by phase inside Envoy, from a build with later phases switched off;
 //! - [`ab`]: one lever, the filter built before it against the filter now, in interleaved rounds (`llmroute-bench ab`);
 //! - [`profile`]: one case's CPU by thread of each proxy, and a `perf record` of it (`llmroute-bench profile`);
+//! - [`glue`]: the filter's own code function by function, in node's V8 under a JavaScript host (`llmroute-bench glue`);
 //! - [`machine`], [`micro`], [`report`], [`plot`]: `bench/RESULTS.md` and `bench/overhead.png`;
 //! - [`routing`]: routing quality against the peers and the oracle (`make bench-routing`): `bench/ROUTING.md`;
 //! - [`replicas`]: the two-replica disagreement simulation; [`new_key`]: what the placement store adds to a new
@@ -18,6 +19,7 @@
 pub mod ab;
 pub use llmroute_synth::body;
 pub mod engines;
+pub mod glue;
 pub mod goals;
 pub mod load;
 pub mod machine;

@@ -21,7 +21,8 @@ use futures_util::StreamExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-const COMPLETION: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"qwen3-0.6b","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the bench upstream."},"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":6,"total_tokens":22}}"#;
+/// The answer to every chat completion: a fixed non-streamed answer with its usage.
+pub(crate) const COMPLETION: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"qwen3-0.6b","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the bench upstream."},"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":6,"total_tokens":22}}"#;
 const MODELS: &str = r#"{"object":"list","data":[{"id":"qwen3-0.6b","object":"model","owned_by":"bench"}]}"#;
 const OK: &str = r#"{"status":"ok"}"#;
 

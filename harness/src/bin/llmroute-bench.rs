@@ -18,6 +18,9 @@
 //! `llmroute-bench profile` runs one case of the overhead bench system after system and prints each proxy's CPU
 //! per request by thread, with a `perf record` of each when asked (method in `bench/README.md`).
 //!
+//! `llmroute-bench glue` drives the filter's .wasm through bench requests with a JavaScript proxy-wasm host in
+//! node's V8, under its CPU profiler, and prints where the filter's own code spends its time.
+//!
 //! `llmroute-bench routing` replays workloads through llmroute and the peer routers' policies in front of emulated
 //! engines with a cost model, against the oracle, and writes `bench/ROUTING.md` and `bench/routing.png`.
 
@@ -29,7 +32,7 @@ use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
 use llmroute_harness::bench::systems::Kind;
-use llmroute_harness::bench::{ab, goals, micro, plot, profile, replicas, sections};
+use llmroute_harness::bench::{ab, glue, goals, micro, plot, profile, replicas, sections};
 use llmroute_harness::chaos;
 use llmroute_harness::envoy::repo_root;
 
@@ -63,6 +66,27 @@ enum Cmd {
     /// One lever side by side: plain Envoy, the filter built before it (`--baseline`) and the filter now, in
     /// interleaved rounds at one body size and concurrency.
     Ab(AbArgs),
+    /// The filter's own code function by function: the .wasm driven through bench requests by a JavaScript
+    /// proxy-wasm host in node's V8, under its CPU profiler (build it with its names: `make bench-glue`).
+    Glue(GlueArgs),
+}
+
+#[derive(clap::Args)]
+struct GlueArgs {
+    /// The filter, built with its function names (`make bench-glue` builds and passes it).
+    #[arg(long, default_value_os_t = repo_root().join("target/wasm32-wasip1/release/llmroute_filter_named.wasm"))]
+    wasm: PathBuf,
+    /// Body size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    size: usize,
+    /// Requests per round (7 rounds after a warm-up); default: about 80 MiB of bodies a round, at least 200.
+    #[arg(long)]
+    requests: Option<usize>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Functions listed by self time.
+    #[arg(long, default_value_t = 30)]
+    top: usize,
 }
 
 #[derive(clap::Args)]
@@ -205,6 +229,7 @@ fn main() -> ExitCode {
         Cmd::Soak(args) => return soak(&args),
         Cmd::Profile(args) => return profile(&args),
         Cmd::Ab(args) => return ab(&args),
+        Cmd::Glue(args) => return glue(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -372,6 +397,29 @@ fn ab(args: &AbArgs) -> ExitCode {
     match one_thread_runtime().and_then(|rt| rt.block_on(ab::run(&settings))) {
         Ok(c) => {
             println!("{}", ab::summary(&c, &args.baseline.display().to_string()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn glue(args: &GlueArgs) -> ExitCode {
+    let settings = glue::Settings {
+        wasm: args.wasm.clone(),
+        host: repo_root().join("harness/glue/host.mjs"),
+        size: args.size.max(2),
+        requests: args
+            .requests
+            .unwrap_or_else(|| ((80 << 20) / args.size.max(1)).clamp(200, 20_000)),
+        seed: args.seed,
+        top: args.top,
+    };
+    match glue::run(&settings) {
+        Ok(g) => {
+            println!("{}", glue::summary(&g, &settings));
             ExitCode::SUCCESS
         }
         Err(e) => {
