@@ -8,6 +8,9 @@
 //! `ping` (which the SDKs ignore). A stream cut by a reset cannot be repaired (Envoy gives the filter no end of
 //! stream), only counted.
 
+use std::sync::OnceLock;
+
+use memchr::memmem;
 use serde_json::{json, Value};
 
 use super::sse::{Event, SseReader};
@@ -36,6 +39,7 @@ impl Verdict {
 }
 
 /// What one event means.
+#[derive(Debug, PartialEq)]
 enum Kind {
     Terminal(Usage),
     /// A failure that also ends the stream (`response.failed`).
@@ -245,7 +249,31 @@ fn error_event(api: Api, message: &str, request_id: Option<&str>) -> String {
 /// The top-level members of an event that [`classify`] reads; `choices` only for whether it is empty.
 const EVENT_MEMBERS: &[&str] = &["type", "error", "usage", "timings", "message", "response"];
 
+/// What a chat or completions event is read for: an error, or usage (`usage`, llama.cpp's `timings`), as keys
+/// are written (quoted), and `\u`, the only escape that makes a letter, so a key spelled with escapes is seen too.
+const CHAT_READS: [&str; 4] = ["\"error\"", "\"usage\"", "\"timings\"", "\\u"];
+
+/// True when a chat or completions event cannot be an error or carry usage, whatever its JSON: its data holds
+/// none of [`CHAT_READS`] and its own name is not one [`classify_parsed`] reads when the data is not JSON. Most of
+/// a chat stream is such deltas, and [`classify_parsed`] would make `Other` with no usage of each; this says so
+/// without parsing it (a property test below holds the two to the same answer).
+fn plain_delta(ev: &Event) -> bool {
+    static FINDERS: OnceLock<[memmem::Finder<'static>; 4]> = OnceLock::new();
+    let finders = FINDERS.get_or_init(|| CHAT_READS.map(memmem::Finder::new));
+    let data = ev.data.as_bytes();
+    !matches!(ev.name.as_str(), "error" | "message_stop") && finders.iter().all(|f| f.find(data).is_none())
+}
+
 fn classify(api: Api, ev: &Event) -> Kind {
+    let chat = matches!(api, Api::Chat | Api::Completions);
+    if chat && ev.data.trim() != "[DONE]" && plain_delta(ev) {
+        return Kind::Other(Usage::default());
+    }
+    classify_parsed(api, ev)
+}
+
+/// What an event means, read from its parsed members.
+fn classify_parsed(api: Api, ev: &Event) -> Kind {
     if matches!(api, Api::Chat | Api::Completions) && ev.data.trim() == "[DONE]" {
         return Kind::Terminal(Usage::default());
     }
@@ -303,6 +331,100 @@ fn classify(api: Api, ev: &Event) -> Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// JSON and near-JSON pieces of chat events: the words `plain_delta` looks for as keys, values and text,
+    /// keys spelled with escapes, and bytes that make the data invalid.
+    fn data_piece() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            " ",
+            "\"",
+            "null",
+            "0",
+            "12",
+            "true",
+            "\"choices\"",
+            "\"delta\"",
+            "\"content\"",
+            "\"text\"",
+            "\"usage\"",
+            "\"timings\"",
+            "\"error\"",
+            "\"prompt_tokens\"",
+            "\"completion_tokens\"",
+            "\"prompt_n\"",
+            "\"predicted_n\"",
+            "\"\\u0075sage\"",
+            "\"er\\u0072or\"",
+            "\"tim\\u0069ngs\"",
+            "\\n",
+            "\\\"",
+            "usage",
+            "error",
+            "[DONE]",
+            "message_stop",
+        ])
+        .prop_map(str::to_string)
+    }
+
+    /// Events of a chat stream: well-formed deltas, usage and error chunks, and random pieces.
+    fn chat_event() -> impl Strategy<Value = Event> {
+        let data = prop_oneof![
+            3 => prop::collection::vec(data_piece(), 0..24).prop_map(|p| p.concat()),
+            1 => Just(r#"{"choices":[{"delta":{"content":"the usage of words"}}]}"#.to_string()),
+            1 => Just(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#.to_string()),
+            1 => Just(r#"{"error":{"message":"x"}}"#.to_string()),
+            1 => Just(r#"{"choices":[{"delta":{}}],"timings":{"prompt_n":1,"predicted_n":2}}"#.to_string()),
+            1 => Just(r#"{"\u0075sage":{"prompt_tokens":3},"choices":[]}"#.to_string()),
+        ];
+        let name = prop::sample::select(vec!["", "", "", "error", "message_stop", "ping"]);
+        (data, name, prop::bool::weighted(0.05)).prop_map(|(data, name, oversized)| Event {
+            name: name.to_string(),
+            data,
+            oversized,
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(5000))]
+
+        /// Whatever the shortcut skips, the parse would have called `Other` with no usage.
+        #[test]
+        fn a_plain_delta_is_what_the_parse_would_say(ev in chat_event()) {
+            for api in [Api::Chat, Api::Completions] {
+                prop_assert_eq!(classify(api, &ev), classify_parsed(api, &ev), "{:?}", ev);
+            }
+        }
+    }
+
+    #[test]
+    fn the_shortcut_takes_plain_deltas_and_nothing_that_matters() {
+        let ev = |data: &str| Event {
+            name: String::new(),
+            data: data.to_string(),
+            oversized: false,
+        };
+        assert!(plain_delta(&ev(r#"{"choices":[{"delta":{"content":"hi"}}]}"#)));
+        for read in [
+            r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+            r#"{"error":{"message":"x"}}"#,
+            r#"{"timings":{"prompt_n":1}}"#,
+            r#"{"\u0075sage":{"prompt_tokens":1}}"#,
+        ] {
+            assert!(!plain_delta(&ev(read)), "{read}");
+        }
+        let named = Event {
+            name: "error".into(),
+            ..ev("not json")
+        };
+        assert!(!plain_delta(&named));
+    }
 
     fn run(api: Api, chunks: &[&str]) -> StreamTracker {
         let mut t = StreamTracker::new(api, false);
