@@ -6,6 +6,8 @@
 // the filter's own code: which Rust functions, under which callback, cost what.
 //
 // node host.mjs FILTER.wasm BODY CONFIG ANSWER REQUESTS
+// ANSWER is the engine's JSON answer, or a JSON array of strings: the chunks of a streamed (SSE) answer, each
+// delivered in its own body callback.
 // prints one JSON line: {"us_per_request": best round's mean, "rounds": [...], "calls": {kind: count per request}}
 import { WASI } from 'node:wasi';
 import { readFileSync } from 'node:fs';
@@ -14,9 +16,12 @@ const [wasmPath, bodyPath, configPath, answerPath, requestsArg] = process.argv.s
 const requests = Math.max(1, Number(requestsArg) || 1000);
 const body = readFileSync(bodyPath);
 const config = readFileSync(configPath);
-const answer = readFileSync(answerPath);
 const enc = new TextEncoder();
 const dec = new TextDecoder();
+const answerFile = readFileSync(answerPath);
+const streamed = answerFile[0] === 0x5b; // '['
+const chunks = streamed ? JSON.parse(answerFile.toString()).map((c) => enc.encode(c)) : [answerFile];
+let answer = chunks[0];
 
 // The proxy-wasm ABI's status codes, buffer and map types (ABI 0.2.1).
 const OK = 0, NOT_FOUND = 1, EMPTY = 7;
@@ -30,10 +35,11 @@ const requestHeaders = headerMap([
   ['content-length', String(body.length)], ['x-forwarded-proto', 'http'],
   ['x-request-id', 'a5c1f1a2-4f7b-4b7e-9d6a-0c6f0f5d9b1e'],
 ]);
-const responseHeaders = headerMap([
-  [':status', '200'], ['content-type', 'application/json'], ['content-length', String(answer.length)],
-  ['date', 'Tue, 01 Dec 2026 00:00:00 GMT'], ['x-envoy-upstream-service-time', '1'],
-]);
+const responseHeaders = headerMap(streamed
+  ? [[':status', '200'], ['content-type', 'text/event-stream'], ['date', 'Tue, 01 Dec 2026 00:00:00 GMT'],
+    ['x-envoy-upstream-service-time', '1']]
+  : [[':status', '200'], ['content-type', 'application/json'], ['content-length', String(answer.length)],
+    ['date', 'Tue, 01 Dec 2026 00:00:00 GMT'], ['x-envoy-upstream-service-time', '1']]);
 
 /** A header map with its ABI serialization, made once. */
 function headerMap(pairs) {
@@ -203,7 +209,10 @@ function request() {
   vm.proxy_on_request_headers(id, 10, 0);
   vm.proxy_on_request_body(id, body.length, 1);
   vm.proxy_on_response_headers(id, 5, 0);
-  vm.proxy_on_response_body(id, answer.length, 1);
+  for (let i = 0; i < chunks.length; i++) {
+    answer = chunks[i];
+    vm.proxy_on_response_body(id, answer.length, i === chunks.length - 1 ? 1 : 0);
+  }
   vm.proxy_on_log(id);
   vm.proxy_on_done(id);
   vm.proxy_on_delete(id);

@@ -25,6 +25,9 @@ pub struct Settings {
     pub host: PathBuf,
     pub size: usize,
     pub requests: usize,
+    /// 0: the bench upstream's JSON answer; otherwise a streamed answer of this many content deltas (then the usage
+    /// chunk and `[DONE]`), each chunk in its own body callback.
+    pub stream_events: usize,
     pub seed: u64,
     /// How many functions the self-time table lists.
     pub top: usize,
@@ -65,7 +68,11 @@ pub fn run(s: &Settings) -> Result<Glue, String> {
     let endpoints = ["127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083"].map(String::from);
     let body = write("body.json", &chat_body(s.size, 0, s.seed))?;
     let config = write("config.json", bench_config(&endpoints).to_string().as_bytes())?;
-    let answer = write("answer.json", COMPLETION.as_bytes())?;
+    let answer = match s.stream_events {
+        0 => COMPLETION.to_string(),
+        n => serde_json::Value::from(sse_chunks(n)).to_string(),
+    };
+    let answer = write("answer.json", answer.as_bytes())?;
     let prof = dir.path().join("prof");
     let out = Command::new("node")
         .arg("--no-warnings")
@@ -97,6 +104,26 @@ pub fn run(s: &Settings) -> Result<Glue, String> {
         by_self: self_shares(&profile),
         by_callback: inclusive_shares(&profile, |name| name.starts_with("proxy_on_")),
     })
+}
+
+/// A streamed chat answer as vLLM writes it: `deltas` chunks of one content delta each, the usage chunk a client
+/// asked for with `stream_options.include_usage`, and `[DONE]`.
+pub fn sse_chunks(deltas: usize) -> Vec<String> {
+    let head = r#"{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"qwen3-0.6b","#;
+    let mut chunks: Vec<String> = (0..deltas)
+        .map(|i| {
+            let finish = if i + 1 == deltas { r#""stop""# } else { "null" };
+            format!(
+                "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+            )
+        })
+        .collect();
+    chunks.push(format!(
+        "data: {head}\"choices\":[],\"usage\":{{\"prompt_tokens\":16,\"completion_tokens\":{deltas},\"total_tokens\":{}}}}}\n\n",
+        16 + deltas
+    ));
+    chunks.push("data: [DONE]\n\n".to_string());
+    chunks
 }
 
 /// A `.cpuprofile` as node writes it: a call tree and, per sample, its leaf node and the time since the last.
@@ -226,9 +253,13 @@ fn sorted_shares(by_name: BTreeMap<String, f64>, total: f64) -> Vec<(String, f64
 /// The report: time per request, host calls, then the two tables, each row also in µs per request.
 pub fn summary(g: &Glue, s: &Settings) -> String {
     let us = g.run.us_per_request;
+    let answer = match s.stream_events {
+        0 => "a JSON answer".to_string(),
+        n => format!("a streamed answer of {n} deltas"),
+    };
     let mut out = format!(
-        "{} bytes of chat body, {} requests a round, best of {} rounds: {us:.2} µs per request in node's V8 \
-         (the filter's code and this host's side of its calls)\n",
+        "{} bytes of chat body and {answer}, {} requests a round, best of {} rounds: {us:.2} µs per request in \
+         node's V8 (the filter's code and this host's side of its calls)\n",
         s.size,
         s.requests,
         g.run.rounds.len()
@@ -281,6 +312,19 @@ mod tests {
             samples: vec![3, 3, 4, 5, 6],
             time_deltas: vec![10, 10, 30, 60, 10],
         }
+    }
+
+    #[test]
+    fn a_streamed_answer_is_its_deltas_the_usage_chunk_and_done() {
+        let chunks = sse_chunks(2);
+        assert_eq!(chunks.len(), 4);
+        for c in &chunks[..3] {
+            let data = c.strip_prefix("data: ").and_then(|d| d.strip_suffix("\n\n")).unwrap();
+            serde_json::from_str::<serde_json::Value>(data).unwrap();
+        }
+        assert!(chunks[1].contains(r#""finish_reason":"stop""#));
+        assert!(chunks[2].contains(r#""usage":{"prompt_tokens":16,"completion_tokens":2,"total_tokens":18}"#));
+        assert_eq!(chunks[3], "data: [DONE]\n\n");
     }
 
     #[test]

@@ -82,6 +82,10 @@ struct GlueArgs {
     /// Requests per round (7 rounds after a warm-up); default: about 80 MiB of bodies a round, at least 200.
     #[arg(long)]
     requests: Option<usize>,
+    /// Answer with a stream of this many content deltas (then the usage chunk and `[DONE]`), each chunk in its own
+    /// body callback; 0: the bench upstream's JSON answer.
+    #[arg(long, default_value_t = 0)]
+    stream_events: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Functions listed by self time.
@@ -414,6 +418,7 @@ fn glue(args: &GlueArgs) -> ExitCode {
         requests: args
             .requests
             .unwrap_or_else(|| ((80 << 20) / args.size.max(1)).clamp(200, 20_000)),
+        stream_events: args.stream_events,
         seed: args.seed,
         top: args.top,
     };
