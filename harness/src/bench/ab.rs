@@ -9,8 +9,10 @@
 
 use std::fmt::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::load::Prepared;
 use super::overhead::{prepare, Case, Measure, Rounds, RowRounds};
 use super::systems::{bench_config, CHAT_PATH};
 use super::upstream::Upstreams;
@@ -28,6 +30,9 @@ pub struct Settings {
     /// After the rounds, load every Envoy with 1 MiB bodies for this long (each in turn, concurrency 16), then
     /// measure the rounds again: what a long-lived Envoy costs against a fresh one. 0: no second measurement.
     pub age_seconds: u64,
+    /// 0: the bench upstream's JSON answer; otherwise a streamed answer of this many content deltas, each chunk
+    /// its own read (`upstream::STREAM_EVENTS_HEADER`).
+    pub stream_events: usize,
 }
 
 /// The body size of the ageing load.
@@ -80,7 +85,7 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
         size: s.size,
         concurrency: s.concurrency,
     };
-    let requests = prepare(s.size, 8, s.seed);
+    let requests = streamed(prepare(s.size, 8, s.seed), s.stream_events);
     let client = super::load::client(s.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
     let targets: Vec<(String, u32)> = envoys.iter().map(|e| (e.url(CHAT_PATH), e.pid())).collect();
     for (url, _) in &targets {
@@ -109,6 +114,21 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
         fresh: RowRounds { case, rounds },
         aged,
     })
+}
+
+/// `requests`, each asking the bench upstream for a stream of `deltas` content deltas (none when 0).
+fn streamed(requests: Arc<[Prepared]>, deltas: usize) -> Arc<[Prepared]> {
+    if deltas == 0 {
+        return requests;
+    }
+    let value = reqwest::header::HeaderValue::from(deltas);
+    requests
+        .iter()
+        .map(|r| Prepared {
+            stream_events: Some(value.clone()),
+            ..r.clone()
+        })
+        .collect()
 }
 
 /// `s.rounds` interleaved rounds of every target (`rounds[target]`); an error in any round fails the comparison.

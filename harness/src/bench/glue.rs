@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::body::chat_body;
 use super::systems::bench_config;
-use super::upstream::COMPLETION;
+use super::upstream::{sse_chunks, COMPLETION};
 
 /// What to run.
 pub struct Settings {
@@ -104,26 +104,6 @@ pub fn run(s: &Settings) -> Result<Glue, String> {
         by_self: self_shares(&profile),
         by_callback: inclusive_shares(&profile, |name| name.starts_with("proxy_on_")),
     })
-}
-
-/// A streamed chat answer as vLLM writes it: `deltas` chunks of one content delta each, the usage chunk a client
-/// asked for with `stream_options.include_usage`, and `[DONE]`.
-pub fn sse_chunks(deltas: usize) -> Vec<String> {
-    let head = r#"{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"qwen3-0.6b","#;
-    let mut chunks: Vec<String> = (0..deltas)
-        .map(|i| {
-            let finish = if i + 1 == deltas { r#""stop""# } else { "null" };
-            format!(
-                "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
-            )
-        })
-        .collect();
-    chunks.push(format!(
-        "data: {head}\"choices\":[],\"usage\":{{\"prompt_tokens\":16,\"completion_tokens\":{deltas},\"total_tokens\":{}}}}}\n\n",
-        16 + deltas
-    ));
-    chunks.push("data: [DONE]\n\n".to_string());
-    chunks
 }
 
 /// A `.cpuprofile` as node writes it: a call tree and, per sample, its leaf node and the time since the last.
@@ -312,19 +292,6 @@ mod tests {
             samples: vec![3, 3, 4, 5, 6],
             time_deltas: vec![10, 10, 30, 60, 10],
         }
-    }
-
-    #[test]
-    fn a_streamed_answer_is_its_deltas_the_usage_chunk_and_done() {
-        let chunks = sse_chunks(2);
-        assert_eq!(chunks.len(), 4);
-        for c in &chunks[..3] {
-            let data = c.strip_prefix("data: ").and_then(|d| d.strip_suffix("\n\n")).unwrap();
-            serde_json::from_str::<serde_json::Value>(data).unwrap();
-        }
-        assert!(chunks[1].contains(r#""finish_reason":"stop""#));
-        assert!(chunks[2].contains(r#""usage":{"prompt_tokens":16,"completion_tokens":2,"total_tokens":18}"#));
-        assert_eq!(chunks[3], "data: [DONE]\n\n");
     }
 
     #[test]

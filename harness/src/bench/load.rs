@@ -19,11 +19,13 @@ pub const AFFINITY_HEADER: &str = "x-llmroute-affinity";
 /// Longest a single request may take before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// One request ready to send: the body and its affinity header value.
+/// One request ready to send: the body, its affinity header value and, to be answered with a stream, the
+/// bench upstream's stream header (`upstream::STREAM_EVENTS_HEADER`).
 #[derive(Clone)]
 pub struct Prepared {
     pub body: Bytes,
     pub affinity: HeaderValue,
+    pub stream_events: Option<HeaderValue>,
 }
 
 /// What one round of load measured.
@@ -135,10 +137,14 @@ async fn worker(
 }
 
 async fn send(client: &reqwest::Client, url: &str, request: &Prepared) -> Result<(), String> {
-    let response = client
+    let mut post = client
         .post(url)
         .header(CONTENT_TYPE, "application/json")
-        .header(AFFINITY_HEADER, request.affinity.clone())
+        .header(AFFINITY_HEADER, request.affinity.clone());
+    if let Some(n) = &request.stream_events {
+        post = post.header(super::upstream::STREAM_EVENTS_HEADER, n.clone());
+    }
+    let response = post
         .body(request.body.clone())
         .send()
         .await
@@ -175,6 +181,7 @@ mod tests {
         let requests: Arc<[Prepared]> = Arc::from(vec![Prepared {
             body: Bytes::from_static(b"{}"),
             affinity: HeaderValue::from_static("0123456789abcdef"),
+            stream_events: None,
         }]);
         let round = run(&client(4).unwrap(), &url, &requests, 4, Duration::from_millis(200)).await;
         assert!(round.ok > 10, "{round:?}");
@@ -189,6 +196,7 @@ mod tests {
         let requests: Arc<[Prepared]> = Arc::from(vec![Prepared {
             body: Bytes::from_static(b"{}"),
             affinity: HeaderValue::from_static("k"),
+            stream_events: None,
         }]);
         // Port 9 (discard) is closed on loopback here: every request fails to connect.
         let round = run(

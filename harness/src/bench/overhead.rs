@@ -355,6 +355,7 @@ pub fn prepare(size: usize, families: u64, seed: u64) -> Arc<[Prepared]> {
             body: Bytes::from(chat_body(size, family, seed)),
             affinity: HeaderValue::from_str(&format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&family.to_le_bytes())))
                 .unwrap_or(HeaderValue::from_static("0")),
+            stream_events: None,
         })
         .collect()
 }

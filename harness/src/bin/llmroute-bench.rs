@@ -173,6 +173,10 @@ struct AbArgs {
     /// Then load every Envoy with 1 MiB bodies for this long and measure again (0: no second measurement).
     #[arg(long, default_value_t = 0)]
     age_seconds: u64,
+    /// Answers streamed: this many content deltas (then the usage chunk and `[DONE]`), each chunk 1 ms after the
+    /// last, so each is its own read; 0: the JSON answer.
+    #[arg(long, default_value_t = 0)]
+    stream_events: usize,
 }
 
 #[derive(clap::Args)]
@@ -397,9 +401,16 @@ fn ab(args: &AbArgs) -> ExitCode {
         seed: args.seed,
         proxy_cpus: pinned.then(|| "0".to_string()),
         age_seconds: args.age_seconds,
+        stream_events: args.stream_events,
     };
     match one_thread_runtime().and_then(|rt| rt.block_on(ab::run(&settings))) {
         Ok(c) => {
+            if args.stream_events > 0 {
+                println!(
+                    "answers streamed: {} content deltas, the usage chunk and [DONE], each chunk its own read",
+                    args.stream_events
+                );
+            }
             println!("{}", ab::summary(&c, &args.baseline.display().to_string()));
             ExitCode::SUCCESS
         }
