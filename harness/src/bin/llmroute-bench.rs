@@ -79,7 +79,8 @@ struct GlueArgs {
     /// Body size in bytes.
     #[arg(long, default_value_t = 4096)]
     size: usize,
-    /// Requests per round (7 rounds after a warm-up); default: about 80 MiB of bodies a round, at least 200.
+    /// Requests per round (7 rounds after a warm-up); default: about 80 MiB of bodies a round, fewer for a long
+    /// stream, at least 200.
     #[arg(long)]
     requests: Option<usize>,
     /// Answer with a stream of this many content deltas (then the usage chunk and `[DONE]`), each chunk in its own
@@ -426,9 +427,10 @@ fn glue(args: &GlueArgs) -> ExitCode {
         wasm: args.wasm.clone(),
         host: repo_root().join("harness/glue/host.mjs"),
         size: args.size.max(2),
-        requests: args
-            .requests
-            .unwrap_or_else(|| ((80 << 20) / args.size.max(1)).clamp(200, 20_000)),
+        requests: args.requests.unwrap_or_else(|| {
+            let by_body = ((80 << 20) / args.size.max(1)).clamp(200, 20_000);
+            (by_body / (1 + args.stream_events / 10)).max(200)
+        }),
         stream_events: args.stream_events,
         seed: args.seed,
         top: args.top,
