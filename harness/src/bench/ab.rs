@@ -33,6 +33,9 @@ pub struct Settings {
     /// 0: the bench upstream's JSON answer; otherwise a streamed answer of this many content deltas, each chunk
     /// its own read (`upstream::STREAM_EVENTS_HEADER`).
     pub stream_events: usize,
+    /// Start the three Envoys afresh this many times, each time for `rounds` rounds: two fresh Envoys of one build
+    /// differ by several µs per large body, so one set of Envoys can favour either build.
+    pub repeats: usize,
 }
 
 /// The body size of the ageing load.
@@ -44,9 +47,12 @@ const ROWS: [&str; 3] = ["plain Envoy", "baseline", "current"];
 /// The rows' rounds, fresh and, when asked for, after the ageing load.
 #[derive(Debug, Clone)]
 pub struct Comparison {
-    /// Rows as [`ROWS`]: the lever is `fresh.added_us(2)`, current minus baseline round by round.
+    /// Rows as [`ROWS`], every repeat's rounds together: the lever is `fresh.added_us(2)`, current minus baseline
+    /// round by round.
     pub fresh: RowRounds,
     pub aged: Option<RowRounds>,
+    /// Each repeat's own lever (its fresh rounds only).
+    pub levers: Vec<Option<f64>>,
 }
 
 /// Starts the three Envoys and measures them in interleaved rounds.
@@ -74,46 +80,59 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
         },
         base,
     ];
-    let mut envoys = Vec::new();
-    for (name, opts) in ROWS.iter().zip(options) {
-        let envoy = Envoy::start_with(bench_config(&upstreams.endpoints()), opts)
-            .await
-            .map_err(|e| format!("{name} did not start: {e}"))?;
-        envoys.push(envoy);
-    }
     let case = Case {
         size: s.size,
         concurrency: s.concurrency,
     };
     let requests = streamed(prepare(s.size, 8, s.seed), s.stream_events);
     let client = super::load::client(s.concurrency).map_err(|e| format!("building the HTTP client: {e}"))?;
-    let targets: Vec<(String, u32)> = envoys.iter().map(|e| (e.url(CHAT_PATH), e.pid())).collect();
-    for (url, _) in &targets {
-        super::load::run(&client, url, &requests, s.concurrency, Duration::from_secs(1)).await;
-    }
     let started = Instant::now();
-    let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
-    let mut aged = None;
-    if s.age_seconds > 0 {
-        let ageing = prepare(AGE_SIZE, 8, s.seed);
-        let age_client = super::load::client(16).map_err(|e| format!("building the HTTP client: {e}"))?;
-        for (i, (url, _)) in targets.iter().enumerate() {
+    let mut fresh = RowRounds::empty(case, ROWS.len());
+    let mut aged: Option<RowRounds> = None;
+    let mut levers = Vec::new();
+    for repeat in 0..s.repeats.max(1) {
+        if s.repeats > 1 {
             super::overhead::progress(
                 Some(started),
-                &format!(
-                    "ageing {}: {} s of 1 MiB bodies at concurrency 16",
-                    ROWS[i], s.age_seconds
-                ),
+                &format!("repeat {} of {}: fresh Envoys", repeat + 1, s.repeats),
             );
-            super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
         }
-        let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
-        aged = Some(RowRounds { case, rounds });
+        let mut envoys = Vec::new();
+        for (name, opts) in ROWS.iter().zip(options.clone()) {
+            let envoy = Envoy::start_with(bench_config(&upstreams.endpoints()), opts)
+                .await
+                .map_err(|e| format!("{name} did not start: {e}"))?;
+            envoys.push(envoy);
+        }
+        let targets: Vec<(String, u32)> = envoys.iter().map(|e| (e.url(CHAT_PATH), e.pid())).collect();
+        for (url, _) in &targets {
+            super::load::run(&client, url, &requests, s.concurrency, Duration::from_secs(1)).await;
+        }
+        let rounds = RowRounds {
+            case,
+            rounds: interleaved(s, case, &client, &requests, &targets, started).await?,
+        };
+        levers.push(rounds.added_us(2));
+        fresh.append(rounds);
+        if s.age_seconds > 0 {
+            let ageing = prepare(AGE_SIZE, 8, s.seed);
+            let age_client = super::load::client(16).map_err(|e| format!("building the HTTP client: {e}"))?;
+            for (i, (url, _)) in targets.iter().enumerate() {
+                super::overhead::progress(
+                    Some(started),
+                    &format!(
+                        "ageing {}: {} s of 1 MiB bodies at concurrency 16",
+                        ROWS[i], s.age_seconds
+                    ),
+                );
+                super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
+            }
+            let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
+            aged.get_or_insert_with(|| RowRounds::empty(case, ROWS.len()))
+                .append(RowRounds { case, rounds });
+        }
     }
-    Ok(Comparison {
-        fresh: RowRounds { case, rounds },
-        aged,
-    })
+    Ok(Comparison { fresh, aged, levers })
 }
 
 /// `requests`, each asking the bench upstream for a stream of `deltas` content deltas (none when 0).
@@ -161,6 +180,14 @@ async fn interleaved(
 /// The comparison as a few lines of text.
 pub fn summary(c: &Comparison, baseline: &str) -> String {
     let mut out = table(&c.fresh, baseline);
+    if c.levers.len() > 1 {
+        let each: Vec<String> = c.levers.iter().map(|l| figure(*l, 1)).collect();
+        let _ = write!(
+            out,
+            "\nby repeat (fresh Envoys each): {} µs; above, every repeat's rounds together",
+            each.join(", ")
+        );
+    }
     if let Some(aged) = &c.aged {
         let _ = write!(out, "\nafter the ageing load:\n{}", table(aged, baseline));
         for (row, name) in ROWS.iter().enumerate() {
@@ -224,8 +251,47 @@ mod tests {
         assert!((fresh.added_us(2).unwrap() + 5.0).abs() < 1e-9);
         assert!((fresh.cpu_ratio(1).unwrap() - 0.5).abs() < 1e-9);
         assert!((fresh.ratio(2).unwrap() - 0.5).abs() < 1e-9);
-        let c = Comparison { fresh, aged: None };
+        let c = Comparison {
+            fresh: fresh.clone(),
+            aged: None,
+            levers: vec![fresh.added_us(2)],
+        };
         let text = summary(&c, "old.wasm");
         assert!(text.contains("current - baseline: -5.0 µs"), "{text}");
+        assert!(!text.contains("by repeat"), "{text}");
+    }
+
+    #[test]
+    fn repeats_pool_their_rounds_and_each_keeps_its_own_lever() {
+        let case = Case {
+            size: 262144,
+            concurrency: 16,
+        };
+        let one = RowRounds {
+            case,
+            rounds: vec![vec![m(100.0, 100.0)], vec![m(200.0, 50.0)], vec![m(190.0, 52.0)]],
+        };
+        let two = RowRounds {
+            case,
+            rounds: vec![vec![m(100.0, 100.0)], vec![m(200.0, 50.0)], vec![m(206.0, 48.0)]],
+        };
+        let levers = vec![one.added_us(2), two.added_us(2)];
+        let mut fresh = RowRounds::empty(case, 3);
+        fresh.append(one);
+        fresh.append(two);
+        assert_eq!(fresh.rounds.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 2, 2]);
+        // Each repeat's lever is its own (-10 and +6); the pooled median is that of both rounds' differences.
+        let near = |got: Option<f64>, want: f64| got.is_some_and(|g| (g - want).abs() < 1e-6);
+        assert!(near(levers[0], -10.0) && near(levers[1], 6.0), "{levers:?}");
+        assert!(near(fresh.added_us(2), -2.0), "{:?}", fresh.added_us(2));
+        let text = summary(
+            &Comparison {
+                fresh,
+                aged: None,
+                levers,
+            },
+            "old.wasm",
+        );
+        assert!(text.contains("by repeat (fresh Envoys each): -10.0, 6.0 µs"), "{text}");
     }
 }

@@ -492,6 +492,21 @@ pub struct RowRounds {
 }
 
 impl RowRounds {
+    /// `rows` rows without a round yet.
+    pub fn empty(case: Case, rows: usize) -> RowRounds {
+        RowRounds {
+            case,
+            rounds: vec![Vec::new(); rows],
+        }
+    }
+
+    /// Adds `other`'s rounds after this one's, row by row (rounds of fresh Envoys measured again).
+    pub fn append(&mut self, other: RowRounds) {
+        for (ours, theirs) in self.rounds.iter_mut().zip(other.rounds) {
+            ours.extend(theirs);
+        }
+    }
+
     /// Median over rounds of `f(row's measure, other's measure)`.
     fn per_round(&self, row: usize, other: usize, f: impl Fn(&Measure, &Measure) -> Option<f64>) -> Option<f64> {
         let (ours, theirs) = (self.rounds.get(row)?, self.rounds.get(other)?);

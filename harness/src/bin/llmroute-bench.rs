@@ -178,6 +178,10 @@ struct AbArgs {
     /// last, so each is its own read; 0: the JSON answer.
     #[arg(long, default_value_t = 0)]
     stream_events: usize,
+    /// Start the three Envoys afresh this many times, each for `--rounds` rounds; the lever is then the median over
+    /// every round, and each repeat's own is printed too.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
 }
 
 #[derive(clap::Args)]
@@ -403,6 +407,7 @@ fn ab(args: &AbArgs) -> ExitCode {
         proxy_cpus: pinned.then(|| "0".to_string()),
         age_seconds: args.age_seconds,
         stream_events: args.stream_events,
+        repeats: args.repeats.max(1),
     };
     match one_thread_runtime().and_then(|rt| rt.block_on(ab::run(&settings))) {
         Ok(c) => {
