@@ -97,8 +97,44 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
                 &format!("repeat {} of {}: fresh Envoys", repeat + 1, s.repeats),
             );
         }
+        let set = EnvoySet {
+            s,
+            case,
+            client: &client,
+            requests: &requests,
+            started,
+        };
+        let (rounds, after_ageing) = set.measure(&upstreams, &options).await?;
+        levers.push(rounds.added_us(2));
+        fresh.append(rounds);
+        if let Some(rounds) = after_ageing {
+            aged.get_or_insert_with(|| RowRounds::empty(case, ROWS.len()))
+                .append(rounds);
+        }
+    }
+    Ok(Comparison { fresh, aged, levers })
+}
+
+/// What every set of fresh Envoys is measured with.
+struct EnvoySet<'a> {
+    s: &'a Settings,
+    case: Case,
+    client: &'a reqwest::Client,
+    requests: &'a Arc<[Prepared]>,
+    started: Instant,
+}
+
+impl EnvoySet<'_> {
+    /// Starts the three Envoys of `options`, warms them up and measures their rounds; with `age_seconds`, ages
+    /// them and measures again. They stop when this returns.
+    async fn measure(
+        &self,
+        upstreams: &Upstreams,
+        options: &[EnvoyOptions],
+    ) -> Result<(RowRounds, Option<RowRounds>), String> {
+        let (s, case) = (self.s, self.case);
         let mut envoys = Vec::new();
-        for (name, opts) in ROWS.iter().zip(options.clone()) {
+        for (name, opts) in ROWS.iter().zip(options.iter().cloned()) {
             let envoy = Envoy::start_with(bench_config(&upstreams.endpoints()), opts)
                 .await
                 .map_err(|e| format!("{name} did not start: {e}"))?;
@@ -106,33 +142,28 @@ pub async fn run(s: &Settings) -> Result<Comparison, String> {
         }
         let targets: Vec<(String, u32)> = envoys.iter().map(|e| (e.url(CHAT_PATH), e.pid())).collect();
         for (url, _) in &targets {
-            super::load::run(&client, url, &requests, s.concurrency, Duration::from_secs(1)).await;
+            super::load::run(self.client, url, self.requests, s.concurrency, Duration::from_secs(1)).await;
         }
-        let rounds = RowRounds {
-            case,
-            rounds: interleaved(s, case, &client, &requests, &targets, started).await?,
-        };
-        levers.push(rounds.added_us(2));
-        fresh.append(rounds);
-        if s.age_seconds > 0 {
-            let ageing = prepare(AGE_SIZE, 8, s.seed);
-            let age_client = super::load::client(16).map_err(|e| format!("building the HTTP client: {e}"))?;
-            for (i, (url, _)) in targets.iter().enumerate() {
-                super::overhead::progress(
-                    Some(started),
-                    &format!(
-                        "ageing {}: {} s of 1 MiB bodies at concurrency 16",
-                        ROWS[i], s.age_seconds
-                    ),
-                );
-                super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
-            }
-            let rounds = interleaved(s, case, &client, &requests, &targets, started).await?;
-            aged.get_or_insert_with(|| RowRounds::empty(case, ROWS.len()))
-                .append(RowRounds { case, rounds });
+        let rounds = interleaved(s, case, self.client, self.requests, &targets, self.started).await?;
+        let fresh = RowRounds { case, rounds };
+        if s.age_seconds == 0 {
+            return Ok((fresh, None));
         }
+        let ageing = prepare(AGE_SIZE, 8, s.seed);
+        let age_client = super::load::client(16).map_err(|e| format!("building the HTTP client: {e}"))?;
+        for (i, (url, _)) in targets.iter().enumerate() {
+            super::overhead::progress(
+                Some(self.started),
+                &format!(
+                    "ageing {}: {} s of 1 MiB bodies at concurrency 16",
+                    ROWS[i], s.age_seconds
+                ),
+            );
+            super::load::run(&age_client, url, &ageing, 16, Duration::from_secs(s.age_seconds)).await;
+        }
+        let rounds = interleaved(s, case, self.client, self.requests, &targets, self.started).await?;
+        Ok((fresh, Some(RowRounds { case, rounds })))
     }
-    Ok(Comparison { fresh, aged, levers })
 }
 
 /// `requests`, each asking the bench upstream for a stream of `deltas` content deltas (none when 0).
