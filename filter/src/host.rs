@@ -159,6 +159,22 @@ pub fn remove_response_header(name: &str) {
     );
 }
 
+/// The response headers, read whole on the first lookup: one host call however many names the response-header
+/// plan looks up (a read per name made two or three). A failed read is logged once and reads as no headers.
+#[derive(Default)]
+pub struct ResponseHeaders(std::cell::OnceCell<Vec<(String, Vec<u8>)>>);
+
+impl ResponseHeaders {
+    /// The first value of `name` (lower-case), as text.
+    pub fn get(&self, name: &str) -> Option<String> {
+        let all = self.0.get_or_init(|| {
+            logged(host().get_map(MapType::HttpResponseHeaders), "reading response headers").unwrap_or_default()
+        });
+        let (_, value) = all.iter().find(|(n, _)| n == name)?;
+        String::from_utf8(value.clone()).ok()
+    }
+}
+
 /// One request header, as text.
 pub fn request_header(name: &str) -> Option<String> {
     header(MapType::HttpRequestHeaders, name)

@@ -464,7 +464,8 @@ impl HttpContext for Http {
             tokens_remaining: self.remaining.tokens,
             assemble: d.assemble,
         });
-        let plan = response_plan::plan(&settings, routed.as_ref(), &host::response_header, &|| {
+        let response_headers = host::ResponseHeaders::default();
+        let plan = response_plan::plan(&settings, routed.as_ref(), &|name| response_headers.get(name), &|| {
             host::property_string(&["upstream", "address"])
         });
         self.status = plan.status;

@@ -2,8 +2,8 @@
 //! what it then does with the body ([`BodyPlan`]). The filter reads what Envoy knows, calls [`plan`] and applies
 //! the answer; nothing else in the response-headers phase decides.
 //!
-//! - Every response: with `bounded_keys` placement and no `debug_headers`, the stateful-session header Envoy's
-//!   session filter adds (the upstream host, base64) is removed; clients need not know it.
+//! - Every response: without `debug_headers`, the stateful-session header Envoy's session filter adds with
+//!   `bounded_keys` placement (the upstream host, base64) is removed when present; clients need not know it.
 //! - A routed response: the affinity source, the echoed explicit session key, Anthropic's `request-id` on
 //!   `/v1/messages`, and with `debug_headers` the placement reason, cluster, limits left and upstream address.
 //! - Then the body: Envoy's circuit breaker shed the request (a 503 with `x-envoy-overloaded: true`, the marker
@@ -13,8 +13,8 @@
 //!   when the status is a success (an error carries none) ([`Media`]); anything else is relayed. A watched stream loses `content-length`, since the gateway may append a closing event or
 //!   cut the usage chunk.
 //!
-//! Response headers are read through closures, so only the ones the plan needs are read (each read is a host
-//! call): none for a request the filter did not route.
+//! Response headers are read through a closure; the filter reads the map whole, once, on its first use (one
+//! host call, where a read per name made two or three, and a blind removal of the session header one more).
 
 use crate::affinity::AffinitySource;
 use crate::envoy_contract::SESSION_HEADER;
@@ -113,9 +113,9 @@ pub fn plan(
         status: None,
     };
     // Envoy's stateful-session filter names the upstream host (base64 `IP:PORT`) on every response it relays,
-    // pinned or not; clients need not know it. Removed whatever the config in force says: a live (ECDS) change
-    // may have turned every alias to `hash` while the bootstrap still has that filter.
-    if !s.debug_headers {
+    // pinned or not; clients need not know it. Removed whatever the config in force says (a live (ECDS) change
+    // may have turned every alias to `hash` while the bootstrap still has that filter), when it is there.
+    if !s.debug_headers && response_header(SESSION_HEADER).is_some() {
         p.remove.push(SESSION_HEADER);
     }
     let Some(r) = routed else {

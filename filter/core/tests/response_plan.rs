@@ -63,21 +63,31 @@ fn set<'p>(p: &'p ResponsePlan, name: &str) -> Option<&'p str> {
     p.set.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
 }
 
+/// The header Envoy's stateful-session filter writes on every response it relays (the host, base64 `IP:PORT`).
+const SESSION: (&str, &str) = (SESSION_HEADER, "MTAuMC4wLjE6ODA=");
+
 #[test]
-fn an_unrouted_response_reads_nothing_and_only_loses_the_session_header() {
+fn an_unrouted_response_reads_only_the_session_header_and_loses_it_when_present() {
     // Envoy's stateful-session filter names the host on every response it relays, whatever the config in force
     // says (a live change may have left it in the bootstrap), so it goes unless debug headers are on.
-    let (p, read) = run(&Settings::default(), None, &[]);
+    let (p, read) = run(&Settings::default(), None, &[SESSION]);
     assert_eq!(
-        (p.set.len(), p.remove, p.body, read.len()),
-        (0, vec![SESSION_HEADER], BodyPlan::Relay, 0)
+        (p.set.len(), p.remove, p.body, read),
+        (
+            0,
+            vec![SESSION_HEADER],
+            BodyPlan::Relay,
+            vec![SESSION_HEADER.to_string()]
+        )
     );
+    // Without the session filter (hash placement) there is nothing to remove, and no removal is asked for.
+    assert!(run(&Settings::default(), None, &[]).0.remove.is_empty());
     // With debug headers on, the session header stays for the operator to see.
     let debug = Settings {
         debug_headers: true,
         ..Settings::default()
     };
-    assert!(run(&debug, None, &[]).0.remove.is_empty());
+    assert!(run(&debug, None, &[SESSION]).0.remove.is_empty());
 }
 
 #[test]
@@ -86,13 +96,13 @@ fn a_stream_is_watched_and_loses_its_length_a_json_body_keeps_it() {
     let (p, _) = run(
         &Settings::default(),
         Some(&r),
-        &[(":status", "200"), ("content-type", "text/event-stream")],
+        &[(":status", "200"), ("content-type", "text/event-stream"), SESSION],
     );
     assert_eq!(p.body, BodyPlan::Watch(Media::EventStream));
     assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
     assert_eq!(set(&p, "x-llmroute-affinity-source"), Some("system"));
     let (p, _) = run(&Settings::default(), Some(&r), &[("content-type", "application/json")]);
-    assert_eq!((p.body, p.remove.len()), (BodyPlan::Watch(Media::Json), 1));
+    assert_eq!((p.body, p.remove.len()), (BodyPlan::Watch(Media::Json), 0));
     let (p, _) = run(&Settings::default(), Some(&r), &[("content-type", "text/html")]);
     assert_eq!(p.body, BodyPlan::Relay);
 }
@@ -103,7 +113,7 @@ fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
     let (p, read) = run(
         &Settings::default(),
         Some(&r),
-        &[("x-envoy-overloaded", "true"), (":status", "503")],
+        &[("x-envoy-overloaded", "true"), (":status", "503"), SESSION],
     );
     assert_eq!(p.body, BodyPlan::ReplaceOverflow);
     assert_eq!(
@@ -113,23 +123,26 @@ fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
     assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
     assert_eq!(
         read,
-        vec![":status", "x-envoy-overloaded"],
+        vec![SESSION_HEADER, ":status", "x-envoy-overloaded"],
         "nothing else is read once Envoy shed the request"
     );
 }
 
 #[test]
 fn the_overload_marker_is_read_only_on_a_503() {
-    // Envoy marks only its own 503s: any other status costs no read of the marker (one host call per response).
+    // Envoy marks only its own 503s: any other status is planned without looking for the marker.
     let r = routed(Api::Chat);
     let ok = [(":status", "200"), ("content-type", "application/json")];
     let (p, read) = run(&Settings::default(), Some(&r), &ok);
     assert_eq!(p.body, BodyPlan::Watch(Media::Json));
-    assert_eq!(read, vec![":status", "content-type"]);
+    assert_eq!(read, vec![SESSION_HEADER, ":status", "content-type"]);
     // A 503 that Envoy did not mark is the backend's own answer: planned like any other error.
     let (p, read) = run(&Settings::default(), Some(&r), &[(":status", "503"), ok[1]]);
     assert_eq!(p.body, BodyPlan::Relay);
-    assert_eq!(read, vec![":status", "x-envoy-overloaded", "content-type"]);
+    assert_eq!(
+        read,
+        vec![SESSION_HEADER, ":status", "x-envoy-overloaded", "content-type"]
+    );
 }
 
 #[test]
@@ -141,7 +154,7 @@ fn a_backend_error_on_messages_is_rewritten_with_the_request_id_but_not_on_chat(
     let (p, _) = run(
         &s,
         Some(&routed(Api::Messages)),
-        &[(":status", "429"), ("content-type", "text/plain")],
+        &[(":status", "429"), ("content-type", "text/plain"), SESSION],
     );
     assert_eq!(p.body, BodyPlan::RewriteError(429));
     assert_eq!(set(&p, "request-id"), Some("rid-1"));
@@ -179,7 +192,7 @@ fn decision_routes_are_relayed_without_reading_their_media_type() {
     let (p, read) = run(
         &Settings::default(),
         Some(&routed(Api::Decisions)),
-        &[("content-type", "text/event-stream")],
+        &[("content-type", "text/event-stream"), SESSION],
     );
     assert_eq!((p.body, p.remove.len()), (BodyPlan::Relay, 1));
     assert!(!read.contains(&"content-type".to_string()));
@@ -221,7 +234,11 @@ fn a_stream_the_gateway_asked_for_is_assembled_only_when_it_is_a_200_event_strea
         assemble: true,
         ..routed(Api::Chat)
     };
-    let sse = [(":status", "200"), ("content-type", "text/event-stream; charset=utf-8")];
+    let sse = [
+        (":status", "200"),
+        ("content-type", "text/event-stream; charset=utf-8"),
+        SESSION,
+    ];
     let (p, _) = run(&Settings::default(), Some(&r), &sse);
     assert_eq!(p.body, BodyPlan::Assemble);
     assert_eq!(set(&p, "content-type"), Some("application/json"));

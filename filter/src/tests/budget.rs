@@ -10,6 +10,7 @@
 
 use super::*;
 use crate::host::fake::Kind::{self, *};
+use llmroute_core::envoy_contract::SESSION_HEADER;
 
 /// Counts the calls of the second of two identical requests on one VM.
 fn warm_counts(config: &str, stream: bool) -> Vec<(Kind, usize)> {
@@ -39,9 +40,8 @@ fn a_plain_chat_request_makes_this_many_host_calls() {
         (Time, 3),             // request start, end; first response byte
         (GetBuffer, 2),        // the request body once; the JSON answer's copy for its usage
         (SetBuffer, 2),        // the `model` rewrite as a head edit: drain to the end of the span and prepend, then the bytes before it
-        (GetMap, 1),           // the request headers, once
-        (GetMapValue, 2),      // :status, content-type (x-envoy-overloaded is read only on a 503: was 3)
-        (SetMapValue, 8),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source; the stateful-session header removed from the response
+        (GetMap, 2),           // the request headers, once; the response headers, once (was GetMapValue 2: :status, content-type)
+        (SetMapValue, 7),      // content-length, cluster, accept-encoding, affinity, 2 token estimates; affinity source (the stateful-session header is removed only when present: was 8)
         // GetProperty 0 (was 3): the backend is the cluster off a failover route, response.code_details only a
         // stream's outcome reads, and the status label is the :status the response-header plan read (response.code
         // only when no response headers came)
@@ -58,9 +58,8 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
         (Time, 3),
         (GetBuffer, 4),        // the request body; each of the three SSE chunks
         (SetBuffer, 2),
-        (GetMap, 1),
-        (GetMapValue, 2),      // as above (was 3)
-        (SetMapValue, 9),      // as above, and content-length removed from the stream
+        (GetMap, 2),           // as above (was 1, and GetMapValue 2)
+        (SetMapValue, 8),      // as above, and content-length removed from the stream
         (GetProperty, 1),      // response.code_details for the outcome (was 3: the backend, response.code)
         (SetProperty, 8),      // as above, and the outcome twice (stream start and end) ...
         (IncrementMetric, 4),  // ... and the stream outcome counted
@@ -100,9 +99,8 @@ fn an_engine_error_is_not_copied_into_the_vm() {
         (Time, 3),
         (GetBuffer, 1),        // the request body only
         (SetBuffer, 2),
-        (GetMap, 1),
-        (GetMapValue, 2),      // :status, content-type
-        (SetMapValue, 8),
+        (GetMap, 2),           // request and response headers
+        (SetMapValue, 7),
         (SetProperty, 4),      // alias, upstream model, affinity source, backend
         (IncrementMetric, 1),  // requests
         (RecordMetric, 2),     // ttfb, duration
@@ -116,7 +114,8 @@ fn an_engine_error_is_not_copied_into_the_vm() {
 #[test]
 fn a_body_sent_unedited_keeps_the_clients_content_length() {
     // The alias is its own upstream model, so the body goes through untouched: the client's `content-length`
-    // already holds, and is not set again (SetMapValue was 8; no SetBuffer either, nothing to edit).
+    // already holds, and is not set again (one SetMapValue fewer than a plain chat; no SetBuffer either, nothing
+    // to edit).
     let config = CONFIG.replace(r#", "upstream_model": "qwen3-0.6b""#, "");
     let fake = FakeHost::install();
     let root = root(&fake, &config);
@@ -143,11 +142,42 @@ fn a_body_sent_unedited_keeps_the_clients_content_length() {
     assert_eq!(counts, [
         (Time, 3),
         (GetBuffer, 2),
-        (GetMap, 1),
-        (GetMapValue, 2),
-        (SetMapValue, 7),      // cluster, accept-encoding, affinity, 2 token estimates; affinity source; the session header
+        (GetMap, 2),
+        (SetMapValue, 6),      // cluster, accept-encoding, affinity, 2 token estimates; affinity source
         (SetProperty, 6),
         (IncrementMetric, 3),
         (RecordMetric, 4),
     ], "{counts:?}");
+}
+
+#[test]
+fn the_session_header_costs_a_removal_only_on_a_response_that_carries_it() {
+    // Envoy's stateful-session filter writes the host on responses (bounded-keys placement): the filter removes
+    // it there, found in the response headers it reads whole; a response without it asks for no removal.
+    let fake = FakeHost::install();
+    let root = root(&fake, CONFIG);
+    let mut removals = Vec::new();
+    for (id, carried) in [(1, false), (2, true), (3, false)] {
+        let mut x = Exchange::new(&fake, &root, id);
+        x.request_headers(&REQUEST_HEADERS, false);
+        x.request_body(chat(false).as_bytes(), true);
+        fake.reset_calls();
+        let mut headers = vec![(":status", "200"), ("content-type", "application/json")];
+        if carried {
+            headers.push((SESSION_HEADER, "MTI3LjAuMC4xOjgwODE="));
+        }
+        x.response_headers(&headers, false);
+        assert_eq!(x.response_header(SESSION_HEADER), None, "response {id}");
+        let set = fake
+            .counts()
+            .into_iter()
+            .find(|(k, _)| *k == SetMapValue)
+            .map_or(0, |(_, n)| n);
+        removals.push(set);
+    }
+    assert_eq!(
+        removals,
+        [1, 2, 1],
+        "the affinity source, and the removal only when carried"
+    );
 }

@@ -530,6 +530,21 @@ impl RowRounds {
         self.per_round(row, 0, |s, p| Some((s.cpu_per_req? - p.cpu_per_req?) * 1e6))
     }
 
+    /// Median p50 latency of `row`, in µs.
+    pub fn p50_us(&self, row: usize) -> Option<f64> {
+        median_of(self.rounds.get(row)?.iter().map(|m| m.p50_us))
+    }
+
+    /// Median over rounds of `row`'s p50 latency minus the row above's, in µs.
+    pub fn added_p50_us(&self, row: usize) -> Option<f64> {
+        self.per_round(row, row.checked_sub(1)?, |s, a| Some(s.p50_us? - a.p50_us?))
+    }
+
+    /// Median over rounds of `row`'s p50 latency minus plain Envoy's, in µs.
+    pub fn over_plain_p50_us(&self, row: usize) -> Option<f64> {
+        self.per_round(row, 0, |s, p| Some(s.p50_us? - p.p50_us?))
+    }
+
     /// Median over rounds of req/s ÷ plain Envoy's.
     pub fn ratio(&self, row: usize) -> Option<f64> {
         self.per_round(row, 0, |s, p| (p.rps > 0.0).then(|| s.rps / p.rps))

@@ -14,6 +14,9 @@
 //! The floor: a filter that routes on the body in a wasm VM must enter the VM, have Envoy buffer the body and copy
 //! it in, and read it. The first, third and fourth phases are that; what they cost over plain Envoy bounds the
 //! best throughput ratio any such filter reaches on this machine, whatever its host calls.
+//!
+//! One request at a time (4 KiB, concurrency 1, when the run has it), the same rows give each phase's share of the
+//! unloaded added latency: the floor's share bounds the added p50 any such filter reaches here.
 
 use std::fmt::Write;
 use std::time::Instant;
@@ -60,13 +63,30 @@ const SIZES: [usize; 2] = [4 << 10, 256 << 10];
 /// statically, then the shipped filter.
 pub type PhaseCase = RowRounds;
 
+/// The row of each floor phase.
+fn floor_rows() -> impl Iterator<Item = Option<usize>> {
+    FLOOR
+        .iter()
+        .map(|name| PHASES.iter().position(|(n, _)| n == name).map(|i| i + 1))
+}
+
 impl PhaseCase {
     /// The floor's CPU per request over plain Envoy: the sum of the [`FLOOR`] phases' medians.
     pub fn floor_us(&self) -> Option<f64> {
-        let row = |name: &str| PHASES.iter().position(|(n, _)| *n == name).map(|i| i + 1);
-        FLOOR.iter().map(|n| row(n).and_then(|r| self.added_us(r))).sum()
+        floor_rows().map(|r| r.and_then(|r| self.added_us(r))).sum()
+    }
+
+    /// The floor's p50 latency over plain Envoy: the sum of the [`FLOOR`] phases' medians.
+    pub fn floor_p50_us(&self) -> Option<f64> {
+        floor_rows().map(|r| r.and_then(|r| self.added_p50_us(r))).sum()
     }
 }
+
+/// The case measured one request at a time, for latency.
+const LATENCY: Case = Case {
+    size: 4 << 10,
+    concurrency: 1,
+};
 
 /// The breakdown, or why it could not run.
 #[derive(Debug, Clone)]
@@ -75,7 +95,8 @@ pub enum Breakdown {
     Missing(String),
 }
 
-/// Runs the breakdown at 4 KiB and 256 KiB (those of `settings.sizes`), at concurrency 16 (or the highest run).
+/// Runs the breakdown at 4 KiB and 256 KiB (those of `settings.sizes`), at concurrency 16 (or the highest run),
+/// then at 4 KiB one request at a time when the run has that case.
 /// Every row is an Envoy started for it, at the same moment, so none carries the main run's load: an Envoy that
 /// has buffered ten minutes of bodies up to 1 MiB costs more per large body than a fresh one.
 pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -> Breakdown {
@@ -138,6 +159,12 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -
             Err(e) => return Breakdown::Missing(e),
         }
     }
+    if settings.sizes.contains(&LATENCY.size) && settings.concurrencies.contains(&LATENCY.concurrency) {
+        match run_case(settings, LATENCY, &targets, started).await {
+            Ok(c) => cases.push(c),
+            Err(e) => return Breakdown::Missing(e),
+        }
+    }
     Breakdown::Ran(cases)
 }
 
@@ -175,6 +202,8 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         }
         Breakdown::Ran(cases) => cases,
     };
+    let (latency, cases): (Vec<&PhaseCase>, Vec<&PhaseCase>) =
+        cases.iter().partition(|c| c.case.concurrency == LATENCY.concurrency);
     let _ = writeln!(
         md,
         "The filter built with its later phases switched off (`make build-phases`), one Envoy per phase, measured \
@@ -189,22 +218,16 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
     );
     let mut head = String::from("| phase | what it adds |");
     let mut rule = String::from("|---|---|");
-    for c in cases {
+    for c in &cases {
         let l = c.case.label();
         let _ = write!(head, " {l}: CPU µs/req | {l}: adds µs | {l}: × plain req/s |");
         rule.push_str("---:|---:|---:|");
     }
     let _ = writeln!(md, "{head}\n{rule}");
-    let rows = PHASES.len() + 3;
-    for row in 0..rows {
-        let (name, what) = match row {
-            0 => ("plain Envoy", "no filter"),
-            r if r <= PHASES.len() => PHASES[r - 1],
-            r if r == PHASES.len() + 1 => ("static", STATIC),
-            _ => ("shipped", SHIPPED),
-        };
+    for row in 0..ROWS {
+        let (name, what) = row_label(row);
         let _ = write!(md, "| {name} | {what} |");
-        for c in cases {
+        for c in &cases {
             let added = if row == 0 {
                 "–".into()
             } else {
@@ -216,7 +239,7 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         md.push('\n');
     }
     md.push('\n');
-    for c in cases {
+    for c in &cases {
         let plain = c.cpu_us(0);
         let floor = c.floor_us();
         let whole = c.over_plain_us(PHASES.len());
@@ -240,6 +263,58 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         );
     }
     md.push('\n');
+    for c in latency {
+        latency_markdown(md, c);
+    }
+}
+
+/// Rows of a case: plain Envoy, the phases, `static`, `shipped`.
+const ROWS: usize = PHASES.len() + 3;
+
+fn row_label(row: usize) -> (&'static str, &'static str) {
+    match row {
+        0 => ("plain Envoy", "no filter"),
+        r if r <= PHASES.len() => PHASES.get(r - 1).copied().unwrap_or(("?", "?")),
+        r if r == PHASES.len() + 1 => ("static", STATIC),
+        _ => ("shipped", SHIPPED),
+    }
+}
+
+/// The latency table of the case run one request at a time, and what its floor says of the 50 µs goal.
+fn latency_markdown(md: &mut String, c: &PhaseCase) {
+    let l = c.case.label();
+    let _ = writeln!(
+        md,
+        "**One request at a time ({l}).** The same rows, unloaded: each phase's share of the added latency, the \
+         median over rounds of each round's p50 minus the row above's.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| phase | p50 µs | adds at p50 µs | CPU µs/req | adds CPU µs |\n|---|---:|---:|---:|---:|"
+    );
+    for row in 0..ROWS {
+        let (name, _) = row_label(row);
+        let dash = |v: Option<f64>| if row == 0 { "–".to_string() } else { num(v, 1) };
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            num(c.p50_us(row), 0),
+            dash(c.added_p50_us(row)),
+            num(c.cpu_us(row), 1),
+            dash(c.added_us(row)),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n- **{l}.** The filter adds {} µs at p50 over plain Envoy's {} µs up to `response` ({} as shipped). The \
+         floor's phases (`enter` + `copy` + `scan`) add {} µs at p50 ({} µs of CPU): the least unloaded added \
+         latency a filter that routes on the body in a wasm VM reaches on this machine, against the goal of 50 µs.\n",
+        num(c.over_plain_p50_us(PHASES.len()), 0),
+        num(c.p50_us(0), 0),
+        num(c.over_plain_p50_us(PHASES.len() + 2), 0),
+        num(c.floor_p50_us(), 0),
+        num(c.floor_us(), 1),
+    );
 }
 
 fn num(v: Option<f64>, digits: usize) -> String {
@@ -315,8 +390,35 @@ mod tests {
             md.contains("reaches 0.42× up to `response` and 0.40× as shipped"),
             "{md}"
         );
+        assert!(
+            !md.contains("One request at a time"),
+            "no concurrency-1 case, no latency table"
+        );
         let mut missing = String::new();
         markdown(&mut missing, &Breakdown::Missing("no module\nmore".into()));
         assert!(missing.contains("Not measured in this run: no module\n"));
+    }
+
+    #[test]
+    fn the_case_run_one_at_a_time_gets_a_latency_table_and_floor() {
+        // p50 = 200 µs + 4× the CPU above plain: each phase adds 40 µs at p50, the floor's three phases 120.
+        let mut latency = sample();
+        latency.case.concurrency = 1;
+        for m in latency.rounds.iter_mut().flatten() {
+            let over = m.cpu_per_req.unwrap() * 1e6 - 50.0;
+            m.p50_us = Some(200.0 + 4.0 * over);
+        }
+        let mut md = String::new();
+        markdown(&mut md, &Breakdown::Ran(vec![sample(), latency]));
+        assert!(md.contains("**One request at a time (4 KiB c=1).**"), "{md}");
+        assert!(md.contains("| plain Envoy | 200 | – | 50.0 | – |"), "{md}");
+        assert!(md.contains("| enter | 240 | 40.0 | 60.0 | 10.0 |"), "{md}");
+        assert!(
+            md.contains("The filter adds 280 µs at p50 over plain Envoy's 200 µs up to `response` (304 as shipped)"),
+            "{md}"
+        );
+        assert!(md.contains("add 120 µs at p50 (30.0 µs of CPU)"), "{md}");
+        // The throughput table keeps only the loaded case's columns.
+        assert_eq!(md.matches(": adds µs |").count(), 1, "{md}");
     }
 }
