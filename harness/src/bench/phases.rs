@@ -159,7 +159,11 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -
             Err(e) => return Breakdown::Missing(e),
         }
     }
-    if settings.sizes.contains(&LATENCY.size) && settings.concurrencies.contains(&LATENCY.concurrency) {
+    let measured = |c: &Case| cases.iter().any(|p: &PhaseCase| p.case == *c);
+    if settings.sizes.contains(&LATENCY.size)
+        && settings.concurrencies.contains(&LATENCY.concurrency)
+        && !measured(&LATENCY)
+    {
         match run_case(settings, LATENCY, &targets, started).await {
             Ok(c) => cases.push(c),
             Err(e) => return Breakdown::Missing(e),
