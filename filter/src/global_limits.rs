@@ -26,13 +26,14 @@ pub fn admit(g: &GlobalLimits, alias: &str, key: Option<&str>, input: u64, max_o
 
 impl Pending {
     /// At response headers: the rate-limit filter's own reply is named (an over-limit one gets `Retry-After` from
-    /// the service's reset time); any other response is charged the reservation until usage comes.
-    pub fn on_response_headers(&self) -> Option<Refusal> {
+    /// the service's reset time, read from the response headers the plan read); any other response is charged the
+    /// reservation until usage comes.
+    pub fn on_response_headers(&self, headers: &host::ResponseHeaders) -> Option<Refusal> {
         let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
         match global_limits::refusal(&details) {
             Some(r) => {
                 if r == Refusal::OverLimit {
-                    let reset = host::response_header(global::RESET_HEADER);
+                    let reset = headers.get(global::RESET_HEADER);
                     let after = global_limits::retry_after_s(reset.as_deref());
                     host::set_response_header("retry-after", &after.to_string());
                 }

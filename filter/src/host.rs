@@ -180,11 +180,6 @@ pub fn request_header(name: &str) -> Option<String> {
     header(MapType::HttpRequestHeaders, name)
 }
 
-/// One response header, as text.
-pub fn response_header(name: &str) -> Option<String> {
-    header(MapType::HttpResponseHeaders, name)
-}
-
 fn header(map: MapType, name: &str) -> Option<String> {
     let bytes = logged(host().get_map_value(map, name), format_args!("reading header {name}"))??;
     String::from_utf8(bytes).ok()

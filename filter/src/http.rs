@@ -478,7 +478,11 @@ impl HttpContext for Http {
         let Some(d) = &self.routed else {
             return Action::Continue;
         };
-        if let Some(refusal) = self.global.as_ref().and_then(|g| g.on_response_headers()) {
+        if let Some(refusal) = self
+            .global
+            .as_ref()
+            .and_then(|g| g.on_response_headers(&response_headers))
+        {
             // Envoy's rate-limit filter answered (its body is already in the route's envelope): it costs nothing.
             self.global = None;
             self.metrics.rejected(refusal.metric_reason());
