@@ -172,11 +172,11 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -
     Breakdown::Ran(cases)
 }
 
+/// A row's short name in the progress lines: the table's name, plain Envoy shortened.
 fn row_name(row: usize) -> &'static str {
     match row {
         0 => "plain",
-        r if r == PHASES.len() + 1 => "static",
-        r => PHASES.get(r - 1).map_or("shipped", |(n, _)| n),
+        r => row_label(r).0,
     }
 }
 
