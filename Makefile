@@ -216,17 +216,18 @@ sdk: build envoy sdk-clients ## The real openai and anthropic Python SDKs agains
 ISTIO_CHECK := scripts/istio-check
 ISTIO_OUT   := target/istio
 
-$(ISTIO_CHECK)/node_modules/.installed: $(ISTIO_CHECK)/package.json $(ISTIO_CHECK)/package-lock.json
-	cd $(ISTIO_CHECK) && npm ci --silent --no-audit --no-fund
+# Istio's and Kubernetes' schemas as pydantic models from PyPI (cloudcoil), pinned.
+$(VENV)/.istio-check: $(ISTIO_CHECK)/requirements.txt | $(PYTHON)
+	$(PYTHON) -m pip install --quiet -r $(ISTIO_CHECK)/requirements.txt
 	@touch $@
 
-istio-check: cli $(ISTIO_CHECK)/node_modules/.installed ## Render testdata/istio/llmroute.yaml for Istio (sidecar, gateway, remote wasm) and validate every manifest against Istio's CRD schemas; the bad fixtures must be refused
+istio-check: cli $(VENV)/.istio-check ## Render testdata/istio/llmroute.yaml for Istio (sidecar, gateway, remote wasm) and validate every manifest against Istio's CRD schemas; the bad fixtures must be refused
 	rm -rf $(ISTIO_OUT) && mkdir -p $(ISTIO_OUT)
 	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace models --wasm /var/local/wasm/llmroute_filter.wasm -o $(ISTIO_OUT)/sidecar
 	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace istio-ingress --gateway istio-ingress/llm --gateway-host llm.example.com \
 		--wasm-url oci://registry.example.com/llmroute/filter:0.1.0 --sha256 $$(printf '%064d' 0) -o $(ISTIO_OUT)/gateway
-	node $(ISTIO_CHECK)/check.mjs $(ISTIO_OUT)/sidecar $(ISTIO_OUT)/gateway
-	node $(ISTIO_CHECK)/check.mjs --expect-refused testdata/istio/bad-*.yaml
+	$(PYTHON) $(ISTIO_CHECK)/check.py $(ISTIO_OUT)/sidecar $(ISTIO_OUT)/gateway
+	$(PYTHON) $(ISTIO_CHECK)/check.py --expect-refused testdata/istio/bad-*.yaml
 
 OCI_OUT := target/oci
 
