@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use llmroute_core::config::EnvHolds;
 use serde_json::Value;
 
 const WASM: &str = "/opt/llmroute/llmroute_filter.wasm";
@@ -63,13 +64,37 @@ fn stderr(out: &Output) -> String {
     String::from_utf8(out.stderr.clone()).expect("stderr is UTF-8")
 }
 
+/// The `llmroute` command with every variable the config at `path` names (`auth.keys_env`,
+/// `backends[].credential_env`) set to a value the filter accepts, as Envoy's environment would hold them.
+fn command_for(path: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    if let Ok(cfg) = llmroute_core::load_config(&text) {
+        for v in cfg.env_vars() {
+            cmd.env(v.name, placeholder(v.holds));
+        }
+    }
+    cmd
+}
+
+fn placeholder(holds: EnvHolds) -> &'static str {
+    match holds {
+        EnvHolds::ApiKeys => "cli-test:cli-test-placeholder-token",
+        EnvHolds::BearerToken => "cli-test-placeholder-token",
+    }
+}
+
 fn validate(path: &Path) -> Output {
-    llmroute([Path::new("validate"), path])
+    command_for(path)
+        .arg("validate")
+        .arg(path)
+        .output()
+        .expect("the llmroute binary runs")
 }
 
 /// `llmroute render PATH --wasm WASM [-o OUTPUT]`.
 fn render(path: &Path, output: Option<&Path>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    let mut cmd = command_for(path);
     cmd.arg("render").arg(path).args(["--wasm", WASM]);
     if let Some(o) = output {
         cmd.arg("-o").arg(o);
@@ -516,7 +541,7 @@ fn usage_errors_exit_2() {
 
 /// `llmroute render PATH --wasm WASM ARGS...`, to stdout.
 fn render_args(path: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    let mut cmd = command_for(path);
     cmd.arg("render").arg(path).args(["--wasm", WASM]).args(args);
     cmd.output().expect("the llmroute binary runs")
 }
@@ -672,4 +697,108 @@ fn every_target_refuses_a_bad_config_and_prints_nothing() {
     }
     let unknown = render_args(&fixture("good-basic.yaml"), &["--target", "nginx"]);
     assert_eq!(unknown.status.code(), Some(2));
+}
+
+/// `llmroute ARGS... PATH` with the variables `unset` removed from its environment and `set` added.
+fn with_env(args: &[&str], path: &Path, unset: &[&str], set: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
+    cmd.args(args).arg(path);
+    for name in unset {
+        cmd.env_remove(name);
+    }
+    cmd.envs(set.iter().copied())
+        .output()
+        .expect("the llmroute binary runs")
+}
+
+#[test]
+fn an_unset_variable_the_config_names_is_a_warning_that_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("envoy.yaml");
+    let out_arg = out_file.to_str().unwrap();
+    for (name, vars) in [
+        ("good-admission.yaml", vec!["auth.keys_env = LLMROUTE_KEYS: not set"]),
+        (
+            "good-tls.yaml",
+            vec![
+                "backends[0].credential_env = VLLM_TOKEN: not set",
+                "backends[1].credential_env = HOSTED_TOKEN: not set",
+            ],
+        ),
+    ] {
+        let path = fixture(name);
+        let unset = ["LLMROUTE_KEYS", "VLLM_TOKEN", "HOSTED_TOKEN"];
+        for args in [vec!["validate"], vec!["render", "--wasm", WASM, "-o", out_arg]] {
+            let out = with_env(&args, &path, &unset, &[]);
+            let se = stderr(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{name} {args:?}: a warning, not an error: {se}"
+            );
+            assert_eq!(se.lines().count(), vars.len(), "{name} {args:?}: {se}");
+            for v in &vars {
+                assert!(se.contains(&format!("warning: {v}")), "{name} {args:?}: {se}");
+            }
+            assert!(se.contains("Envoy"), "{name}: the warning says what fails: {se}");
+        }
+    }
+}
+
+#[test]
+fn require_env_makes_an_unset_variable_an_error_and_writes_nothing() {
+    let path = fixture("good-tls.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("envoy.yaml");
+    let unset = ["VLLM_TOKEN", "HOSTED_TOKEN"];
+    let set_one = [("VLLM_TOKEN", "a-token")];
+    for args in [
+        vec!["validate", "--require-env"],
+        vec!["render", "--require-env", "--wasm", WASM, "-o", file.to_str().unwrap()],
+    ] {
+        let out = with_env(&args, &path, &unset, &set_one);
+        let se = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {se}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", stdout(&out));
+        let errors = error_lines(&path, &se);
+        assert_eq!(errors.len(), 1, "only the unset variable: {se}");
+        assert!(
+            errors[0].starts_with("backends[1].credential_env = HOSTED_TOKEN: not set"),
+            "{se}"
+        );
+    }
+    assert!(!file.exists(), "render wrote a bootstrap Envoy would refuse");
+
+    let all_set = [("VLLM_TOKEN", "a-token"), ("HOSTED_TOKEN", "b-token")];
+    let out = with_env(&["validate", "--require-env"], &path, &[], &all_set);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
+
+#[test]
+fn keys_the_filter_would_refuse_are_reported_without_their_token() {
+    let path = fixture("good-admission.yaml");
+    let token = "short-secret";
+    let keys = format!("team-a:{token}");
+    let out = with_env(&["validate"], &path, &[], &[("LLMROUTE_KEYS", &keys)]);
+    let se = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{se}");
+    assert!(
+        se.contains("warning: auth.keys_env = LLMROUTE_KEYS: the filter would refuse") && se.contains("team-a"),
+        "{se}"
+    );
+    assert!(!se.contains(token), "a token never reaches the output: {se}");
+
+    let out = with_env(
+        &["validate", "--require-env"],
+        &path,
+        &[],
+        &[("LLMROUTE_KEYS", "no-colon")],
+    );
+    let se = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{se}");
+    assert!(
+        se.contains("auth.keys_env = LLMROUTE_KEYS") && se.contains("no `:`"),
+        "{se}"
+    );
 }

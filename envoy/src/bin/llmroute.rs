@@ -2,7 +2,7 @@
 //! an Envoy you run, or the filter's ECDS resource); and the two long-running helpers of etcd discovery,
 //! `discover` (next to Envoy) and `register` (next to an engine).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,6 +27,11 @@ enum Command {
     Validate {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
+        /// Exit 1 when a variable the config names (`auth.keys_env`, `backends[].credential_env`) is not set in
+        /// this environment, or holds keys the filter would refuse; without it these are warnings. Envoy does not
+        /// start without them: use it where this command runs with Envoy's environment.
+        #[arg(long)]
+        require_env: bool,
     },
     /// Write Envoy configuration for a config file: a complete bootstrap (default), the pieces for an Envoy you
     /// already run, the filter's ECDS resource, or Istio manifests.
@@ -47,6 +52,11 @@ enum Command {
         /// Output file (a directory for `--target istio`); standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Exit 1 when a variable the config names (`auth.keys_env`, `backends[].credential_env`) is not set in
+        /// this environment, or holds keys the filter would refuse; without it these are warnings. Envoy does not
+        /// start without them: use it where this command runs with Envoy's environment.
+        #[arg(long)]
+        require_env: bool,
         #[command(flatten)]
         istio: Box<IstioArgs>,
     },
@@ -136,10 +146,16 @@ struct IstioArgs {
     gateway_selector: String,
 }
 
-fn render_istio(config: &PathBuf, wasm: Option<String>, a: IstioArgs, out: Option<PathBuf>) -> Result<(), String> {
+fn render_istio(
+    config: &PathBuf,
+    env: EnvCheck,
+    wasm: Option<String>,
+    a: IstioArgs,
+    out: Option<PathBuf>,
+) -> Result<(), String> {
     use llmroute_envoy::render::istio::{manifests, Deployment, IstioOptions, WasmSource};
     let out = out.ok_or("--target istio needs -o DIR")?;
-    let (cfg, text) = load(config)?;
+    let (cfg, text) = load(config, env)?;
     let mut opts = IstioOptions::sidecar(WasmSource::from_args(wasm, a.wasm_url, a.sha256)?, a.namespace);
     if let Some(gateway) = a.gateway {
         opts.deployment = Deployment::Gateway {
@@ -169,8 +185,8 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Validate { config } => {
-            let (cfg, _) = load(&config)?;
+        Command::Validate { config, require_env } => {
+            let (cfg, _) = load(&config, EnvCheck::from_flag(require_env))?;
             let endpoints: usize = cfg.backends.iter().map(|b| b.endpoints.len()).sum();
             println!(
                 "{}: ok: {} backend(s), {} endpoint(s), {} model alias(es); listen {}, admin {}",
@@ -189,10 +205,12 @@ fn run(command: Command) -> Result<(), String> {
             target,
             ecds_path,
             output,
+            require_env,
             istio,
         } => {
+            let env = EnvCheck::from_flag(require_env);
             let wasm = match (target, wasm) {
-                (Target::Istio, wasm) => return render_istio(&config, wasm, *istio, output),
+                (Target::Istio, wasm) => return render_istio(&config, env, wasm, *istio, output),
                 (_, Some(wasm)) => wasm,
                 (_, None) => {
                     use clap::CommandFactory;
@@ -204,7 +222,7 @@ fn run(command: Command) -> Result<(), String> {
                         .exit()
                 }
             };
-            let (cfg, text) = load(&config)?;
+            let (cfg, text) = load(&config, env)?;
             let mut opts = RenderOptions::new(wasm);
             opts.ecds_path = ecds_path;
             let yaml = match target {
@@ -231,7 +249,7 @@ fn run(command: Command) -> Result<(), String> {
             }
         }
         Command::Discover { config, stats } => {
-            let (cfg, _) = load(&config)?;
+            let (cfg, _) = load(&config, EnvCheck::Skip)?;
             discover::run(&cfg, stats)
         }
         Command::Register {
@@ -264,19 +282,50 @@ fn register(reg: Registration) -> Result<(), String> {
     register::Registrar::new(reg)?.run()
 }
 
-fn load(path: &PathBuf) -> Result<(llmroute_core::Config, String), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    match llmroute_core::load_config(&text) {
-        Ok(cfg) => {
-            for w in &cfg.warnings {
-                eprintln!("{}: warning: {w}", path.display());
-            }
-            Ok((cfg, text))
-        }
-        Err(errs) => {
-            let n = errs.0.len();
-            let lines: Vec<String> = errs.0.iter().map(|e| format!("  {e}")).collect();
-            Err(format!("{}: {n} error(s):\n{}", path.display(), lines.join("\n")))
+/// What [`load`] does about the environment variables a config names (`llmroute_core::config::env_problems`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EnvCheck {
+    /// Not checked: the command does not start Envoy's configuration (`discover`).
+    Skip,
+    /// Each unset or refused variable is a warning.
+    Warn,
+    /// Each one is an error (`--require-env`).
+    Require,
+}
+
+impl EnvCheck {
+    fn from_flag(require_env: bool) -> Self {
+        if require_env {
+            EnvCheck::Require
+        } else {
+            EnvCheck::Warn
         }
     }
+}
+
+fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Config, String), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cfg = llmroute_core::load_config(&text).map_err(|errs| errors(path, &errs.0))?;
+    for w in &cfg.warnings {
+        eprintln!("{}: warning: {w}", path.display());
+    }
+    let missing = match env {
+        EnvCheck::Skip => Vec::new(),
+        EnvCheck::Warn | EnvCheck::Require => llmroute_core::config::env_problems(&cfg, |name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        }),
+    };
+    if env == EnvCheck::Require && !missing.is_empty() {
+        return Err(errors(path, &missing));
+    }
+    for w in &missing {
+        eprintln!("{}: warning: {w}", path.display());
+    }
+    Ok((cfg, text))
+}
+
+/// `PATH: N error(s):`, then one indented line per error.
+fn errors(path: &Path, errs: &[llmroute_core::ConfigError]) -> String {
+    let lines: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
+    format!("{}: {} error(s):\n{}", path.display(), errs.len(), lines.join("\n"))
 }

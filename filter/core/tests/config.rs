@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 
 use common::{README_EXAMPLE, TWO_BACKENDS};
 use llmroute_core::config::{
-    parse_endpoint, parse_listen, EngineKind, LbPolicy, StreamUpstream, DEFAULT_BALANCE_FACTOR, DEFAULT_IMAGE_TOKENS,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_SESSION_HEADERS, DEFAULT_USER_PREFIX_BYTES, MAX_MAX_BODY_BYTES,
-    MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
+    env_problems, parse_endpoint, parse_listen, EngineKind, EnvHolds, LbPolicy, StreamUpstream, DEFAULT_BALANCE_FACTOR,
+    DEFAULT_IMAGE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_SESSION_HEADERS, DEFAULT_USER_PREFIX_BYTES,
+    MAX_MAX_BODY_BYTES, MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
 };
 use llmroute_core::endpoint::ApiSet;
 use llmroute_core::{load_config, Api, Config, ConfigError, ConfigErrors};
@@ -1330,4 +1330,97 @@ fn global_limits_refusals_name_field_value_and_reason() {
         v["global_limits"] = json!({ "address": "127.0.0.1:8081", "cluster": "x" })
     });
     assert!(errors(&unknown)[0].reason.contains("unknown field `cluster`"));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Environment variables the config names
+
+/// [`spare`] with `credential_env` on `b` (behind TLS) and `a`, and `auth`.
+fn with_env_vars() -> Value {
+    edit(spare(), |v| {
+        v["backends"][1]["credential_env"] = json!("B_TOKEN");
+        v["backends"][1]["tls"] = json!({ "ca_file": "/etc/ca.pem" });
+        v["backends"][0]["credential_env"] = json!("A_TOKEN");
+        v["auth"] = json!({ "keys_env": "GATEWAY_KEYS" });
+    })
+}
+
+#[test]
+fn env_vars_lists_each_variable_with_the_field_that_names_it() {
+    let cfg = loads(&with_env_vars());
+    let vars: Vec<(String, &str, EnvHolds)> = cfg.env_vars().into_iter().map(|v| (v.field, v.name, v.holds)).collect();
+    assert_eq!(
+        vars,
+        [
+            (
+                "backends[0].credential_env".to_string(),
+                "A_TOKEN",
+                EnvHolds::BearerToken
+            ),
+            (
+                "backends[1].credential_env".to_string(),
+                "B_TOKEN",
+                EnvHolds::BearerToken
+            ),
+            ("auth.keys_env".to_string(), "GATEWAY_KEYS", EnvHolds::ApiKeys),
+        ]
+    );
+    assert!(loads(&minimal()).env_vars().is_empty());
+}
+
+#[test]
+fn env_problems_name_what_an_environment_lacks_and_never_a_value() {
+    let cfg = loads(&with_env_vars());
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    };
+    let all = env(&[
+        ("A_TOKEN", "t"),
+        ("B_TOKEN", "t"),
+        ("GATEWAY_KEYS", "ops:0123456789abcdef"),
+    ]);
+    assert_eq!(env_problems(&cfg, all), []);
+
+    let missing = env_problems(&cfg, env(&[("A_TOKEN", "t")]));
+    let named: Vec<(&str, &str)> = missing.iter().map(|e| (e.field.as_str(), e.value.as_str())).collect();
+    assert_eq!(
+        named,
+        [
+            ("backends[1].credential_env", "B_TOKEN"),
+            ("auth.keys_env", "GATEWAY_KEYS")
+        ]
+    );
+    assert!(missing.iter().all(|e| e.reason.contains("not set")), "{missing:?}");
+    assert!(
+        missing[0].reason.contains("Environment variable doesn't exist"),
+        "{missing:?}"
+    );
+
+    let empty = env_problems(
+        &cfg,
+        env(&[
+            ("A_TOKEN", ""),
+            ("B_TOKEN", "t"),
+            ("GATEWAY_KEYS", "ops:0123456789abcdef"),
+        ]),
+    );
+    assert_eq!(empty.len(), 1, "{empty:?}");
+    assert_eq!(empty[0].field, "backends[0].credential_env");
+    assert!(empty[0].reason.contains("401"), "{empty:?}");
+
+    let refused = env_problems(
+        &cfg,
+        env(&[
+            ("A_TOKEN", "t"),
+            ("B_TOKEN", "t"),
+            ("GATEWAY_KEYS", "ops:tooshort-secret"),
+        ]),
+    );
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(
+        (refused[0].field.as_str(), refused[0].value.as_str()),
+        ("auth.keys_env", "GATEWAY_KEYS")
+    );
+    assert!(refused[0].reason.contains("key `ops`"), "{refused:?}");
+    assert!(!refused[0].to_string().contains("tooshort-secret"), "{refused:?}");
 }

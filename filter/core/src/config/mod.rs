@@ -6,6 +6,7 @@
 
 mod address;
 mod diagnostics;
+mod env;
 mod raw;
 mod resilience;
 mod tls;
@@ -17,6 +18,7 @@ use std::net::SocketAddr;
 
 pub use address::{parse_endpoint, parse_listen, Endpoint};
 pub use diagnostics::Diagnostics;
+pub use env::{env_problems, EnvHolds, EnvVar};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
