@@ -361,7 +361,7 @@ pub struct RawLimits {
     /// `4096` to `67108864` (64 MiB).
     #[serde(default)]
     pub max_assembled_bytes: Option<usize>,
-    /// Route timeout for a whole request, in milliseconds; `0` disables it. Default 600000 (10 minutes).
+    /// Route timeout for a whole request, in milliseconds. `1` to `86400000`; default 600000 (10 minutes).
     #[serde(default)]
     pub request_timeout_ms: Option<u64>,
     /// How long a client may take to send its request headers, in milliseconds (Envoy's
