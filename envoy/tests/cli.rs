@@ -802,3 +802,28 @@ fn keys_the_filter_would_refuse_are_reported_without_their_token() {
         "{se}"
     );
 }
+
+#[test]
+fn a_relative_wasm_path_is_refused_for_every_target() {
+    let path = fixture("good-basic.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    for target in ["envoy", "filter", "ecds", "istio"] {
+        let out_path = dir.path().join(target);
+        let out = command_for(&path)
+            .arg("render")
+            .arg(&path)
+            .args(["--target", target, "--wasm", "target/llmroute_filter.wasm", "-o"])
+            .arg(&out_path)
+            .output()
+            .unwrap();
+        let se = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "--target {target}: {se}");
+        assert!(
+            se.contains("'target/llmroute_filter.wasm'")
+                && se.contains("Envoy would look up from its own working directory")
+                && se.contains("absolute path"),
+            "--target {target}: {se}"
+        );
+        assert!(!out_path.exists(), "--target {target}: nothing is written");
+    }
+}

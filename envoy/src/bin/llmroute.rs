@@ -38,9 +38,9 @@ enum Command {
     Render {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
-        /// Path of llmroute_filter.wasm as Envoy will see it (inside the proxy's container for istio). Required,
-        /// except with --target istio and --wasm-url.
-        #[arg(long)]
+        /// Absolute path of llmroute_filter.wasm as Envoy will see it (inside the proxy's container for istio).
+        /// Required, except with --target istio and --wasm-url.
+        #[arg(long, value_parser = absolute_wasm_path)]
         wasm: Option<String>,
         /// What to write.
         #[arg(long, value_enum, default_value_t = Target::Envoy)]
@@ -144,6 +144,19 @@ struct IstioArgs {
     /// istio: with --gateway, the value of the gateway pods' `istio` label.
     #[arg(long, default_value = "ingressgateway")]
     gateway_selector: String,
+}
+
+/// `--wasm`: Envoy resolves a relative `filename` from its own working directory, which is seldom this one.
+fn absolute_wasm_path(path: &str) -> Result<String, String> {
+    if path.starts_with('/') {
+        return Ok(path.to_string());
+    }
+    let cwd = std::env::current_dir().map(|d| d.join(path).display().to_string());
+    let here = cwd.map(|p| format!(" (from here: {p})")).unwrap_or_default();
+    Err(format!(
+        "a relative path, which Envoy would look up from its own working directory, not this one; give the module's \
+         absolute path as Envoy sees it, such as /etc/envoy/llmroute_filter.wasm{here}"
+    ))
 }
 
 fn render_istio(

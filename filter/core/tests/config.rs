@@ -490,6 +490,119 @@ fn route_to_an_undefined_backend_is_refused() {
 }
 
 #[test]
+fn an_undefined_backend_lists_the_defined_ones_and_the_closest() {
+    let e = refused(
+        &edit(two(), |v| v["models"][1]["routes"][0]["backend"] = json!("vllm-c")),
+        "models[1].routes[0].backend",
+        "vllm-c",
+        "no backend with this name is defined",
+    );
+    assert_eq!(
+        e.reason,
+        "no backend with this name is defined (did you mean `vllm-b`?); the backends are `llama-a`, `vllm-b`"
+    );
+    let e = refused(
+        &edit(two(), |v| v["models"][1]["routes"][0]["backend"] = json!("sglang")),
+        "models[1].routes[0].backend",
+        "sglang",
+        "no backend",
+    );
+    assert_eq!(
+        e.reason,
+        "no backend with this name is defined; the backends are `llama-a`, `vllm-b`"
+    );
+}
+
+#[test]
+fn an_undefined_backend_lists_at_most_sixteen_defined_ones() {
+    let many = edit(minimal(), |v| {
+        v["backends"] = (0..20)
+            .map(|i| json!({ "name": format!("b{i:02}"), "kind": "vllm", "endpoints": [format!("10.0.0.{i}:8000")] }))
+            .collect();
+        v["models"][0]["routes"][0]["backend"] = json!("nowhere");
+    });
+    let e = refused(&many, "models[0].routes[0].backend", "nowhere", "no backend");
+    assert!(e.reason.ends_with("`b00`, `b01`, `b02`, `b03`, `b04`, `b05`, `b06`, `b07`, `b08`, `b09`, `b10`, `b11`, `b12`, `b13`, `b14`, `b15` and 4 more"), "{}", e.reason);
+}
+
+#[test]
+fn a_misspelled_field_gets_the_closest_accepted_name() {
+    for (doc, field, hint) in [
+        (
+            edit(minimal(), |v| v["lsiten"] = json!("127.0.0.1:1")),
+            "lsiten",
+            "`lsiten` (did you mean `listen`?)",
+        ),
+        (
+            edit(minimal(), |v| v["backends"][0]["credentials_env"] = json!("T")),
+            "backends[0].credentials_env",
+            "`credentials_env` (did you mean `credential_env`?)",
+        ),
+        (
+            edit(minimal(), |v| {
+                v["models"][0]["routes"][0]["upstream_modle"] = json!("m")
+            }),
+            "models[0].routes[0].upstream_modle",
+            "`upstream_modle` (did you mean `upstream_model`?)",
+        ),
+        (
+            edit(minimal(), |v| v["limits"] = json!({ "max_body_byte": 2048 })),
+            "limits.max_body_byte",
+            "(did you mean `max_body_bytes`?)",
+        ),
+    ] {
+        let list = errors(&doc);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].field, field);
+        assert!(list[0].reason.contains(hint), "{:?}", list[0]);
+        assert!(
+            list[0].reason.contains("expected one of"),
+            "the whole list still follows: {:?}",
+            list[0]
+        );
+    }
+    let far = errors(&edit(minimal(), |v| v["backends"][0]["weight"] = json!(3)));
+    assert!(
+        !far[0].reason.contains("did you mean"),
+        "no guess for a name unlike any: {:?}",
+        far[0]
+    );
+}
+
+#[test]
+fn an_address_without_its_port_is_shown_with_one() {
+    for (kind, port) in [
+        ("llamacpp", 8080),
+        ("vllm", 8000),
+        ("sglang", 30000),
+        ("ollama", 11434),
+        ("openai", 443),
+    ] {
+        let e = refused(
+            &edit(minimal(), |v| {
+                v["backends"][0]["kind"] = json!(kind);
+                v["backends"][0]["endpoints"] = json!(["gpu-0.internal"]);
+            }),
+            "backends[0].endpoints[0]",
+            "gpu-0.internal",
+            "malformed address",
+        );
+        assert_eq!(
+            e.reason,
+            format!(
+                "malformed address: no port; write HOST:PORT, such as gpu-0.internal:{port} ({kind}'s default port)"
+            )
+        );
+    }
+    refused(
+        &edit(minimal(), |v| v["global_limits"] = json!({ "address": "ratelimit" })),
+        "global_limits.address",
+        "ratelimit",
+        "no port; write HOST:PORT, such as ratelimit:8081 (the rate-limit service's gRPC port)",
+    );
+}
+
+#[test]
 fn backend_references_are_case_sensitive() {
     refused(
         &edit(two(), |v| v["models"][0]["routes"][0]["backend"] = json!("LLAMA-A")),

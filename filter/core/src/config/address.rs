@@ -4,7 +4,7 @@
 //! The check is strict because Envoy would otherwise reject the rendered file at start-up, far from the typo.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// A validated upstream endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,6 +31,9 @@ pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
     if let Ok(sa) = text.parse::<SocketAddr>() {
         return endpoint_from_socket(sa);
     }
+    if let Some(reason) = missing_port(text) {
+        return Err(reason);
+    }
     let (host, port) = text.rsplit_once(':').ok_or_else(|| "expected HOST:PORT".to_string())?;
     let port = parse_port(port)?;
     if host.starts_with('[') || host.parse::<IpAddr>().is_ok() {
@@ -43,6 +46,42 @@ pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
         port,
         is_ip: false,
     })
+}
+
+/// A host written without its port: IPv4, bracketed IPv6 or a DNS name, alone or followed by a bare `:`.
+enum Portless<'t> {
+    Host(&'t str),
+    /// A bare IPv6 literal: it needs brackets as well.
+    Ipv6,
+}
+
+fn portless(text: &str) -> Option<Portless<'_>> {
+    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+        return inner.parse::<Ipv6Addr>().is_ok().then_some(Portless::Host(text));
+    }
+    if text.parse::<Ipv6Addr>().is_ok() {
+        return Some(Portless::Ipv6);
+    }
+    let host = text.strip_suffix(':').unwrap_or(text);
+    let named = host.parse::<Ipv4Addr>().is_ok() || check_dns_name(host).is_ok();
+    (named && !host.contains(':')).then_some(Portless::Host(host))
+}
+
+/// Why `text` is refused when it is a host without its port; `None` otherwise.
+fn missing_port(text: &str) -> Option<String> {
+    Some(match portless(text)? {
+        Portless::Host(_) => "no port; write HOST:PORT".to_string(),
+        Portless::Ipv6 => "malformed IP literal (IPv6 needs brackets, then the port: [::1]:8080)".to_string(),
+    })
+}
+
+/// `text` with `port` after it, when `text` is a host written without its port: the address an error about it
+/// can suggest. `None` for anything else.
+pub fn with_port(text: &str, port: u16) -> Option<String> {
+    match portless(text)? {
+        Portless::Host(host) => Some(format!("{host}:{port}")),
+        Portless::Ipv6 => None,
+    }
 }
 
 /// Parses an `IP:PORT` listen address; names are not allowed, since Envoy binds it.
@@ -114,6 +153,42 @@ mod tests {
         let e = parse_endpoint("llama-0.llama.svc.cluster.local:8080").unwrap();
         assert!(!e.is_ip);
         assert_eq!(e.port, 8080);
+    }
+
+    #[test]
+    fn a_missing_port_is_named_and_a_fix_offered() {
+        for (text, fixed) in [
+            ("127.0.0.1", "127.0.0.1:8000"),
+            ("127.0.0.1:", "127.0.0.1:8000"),
+            ("llama.internal", "llama.internal:8000"),
+            ("[::1]", "[::1]:8000"),
+            ("[fe80::1]", "[fe80::1]:8000"),
+        ] {
+            assert_eq!(
+                parse_endpoint(text).unwrap_err(),
+                "no port; write HOST:PORT",
+                "{text:?}"
+            );
+            assert_eq!(with_port(text, 8000).as_deref(), Some(fixed), "{text:?}");
+        }
+        let v6 = parse_endpoint("::1").unwrap_err();
+        assert!(v6.contains("IPv6 needs brackets, then the port: [::1]:8080"), "{v6}");
+        // Anything else is not a missing port, and gets no suggestion.
+        for other in [
+            "::1",
+            "127.0.0.1:http",
+            "127.0.0.1:0",
+            "bad host",
+            "",
+            "[::1",
+            "http://h",
+        ] {
+            assert_eq!(with_port(other, 8000), None, "{other:?}");
+        }
+        assert_eq!(
+            parse_endpoint("127.0.0.1:http").unwrap_err(),
+            "port must be between 1 and 65535"
+        );
     }
 
     #[test]

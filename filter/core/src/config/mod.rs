@@ -9,6 +9,7 @@ mod diagnostics;
 mod env;
 mod raw;
 mod resilience;
+mod suggest;
 mod tls;
 mod validate;
 
@@ -16,7 +17,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 
-pub use address::{parse_endpoint, parse_listen, Endpoint};
+pub use address::{parse_endpoint, parse_listen, with_port, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use env::{env_problems, EnvHolds, EnvVar};
 pub use raw::{
@@ -108,6 +109,17 @@ impl EngineKind {
             "openai" => Self::OpenAi,
             _ => return None,
         })
+    }
+
+    /// The port the engine's server listens on unless told otherwise (an API behind TLS for `openai`).
+    pub fn default_port(self) -> u16 {
+        match self {
+            Self::LlamaCpp => 8080,
+            Self::Vllm => 8000,
+            Self::Sglang => 30000,
+            Self::Ollama => 11434,
+            Self::OpenAi => 443,
+        }
     }
 
     pub fn as_str(self) -> &'static str {
@@ -515,6 +527,8 @@ fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> Co
         Some((prefix, rest)) if field.starts_with(prefix) => rest,
         _ => &message,
     };
+    let reason = suggest::unknown_field_hint(reason);
+    let reason = reason.as_str();
     let cut = crate::text::prefix_on_char_boundary(reason, REASON_MAX);
     let reason = if cut.len() < reason.len() {
         format!("{cut}...")

@@ -265,7 +265,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
 fn hosts(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Option<Discovery>) {
     let at = |f: &str| format!("backends[{i}].{f}");
     match (&b.endpoints, &b.discovery) {
-        (Some(list), None) => (endpoints(errs, i, list), None),
+        (Some(list), None) => (endpoints(errs, i, list, EngineKind::parse(&b.kind)), None),
         (None, Some(d)) => (Vec::new(), Some(discovery(errs, &at("discovery"), d))),
         (Some(list), Some(_)) => {
             errs.push(
@@ -396,7 +396,10 @@ fn etcd_endpoints(errs: &mut Diagnostics, at: &str, list: &[String], scheme: Etc
                 "with `tls` every member is reached over TLS; write https://HOST:PORT (or HOST:PORT), or remove \
                  `tls`",
             ),
-            (Err(why), _) => errs.push(field_at, text, format!("{why}; write {example}")),
+            (Err(why), _) => match port_hint(bare, 2379, "etcd's client port") {
+                Some(hint) => errs.push(field_at, text, format!("{why}{hint}")),
+                None => errs.push(field_at, text, format!("{why}; write {example}")),
+            },
         }
     }
     endpoints
@@ -473,7 +476,16 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
     })
 }
 
-fn endpoints(errs: &mut Diagnostics, i: usize, list: &[String]) -> Vec<Endpoint> {
+/// When `text` is a host without its port: the address to write instead, `text` with `port`, which `whose` names.
+fn port_hint(text: &str, port: u16, whose: &str) -> Option<String> {
+    with_port(text, port).map(|fixed| format!(", such as {fixed} ({whose})"))
+}
+
+fn endpoints(errs: &mut Diagnostics, i: usize, list: &[String], kind: Option<EngineKind>) -> Vec<Endpoint> {
+    let (port, whose) = match kind {
+        Some(k) => (k.default_port(), format!("{}'s default port", k.as_str())),
+        None => (8080, "the engine's port".to_string()),
+    };
     if list.is_empty() {
         errs.push(
             format!("backends[{i}].endpoints"),
@@ -487,7 +499,14 @@ fn endpoints(errs: &mut Diagnostics, i: usize, list: &[String]) -> Vec<Endpoint>
         match parse_endpoint(text) {
             Ok(ep) if seen.contains(&ep) => errs.push(field, text, "duplicate endpoint in this backend"),
             Ok(ep) => seen.push(ep),
-            Err(reason) => errs.push(field, text, format!("malformed address: {reason}")),
+            Err(reason) => errs.push(
+                field,
+                text,
+                format!(
+                    "malformed address: {reason}{}",
+                    port_hint(text, port, &whose).unwrap_or_default()
+                ),
+            ),
         }
     }
     seen
@@ -523,7 +542,7 @@ fn model(
                 upstream_model,
                 priority: r.priority.unwrap_or(0),
             }),
-            None => errs.push(at("backend"), &r.backend, "no backend with this name is defined"),
+            None => errs.push(at("backend"), &r.backend, undefined_backend(&r.backend, backends)),
         }
     }
     routes.sort_by_key(|r| r.priority);
@@ -550,6 +569,31 @@ fn model(
         affinity,
         stream_upstream,
     })
+}
+
+/// Most backend names an undefined-backend error lists.
+const LISTED_BACKENDS: usize = 16;
+
+/// Why a route's backend is refused: what is defined (in document order), and the name closest to `name`.
+fn undefined_backend(name: &str, backends: &HashMap<&str, usize>) -> String {
+    let mut defined: Vec<(usize, &str)> = backends.iter().map(|(&n, &i)| (i, n)).collect();
+    defined.sort_unstable();
+    let names: Vec<&str> = defined.into_iter().map(|(_, n)| n).collect();
+    if names.is_empty() {
+        return "no backend with this name is defined, and `backends` defines none".into();
+    }
+    let hint = suggest::closest(name, names.iter().copied())
+        .map(|n| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default();
+    let listed: Vec<String> = names.iter().take(LISTED_BACKENDS).map(|n| format!("`{n}`")).collect();
+    let more = match names.len().saturating_sub(LISTED_BACKENDS) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "no backend with this name is defined{hint}; the backends are {}{more}",
+        listed.join(", ")
+    )
 }
 
 /// An alias' effective affinity: the top-level settings, with each field the alias sets checked like its
@@ -606,7 +650,10 @@ fn global_limits(errs: &mut Diagnostics, g: &RawGlobalLimits) -> Option<GlobalLi
             errs.push(
                 "global_limits.address",
                 &g.address,
-                format!("{reason}; write the rate-limit service's gRPC address, such as 127.0.0.1:8081"),
+                match port_hint(&g.address, 8081, "the rate-limit service's gRPC port") {
+                    Some(hint) => format!("{reason}{hint}"),
+                    None => format!("{reason}; write the rate-limit service's gRPC address, such as 127.0.0.1:8081"),
+                },
             )
         })
         .ok();
