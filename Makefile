@@ -244,11 +244,11 @@ CHAOS_SECONDS ?= 60
 SOAK_RPS      ?= 200
 SOAK_SECONDS  ?= 1800
 
-chaos: build envoy ## Faults under load: CHAOS_RPS (200) requests/s for CHAOS_SECONDS (60) at emulated engines that crash, burst 5xx, cut, reset and lie about health; checks four invariants and writes docs/chaos-and-soak.md
+chaos: build envoy ## Faults under load: CHAOS_RPS (200) requests/s for CHAOS_SECONDS (60) at emulated engines that crash, burst 5xx, cut, reset and lie about health; checks four invariants and writes bench/CHAOS.md
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) chaos --rps $(CHAOS_RPS) --seconds $(CHAOS_SECONDS)
 
-soak: build envoy ## Memory soak: SOAK_RPS (200) requests/s for SOAK_SECONDS (1800); fails when the filter's VM memory or Envoy's heap grows; writes docs/chaos-and-soak.md
+soak: build envoy ## Memory soak: SOAK_RPS (200) requests/s for SOAK_SECONDS (1800); fails when the filter's VM memory or Envoy's heap grows; writes bench/CHAOS.md
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) soak --rps $(SOAK_RPS) --seconds $(SOAK_SECONDS)
 

@@ -5,8 +5,10 @@
 #     target/ and .tools/ are not checked);
 #   - every backticked or fenced `make TARGET` names a target of the Makefile;
 #   - every relative Markdown link points at a file that exists, and its #anchor at a heading of that file.
-# Pages: README.md, docs/*.md, bench/README.md. The bench figures (bench/RESULTS.md, ROUTING.md, ENGINES.md) are
-# written by the benches and not checked here.
+# Pages: README.md, docs/*.md, bench/README.md and the hand-written bench pages (bench/OVERHEAD.md, PLACEMENT.md,
+# REPLICAS.md).
+# The bench figures (bench/RESULTS.md, ROUTING.md, ENGINES.md, CHAOS.md, FUZZING.md) are written by the runs and
+# not checked here.
 #
 # Prints one line per problem and a summary; exits 1 when any check failed. Needs only bash, grep, sed and awk.
 set -euo pipefail
@@ -15,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 shopt -s nullglob
 PAGES=()
-for page in README.md docs/*.md bench/README.md; do [[ -f $page ]] && PAGES+=("$page"); done
+for page in README.md docs/*.md bench/README.md bench/OVERHEAD.md bench/PLACEMENT.md bench/REPLICAS.md; do [[ -f $page ]] && PAGES+=("$page"); done
 # Top-level entries of the repository (outside a git checkout, of the directory, less the build outputs).
 TOP=$({ git ls-files 2>/dev/null || ls -A; } | cut -d/ -f1 | grep -vxE 'target|\.tools|\.git' | sort -u; echo docs)
 TARGETS=$(grep -hoE '^[a-zA-Z0-9_-]+:' Makefile | tr -d ':' | sort -u)

@@ -16,7 +16,7 @@
 #   FUZZ_FRESH    1: start from the seeds alone, in a scratch corpus (what `make fuzz-smoke` does, so its time
 #                 does not grow with the corpus of earlier runs)
 #   FUZZ_RECORD   a Markdown file whose results section (between the fuzz-results markers) is replaced by this
-#                 run's dated table, e.g. docs/fuzzing.md
+#                 run's dated table, e.g. bench/FUZZING.md
 #
 # A target's dictionary of tokens (field names, framing, boundary numbers), testdata/fuzz/<target>.dict when it
 # exists, helps the mutations reach deeper: the usage overflow needed the boundary numbers.

@@ -1,4 +1,4 @@
-//! `llmroute-bench`: the benches of issue 4.
+//! `llmroute-bench`: the benches, and the chaos and soak runs.
 //!
 //! `llmroute-bench overhead` measures llmroute (Envoy + the filter) against plain Envoy, sglang-router and
 //! vllm-router in front of the same fast upstreams, and writes `bench/RESULTS.md` and `bench/overhead.png`.
@@ -7,7 +7,7 @@
 //!
 //! `llmroute-bench chaos` drives load through Envoy and the filter at an emulated fleet under a fault schedule and
 //! checks the invariants; `llmroute-bench soak` drives it at a healthy fleet and fails when memory grows. Both
-//! write a dated section of `docs/chaos-and-soak.md` unless told not to.
+//! write a dated section of `bench/CHAOS.md` unless told not to.
 //!
 //! `llmroute-bench new-key` measures what the placement store (etcd) adds to a new key's first request, side by
 //! side with the same Envoy without it, and writes its section of `bench/RESULTS.md`.
@@ -107,7 +107,7 @@ struct ChaosArgs {
     /// Outlier ejection's base time, in ms.
     #[arg(long, default_value_t = 5000)]
     base_ejection_ms: u64,
-    /// Print the result only; do not write docs/chaos-and-soak.md.
+    /// Print the result only; do not write bench/CHAOS.md.
     #[arg(long)]
     no_doc: bool,
 }
@@ -125,7 +125,7 @@ struct SoakArgs {
     /// Seconds between memory samples (default: the run's length / 120, from 1 to 15).
     #[arg(long)]
     sample_seconds: Option<u64>,
-    /// Print the result only; do not write docs/chaos-and-soak.md.
+    /// Print the result only; do not write bench/CHAOS.md.
     #[arg(long)]
     no_doc: bool,
 }
@@ -343,11 +343,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Prints `text`, writes it to the doc's section `name` unless `no_doc`, and exits by `passed`.
+/// Prints `text`, writes it to the results page's section `name` unless `no_doc`, and exits by `passed`.
 fn finish(text: &str, name: &str, no_doc: bool, passed: bool) -> ExitCode {
     println!("\n{text}");
     if !no_doc {
-        match chaos::write_doc_section(name, text) {
+        match chaos::write_results_section(name, text) {
             Ok(path) => println!("wrote the section {name} of {}", path.display()),
             Err(e) => {
                 eprintln!("llmroute-bench: {e}");

@@ -663,11 +663,25 @@ pub fn machine_line() -> String {
     )
 }
 
-/// Writes the section `name` of `docs/chaos-and-soak.md` (replacing a section of the same name).
-pub fn write_doc_section(name: &str, body: &str) -> Result<std::path::PathBuf, String> {
+/// The page the runs write their results to, one dated section each; `docs/chaos-and-soak.md` says what they do.
+pub const RESULTS_PAGE: &str = "bench/CHAOS.md";
+
+/// The start of [`RESULTS_PAGE`] when a run creates it.
+const RESULTS_HEADER: &str = "# Faults under load and the memory soak: results\n\n\
+    Written by `make chaos` and `make soak`, one dated section per run (a rerun on the same day replaces that \
+    day's), with the machine it ran on. What the runs do and how they judge: \
+    [chaos and soak](../docs/chaos-and-soak.md).\n\n";
+
+/// Writes the section `name` of [`RESULTS_PAGE`] (replacing a section of the same name; the page is created when
+/// missing).
+pub fn write_results_section(name: &str, body: &str) -> Result<std::path::PathBuf, String> {
     let root = crate::envoy::repo_root();
-    let path = root.canonicalize().unwrap_or(root).join("docs/chaos-and-soak.md");
-    let doc = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let path = root.canonicalize().unwrap_or(root).join(RESULTS_PAGE);
+    let doc = match std::fs::read_to_string(&path) {
+        Ok(doc) => doc,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => RESULTS_HEADER.to_string(),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
     let text = crate::bench::sections::upsert(&doc, name, body);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     Ok(path)
