@@ -143,12 +143,9 @@ impl<'de> Deserializer<'de> for Tracer<'_> {
         self.deserialize_tuple(len, visitor)
     }
 
+    /// A map is traced as a struct with one field, `*`, for any key.
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
-        visitor.visit_map(Fields {
-            names: vec!["*"].into_iter(),
-            tracer: self,
-            current: "",
-        })
+        self.deserialize_struct("", &["*"], visitor)
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
@@ -158,7 +155,7 @@ impl<'de> Deserializer<'de> for Tracer<'_> {
         visitor: V,
     ) -> Result<V::Value, Error> {
         visitor.visit_map(Fields {
-            names: fields.to_vec().into_iter(),
+            names: fields.iter().copied(),
             tracer: self,
             current: "",
         })
@@ -202,7 +199,7 @@ impl<'de> SeqAccess<'de> for Elements<'_> {
 
 /// A struct's fields (or a map's one key, `*`), each traced at `PATH.NAME`.
 struct Fields<'f> {
-    names: std::vec::IntoIter<&'static str>,
+    names: std::iter::Copied<std::slice::Iter<'static, &'static str>>,
     tracer: Tracer<'f>,
     current: &'static str,
 }
