@@ -106,6 +106,7 @@ fn bench_placement(c: &mut Criterion) {
             up: true,
             weight: 1,
             in_flight: 0,
+            queued: None,
         })
         .collect();
     let bounds = Bounds::new(&BoundedKeys::default(), 150);

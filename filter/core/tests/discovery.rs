@@ -214,6 +214,7 @@ fn views(addrs: &[&str]) -> Vec<HostView> {
             up: true,
             weight: 1,
             in_flight: 0,
+            queued: None,
         })
         .collect()
 }

@@ -141,6 +141,7 @@ fn hosts(n: usize) -> Vec<HostView> {
             up: true,
             weight: 1,
             in_flight: 0,
+            queued: None,
         })
         .collect()
 }

@@ -105,6 +105,7 @@ impl Predictor {
                 up: true,
                 weight: *w,
                 in_flight: 0,
+                queued: None,
             })
             .collect();
         Predictor {
@@ -343,7 +344,7 @@ async fn clients_cannot_pick_the_host() {
             "a client header moved the request to engine {other}"
         );
     }
-    assert_eq!(PlacementReason::ALL.len(), 4);
+    assert_eq!(PlacementReason::ALL.len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,12 @@
 //!   When the table is full, the least recently seen key *on probation* goes first, so a flood of one-off keys
 //!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
 //!   and `docs/placement-bounds.md`).
+//! - **Engine load**, when the backend polls it (`load:`, see [`crate::load`]): a host whose engine reports
+//!   queued requests takes no new key while another up host reports none (the key shares are then computed over
+//!   the hosts that can take keys); and a request for a known key whose host's queue is over `load.spill_queue`
+//!   goes to the next host in the key's rendezvous order whose queue is within it
+//!   ([`PlacementReason::Queued`]), while the key stays. A host with no fresh reading counts as not queued, so a
+//!   stale poll falls back to the in-flight counts alone.
 //! - A host weighs its `slots` (config, or the server's `/props` `total_slots`), at most [`MAX_SLOTS`].
 //!
 //! Everything here is a pure function of the table, the hosts' view and the clock, so two replicas that saw the
@@ -77,6 +83,8 @@ pub struct HostView {
     pub weight: u32,
     /// Requests this gateway has in flight to it.
     pub in_flight: u32,
+    /// Requests waiting in the engine's own queue, from a fresh load reading; `None` without one.
+    pub queued: Option<u32>,
 }
 
 impl HostView {
@@ -109,14 +117,18 @@ pub enum PlacementReason {
     Moved,
     /// The key's host is over its in-flight bound; this request goes to the next host, the key stays.
     Spilled,
+    /// The key's host reports more queued requests than `load.spill_queue`; this request goes to the next host
+    /// whose queue is within it, the key stays.
+    Queued,
 }
 
 impl PlacementReason {
-    pub const ALL: [PlacementReason; 4] = [
+    pub const ALL: [PlacementReason; 5] = [
         PlacementReason::Pinned,
         PlacementReason::Placed,
         PlacementReason::Moved,
         PlacementReason::Spilled,
+        PlacementReason::Queued,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -125,6 +137,7 @@ impl PlacementReason {
             PlacementReason::Placed => "placed",
             PlacementReason::Moved => "moved",
             PlacementReason::Spilled => "spilled",
+            PlacementReason::Queued => "queued",
         }
     }
 }
@@ -148,6 +161,9 @@ pub struct Bounds {
     pub in_flight_factor: u32,
     pub idle_ttl_ms: u64,
     pub max_keys: usize,
+    /// The engine queue past which a known key's request goes to another host (`load.spill_queue`); `None`
+    /// when the backend polls no load.
+    pub spill_queue: Option<u32>,
 }
 
 impl Bounds {
@@ -157,6 +173,7 @@ impl Bounds {
             in_flight_factor: balance_factor,
             idle_ttl_ms: keys.idle_ttl_ms,
             max_keys: keys.max_keys,
+            spill_queue: None,
         }
     }
 }
@@ -266,15 +283,27 @@ pub fn choose_stored(
             (home, reason)
         }
     };
-    let (host, reason) = match within_in_flight(hosts, home, b.in_flight_factor) {
+    let over_queue = |i: usize| {
+        b.spill_queue
+            .is_some_and(|bound| hosts.get(i).and_then(|h| h.queued).unwrap_or(0) > bound)
+    };
+    let can_serve = |i: usize| {
+        hosts.get(i).is_some_and(|h| h.up) && within_in_flight(hosts, i, b.in_flight_factor) && !over_queue(i)
+    };
+    let (host, reason) = match can_serve(home) {
         true => (home, reason),
-        false => order
-            .iter()
-            .copied()
-            .find(|&i| {
-                i != home && hosts.get(i).is_some_and(|h| h.up) && within_in_flight(hosts, i, b.in_flight_factor)
-            })
-            .map_or((home, reason), |i| (i, PlacementReason::Spilled)),
+        false => {
+            let why = if over_queue(home) {
+                PlacementReason::Queued
+            } else {
+                PlacementReason::Spilled
+            };
+            order
+                .iter()
+                .copied()
+                .find(|&i| i != home && can_serve(i))
+                .map_or((home, reason), |i| (i, why))
+        }
     };
     Some(HostChoice {
         host,
@@ -283,17 +312,24 @@ pub fn choose_stored(
     })
 }
 
-/// The first up host in `order` under its live-key bound; failing that (only possible when weights or the
-/// table are odd), the up host with the fewest keys per weight. `None` only when no host in `order` is up.
+/// The first host in `order` that can take keys (up, and reporting no queue while any up host reports none)
+/// under its live-key bound, the bound computed over those hosts; failing that (only possible when weights or the
+/// table are odd), such a host with the fewest keys per weight. `None` only when no host in `order` is up.
 fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> Option<usize> {
     let counts = live_keys(table, hosts);
     let up = |i: &usize| hosts.get(*i).is_some_and(|h| h.up);
+    // The hosts that can take keys: the up hosts whose engine reports an empty queue, or all up hosts when every
+    // one of them is queued (a host with no fresh reading counts as not queued).
+    let idle = |i: &usize| hosts.get(*i).is_some_and(|h| h.up && h.queued.unwrap_or(0) == 0);
+    let any_idle = (0..hosts.len()).any(|i| idle(&i));
+    let taker = |i: &usize| if any_idle { idle(i) } else { up(i) };
     let count = |i: usize| counts.get(i).copied().unwrap_or(0);
     let weight = |i: usize| hosts.get(i).map_or(1, |h| h.weight.max(1));
-    let total: u64 = hosts.iter().zip(&counts).filter(|(h, _)| h.up).map(|(_, &c)| c).sum();
-    let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
+    let takers: Vec<usize> = (0..hosts.len()).filter(taker).collect();
+    let total: u64 = takers.iter().map(|&i| count(i)).sum();
+    let total_weight: u64 = takers.iter().map(|&i| u64::from(weight(i))).sum();
     let under = |i: &usize| count(*i) < key_bound(factor, total, weight(*i), total_weight);
-    order.iter().copied().filter(up).find(under).or_else(|| {
+    order.iter().copied().filter(taker).find(under).or_else(|| {
         // Weights are at least 1, so the division never fails; counts are bounded by the table size.
         let per_weight = |i: usize| {
             count(i)
@@ -301,7 +337,7 @@ fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32)
                 .checked_div(u64::from(weight(i)))
                 .unwrap_or(u64::MAX)
         };
-        order.iter().copied().filter(up).min_by_key(|&i| per_weight(i))
+        order.iter().copied().filter(taker).min_by_key(|&i| per_weight(i))
     })
 }
 

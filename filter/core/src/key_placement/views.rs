@@ -79,6 +79,7 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
                     reported.get(i).copied().unwrap_or(0),
                 ),
                 in_flight: in_flight.get(i).copied().unwrap_or(0),
+                queued: None,
                 address,
             })
             .collect(),

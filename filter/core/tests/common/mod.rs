@@ -269,6 +269,7 @@ pub fn hosts(n: usize) -> Vec<HostView> {
             up: true,
             weight: 1,
             in_flight: 0,
+            queued: None,
         })
         .collect()
 }
@@ -280,5 +281,6 @@ pub fn bounds(key_factor: u32) -> Bounds {
         in_flight_factor: 150,
         idle_ttl_ms: PLACEMENT_TTL,
         max_keys: 4096,
+        spill_queue: None,
     }
 }

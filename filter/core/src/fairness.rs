@@ -1,0 +1,351 @@
+//! Fair queuing: when a backend is full, which waiting request goes next.
+//!
+//! A backend is full when it has reached its own in-flight limit, or when every host is over its bound. A request
+//! that arrives then waits, paused in the filter, instead of getting an instant 503. When a slot frees, the
+//! waiting request of the tenant with the least *weighted attained service* goes next: the virtual token counter
+//! rule ("Fairness in Serving Large Language Models", OSDI 2024).
+//!
+//! - Each tenant has a counter of the service it has received, in tokens divided by its weight: its input tokens
+//!   when it is admitted, twice its output tokens when it completes ([`FairQueue::complete`]). Weights default to
+//!   1; a tenant of weight 2 may receive twice the tokens of a tenant of weight 1 before it yields.
+//! - A tenant that becomes active again (its first request waiting or running, after none) is lifted to the
+//!   least counter among the other active tenants, or, when none is active, to the counter of the last tenant
+//!   that went idle: idleness banks no credit, and a new tenant starts level, not at zero.
+//! - Among the waiters of the least-served tenant, the earliest goes first; ties between tenants go to the
+//!   earlier waiter.
+//! - A waiter whose deadline passes is removed and refused ([`Grant::expired`]); a waiter whose client leaves is
+//!   removed and charged nothing ([`FairQueue::leave`]).
+//!
+//! The queue is plain data, kept by the filter as one shared-data value per backend ([`encode`], [`decode`]) so
+//! every worker sees one order; each worker resumes only its own paused requests. Every operation is a pure
+//! function of the queue and its arguments, tested natively with property tests. The cost of a decision is one
+//! pass over the waiters and the active tenants, both bounded ([`MAX_TENANTS`], the config's `max_queue`).
+
+/// Counters are kept in thousandths of a token per unit of weight, so a weight of up to 1000 still counts one
+/// token.
+pub const SCALE: u64 = 1000;
+
+/// The most tenants remembered. Past this, the idle tenants with the least service are forgotten first (a
+/// forgotten tenant that returns starts level with the others, as any returning tenant does).
+pub const MAX_TENANTS: usize = 4096;
+
+/// One tenant's standing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    /// The tenant's id: a hash of its API key name or of its tenant header (never the raw value).
+    pub id: u64,
+    /// Service received, in thousandths of a token per unit of weight.
+    pub counter: u64,
+    /// Requests of this tenant waiting or running.
+    pub active: u32,
+}
+
+/// One request waiting for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiter {
+    /// Which paused request this is: the worker that holds it and its context, as the filter names them.
+    pub id: u64,
+    pub tenant: u64,
+    /// The tenant's weight (its share), at least 1.
+    pub weight: u32,
+    /// The request's estimated input tokens, charged when it is admitted.
+    pub input_tokens: u32,
+    pub arrived_ms: u64,
+    /// When it stops waiting and is refused.
+    pub deadline_ms: u64,
+}
+
+/// Why a request could not join the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue holds `max_queue` waiters already.
+    QueueFull,
+    /// The request's deadline is already past (its allowed wait is 0).
+    NoWait,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "queue_full",
+            Refusal::NoWait => "no_wait",
+        }
+    }
+}
+
+/// What a freed slot does: the waiter it admits, if any, and the waiters whose deadline had passed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    pub admitted: Option<Waiter>,
+    pub expired: Vec<Waiter>,
+}
+
+/// One backend's fair queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FairQueue {
+    /// Known tenants, sorted by id.
+    pub tenants: Vec<Tenant>,
+    /// Waiting requests, in arrival order.
+    pub waiters: Vec<Waiter>,
+    /// The counter of the last tenant that went idle: where a tenant returning to an idle backend starts.
+    pub floor: u64,
+}
+
+impl FairQueue {
+    /// The tenant's standing, if known.
+    pub fn tenant(&self, id: u64) -> Option<Tenant> {
+        self.tenants
+            .binary_search_by_key(&id, |t| t.id)
+            .ok()
+            .and_then(|i| self.tenants.get(i).copied())
+    }
+
+    /// The tenant `id`, added if unknown, and activated: a tenant with nothing waiting or running is lifted to
+    /// the least counter of the active tenants (or to [`FairQueue::floor`] when none is active).
+    fn activate(&mut self, id: u64) {
+        let lift = self
+            .tenants
+            .iter()
+            .filter(|t| t.active > 0 && t.id != id)
+            .map(|t| t.counter)
+            .min();
+        let lift = lift.unwrap_or(self.floor);
+        let i = match self.tenants.binary_search_by_key(&id, |t| t.id) {
+            Ok(i) => i,
+            Err(i) => {
+                self.tenants.insert(
+                    i,
+                    Tenant {
+                        id,
+                        counter: lift,
+                        active: 0,
+                    },
+                );
+                i
+            }
+        };
+        if let Some(t) = self.tenants.get_mut(i) {
+            if t.active == 0 {
+                t.counter = t.counter.max(lift);
+            }
+            t.active = t.active.saturating_add(1);
+        }
+        self.forget_idle();
+    }
+
+    /// One request of tenant `id` is no longer waiting or running.
+    fn deactivate(&mut self, id: u64) {
+        if let Ok(i) = self.tenants.binary_search_by_key(&id, |t| t.id) {
+            if let Some(t) = self.tenants.get_mut(i) {
+                t.active = t.active.saturating_sub(1);
+                if t.active == 0 {
+                    self.floor = t.counter;
+                }
+            }
+        }
+    }
+
+    /// Adds `tokens` of service, over `weight`, to tenant `id`'s counter.
+    fn charge(&mut self, id: u64, weight: u32, tokens: u64) {
+        if let Ok(i) = self.tenants.binary_search_by_key(&id, |t| t.id) {
+            if let Some(t) = self.tenants.get_mut(i) {
+                let add = tokens
+                    .saturating_mul(SCALE)
+                    .checked_div(u64::from(weight.max(1)))
+                    .unwrap_or(0);
+                t.counter = t.counter.saturating_add(add);
+            }
+        }
+    }
+
+    /// Past [`MAX_TENANTS`], forgets idle tenants, least served first.
+    fn forget_idle(&mut self) {
+        while self.tenants.len() > MAX_TENANTS {
+            let Some(i) = self
+                .tenants
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.active == 0)
+                .min_by_key(|(_, t)| t.counter)
+                .map(|(i, _)| i)
+            else {
+                return;
+            };
+            self.tenants.remove(i);
+        }
+    }
+
+    /// A request arrives at a full backend: it joins the queue, or is refused. It is admitted later by
+    /// [`FairQueue::grant`].
+    pub fn arrive(&mut self, w: Waiter, now_ms: u64, max_queue: usize) -> Result<(), Refusal> {
+        if w.deadline_ms <= now_ms {
+            return Err(Refusal::NoWait);
+        }
+        if self.waiters.len() >= max_queue {
+            return Err(Refusal::QueueFull);
+        }
+        self.activate(w.tenant);
+        self.waiters.push(w);
+        Ok(())
+    }
+
+    /// A request is admitted at once (the backend had a free slot and no one was waiting): its tenant becomes
+    /// active and is charged its input.
+    pub fn admit_now(&mut self, tenant: u64, weight: u32, input_tokens: u32) {
+        self.activate(tenant);
+        self.charge(tenant, weight, u64::from(input_tokens));
+    }
+
+    /// A slot is free at `now_ms`: removes the waiters whose deadline has passed, then admits the waiter of the
+    /// least-served tenant (the earliest of that tenant's), charging its input.
+    pub fn grant(&mut self, now_ms: u64) -> Grant {
+        let mut expired = Vec::new();
+        let mut i = 0;
+        while let Some(w) = self.waiters.get(i).copied() {
+            if w.deadline_ms <= now_ms {
+                self.waiters.remove(i);
+                self.deactivate(w.tenant);
+                expired.push(w);
+            } else {
+                i = i.saturating_add(1);
+            }
+        }
+        let counter = |t: u64| self.tenant(t).map_or(0, |t| t.counter);
+        // `min_by_key` keeps the first of equal keys, and waiters are in arrival order.
+        let next = self
+            .waiters
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, w)| counter(w.tenant))
+            .map(|(i, _)| i);
+        let admitted = next.map(|i| self.waiters.remove(i));
+        if let Some(w) = admitted {
+            self.charge(w.tenant, w.weight, u64::from(w.input_tokens));
+        }
+        Grant { admitted, expired }
+    }
+
+    /// The waiter `id` left (its client disconnected): removed, and charged nothing. False when it was not
+    /// waiting (already admitted or expired).
+    pub fn leave(&mut self, id: u64) -> bool {
+        let Some(i) = self.waiters.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        let w = self.waiters.remove(i);
+        self.deactivate(w.tenant);
+        true
+    }
+
+    /// An admitted request of `tenant` ended with `output_tokens` generated: charged twice them, over `weight`.
+    pub fn complete(&mut self, tenant: u64, weight: u32, output_tokens: u64) {
+        self.charge(tenant, weight, output_tokens.saturating_mul(2));
+        self.deactivate(tenant);
+    }
+
+    /// Waiters per tenant id, for the status page.
+    pub fn depth(&self) -> usize {
+        self.waiters.len()
+    }
+}
+
+const VERSION: u8 = 1;
+const TENANT_BYTES: usize = 20;
+const WAITER_BYTES: usize = 40;
+
+/// The queue as bytes: a version byte, `floor: u64`, the tenant count and waiter count (`u32` each), then
+/// tenants (`id: u64, counter: u64, active: u32`) and waiters (`id, tenant: u64, weight, input_tokens: u32,
+/// arrived_ms, deadline_ms: u64`), little-endian.
+pub fn encode(q: &FairQueue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        17usize
+            .saturating_add(q.tenants.len().saturating_mul(TENANT_BYTES))
+            .saturating_add(q.waiters.len().saturating_mul(WAITER_BYTES)),
+    );
+    out.push(VERSION);
+    out.extend_from_slice(&q.floor.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(q.tenants.len()).unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&u32::try_from(q.waiters.len()).unwrap_or(0).to_le_bytes());
+    for t in &q.tenants {
+        out.extend_from_slice(&t.id.to_le_bytes());
+        out.extend_from_slice(&t.counter.to_le_bytes());
+        out.extend_from_slice(&t.active.to_le_bytes());
+    }
+    for w in &q.waiters {
+        for v in [w.id, w.tenant] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [w.weight, w.input_tokens] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [w.arrived_ms, w.deadline_ms] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Reads [`encode`]'s bytes. Empty or malformed bytes read as an empty queue.
+pub fn decode(bytes: &[u8]) -> FairQueue {
+    decode_checked(bytes).unwrap_or_default()
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+}
+
+fn decode_checked(bytes: &[u8]) -> Option<FairQueue> {
+    let mut r = Reader(bytes);
+    if r.take::<1>()? != [VERSION] {
+        return None;
+    }
+    let floor = r.u64()?;
+    let tenants = usize::try_from(r.u32()?).ok()?;
+    let waiters = usize::try_from(r.u32()?).ok()?;
+    let need = tenants
+        .checked_mul(TENANT_BYTES)?
+        .checked_add(waiters.checked_mul(WAITER_BYTES)?)?;
+    if r.0.len() != need {
+        return None;
+    }
+    let mut q = FairQueue {
+        tenants: Vec::with_capacity(tenants),
+        waiters: Vec::with_capacity(waiters),
+        floor,
+    };
+    for _ in 0..tenants {
+        q.tenants.push(Tenant {
+            id: r.u64()?,
+            counter: r.u64()?,
+            active: r.u32()?,
+        });
+    }
+    if q.tenants
+        .windows(2)
+        .any(|p| p.first().map(|t| t.id) >= p.get(1).map(|t| t.id))
+    {
+        return None;
+    }
+    for _ in 0..waiters {
+        q.waiters.push(Waiter {
+            id: r.u64()?,
+            tenant: r.u64()?,
+            weight: r.u32()?,
+            input_tokens: r.u32()?,
+            arrived_ms: r.u64()?,
+            deadline_ms: r.u64()?,
+        });
+    }
+    Some(q)
+}

@@ -1,0 +1,182 @@
+//! The fair queue: the least-served tenant goes next under any arrival order, weights are honoured, idleness
+//! banks no credit, a client that leaves is charged nothing, and the shared-data encoding round-trips.
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+
+use llmroute_core::fairness::{self, FairQueue, Refusal, Waiter};
+use proptest::prelude::*;
+
+fn waiter(id: u64, tenant: u64, weight: u32, input: u32, at: u64) -> Waiter {
+    Waiter {
+        id,
+        tenant,
+        weight,
+        input_tokens: input,
+        arrived_ms: at,
+        deadline_ms: at + 30_000,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Arrive { tenant: u64, input: u32, wait_ms: u64 },
+    Grant,
+    Leave(usize),
+    Complete { output: u32 },
+    Tick(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u64..5, 1u32..4000, 0u64..5000).prop_map(|(tenant, input, wait_ms)| Op::Arrive { tenant, input, wait_ms }),
+        Just(Op::Grant),
+        (0usize..8).prop_map(Op::Leave),
+        (0u32..2000).prop_map(|output| Op::Complete { output }),
+        (1u64..2000).prop_map(Op::Tick),
+    ]
+}
+
+fn weight_of(tenant: u64) -> u32 {
+    [1, 2, 1, 3, 1][tenant as usize % 5]
+}
+
+proptest! {
+    /// Under any interleaving of arrivals, grants, departures and completions, a granted waiter's tenant has no
+    /// more weighted service than any other tenant with a waiter, and is that tenant's earliest waiter.
+    #[test]
+    fn no_tenant_waits_behind_a_tenant_with_more_service(ops in proptest::collection::vec(op(), 1..200)) {
+        let mut q = FairQueue::default();
+        let mut now = 0u64;
+        let mut next_id = 0u64;
+        let mut running: Vec<u64> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Arrive { tenant, input, wait_ms } => {
+                    next_id += 1;
+                    let mut w = waiter(next_id, tenant, weight_of(tenant), input, now);
+                    w.deadline_ms = now + wait_ms;
+                    let r = q.arrive(w, now, 16);
+                    if wait_ms == 0 { prop_assert_eq!(r, Err(Refusal::NoWait)); }
+                }
+                Op::Grant => {
+                    let before = q.clone();
+                    let g = q.grant(now);
+                    for e in &g.expired { prop_assert!(e.deadline_ms <= now); }
+                    if let Some(w) = g.admitted {
+                        prop_assert!(w.deadline_ms > now);
+                        let c = |t: u64| before.tenant(t).unwrap().counter;
+                        let live: Vec<&Waiter> = before.waiters.iter().filter(|x| x.deadline_ms > now).collect();
+                        for other in &live {
+                            prop_assert!(c(w.tenant) <= c(other.tenant));
+                            if other.tenant == w.tenant { prop_assert!(w.arrived_ms <= other.arrived_ms); }
+                        }
+                        running.push(w.tenant);
+                    }
+                }
+                Op::Leave(i) => {
+                    if let Some(w) = q.waiters.get(i).copied() {
+                        let before = q.tenant(w.tenant).unwrap().counter;
+                        prop_assert!(q.leave(w.id));
+                        prop_assert_eq!(q.tenant(w.tenant).unwrap().counter, before);
+                        prop_assert!(!q.leave(w.id));
+                    }
+                }
+                Op::Complete { output } => {
+                    if let Some(t) = running.pop() { q.complete(t, weight_of(t), u64::from(output)); }
+                }
+                Op::Tick(ms) => now += ms,
+            }
+            // Every tenant's active count is its waiters plus its admitted, unfinished requests.
+            for t in &q.tenants {
+                let waiting = q.waiters.iter().filter(|w| w.tenant == t.id).count();
+                let run = running.iter().filter(|&&r| r == t.id).count();
+                prop_assert_eq!(t.active as usize, waiting + run);
+            }
+            prop_assert_eq!(fairness::decode(&fairness::encode(&q)), q.clone());
+        }
+    }
+
+    /// Two tenants that always have work waiting share the slots in proportion to their weights: after any
+    /// number of grants, their weighted service differs by at most one request's cost.
+    #[test]
+    fn weights_are_honoured(w1 in 1u32..5, w2 in 1u32..5, input in 1u32..500, output in 0u32..500, rounds in 1usize..300) {
+        let mut q = FairQueue::default();
+        let mut id = 0;
+        for t in [1u64, 2] {
+            for _ in 0..2 { id += 1; q.arrive(waiter(id, t, if t == 1 { w1 } else { w2 }, input, 0), 0, 64).unwrap(); }
+        }
+        let mut served = [0u64; 3];
+        for _ in 0..rounds {
+            let w = q.grant(1).admitted.unwrap();
+            served[w.tenant as usize] += u64::from(input) + 2 * u64::from(output);
+            q.complete(w.tenant, w.weight, u64::from(output));
+            id += 1;
+            q.arrive(waiter(id, w.tenant, w.weight, input, 1), 1, 64).unwrap();
+        }
+        let cost = (u64::from(input) + 2 * u64::from(output)) as f64;
+        let per_weight = |i: usize, w: u32| served[i] as f64 / f64::from(w);
+        let gap = (per_weight(1, w1) - per_weight(2, w2)).abs();
+        prop_assert!(gap <= cost + 1.0, "served {:?} weights {} {} gap {}", served, w1, w2, gap);
+    }
+
+    #[test]
+    fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let _ = fairness::decode(&bytes);
+    }
+}
+
+#[test]
+fn a_tenant_back_from_idle_starts_level_with_the_least_active() {
+    let mut q = FairQueue::default();
+    // Tenant 1 is served a lot while tenant 2 is idle.
+    for i in 0..10 {
+        q.arrive(waiter(i, 1, 1, 1000, 0), 0, 64).unwrap();
+        let w = q.grant(0).admitted.unwrap();
+        q.complete(w.tenant, 1, 0);
+    }
+    q.arrive(waiter(100, 1, 1, 1000, 0), 0, 64).unwrap();
+    q.arrive(waiter(101, 1, 1, 1000, 0), 0, 64).unwrap();
+    // Tenant 2 arrives: it starts level with tenant 1, so the two alternate instead of tenant 2 taking every slot.
+    q.arrive(waiter(200, 2, 1, 1000, 0), 0, 64).unwrap();
+    q.arrive(waiter(201, 2, 1, 1000, 0), 0, 64).unwrap();
+    assert_eq!(q.tenant(2).unwrap().counter, q.tenant(1).unwrap().counter);
+    let order: Vec<u64> = (0..4).map(|_| q.grant(0).admitted.unwrap().tenant).collect();
+    assert_eq!(order, vec![1, 2, 1, 2]);
+}
+
+#[test]
+fn a_new_tenant_on_an_idle_backend_starts_at_the_floor() {
+    let mut q = FairQueue::default();
+    q.admit_now(1, 1, 5000);
+    q.complete(1, 1, 0);
+    assert_eq!(q.floor, 5000 * fairness::SCALE);
+    q.admit_now(2, 1, 0);
+    assert_eq!(q.tenant(2).unwrap().counter, 5000 * fairness::SCALE);
+}
+
+#[test]
+fn a_hot_tenant_cannot_starve_a_quiet_one() {
+    let mut q = FairQueue::default();
+    // The hot tenant queues 50 requests first; the quiet one then queues one.
+    for i in 0..50 {
+        q.arrive(waiter(i, 7, 1, 2000, 0), 0, 1024).unwrap();
+    }
+    q.arrive(waiter(999, 8, 1, 100, 0), 0, 1024).unwrap();
+    let first = q.grant(0).admitted.unwrap();
+    let second = q.grant(0).admitted.unwrap();
+    assert_eq!(
+        (first.tenant, second.tenant),
+        (7, 8),
+        "the quiet tenant goes second, not 51st"
+    );
+}
+
+#[test]
+fn a_full_queue_and_expired_waiters_are_refused() {
+    let mut q = FairQueue::default();
+    q.arrive(waiter(1, 1, 1, 1, 0), 0, 1).unwrap();
+    assert_eq!(q.arrive(waiter(2, 2, 1, 1, 0), 0, 1), Err(Refusal::QueueFull));
+    let g = q.grant(30_000);
+    assert_eq!(g.admitted, None);
+    assert_eq!(g.expired.len(), 1);
+    assert_eq!(q.tenant(1).unwrap().active, 0);
+}
