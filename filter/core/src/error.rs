@@ -243,7 +243,7 @@ impl fmt::Display for GatewayError {
             Self::NotFound { method, path } => write!(f, "Invalid URL ({} {}).", quote(method), quote(path)),
             Self::Unauthorized(AuthRefusal::Missing) => write!(
                 f,
-                "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key` on /v1/messages)."
+                "Missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`."
             ),
             Self::Unauthorized(AuthRefusal::Malformed) => write!(
                 f,

@@ -202,3 +202,40 @@ fn key_variable_errors_name_no_token() {
     let e = parse_keys("alice:short-secret").unwrap_err();
     assert!(e.contains("alice") && !e.contains("short-secret"), "{e}");
 }
+
+#[test]
+fn x_api_key_is_accepted_on_every_path_and_authorization_wins() {
+    use llmroute_core::auth::AuthRefusal;
+    use llmroute_core::request::authenticate;
+    use llmroute_core::GatewayError;
+    let keys = parse_keys("alice:tok-aaaaaaaaaaaaaaaa,bob:tok-bbbbbbbbbbbbbbbb").unwrap();
+    let h = |pairs: &[(&str, &str)]| -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    };
+    let api_key = h(&[("x-api-key", "tok-aaaaaaaaaaaaaaaa")]);
+    for (method, path) in [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/models/chat"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/messages"),
+        ("GET", "/llmroute/status"),
+    ] {
+        let who = authenticate(&keys, method, path, &api_key).map_err(|r| r.error);
+        assert_eq!(who, Ok(Some("alice".to_string())), "{method} {path}");
+    }
+    let both = h(&[
+        ("authorization", "Bearer tok-bbbbbbbbbbbbbbbb"),
+        ("x-api-key", "tok-aaaaaaaaaaaaaaaa"),
+    ]);
+    let who = authenticate(&keys, "GET", "/v1/models", &both).map_err(|r| r.error);
+    assert_eq!(who, Ok(Some("bob".to_string())), "Authorization wins");
+    let wrong_bearer = h(&[
+        ("authorization", "Bearer tok-wrong-but-well-formed"),
+        ("x-api-key", "tok-aaaaaaaaaaaaaaaa"),
+    ]);
+    let who = authenticate(&keys, "GET", "/v1/models", &wrong_bearer).map_err(|r| r.error);
+    assert_eq!(who, Err(GatewayError::Unauthorized(AuthRefusal::Unknown)));
+}

@@ -127,13 +127,6 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
             false,
         ),
         (
-            "x-api-key on chat",
-            "/v1/chat/completions",
-            vec![("x-api-key", ka.as_str())],
-            &chat_body,
-            false,
-        ),
-        (
             "malformed scheme",
             "/v1/chat/completions",
             vec![("authorization", "Basic YWxpY2U6eA==")],
@@ -212,6 +205,12 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
             &msg_body,
         ),
         (
+            "x-api-key on chat",
+            "/v1/chat/completions",
+            vec![("x-api-key", ka.as_str())],
+            &chat_body,
+        ),
+        (
             "authorization wins over a wrong x-api-key",
             "/v1/messages",
             vec![av, ("authorization", bearer_b.as_str()), ("x-api-key", "junk")],
@@ -232,6 +231,9 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     for path in ["/v1/models", "/llmroute/status"] {
         let r = send(&c, &envoy, "GET", path, &[("authorization", bearer_a.as_str())], None).await;
         assert_eq!(r.status, 200, "{path}: {}", r.body);
+        // As the Anthropic SDK sends it.
+        let r = send(&c, &envoy, "GET", path, &[av, ("x-api-key", kb.as_str())], None).await;
+        assert_eq!(r.status, 200, "{path} with x-api-key: {}", r.body);
     }
     // Open endpoints need no key.
     let r = send(&c, &envoy, "GET", "/healthz", &[], None).await;
@@ -245,7 +247,7 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     assert!(envoy.stat(&rejected("api_key_malformed")).await >= Some(3));
     assert!(envoy.stat(&rejected("api_key_unknown")).await >= Some(3));
     let by_key = |key: &str| stat_name(KEY_REQUESTS, &[("key", key)]);
-    assert_eq!(envoy.stat(&by_key("alice")).await, Some(1));
+    assert_eq!(envoy.stat(&by_key("alice")).await, Some(2));
     assert_eq!(envoy.stat(&by_key("bob")).await, Some(3));
 
     // No key value anywhere Envoy writes or serves.
