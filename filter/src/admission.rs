@@ -34,12 +34,26 @@ pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
         .map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))
 }
 
-/// Seeds every bucket full, once per process (an entry already there is kept).
+/// The limit buckets in Envoy's shared data. A failed read is an error, never an absent (full) bucket.
+struct Buckets;
+
+impl limits::BucketStore for Buckets {
+    fn read(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), limits::ReadFailed> {
+        host::try_shared_data(key).ok_or(limits::ReadFailed)
+    }
+
+    fn write(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        host::set_shared_data(key, value, cas)
+    }
+}
+
+/// Seeds every bucket full, once per process: only an entry the host says is absent is written, so neither an
+/// entry already there nor one the host failed to read is reset.
 pub fn seed(cfg: &Config, keys: Option<&Keys>) {
     let now = host::now_ms();
     let names: Vec<&str> = keys.map(|k| k.names().collect()).unwrap_or_default();
     for (key, rate) in limits::all_buckets(cfg, names.into_iter()) {
-        if host::shared_data(&key).0.is_none() {
+        if let Some((None, _)) = host::try_shared_data(&key) {
             host::set_shared_data(&key, &limits::Bucket::full(rate, now).encode(), None);
         }
     }
@@ -52,7 +66,7 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
         return Ok(Remaining::default());
     }
-    match limits::admit(&mut host::SharedData, charges, host::now_ms()) {
+    match limits::admit(&mut Buckets, charges, host::now_ms()) {
         Ok(left) => {
             let least = |kind| {
                 charges
@@ -82,10 +96,14 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
             log::warn!("llmroute: limit buckets under contention; request refused");
             Err(GatewayError::LimitContention)
         }
+        Err(Denied::Unreadable) => {
+            log::warn!("llmroute: a limit bucket could not be read; request refused");
+            Err(GatewayError::LimitUnavailable)
+        }
     }
 }
 
 /// Settles an admitted request's token charges on the tokens the engine reported.
 pub fn settle(charges: &[Charge], used: u64) {
-    limits::settle(&mut host::SharedData, charges, used, host::now_ms());
+    limits::settle(&mut Buckets, charges, used, host::now_ms());
 }

@@ -17,6 +17,12 @@
 //! races in a row does not happen in practice. If it ever does, the request is refused as `limit_contention`
 //! (fail closed) after giving back what it took, and counted.
 //!
+//! **Failed reads.** A read the host fails is told apart from an absent entry ([`BucketStore::read`]). It never
+//! counts as a full bucket: admission refuses the request as `limit_unavailable` (fail closed), and a settlement
+//! step is skipped, so the bucket keeps the state it had. An absent entry is a bucket never used (all are seeded
+//! at configure time, and shared data is never deleted), so it starts full; an entry that does not decode starts
+//! empty.
+//!
 //! **Several buckets.** [`admit`] takes from each bucket in order; when one refuses, what was taken from the
 //! others is given back, so a refused request holds nothing. Meanwhile another request may briefly see those
 //! buckets lower and be refused; it is never admitted beyond a budget.
@@ -26,7 +32,6 @@
 //! overrun is charged (down to an empty bucket, never below). Without usage (a cut stream) the reservation stays.
 
 use crate::config::Config;
-use crate::key_placement::in_flight::SharedStore;
 
 /// Compare-and-swap tries for one bucket step before the request is refused as contention.
 pub const CAS_ATTEMPTS: usize = 1000;
@@ -259,44 +264,79 @@ pub enum Denied {
     },
     /// [`CAS_ATTEMPTS`] writes in a row lost their race.
     Contention,
+    /// The host failed a read of a bucket: refused rather than guessed (fail closed).
+    Unreadable,
 }
 
-/// One compare-and-swap step on a bucket: `f` maps the current state (a full bucket when the entry is absent or
-/// unreadable) to the new state or a refusal. `Ok(None)` is contention.
+/// The host failed a read of shared data (as opposed to finding no entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadFailed;
+
+/// Where the buckets live: Envoy's shared data, with its compare-and-swap versions.
+pub trait BucketStore {
+    /// The entry and its version; `Ok((None, _))` when there is no entry, `Err` when the host failed the read.
+    fn read(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), ReadFailed>;
+    /// Writes the entry; with `cas`, only if nobody wrote since that version. False when it was not written.
+    fn write(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
+}
+
+/// Why a bucket step did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepFailed<E> {
+    /// The step's own refusal.
+    Refused(E),
+    /// [`CAS_ATTEMPTS`] writes in a row lost their race.
+    Contention,
+    /// The host could not read the entry.
+    Unreadable,
+}
+
+/// The state a read gives. No entry: a full bucket (every bucket is seeded at configure time and shared data is
+/// never deleted, so an absent entry is one never used). An entry that does not decode: an empty bucket, which
+/// refills; never a full one, so no read can hand out a budget that was spent.
+fn current(bytes: Option<&[u8]>, rate: Rate, now_ms: u64) -> Bucket {
+    match bytes {
+        None => Bucket::full(rate, now_ms),
+        Some(b) => Bucket::decode(b).unwrap_or(Bucket {
+            level: 0,
+            updated_ms: now_ms,
+        }),
+    }
+}
+
+/// One compare-and-swap step on a bucket: `f` maps the current state to the new state or a refusal. A read the
+/// host fails is no state at all: the step fails closed rather than start from a full bucket.
 fn cas_step<E>(
-    store: &mut impl SharedStore,
+    store: &mut impl BucketStore,
     key: &str,
     rate: Rate,
     now_ms: u64,
     f: impl Fn(Bucket) -> Result<Bucket, E>,
-) -> Result<Option<Bucket>, E> {
+) -> Result<Bucket, StepFailed<E>> {
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(key);
-        let current = bytes
-            .as_deref()
-            .and_then(Bucket::decode)
-            .unwrap_or_else(|| Bucket::full(rate, now_ms));
-        let next = f(current)?;
-        if store.set(key, &next.encode(), cas) {
-            return Ok(Some(next));
+        let (bytes, cas) = store.read(key).map_err(|ReadFailed| StepFailed::Unreadable)?;
+        let next = f(current(bytes.as_deref(), rate, now_ms)).map_err(StepFailed::Refused)?;
+        if store.write(key, &next.encode(), cas) {
+            return Ok(next);
         }
     }
-    Ok(None)
+    Err(StepFailed::Contention)
 }
 
 /// Takes every charge, or none: on a refusal what was taken is given back. `Ok` holds the whole tokens each
 /// bucket has left, in the order of `charges`.
-pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> Result<Vec<u64>, Denied> {
+pub fn admit(store: &mut impl BucketStore, charges: &[Charge], now_ms: u64) -> Result<Vec<u64>, Denied> {
     let mut left = Vec::with_capacity(charges.len());
     for (i, c) in charges.iter().enumerate() {
         let step = cas_step(store, &c.key(), c.rate, now_ms, |b| b.take(c.rate, now_ms, c.amount));
         let denied = match step {
-            Ok(Some(b)) => {
+            Ok(b) => {
                 left.push(b.level.checked_div(c.rate.unit.period_ms()).unwrap_or(0));
                 continue;
             }
-            Ok(None) => Denied::Contention,
-            Err(retry_after_ms) => Denied::Limited {
+            Err(StepFailed::Contention) => Denied::Contention,
+            Err(StepFailed::Unreadable) => Denied::Unreadable,
+            Err(StepFailed::Refused(retry_after_ms)) => Denied::Limited {
                 scope: c.scope,
                 name: c.name.clone(),
                 kind: c.kind,
@@ -311,20 +351,20 @@ pub fn admit(store: &mut impl SharedStore, charges: &[Charge], now_ms: u64) -> R
     Ok(left)
 }
 
-/// Moves one bucket by `n` tokens: back (`charge` false) or further down. False on contention (the adjustment
-/// is then lost; see the module doc for why that does not happen in practice).
-pub fn give(store: &mut impl SharedStore, c: &Charge, n: u64, charge: bool, now_ms: u64) -> bool {
+/// Moves one bucket by `n` tokens: back (`charge` false) or further down. False on contention or a failed read
+/// (the adjustment is then lost, and the bucket keeps the state it had; see the module doc).
+pub fn give(store: &mut impl BucketStore, c: &Charge, n: u64, charge: bool, now_ms: u64) -> bool {
     if n == 0 {
         return true;
     }
     let step = cas_step::<()>(store, &c.key(), c.rate, now_ms, |b| {
         Ok(b.adjust(c.rate, now_ms, n, charge))
     });
-    matches!(step, Ok(Some(_)))
+    step.is_ok()
 }
 
 /// Settles the token charges of an admitted request on the `used` tokens the engine reported.
-pub fn settle(store: &mut impl SharedStore, charges: &[Charge], used: u64, now_ms: u64) {
+pub fn settle(store: &mut impl BucketStore, charges: &[Charge], used: u64, now_ms: u64) {
     for c in charges.iter().filter(|c| c.kind == Kind::Tokens) {
         if used < c.amount {
             give(store, c, c.amount.saturating_sub(used), false, now_ms);

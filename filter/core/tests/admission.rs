@@ -8,20 +8,22 @@
 use std::collections::HashMap;
 
 use llmroute_core::auth::{ct_eq, parse_keys};
-use llmroute_core::key_placement::in_flight::SharedStore;
-use llmroute_core::limits::{admit, settle, Bucket, Charge, Denied, Kind, Rate, Scope, Unit};
+use llmroute_core::limits::{
+    admit, give, settle, Bucket, BucketStore, Charge, Denied, Kind, Rate, ReadFailed, Scope, Unit,
+};
 use proptest::prelude::*;
 
 /// Shared data with versions. `rival` takes this many tokens from every bucket between our read and our write,
-/// `races` times, as another worker would.
+/// `races` times, as another worker would. With `failing`, every read is a host error.
 #[derive(Default)]
 struct Store {
     map: HashMap<String, (Vec<u8>, u32)>,
     races: usize,
     rival: Option<(Rate, u64)>,
+    failing: bool,
 }
 
-impl SharedStore for Store {
+impl Store {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         match self.map.get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
@@ -30,6 +32,19 @@ impl SharedStore for Store {
     }
 
     fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        self.write(key, value, cas)
+    }
+}
+
+impl BucketStore for Store {
+    fn read(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), ReadFailed> {
+        match self.failing {
+            true => Err(ReadFailed),
+            false => Ok(self.get(key)),
+        }
+    }
+
+    fn write(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
         if self.races > 0 {
             self.races -= 1;
             if let (Some((rate, n)), Some((v, version))) = (self.rival, self.map.get_mut(key)) {
@@ -238,4 +253,31 @@ fn x_api_key_is_accepted_on_every_path_and_authorization_wins() {
     ]);
     let who = authenticate(&keys, "GET", "/v1/models", &wrong_bearer).map_err(|r| r.error);
     assert_eq!(who, Err(GatewayError::Unauthorized(AuthRefusal::Unknown)));
+}
+
+#[test]
+fn a_failed_read_refuses_and_leaves_the_bucket_as_it_was() {
+    let rate = Rate {
+        amount: 10,
+        unit: Unit::M,
+    };
+    let c = charge("m", Kind::Tokens, rate, 10);
+    let mut store = Store::default();
+    admit(&mut store, std::slice::from_ref(&c), 0).unwrap();
+    let drained = store.get(&c.key());
+    store.failing = true;
+    assert_eq!(admit(&mut store, std::slice::from_ref(&c), 0), Err(Denied::Unreadable));
+    assert!(!give(&mut store, &c, 10, false, 0), "no settlement on a guess");
+    store.failing = false;
+    assert_eq!(store.get(&c.key()), drained);
+    assert!(matches!(
+        admit(&mut store, std::slice::from_ref(&c), 0),
+        Err(Denied::Limited { .. })
+    ));
+    // An entry that does not decode starts empty, not full.
+    store.set(&c.key(), b"garbage", None);
+    assert!(matches!(
+        admit(&mut store, std::slice::from_ref(&c), 0),
+        Err(Denied::Limited { .. })
+    ));
 }

@@ -97,3 +97,32 @@ fn a_token_reservation_is_settled_on_the_usage_the_engine_reported() {
     assert!(reserved > 15, "{left:?}");
     assert_eq!(left[1], 100_000 - 15 - reserved, "{left:?}");
 }
+
+#[test]
+fn a_failed_shared_data_read_fails_closed_and_never_refills_a_bucket() {
+    use crate::host::fake::Kind;
+    use crate::host::HostStatus;
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    let fake = FakeHost::install();
+    let config = admission_config();
+    let root = root(&fake, &config);
+    for _ in 0..2 {
+        assert_eq!(send(&fake, &root, TOKEN).1, None);
+    }
+    assert_eq!(send(&fake, &root, TOKEN).1, Some(429), "drained");
+    // The host fails every read: the request is refused, not served from a bucket read as full.
+    fake.fail_kind(Kind::GetShared, HostStatus::InternalFailure);
+    assert_eq!(send(&fake, &root, TOKEN).1, Some(503));
+    let r = fake.replies().last().unwrap().clone();
+    assert_eq!(r.header("x-llmroute-error"), Some("limit_unavailable"));
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(
+        fake.metric("llmroute_rejections_total;reason=limit_unavailable"),
+        Some(1)
+    );
+    // A configure pass (a worker starting, a new config) under failing reads seeds nothing over the bucket.
+    fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
+    assert!(Root::default().on_configure(config.len()));
+    fake.heal();
+    assert_eq!(send(&fake, &root, TOKEN).1, Some(429), "still drained");
+}
