@@ -59,6 +59,14 @@ pub fn seed(cfg: &Config, keys: Option<&Keys>) {
     }
 }
 
+/// The output bound to write into a request that names none (`inject_max_tokens`): see
+/// `limits::output_to_inject`. Reads the request's token buckets only when a block asks for a bound.
+pub fn output_bound(cfg: &Config, alias: &str, key: Option<&str>, input: u64) -> Option<u64> {
+    limits::output_to_inject(cfg, alias, key, input, |bucket, rate| {
+        limits::tokens_left(&Buckets, bucket, rate, host::now_ms())
+    })
+}
+
 /// Takes every charge or none. A refusal becomes the 429 (or the 503 of contention) to send; the request
 /// context counts it (`llmroute_rate_limited_total`, `llmroute_rejections_total`). `Ok` holds the fewest
 /// requests and tokens left in any bucket charged, for the debug headers.

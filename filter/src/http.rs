@@ -192,7 +192,9 @@ impl Http {
         };
         let edited = stripped.is_some();
         let body = stripped.unwrap_or(body);
-        let decision = match route(cfg, api, &body, &session) {
+        let key = self.key.as_deref();
+        let bound = |alias: &str, input: u64| crate::admission::output_bound(cfg, alias, key, input);
+        let decision = match route::route_bounded(cfg, api, &body, &session, bound) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };

@@ -139,6 +139,8 @@ mod tests {
     fn usage_replaces_the_reservation() {
         assert_eq!(charge(100, None), Charge::Reserved(100));
         assert_eq!(charge(100, Some(7)), Charge::Used(7));
+        // An overrun is charged in full, never capped at the reservation.
+        assert_eq!(charge(100, Some(5000)).tokens(), 5000);
         assert_eq!(charge(100, Some(0)).tokens(), 0);
         assert_eq!(charge(100, Some(u64::MAX)).tokens(), MAX_HITS);
     }

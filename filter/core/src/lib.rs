@@ -28,6 +28,7 @@ pub mod key_placement;
 pub mod limits;
 pub mod message_index;
 pub mod models;
+pub mod output_bound;
 pub mod patch;
 pub mod request;
 pub mod response_plan;

@@ -28,8 +28,10 @@
 //! buckets lower and be refused; it is never admitted beyond a budget.
 //!
 //! **Tokens.** Admission reserves `input estimate + max_tokens` (or the block's `default_max_tokens`). When the
-//! engine reports usage, [`settle`] moves each token bucket by `reserved − used`: unused tokens go back, an
-//! overrun is charged (down to an empty bucket, never below). Without usage (a cut stream) the reservation stays.
+//! engine reports usage, [`settle`] moves each token bucket by `reserved − used`: unused tokens go back, and an
+//! overrun is charged in full. A bucket may so fall below empty: the debt is carried, no request of that budget
+//! is admitted until refill has repaid it, and the refusal's `retry_after_ms` counts the repayment. Without usage
+//! (a cut stream) the reservation stays.
 
 use crate::config::Config;
 
@@ -121,20 +123,28 @@ pub fn parse_rates(text: &str) -> Result<Vec<Rate>, String> {
 /// One bucket's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
-    /// In units: a token is `period_ms` units.
-    pub level: u64,
+    /// In units: a token is `period_ms` units. Below zero while the bucket is in debt (an engine used more than
+    /// was reserved); it then refills from there.
+    pub level: i64,
     pub updated_ms: u64,
+}
+
+/// `n` as an `i64`, saturating.
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl Bucket {
     /// A full bucket at `now_ms`.
     pub fn full(rate: Rate, now_ms: u64) -> Bucket {
         Bucket {
-            level: rate.capacity(),
+            level: signed(rate.capacity()),
             updated_ms: now_ms,
         }
     }
 
+    /// 16 bytes: the level (two's complement), then the update time, both little-endian. A level written by a
+    /// version that kept it unsigned reads the same: no capacity reaches 2^63.
     pub fn encode(self) -> [u8; 16] {
         let mut out = [0u8; 16];
         out[..8].copy_from_slice(&self.level.to_le_bytes());
@@ -143,7 +153,7 @@ impl Bucket {
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Bucket> {
-        let level = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let level = i64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
         let updated_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
         (bytes.len() == 16).then_some(Bucket { level, updated_ms })
     }
@@ -154,40 +164,50 @@ impl Bucket {
         Bucket {
             level: self
                 .level
-                .saturating_add(elapsed.saturating_mul(rate.amount))
-                .min(rate.capacity()),
+                .saturating_add(signed(elapsed.saturating_mul(rate.amount)))
+                .min(signed(rate.capacity())),
             updated_ms: self.updated_ms.max(now_ms),
         }
     }
 
-    /// Whole tokens available at `now_ms`.
+    /// Whole tokens available at `now_ms`: 0 while in debt.
     pub fn tokens(self, rate: Rate, now_ms: u64) -> u64 {
+        self.refilled(rate, now_ms).whole_tokens(rate)
+    }
+
+    /// Whole tokens in the bucket as it stands: 0 while in debt.
+    fn whole_tokens(self, rate: Rate) -> u64 {
         // A period is never 0 ms; a checked division keeps the compiler's guard on the wasm path.
-        self.refilled(rate, now_ms)
-            .level
+        u64::try_from(self.level)
+            .unwrap_or(0)
             .checked_div(rate.unit.period_ms())
             .unwrap_or(0)
     }
 
-    /// Takes `n` tokens at `now_ms`, or says in how many ms they will be there (more than a period when `n`
-    /// exceeds the whole bucket).
+    /// Takes `n` tokens at `now_ms`, or says in how many ms they will be there: more than a period when `n`
+    /// exceeds the whole bucket, and the time to repay any debt first.
     pub fn take(self, rate: Rate, now_ms: u64, n: u64) -> Result<Bucket, u64> {
         let b = self.refilled(rate, now_ms);
-        let cost = n.saturating_mul(rate.unit.period_ms());
-        match b.level.checked_sub(cost) {
-            Some(level) => Ok(Bucket { level, ..b }),
-            None => Err(cost.saturating_sub(b.level).div_ceil(rate.amount.max(1))),
+        let cost = signed(n.saturating_mul(rate.unit.period_ms()));
+        if b.level >= cost {
+            return Ok(Bucket {
+                level: b.level.saturating_sub(cost),
+                ..b
+            });
         }
+        let short = u64::try_from(i128::from(cost).saturating_sub(i128::from(b.level))).unwrap_or(u64::MAX);
+        Err(short.div_ceil(rate.amount.max(1)))
     }
 
-    /// Gives `n` tokens back (up to capacity) or, with `charge`, takes `n` more (down to empty).
+    /// Gives `n` tokens back (up to capacity) or, with `charge`, takes `n` more: below empty when the bucket does
+    /// not hold them, so an overrun is a debt that later refill repays, never forgiven.
     pub fn adjust(self, rate: Rate, now_ms: u64, n: u64, charge: bool) -> Bucket {
         let b = self.refilled(rate, now_ms);
-        let units = n.saturating_mul(rate.unit.period_ms());
+        let units = signed(n.saturating_mul(rate.unit.period_ms()));
         let level = if charge {
             b.level.saturating_sub(units)
         } else {
-            b.level.saturating_add(units).min(rate.capacity())
+            b.level.saturating_add(units).min(signed(rate.capacity()))
         };
         Bucket { level, ..b }
     }
@@ -331,7 +351,7 @@ pub fn admit(store: &mut impl BucketStore, charges: &[Charge], now_ms: u64) -> R
         let step = cas_step(store, &c.key(), c.rate, now_ms, |b| b.take(c.rate, now_ms, c.amount));
         let denied = match step {
             Ok(b) => {
-                left.push(b.level.checked_div(c.rate.unit.period_ms()).unwrap_or(0));
+                left.push(b.whole_tokens(c.rate));
                 continue;
             }
             Err(StepFailed::Contention) => Denied::Contention,
@@ -381,6 +401,8 @@ pub struct RateLimits {
     pub tokens: Vec<Rate>,
     /// Output tokens reserved for a request that names no `max_tokens`.
     pub default_max_tokens: u64,
+    /// Write the output bound into a request that names none (see [`output_to_inject`]).
+    pub inject_max_tokens: bool,
 }
 
 /// Default `default_max_tokens`.
@@ -402,6 +424,23 @@ pub fn charges(limits: &RateLimits, scope: Scope, name: &str, input: u64, max_ou
         .collect()
 }
 
+/// The limits blocks that charge a request for `alias` by `key` (when auth is on): the alias's, then the key's.
+pub fn blocks<'c>(
+    cfg: &'c Config,
+    alias: &'c str,
+    key: Option<&'c str>,
+) -> [Option<(Scope, &'c str, &'c RateLimits)>; 2] {
+    let by_alias = cfg
+        .alias(alias)
+        .and_then(|a| a.limits.as_ref())
+        .map(|l| (Scope::Alias, alias, l));
+    let by_key = match (cfg.auth.as_ref().and_then(|a| a.limits.as_ref()), key) {
+        (Some(l), Some(k)) => Some((Scope::Key, k, l)),
+        _ => None,
+    };
+    [by_alias, by_key]
+}
+
 /// Every charge an admitted inference request for `alias` by `key` (when auth is on) puts on the buckets: the
 /// alias's limits, then the key's. `input` is the gateway's estimate; `max_output` what the request asks for.
 pub fn request_charges(
@@ -412,13 +451,47 @@ pub fn request_charges(
     max_output: Option<u64>,
 ) -> Vec<Charge> {
     let mut out = Vec::new();
-    if let Some(l) = cfg.alias(alias).and_then(|a| a.limits.as_ref()) {
-        out.extend(charges(l, Scope::Alias, alias, input, max_output));
-    }
-    if let (Some(l), Some(k)) = (cfg.auth.as_ref().and_then(|a| a.limits.as_ref()), key) {
-        out.extend(charges(l, Scope::Key, k, input, max_output));
+    for (scope, name, l) in blocks(cfg, alias, key).into_iter().flatten() {
+        out.extend(charges(l, scope, name, input, max_output));
     }
     out
+}
+
+/// The output bound the gateway writes into a request for `alias` by `key` that names none, when a block that
+/// charges it sets `inject_max_tokens`: the smallest `default_max_tokens` of those blocks, capped by the whole
+/// tokens each token bucket that charges the request has left after the `input` estimate, and at least 1 (a
+/// budget too short even for that refuses the request as it would any other). `left` reads a bucket's whole
+/// tokens now, by its shared-data key; `None` (a failed read) caps nothing, and admission then refuses.
+/// `None` when no block asks for a bound.
+pub fn output_to_inject(
+    cfg: &Config,
+    alias: &str,
+    key: Option<&str>,
+    input: u64,
+    mut left: impl FnMut(&str, Rate) -> Option<u64>,
+) -> Option<u64> {
+    let blocks = blocks(cfg, alias, key);
+    let asked = blocks
+        .iter()
+        .flatten()
+        .filter(|(_, _, l)| l.inject_max_tokens)
+        .map(|(_, _, l)| l.default_max_tokens)
+        .min()?;
+    let mut bound = asked;
+    for (scope, name, l) in blocks.iter().flatten() {
+        for rate in &l.tokens {
+            if let Some(n) = left(&bucket_key(*scope, name, Kind::Tokens, rate.unit), *rate) {
+                bound = bound.min(n.saturating_sub(input));
+            }
+        }
+    }
+    Some(bound.max(1))
+}
+
+/// Whole tokens a bucket holds at `now_ms`, read from `store`; `None` when the host failed the read.
+pub fn tokens_left(store: &impl BucketStore, key: &str, rate: Rate, now_ms: u64) -> Option<u64> {
+    let (bytes, _) = store.read(key).ok()?;
+    Some(current(bytes.as_deref(), rate, now_ms).tokens(rate, now_ms))
 }
 
 /// Every bucket `cfg` can use, for the key names in `keys`: seeded full at start so later writes can all use

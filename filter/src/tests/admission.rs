@@ -126,3 +126,83 @@ fn a_failed_shared_data_read_fails_closed_and_never_refills_a_bucket() {
     fake.heal();
     assert_eq!(send(&fake, &root, TOKEN).1, Some(429), "still drained");
 }
+
+/// [`CONFIG`] with a token budget on the alias, written with `limits`, and debug headers.
+fn token_config(limits: &str) -> String {
+    CONFIG
+        .replace(
+            r#""upstream_model": "qwen3-0.6b" } ]"#,
+            &format!(r#""upstream_model": "qwen3-0.6b" }} ], "limits": {limits}"#),
+        )
+        .replace(r#""version": 1,"#, r#""version": 1, "debug_headers": true,"#)
+}
+
+/// One chat request without an output bound, answered with JSON reporting `used` completion tokens. Returns the
+/// body the engine got, or the status of the gateway's own reply.
+fn unbounded_chat(fake: &Rc<FakeHost>, root: &Root, id: u32, used: u64) -> Result<String, u32> {
+    let before = fake.replies().len();
+    let mut x = Exchange::new(fake, root, id);
+    x.request_headers(&REQUEST_HEADERS, false);
+    x.request_body(CHAT.as_bytes(), true);
+    if let Some(r) = fake.replies().get(before) {
+        x.log();
+        return Err(r.status);
+    }
+    let sent = String::from_utf8(x.request_buffer()).unwrap();
+    x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+    let answer = format!(r#"{{"choices":[],"usage":{{"prompt_tokens":12,"completion_tokens":{used}}}}}"#);
+    x.response_body(answer.as_bytes(), true);
+    x.log();
+    Ok(sent)
+}
+
+#[test]
+fn an_injected_bound_reaches_the_engine_capped_by_what_the_budget_has_left() {
+    let fake = FakeHost::install();
+    let injecting = root(
+        &fake,
+        &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 300, "inject_max_tokens": true }"#),
+    );
+    let sent = unbounded_chat(&fake, &injecting, 1, 800).unwrap();
+    assert!(sent.ends_with(r#","max_tokens":300}"#), "{sent}");
+    assert!(sent.starts_with(r#"{"model":"qwen3-0.6b","messages""#), "{sent}");
+    // 1000 − (12 + 800) = 188 left; the next bound is what is left after this request's input estimate.
+    let sent = unbounded_chat(&fake, &injecting, 2, 1).unwrap();
+    let bound: u64 = sent
+        .rsplit_once(r#""max_tokens":"#)
+        .and_then(|(_, n)| n.trim_end_matches('}').parse().ok())
+        .unwrap();
+    assert!((150..188).contains(&bound), "{sent}");
+    // Without the option, the body goes up as sent.
+    let fake = FakeHost::install();
+    let plain = root(
+        &fake,
+        &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 300 }"#),
+    );
+    let sent = unbounded_chat(&fake, &plain, 1, 1).unwrap();
+    assert!(!sent.contains("max_tokens"), "{sent}");
+}
+
+#[test]
+fn an_overrun_is_carried_as_a_debt_with_a_truthful_retry_after() {
+    let fake = FakeHost::install();
+    let root = root(
+        &fake,
+        &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 16 }"#),
+    );
+    // The engine generated far past the 16 tokens reserved: 3000 + 12 against a 1000-token minute.
+    unbounded_chat(&fake, &root, 1, 3000).unwrap();
+    assert_eq!(unbounded_chat(&fake, &root, 2, 1), Err(429));
+    let retry: u64 = fake
+        .replies()
+        .last()
+        .and_then(|r| r.header("retry-after").and_then(|v| v.parse().ok()))
+        .unwrap();
+    // 2012 tokens of debt plus this request's reservation, at 1000 a minute: about two minutes.
+    assert!((121..=125).contains(&retry), "retry-after {retry}");
+    // Refill repays it: a minute later (the clock moves), still refused.
+    fake.advance_ms(60_000);
+    assert_eq!(unbounded_chat(&fake, &root, 3, 1), Err(429));
+    fake.advance_ms(retry * 1000);
+    assert!(unbounded_chat(&fake, &root, 4, 1).is_ok());
+}

@@ -6,7 +6,9 @@
 //!   `Retry-After`;
 //! - a per-second bucket refills;
 //! - token reservations settle on the usage each API reports, streamed and not; a cut stream keeps its
-//!   reservation and a refused request reserves nothing.
+//!   reservation and a refused request reserves nothing;
+//! - an overrun is a debt the budget carries (a truthful `Retry-After`), and `inject_max_tokens` tells the engine
+//!   the bound.
 
 use std::time::{Duration, Instant};
 
@@ -551,4 +553,57 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
         "after a refusal and a cut stream",
         last_estimate(&fleet),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrun_is_a_debt_and_an_injected_bound_reaches_the_engine() {
+    let fleet = Fleet::start("debt", 1).await.unwrap();
+    let mut cfg = alias_config(&fleet, Some(json!({ "tokens": "1000-M", "default_max_tokens": 16 })));
+    // A second alias on the same engines, whose budget writes the bound into requests that name none.
+    let capped = json!({
+        "name": "capped",
+        "routes": [{ "backend": fleet.backend, "upstream_model": UPSTREAM }],
+        "limits": { "tokens": "1000-M", "default_max_tokens": 16, "inject_max_tokens": true },
+    });
+    cfg["models"].as_array_mut().unwrap().push(capped);
+    let envoy = Envoy::start(cfg).await.unwrap();
+    let c = client();
+
+    // No bound: 16 tokens reserved, and the engine generates 3000.
+    let body = chat(None, "debt");
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-emu-chunks", "3000")],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3000, "{}", r.body);
+    // The overrun is carried: about 2000 tokens of debt at 1000 a minute, so the wait is about two minutes, not
+    // the second or so a bucket emptied to zero would need for one more reservation.
+    // Settlement runs when Envoy logs the request, which may come just after the client has the answer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r = send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await;
+        if r.status != 200 || Instant::now() > deadline {
+            break r;
+        }
+    };
+    assert_eq!(r.status, 429, "the debt was forgiven: {}", r.body);
+    assert_eq!(r.json()["error"]["type"], "tokens", "{}", r.body);
+    let retry: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(retry >= 100, "Retry-After {retry} s does not count the debt");
+
+    // With `inject_max_tokens`, the engine is told the bound.
+    let mut body = chat(None, "bounded");
+    body["model"] = json!("capped");
+    let r = send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = fleet.engines[0].inference_requests().pop().unwrap();
+    let sent: Value = serde_json::from_slice(&seen.body).unwrap();
+    assert_eq!(sent["max_tokens"], 16, "{sent}");
+    assert_eq!(sent["messages"], body["messages"]);
 }

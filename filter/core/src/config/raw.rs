@@ -109,6 +109,10 @@ pub struct RawRateLimits {
     /// Output tokens reserved for a request without `max_tokens` (or its variants). Default 1024.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// Write an output bound into a request that names none (`max_tokens`, or `max_output_tokens` on Responses):
+    /// `default_max_tokens`, capped by what the token budget has left. Default false.
+    #[serde(default)]
+    pub inject_max_tokens: Option<bool>,
 }
 
 /// Where the access log goes.

@@ -692,6 +692,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
         requests,
         tokens,
         default_max_tokens,
+        inject_max_tokens: raw.inject_max_tokens.unwrap_or(false),
     })
 }
 
