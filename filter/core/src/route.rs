@@ -346,7 +346,7 @@ fn requested_output(body: &[u8], fields: &Fields) -> Result<Option<u64>, Gateway
 }
 
 /// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).
-fn output_count(raw: &[u8]) -> Option<u64> {
+pub(crate) fn output_count(raw: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(raw).ok()?;
     if let Ok(n) = text.parse::<u64>() {
         return Some(n);

@@ -206,3 +206,58 @@ fn an_overrun_is_carried_as_a_debt_with_a_truthful_retry_after() {
     fake.advance_ms(retry * 1000);
     assert!(unbounded_chat(&fake, &root, 4, 1).is_ok());
 }
+
+#[test]
+fn a_decision_route_reserves_its_own_bound_and_settles_on_the_answers_usage() {
+    let config = token_config(r#"{ "tokens": "100000-M", "default_max_tokens": 2048 }"#).replace(
+        r#""routes": [ { "backend""#,
+        r#""endpoints": ["decisions"], "routes": [ { "backend""#,
+    );
+    let fake = FakeHost::install();
+    let root = root(&fake, &config);
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/decisions"),
+        (":authority", "gw"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"chat","max_tokens":40,"input":{"question":"which?"}}"#;
+    let mut left = Vec::new();
+    for id in 1..=2 {
+        let mut x = Exchange::new(&fake, &root, id);
+        x.request_headers(&headers, false);
+        x.request_body(body.as_bytes(), true);
+        assert!(fake.replies().is_empty(), "{:?}", fake.replies());
+        x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+        left.push(
+            x.response_header("x-llmroute-tokens-remaining")
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        );
+        x.response_body(
+            br#"{"decision":"a","usage":{"prompt_tokens":12,"completion_tokens":3}}"#,
+            true,
+        );
+        x.log();
+    }
+    let input = x_input_tokens(body);
+    assert_eq!(left[0], 100_000 - (input + 40), "the body's own bound is reserved");
+    assert_eq!(
+        left[1],
+        100_000 - 15 - (input + 40),
+        "the answer's usage settled the first"
+    );
+}
+
+/// The gateway's input estimate for a decision-route body.
+fn x_input_tokens(body: &str) -> u64 {
+    let cfg = llmroute_core::config::load(
+        r#"{"version":1,"backends":[{"name":"a","kind":"vllm","endpoints":["127.0.0.1:1"]}],
+            "models":[{"name":"chat","endpoints":["decisions"],"routes":[{"backend":"a"}]}]}"#,
+    )
+    .unwrap();
+    llmroute_core::route(&cfg, llmroute_core::Api::Decisions, body.as_bytes(), None)
+        .unwrap()
+        .input_tokens
+}
