@@ -8,15 +8,30 @@
 use llmroute_core::auth::{self, Keys};
 use llmroute_core::limits::{self, Charge, Denied, Kind};
 
+use llmroute_core::{Config, GatewayError};
+
+use crate::host;
+
 /// The fewest requests and tokens left in the buckets a request was charged to.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Remaining {
     pub requests: Option<u64>,
     pub tokens: Option<u64>,
 }
-use llmroute_core::{Config, GatewayError};
 
-use crate::host;
+impl Remaining {
+    /// The fewest of both.
+    pub fn least(self, other: Remaining) -> Remaining {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Remaining {
+            requests: min(self.requests, other.requests),
+            tokens: min(self.tokens, other.tokens),
+        }
+    }
+}
 
 /// The configured keys, from the variable `auth.keys_env` names. The error names the variable, never a value.
 pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
@@ -108,6 +123,14 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
             log::warn!("llmroute: a limit bucket could not be read; request refused");
             Err(GatewayError::LimitUnavailable)
         }
+    }
+}
+
+/// Gives back everything `charges` took, for a request the gateway refused after taking them (it holds nothing).
+pub fn give_back(charges: &[Charge]) {
+    let now = host::now_ms();
+    for c in charges {
+        limits::give(&mut Buckets, c, c.amount, false, now);
     }
 }
 

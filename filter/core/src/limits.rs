@@ -441,18 +441,33 @@ pub fn blocks<'c>(
     [by_alias, by_key]
 }
 
-/// Every charge an admitted inference request for `alias` by `key` (when auth is on) puts on the buckets: the
-/// alias's limits, then the key's. `input` is the gateway's estimate; `max_output` what the request asks for.
-pub fn request_charges(
-    cfg: &Config,
-    alias: &str,
-    key: Option<&str>,
-    input: u64,
-    max_output: Option<u64>,
-) -> Vec<Charge> {
+/// The charges an inference request by `key` takes when its headers arrive, before its body is read: the
+/// request rates of the key's budget. A key over its request limit is so refused at once, its body never
+/// buffered; its token rates, and the alias's limits, wait for the body ([`body_charges`]).
+pub fn header_charges(cfg: &Config, key: &str) -> Vec<Charge> {
+    let Some(l) = cfg.auth.as_ref().and_then(|a| a.limits.as_ref()) else {
+        return Vec::new();
+    };
+    l.requests
+        .iter()
+        .map(|&rate| Charge {
+            scope: Scope::Key,
+            name: key.to_string(),
+            kind: Kind::Requests,
+            rate,
+            amount: 1,
+        })
+        .collect()
+}
+
+/// The charges an inference request for `alias` by `key` (when auth is on) takes once its body is read: the
+/// alias's limits, then the key's token rates (its request rates were taken at the headers, [`header_charges`]).
+/// `input` is the gateway's estimate; `max_output` what the request asks for.
+pub fn body_charges(cfg: &Config, alias: &str, key: Option<&str>, input: u64, max_output: Option<u64>) -> Vec<Charge> {
     let mut out = Vec::new();
     for (scope, name, l) in blocks(cfg, alias, key).into_iter().flatten() {
-        out.extend(charges(l, scope, name, input, max_output));
+        let later = |c: &Charge| scope == Scope::Alias || c.kind == Kind::Tokens;
+        out.extend(charges(l, scope, name, input, max_output).into_iter().filter(later));
     }
     out
 }

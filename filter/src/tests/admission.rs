@@ -261,3 +261,54 @@ fn x_input_tokens(body: &str) -> u64 {
         .unwrap()
         .input_tokens
 }
+
+/// [`CONFIG`] with API keys from [`KEYS_ENV`] and each key limited by `limits`.
+fn key_limits_config(limits: &str) -> String {
+    CONFIG.replace(
+        r#""version": 1,"#,
+        &format!(r#""version": 1, "auth": {{ "keys_env": "{KEYS_ENV}", "limits": {limits} }},"#),
+    )
+}
+
+#[test]
+fn a_key_over_its_request_limit_is_refused_at_the_headers() {
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    let fake = FakeHost::install();
+    let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
+    assert_eq!(send(&fake, &root, TOKEN), (vec![Action::Pause, Action::Continue], None));
+    let headers = with_key(TOKEN);
+    let borrowed: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let mut x = Exchange::new(&fake, &root, 2);
+    assert_eq!(x.request_headers(&borrowed, false), Action::Pause);
+    let r = fake
+        .replies()
+        .last()
+        .cloned()
+        .expect("answered at the headers, no body read");
+    assert_eq!(r.status, 429);
+    assert!(r.header("retry-after").is_some_and(|s| s.parse::<u64>().unwrap() >= 1));
+    assert_eq!(
+        fake.metric("llmroute_rate_limited_total;alias=none;key=team-a;kind=requests"),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    let fake = FakeHost::install();
+    let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
+    let headers = with_key(TOKEN);
+    let borrowed: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    for (id, body) in [(1, r#"{"model":"nope","messages":[]}"#), (2, r#"{"model":"#)] {
+        let mut x = Exchange::new(&fake, &root, id);
+        x.request_headers(&borrowed, false);
+        x.request_body(body.as_bytes(), true);
+        assert!(fake
+            .replies()
+            .last()
+            .is_some_and(|r| (400..500).contains(&r.status) && r.status != 429));
+        x.log();
+    }
+    assert_eq!(send(&fake, &root, TOKEN).1, None, "the refused requests held nothing");
+}

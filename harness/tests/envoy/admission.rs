@@ -285,7 +285,7 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains(VAR), "the VM must be given the variable's name");
     // The access log names the client by its key's name: on inference requests (those that name a model), alice
-    // once and bob three times; their `/v1/models` and status requests carry the name too.
+    // twice and bob three times; their `/v1/models` and status requests carry the name too.
     let read = || std::fs::read_to_string(&access).unwrap_or_default();
     let by_name = |text: &str, name: &str| {
         text.lines()
@@ -295,14 +295,14 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     };
     let logged = wait_for(Duration::from_secs(15), || async {
         let text = read();
-        by_name(&text, "alice") >= 1 && by_name(&text, "bob") >= 3
+        by_name(&text, "alice") >= 2 && by_name(&text, "bob") >= 3
     })
     .await;
     let access_text = read();
     assert!(logged.is_some(), "access log:\n{access_text}");
     assert_eq!(
         (by_name(&access_text, "alice"), by_name(&access_text, "bob")),
-        (1, 3),
+        (2, 3),
         "{access_text}"
     );
     for (what, text) in [
@@ -606,4 +606,60 @@ async fn an_overrun_is_a_debt_and_an_injected_bound_reaches_the_engine() {
     let sent: Value = serde_json::from_slice(&seen.body).unwrap();
     assert_eq!(sent["max_tokens"], 16, "{sent}");
     assert_eq!(sent["messages"], body["messages"]);
+}
+
+/// Sends a request's head with `content-length` but none of its body; returns the response head, if one comes
+/// within `wait`.
+async fn head_only(envoy: &Envoy, head: &str, wait: Duration) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(envoy.listen).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
+    (!got.is_empty()).then(|| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
+    let fleet = Fleet::start("key-early", 1).await.unwrap();
+    let (ka, _) = tokens();
+    let mut cfg = alias_config(&fleet, None);
+    cfg["auth"] = json!({ "keys_env": VAR, "limits": { "requests": "1-M" } });
+    let opts = EnvoyOptions {
+        env: vec![(VAR.to_string(), format!("alice:{ka}"))],
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(cfg, opts).await.unwrap();
+    let c = client();
+    let bearer = format!("Bearer {ka}");
+    let body = chat(None, "early");
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &bearer)],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The next request announces a 100 KB body and sends none of it: the 429 comes from its headers alone.
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: {bearer}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    );
+    let answer = head_only(&envoy, &head, Duration::from_secs(5)).await;
+    let answer = answer.expect("no answer before the body: the request limit waited for it");
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after:"), "{answer}");
+    assert_eq!(fleet.inference_counts(), vec![1]);
 }
