@@ -44,9 +44,11 @@ pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
              render` does)"
         )
     })?;
-    auth::parse_keys(&text)
-        .map(Some)
-        .map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))
+    let keys = auth::parse_keys(&text).map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))?;
+    for name in auth::unknown_names(&keys, a.key_limits.iter().map(|(n, _)| n.as_str())) {
+        log::warn!("llmroute: auth.key_limits.{name}: no key of that name in {var}; its budget applies to nobody");
+    }
+    Ok(Some(keys))
 }
 
 /// The limit buckets in Envoy's shared data. A failed read is an error, never an absent (full) bucket.

@@ -67,6 +67,12 @@ impl Keys {
     }
 }
 
+/// The names in `named` (such as `auth.key_limits`'s) that no configured key has: a typo there would give that
+/// budget to nobody.
+pub fn unknown_names<'n>(keys: &Keys, named: impl Iterator<Item = &'n str>) -> Vec<&'n str> {
+    named.filter(|n| !keys.names().any(|k| k == *n)).collect()
+}
+
 /// True when a key name is usable in shared-data keys, metric names and logs.
 pub fn name_ok(name: &str) -> bool {
     (1..=NAME_MAX).contains(&name.len())
@@ -266,6 +272,12 @@ mod tests {
             check(&k, &[b"Bearer tok-wrong-but-well-formed"], &[]),
             Err(AuthRefusal::Unknown)
         );
+    }
+
+    #[test]
+    fn names_that_no_key_has_are_found() {
+        let k = keys();
+        assert_eq!(unknown_names(&k, ["bob", "alcie", "alice"].into_iter()), ["alcie"]);
     }
 
     #[test]

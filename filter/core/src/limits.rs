@@ -434,8 +434,8 @@ pub fn blocks<'c>(
         .alias(alias)
         .and_then(|a| a.limits.as_ref())
         .map(|l| (Scope::Alias, alias, l));
-    let by_key = match (cfg.auth.as_ref().and_then(|a| a.limits.as_ref()), key) {
-        (Some(l), Some(k)) => Some((Scope::Key, k, l)),
+    let by_key = match (cfg.auth.as_ref(), key) {
+        (Some(a), Some(k)) => a.limits_for(k).map(|l| (Scope::Key, k, l)),
         _ => None,
     };
     [by_alias, by_key]
@@ -445,7 +445,7 @@ pub fn blocks<'c>(
 /// request rates of the key's budget. A key over its request limit is so refused at once, its body never
 /// buffered; its token rates, and the alias's limits, wait for the body ([`body_charges`]).
 pub fn header_charges(cfg: &Config, key: &str) -> Vec<Charge> {
-    let Some(l) = cfg.auth.as_ref().and_then(|a| a.limits.as_ref()) else {
+    let Some(l) = cfg.auth.as_ref().and_then(|a| a.limits_for(key)) else {
         return Vec::new();
     };
     l.requests
@@ -523,9 +523,11 @@ pub fn all_buckets<'a>(cfg: &Config, keys: impl Iterator<Item = &'a str>) -> Vec
             add(Scope::Alias, &a.name, l);
         }
     }
-    if let Some(l) = cfg.auth.as_ref().and_then(|a| a.limits.as_ref()) {
+    if let Some(a) = &cfg.auth {
         for k in keys {
-            add(Scope::Key, k, l);
+            if let Some(l) = a.limits_for(k) {
+                add(Scope::Key, k, l);
+            }
         }
     }
     out

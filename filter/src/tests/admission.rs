@@ -312,3 +312,26 @@ fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
     }
     assert_eq!(send(&fake, &root, TOKEN).1, None, "the refused requests held nothing");
 }
+
+#[test]
+fn a_key_named_in_key_limits_has_its_own_budget() {
+    const OTHER: &str = "sk-glue-team-b-0123456789abcdef";
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN},team-b:{OTHER}"));
+    let config = key_limits_config(r#"{ "requests": "3-M" }, "key_limits": { "team-a": { "requests": "1-M" } }"#);
+    let fake = FakeHost::install();
+    let root = root(&fake, &config);
+    assert_eq!(send(&fake, &root, TOKEN).1, None);
+    assert_eq!(
+        send(&fake, &root, TOKEN).1,
+        Some(429),
+        "team-a's own budget: 1 a minute"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            send(&fake, &root, OTHER).1,
+            None,
+            "team-b, request {i}: the shared budget, 3 a minute"
+        );
+    }
+    assert_eq!(send(&fake, &root, OTHER).1, Some(429));
+}

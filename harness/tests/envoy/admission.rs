@@ -8,7 +8,9 @@
 //! - token reservations settle on the usage each API reports, streamed and not; a cut stream keeps its
 //!   reservation and a refused request reserves nothing;
 //! - an overrun is a debt the budget carries (a truthful `Retry-After`), and `inject_max_tokens` tells the engine
-//!   the bound.
+//!   the bound;
+//! - a key over its request limit is refused from its headers alone, and a key named in `auth.key_limits` has a
+//!   budget of its own.
 
 use std::time::{Duration, Instant};
 
@@ -629,13 +631,18 @@ async fn head_only(envoy: &Envoy, head: &str, wait: Duration) -> Option<String> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
+async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read_and_a_team_has_its_own() {
     let fleet = Fleet::start("key-early", 1).await.unwrap();
-    let (ka, _) = tokens();
+    let (ka, kb) = tokens();
     let mut cfg = alias_config(&fleet, None);
-    cfg["auth"] = json!({ "keys_env": VAR, "limits": { "requests": "1-M" } });
+    // Every key gets 1 a minute, but bob's team has a budget of its own.
+    cfg["auth"] = json!({
+        "keys_env": VAR,
+        "limits": { "requests": "1-M" },
+        "key_limits": { "bob": { "requests": "3-M" } },
+    });
     let opts = EnvoyOptions {
-        env: vec![(VAR.to_string(), format!("alice:{ka}"))],
+        env: vec![(VAR.to_string(), format!("alice:{ka},bob:{kb}"))],
         ..EnvoyOptions::default()
     };
     let envoy = Envoy::start_with(cfg, opts).await.unwrap();
@@ -662,4 +669,27 @@ async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
     assert!(answer.to_ascii_lowercase().contains("retry-after:"), "{answer}");
     assert_eq!(fleet.inference_counts(), vec![1]);
+    let bearer_b = format!("Bearer {kb}");
+    for i in 0..3 {
+        let r = send(
+            &c,
+            &envoy,
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &bearer_b)],
+            Some(&body),
+        )
+        .await;
+        assert_eq!(r.status, 200, "bob's request {i}: {}", r.body);
+    }
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &bearer_b)],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 429, "{}", r.body);
 }
