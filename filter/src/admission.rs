@@ -8,15 +8,30 @@
 use llmroute_core::auth::{self, Keys};
 use llmroute_core::limits::{self, Charge, Denied, Kind};
 
+use llmroute_core::{Config, GatewayError};
+
+use crate::host;
+
 /// The fewest requests and tokens left in the buckets a request was charged to.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Remaining {
     pub requests: Option<u64>,
     pub tokens: Option<u64>,
 }
-use llmroute_core::{Config, GatewayError};
 
-use crate::host;
+impl Remaining {
+    /// The fewest of both.
+    pub fn least(self, other: Remaining) -> Remaining {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Remaining {
+            requests: min(self.requests, other.requests),
+            tokens: min(self.tokens, other.tokens),
+        }
+    }
+}
 
 /// The configured keys, from the variable `auth.keys_env` names. The error names the variable, never a value.
 pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
@@ -29,20 +44,44 @@ pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
              render` does)"
         )
     })?;
-    auth::parse_keys(&text)
-        .map(Some)
-        .map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))
+    let keys = auth::parse_keys(&text).map_err(|reason| format!("auth.keys_env: the variable {var}: {reason}"))?;
+    for name in auth::unknown_names(&keys, a.key_limits.iter().map(|(n, _)| n.as_str())) {
+        log::warn!("llmroute: auth.key_limits.{name}: no key of that name in {var}; its budget applies to nobody");
+    }
+    Ok(Some(keys))
 }
 
-/// Seeds every bucket full, once per process (an entry already there is kept).
+/// The limit buckets in Envoy's shared data. A failed read is an error, never an absent (full) bucket.
+struct Buckets;
+
+impl limits::BucketStore for Buckets {
+    fn read(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), limits::ReadFailed> {
+        host::try_shared_data(key).ok_or(limits::ReadFailed)
+    }
+
+    fn write(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        host::set_shared_data(key, value, cas)
+    }
+}
+
+/// Seeds every bucket full, once per process: only an entry the host says is absent is written, so neither an
+/// entry already there nor one the host failed to read is reset.
 pub fn seed(cfg: &Config, keys: Option<&Keys>) {
     let now = host::now_ms();
     let names: Vec<&str> = keys.map(|k| k.names().collect()).unwrap_or_default();
     for (key, rate) in limits::all_buckets(cfg, names.into_iter()) {
-        if host::shared_data(&key).0.is_none() {
+        if let Some((None, _)) = host::try_shared_data(&key) {
             host::set_shared_data(&key, &limits::Bucket::full(rate, now).encode(), None);
         }
     }
+}
+
+/// The output bound to write into a request that names none (`inject_max_tokens`): see
+/// `limits::output_to_inject`. Reads the request's token buckets only when a block asks for a bound.
+pub fn output_bound(cfg: &Config, alias: &str, key: Option<&str>, input: u64) -> Option<u64> {
+    limits::output_to_inject(cfg, alias, key, input, |bucket, rate| {
+        limits::tokens_left(&Buckets, bucket, rate, host::now_ms())
+    })
 }
 
 /// Takes every charge or none. A refusal becomes the 429 (or the 503 of contention) to send; the request
@@ -52,7 +91,7 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
         return Ok(Remaining::default());
     }
-    match limits::admit(&mut host::SharedData, charges, host::now_ms()) {
+    match limits::admit(&mut Buckets, charges, host::now_ms()) {
         Ok(left) => {
             let least = |kind| {
                 charges
@@ -82,10 +121,22 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
             log::warn!("llmroute: limit buckets under contention; request refused");
             Err(GatewayError::LimitContention)
         }
+        Err(Denied::Unreadable) => {
+            log::warn!("llmroute: a limit bucket could not be read; request refused");
+            Err(GatewayError::LimitUnavailable)
+        }
+    }
+}
+
+/// Gives back everything `charges` took, for a request the gateway refused after taking them (it holds nothing).
+pub fn give_back(charges: &[Charge]) {
+    let now = host::now_ms();
+    for c in charges {
+        limits::give(&mut Buckets, c, c.amount, false, now);
     }
 }
 
 /// Settles an admitted request's token charges on the tokens the engine reported.
 pub fn settle(charges: &[Charge], used: u64) {
-    limits::settle(&mut host::SharedData, charges, used, host::now_ms());
+    limits::settle(&mut Buckets, charges, used, host::now_ms());
 }

@@ -14,11 +14,14 @@ pub struct Pending {
     reserved: u64,
 }
 
-/// Sets the headers the route's descriptors read. Client copies were stripped in the headers phase.
+/// Sets the headers the route's descriptors read (client copies were stripped in the headers phase), and charges
+/// the input until an engine answers.
 pub fn admit(g: &GlobalLimits, alias: &str, key: Option<&str>, input: u64, max_output: Option<u64>) -> Pending {
     for (name, value) in global_limits::descriptor_headers(alias, key) {
         host::set_request_header(name, Some(value));
     }
+    let n = global_limits::Charge::Input(input).tokens();
+    host::set_log_field(global::TOKENS_CHARGED, &n.to_string());
     Pending {
         reserved: global_limits::reservation(g, input, max_output),
     }
@@ -26,12 +29,13 @@ pub fn admit(g: &GlobalLimits, alias: &str, key: Option<&str>, input: u64, max_o
 
 impl Pending {
     /// At response headers: the rate-limit filter's own reply is named (an over-limit one gets `Retry-After` from
-    /// the service's reset time, read from the response headers the plan read); any other response is charged the
-    /// reservation until usage comes.
+    /// the service's reset time, read from the response headers the plan read) and charges nothing; any other
+    /// response is charged the reservation until usage comes.
     pub fn on_response_headers(&self, headers: &host::ResponseHeaders) -> Option<Refusal> {
         let details = host::property_string(&["response", "code_details"]).unwrap_or_default();
         match global_limits::refusal(&details) {
             Some(r) => {
+                host::set_log_field(global::TOKENS_CHARGED, global_limits::NOT_CHARGED);
                 if r == Refusal::OverLimit {
                     let reset = headers.get(global::RESET_HEADER);
                     let after = global_limits::retry_after_s(reset.as_deref());

@@ -334,7 +334,12 @@ pub fn http_call_body(size: usize) -> Option<Vec<u8>> {
 
 /// A value in the VM-wide shared data, with its compare-and-swap token.
 pub fn shared_data(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-    logged(host().get_shared_data(key), format_args!("reading shared data {key}")).unwrap_or((None, None))
+    try_shared_data(key).unwrap_or((None, None))
+}
+
+/// Reads shared data, telling an absent key (`Some((None, None))`) from a host error (`None`, logged).
+pub fn try_shared_data(key: &str) -> Option<(Option<Vec<u8>>, Option<u32>)> {
+    logged(host().get_shared_data(key), format_args!("reading shared data {key}"))
 }
 
 /// Writes shared data; with `cas`, only if nobody wrote since it was read. False when it was not written.

@@ -102,8 +102,24 @@ impl Http {
         }
     }
 
+    /// Gives back what the request took from the limit buckets: a request the gateway refuses holds nothing.
+    fn release_charges(&mut self) {
+        if !self.charges.is_empty() {
+            crate::admission::give_back(&std::mem::take(&mut self.charges));
+        }
+    }
+
+    /// Counts a limit's refusal by alias (`none` before the body names one), key and kind.
+    fn count_limited(&self, e: &GatewayError, alias: &str) {
+        if let GatewayError::RateLimited { kind, .. } = e {
+            let key = self.key.as_deref().unwrap_or("none");
+            self.metrics.rate_limited(alias, key, kind.as_str());
+        }
+    }
+
     fn refuse(&mut self, e: &GatewayError, envelope: Envelope) -> Action {
         log::debug!("llmroute: refused with {} {}", e.status(), e.code());
+        self.release_charges();
         self.reading = None;
         self.metrics.rejected(e.metric_reason());
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
@@ -192,14 +208,16 @@ impl Http {
         };
         let edited = stripped.is_some();
         let body = stripped.unwrap_or(body);
-        let decision = match route(cfg, api, &body, &session) {
+        let key = self.key.as_deref();
+        let bound = |alias: &str, input: u64| crate::admission::output_bound(cfg, alias, key, input);
+        let decision = match route::route_bounded(cfg, api, &body, &session, bound) {
             Ok(d) => d,
             Err(e) => return self.refuse(&e, api.envelope()),
         };
         if !phases::runs(Phase::Patch) {
             return Action::Continue;
         }
-        let charges = limits::request_charges(
+        let charges = limits::body_charges(
             cfg,
             &decision.alias,
             self.key.as_deref(),
@@ -207,16 +225,13 @@ impl Http {
             decision.max_output_tokens,
         );
         match crate::admission::admit(&charges) {
-            Ok(left) => self.remaining = left,
+            Ok(left) => self.remaining = self.remaining.least(left),
             Err(e) => {
-                if let GatewayError::RateLimited { kind, .. } = &e {
-                    let key = self.key.as_deref().unwrap_or("none");
-                    self.metrics.rate_limited(&decision.alias, key, kind.as_str());
-                }
+                self.count_limited(&e, &decision.alias);
                 return self.refuse(&e, api.envelope());
             }
         }
-        self.charges = charges;
+        self.charges.extend(charges);
         if let Some(g) = &cfg.global_limits {
             let (input, max_output) = (decision.input_tokens, decision.max_output_tokens);
             let key = self.key.as_deref();
@@ -317,6 +332,7 @@ impl Http {
     }
 
     fn unavailable(&mut self) -> Action {
+        self.release_charges();
         self.reading = None;
         self.metrics.rejected("gateway_error");
         let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, "gateway_error")];
@@ -409,6 +425,19 @@ impl HttpContext for Http {
             let empty = GatewayError::InvalidJson(llmroute_core::json::JsonError::Empty);
             return self.refuse(&empty, start.envelope);
         }
+        // A key's request limit is decided here, before its body is read or buffered.
+        let charges = match self.key.as_deref() {
+            Some(k) => limits::header_charges(&cfg, k),
+            None => Vec::new(),
+        };
+        match crate::admission::admit(&charges) {
+            Ok(left) => self.remaining = left,
+            Err(e) => {
+                self.count_limited(&e, "none");
+                return self.refuse(&e, start.envelope);
+            }
+        }
+        self.charges = charges;
         self.sent_length = find("content-length").map(<[u8]>::to_vec);
         if !phases::runs(Phase::Copy) {
             return Action::Continue;

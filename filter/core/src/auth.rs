@@ -4,9 +4,9 @@
 //! *name* is config-like (`[A-Za-z0-9_.-]`, 1 to 64 bytes), so it may appear in limits, metric names and logs; the
 //! *token* never leaves this module: errors about a token name the pair by its position and its key name only.
 //!
-//! What a request may present: `Authorization: Bearer <token>` everywhere, and `x-api-key: <token>` on
-//! `/v1/messages` (the Anthropic SDKs send it). When both are present, `Authorization` decides and `x-api-key` is
-//! ignored. Two `Authorization` headers, a scheme other than Bearer, or a token with bytes outside the RFC 6750
+//! What a request may present: `Authorization: Bearer <token>` or `x-api-key: <token>` (the Anthropic SDKs send
+//! the latter, on every path, `GET /v1/models` included). When both are present, `Authorization` decides and
+//! `x-api-key` is ignored. Two `Authorization` headers, a scheme other than Bearer, or a token with bytes outside the RFC 6750
 //! token68 alphabet are refused as malformed, never guessed at.
 //!
 //! The comparison takes the same time whatever the presented token shares with any configured one: every key is
@@ -65,6 +65,12 @@ impl Keys {
         }
         found
     }
+}
+
+/// The names in `named` (such as `auth.key_limits`'s) that no configured key has: a typo there would give that
+/// budget to nobody.
+pub fn unknown_names<'n>(keys: &Keys, named: impl Iterator<Item = &'n str>) -> Vec<&'n str> {
+    named.filter(|n| !keys.names().any(|k| k == *n)).collect()
 }
 
 /// True when a key name is usable in shared-data keys, metric names and logs.
@@ -154,21 +160,17 @@ impl AuthRefusal {
 }
 
 /// The credential a request presents, by the rules in the module doc. `authorization` and `x_api_key` are every
-/// value of those headers, as sent; `api_key_accepted` is true on `/v1/messages`.
-pub fn presented<'a>(
-    authorization: &[&'a [u8]],
-    x_api_key: &[&'a [u8]],
-    api_key_accepted: bool,
-) -> Result<&'a [u8], AuthRefusal> {
+/// value of those headers, as sent.
+pub fn presented<'a>(authorization: &[&'a [u8]], x_api_key: &[&'a [u8]]) -> Result<&'a [u8], AuthRefusal> {
     match authorization {
         [] => {}
         [one] => return bearer(one),
         _ => return Err(AuthRefusal::Malformed),
     }
-    match (api_key_accepted, x_api_key) {
-        (false, _) | (true, []) => Err(AuthRefusal::Missing),
-        (true, [one]) => token(one),
-        (true, _) => Err(AuthRefusal::Malformed),
+    match x_api_key {
+        [] => Err(AuthRefusal::Missing),
+        [one] => token(one),
+        _ => Err(AuthRefusal::Malformed),
     }
 }
 
@@ -192,13 +194,8 @@ fn token(t: &[u8]) -> Result<&[u8], AuthRefusal> {
 }
 
 /// The whole check: the presented credential, then the key it matches. `Ok` holds the key's name.
-pub fn check<'k>(
-    keys: &'k Keys,
-    authorization: &[&[u8]],
-    x_api_key: &[&[u8]],
-    api_key_accepted: bool,
-) -> Result<&'k str, AuthRefusal> {
-    let t = presented(authorization, x_api_key, api_key_accepted)?;
+pub fn check<'k>(keys: &'k Keys, authorization: &[&[u8]], x_api_key: &[&[u8]]) -> Result<&'k str, AuthRefusal> {
+    let t = presented(authorization, x_api_key)?;
     keys.find(t).ok_or(AuthRefusal::Unknown)
 }
 
@@ -247,17 +244,17 @@ mod tests {
         let bearer_a = format!("Bearer {A}");
         let a = bearer_a.as_bytes();
         let k = keys();
-        assert_eq!(check(&k, &[a], &[], false), Ok("alice"));
-        assert_eq!(check(&k, &[b"bearer   tok-bbbbbbbbbbbbbbbb"], &[], false), Ok("bob"));
-        // x-api-key only where accepted; Authorization wins over it.
-        assert_eq!(check(&k, &[], &[B.as_bytes()], true), Ok("bob"));
-        assert_eq!(check(&k, &[], &[B.as_bytes()], false), Err(AuthRefusal::Missing));
-        assert_eq!(check(&k, &[a], &[B.as_bytes()], true), Ok("alice"));
-        assert_eq!(check(&k, &[a], &[b"junk"], true), Ok("alice"));
+        assert_eq!(check(&k, &[a], &[]), Ok("alice"));
+        assert_eq!(check(&k, &[b"bearer   tok-bbbbbbbbbbbbbbbb"], &[]), Ok("bob"));
+        // x-api-key alone; Authorization wins over it.
+        assert_eq!(check(&k, &[], &[B.as_bytes()]), Ok("bob"));
+        assert_eq!(check(&k, &[a], &[B.as_bytes()]), Ok("alice"));
+        assert_eq!(check(&k, &[a], &[b"junk"]), Ok("alice"));
+        assert_eq!(check(&k, &[b"Basic x"], &[B.as_bytes()]), Err(AuthRefusal::Malformed));
         // Two headers, other schemes, bad tokens.
-        assert_eq!(check(&k, &[a, a], &[], false), Err(AuthRefusal::Malformed));
+        assert_eq!(check(&k, &[a, a], &[]), Err(AuthRefusal::Malformed));
         assert_eq!(
-            check(&k, &[], &[A.as_bytes(), A.as_bytes()], true),
+            check(&k, &[], &[A.as_bytes(), A.as_bytes()]),
             Err(AuthRefusal::Malformed)
         );
         for bad in [
@@ -268,13 +265,19 @@ mod tests {
             b"Bearer a b",
             b"Bearer a,b",
         ] {
-            assert_eq!(check(&k, &[bad], &[], false), Err(AuthRefusal::Malformed), "{bad:?}");
+            assert_eq!(check(&k, &[bad], &[]), Err(AuthRefusal::Malformed), "{bad:?}");
         }
-        assert_eq!(check(&k, &[], &[], true), Err(AuthRefusal::Missing));
+        assert_eq!(check(&k, &[], &[]), Err(AuthRefusal::Missing));
         assert_eq!(
-            check(&k, &[b"Bearer tok-wrong-but-well-formed"], &[], false),
+            check(&k, &[b"Bearer tok-wrong-but-well-formed"], &[]),
             Err(AuthRefusal::Unknown)
         );
+    }
+
+    #[test]
+    fn names_that_no_key_has_are_found() {
+        let k = keys();
+        assert_eq!(unknown_names(&k, ["bob", "alcie", "alice"].into_iter()), ["alcie"]);
     }
 
     #[test]

@@ -2,15 +2,19 @@
 //! `POST /v1/systemone` (TypeSafe System One format).
 //!
 //! Their bodies are opaque to the gateway but for `model`: it is read, resolved to an alias and rewritten, and
-//! every other byte goes upstream unchanged. Nothing else is read (not `stream`, not `prompt_cache_key`, not
-//! the output-token limits), so a duplicated `stream` or an odd field never causes a refusal here; only the
-//! JSON itself (one object, nesting at most 64) and `model` are checked:
+//! every other byte goes upstream unchanged. Nothing else is checked (not `stream`, not `prompt_cache_key`), so a
+//! duplicated `stream` or an odd field never causes a refusal here; only the JSON itself (one object, nesting at
+//! most 64) and `model` are:
 //! - `model` missing, not a string, or present twice in any letter case: 400;
 //! - an unknown alias, or an alias whose `endpoints` does not list `decisions` / `systemone`: 404 (no alias
 //!   serves these routes by default).
 //!
 //! Affinity comes only from an explicit session header; the token estimate is the shared one
-//! ([`crate::estimate`]), images included. Cost: one pass, which validates, indexes the top-level members and counts the tokens.
+//! ([`crate::estimate`]), images included. For the token limits the output bound is read as on the other APIs
+//! (`max_tokens`, `max_completion_tokens`, `max_output_tokens`), but never refused: the largest whole number any
+//! copy of them names, in any letter case, is reserved, and a body without one reserves the limits'
+//! `default_max_tokens`. The answer's usage settles the reservation as on the other APIs (see `response_plan`).
+//! Cost: one pass, which validates, indexes the top-level members and counts the tokens.
 
 use crate::api::string_value;
 use crate::config::Config;
@@ -18,8 +22,8 @@ use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate::Estimator;
 use crate::fields::folds_to;
-use crate::json::{nav, scan_object_with, MAX_DEPTH};
-use crate::route::{body_patch, resolve_alias, RouteDecision, SessionSource};
+use crate::json::{nav, scan_object_with, Kind, Member, MAX_DEPTH};
+use crate::route::{body_patch, output_count, resolve_alias, RouteDecision, SessionSource};
 use crate::route_choice;
 
 /// Decides a decision-route request.
@@ -54,9 +58,19 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
         placement: alias.affinity.placement,
         echo_session: session.map(|s| s.value),
         input_tokens,
-        // Decision routes do not read the body beyond `model`: no output bound to reserve against.
-        max_output_tokens: None,
+        max_output_tokens: output_bound(body, &members),
     })
+}
+
+/// The largest output bound any top-level member names (see the module doc); `None` when none names one.
+fn output_bound(body: &[u8], members: &[Member]) -> Option<u64> {
+    const BOUNDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+    members
+        .iter()
+        .filter(|m| m.kind == Kind::Number)
+        .filter(|m| nav::str_value(body, m.key).is_some_and(|k| BOUNDS.iter().any(|b| folds_to(&k, b))))
+        .filter_map(|m| output_count(m.value.of(body)))
+        .max()
 }
 
 #[cfg(test)]
@@ -90,6 +104,30 @@ mod tests {
             assert_eq!(d.affinity, None);
             assert!(!d.strip_usage_chunk);
         }
+    }
+
+    #[test]
+    fn the_output_bound_is_read_for_the_limits_but_never_refused() {
+        let c = cfg();
+        let bound = |body: &str| {
+            route(&c, Api::Decisions, body.as_bytes(), None)
+                .unwrap()
+                .max_output_tokens
+        };
+        assert_eq!(bound(r#"{"model":"dm","max_tokens":40}"#), Some(40));
+        assert_eq!(
+            bound(r#"{"model":"dm","max_output_tokens":7.0,"input":{"max_tokens":900}}"#),
+            Some(7)
+        );
+        assert_eq!(
+            bound(r#"{"model":"dm","max_tokens":40,"MAX_TOKENS":90,"max_tokens":5}"#),
+            Some(90)
+        );
+        assert_eq!(
+            bound(r#"{"model":"dm","max_tokens":"x","max_completion_tokens":-1}"#),
+            None
+        );
+        assert_eq!(bound(r#"{"model":"dm"}"#), None);
     }
 
     #[test]

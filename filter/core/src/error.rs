@@ -59,6 +59,8 @@ pub enum GatewayError {
     },
     /// The limit buckets could not be updated (compare-and-swap lost too often); refused, fail closed.
     LimitContention,
+    /// The host failed a read of a limit bucket; refused, fail closed.
+    LimitUnavailable,
 }
 
 impl GatewayError {
@@ -77,7 +79,7 @@ impl GatewayError {
             Self::UnsupportedMediaType { .. } => 415,
             Self::Unauthorized(_) => 401,
             Self::RateLimited { .. } => 429,
-            Self::LimitContention => 503,
+            Self::LimitContention | Self::LimitUnavailable => 503,
         }
     }
 
@@ -113,6 +115,7 @@ impl GatewayError {
             Self::Unauthorized(_) => "invalid_api_key",
             Self::RateLimited { .. } => "rate_limit_exceeded",
             Self::LimitContention => "limit_contention",
+            Self::LimitUnavailable => "limit_unavailable",
         }
     }
 
@@ -155,7 +158,7 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
-            Self::LimitContention => Some(1),
+            Self::LimitContention | Self::LimitUnavailable => Some(1),
             _ => None,
         }
     }
@@ -164,7 +167,7 @@ impl GatewayError {
     pub fn openai_type(&self) -> &'static str {
         match self {
             Self::RateLimited { kind, .. } => kind.as_str(),
-            Self::LimitContention => "server_error",
+            Self::LimitContention | Self::LimitUnavailable => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -243,7 +246,7 @@ impl fmt::Display for GatewayError {
             Self::NotFound { method, path } => write!(f, "Invalid URL ({} {}).", quote(method), quote(path)),
             Self::Unauthorized(AuthRefusal::Missing) => write!(
                 f,
-                "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key` on /v1/messages)."
+                "Missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`."
             ),
             Self::Unauthorized(AuthRefusal::Malformed) => write!(
                 f,
@@ -265,6 +268,7 @@ impl fmt::Display for GatewayError {
                 }
             ),
             Self::LimitContention => write!(f, "The gateway could not update its rate limits; retry after a second."),
+            Self::LimitUnavailable => write!(f, "The gateway could not read its rate limits; retry after a second."),
         }
     }
 }

@@ -7,12 +7,13 @@
 //! names, so the service sees a bounded set of values and never a prompt, a token or a client-chosen string.
 //!
 //! Tokens are known only when the response is over, so the renderer adds `apply_on_stream_done` rate limits whose
-//! `hits_addend` reads filter state the filter writes here: the reservation (input estimate plus the output
-//! bound) as soon as an engine answers, replaced by the reported usage when the response ends. Envoy evaluates it
-//! when the stream is done, so the last value written is the one charged. A request refused by the rate-limit
-//! filter itself charges nothing: the filter never writes the value, and Envoy drops a descriptor whose
-//! `hits_addend` is not a number. Cost: two header writes per request and one or two property writes per
-//! response.
+//! `hits_addend` reads filter state the filter writes here: the input estimate as soon as the request is admitted
+//! (a client that leaves before any answer still cost the engine its prompt), the reservation (input estimate
+//! plus the output bound) as soon as an engine answers, then the reported usage when the response ends. Envoy
+//! evaluates it when the stream is done, so the last value written is the one charged. A request refused by the
+//! rate-limit filter itself charges nothing: the filter then overwrites the value with [`NOT_CHARGED`], and Envoy
+//! drops a descriptor whose `hits_addend` is not a number. Cost: two header writes and one property write per
+//! request, and one or two property writes per response.
 
 use crate::config::GlobalLimits;
 use crate::envoy_contract::global;
@@ -40,9 +41,16 @@ pub fn reservation(g: &GlobalLimits, input: u64, max_output: Option<u64>) -> u64
         .min(MAX_HITS)
 }
 
+/// The value written for a request the rate-limit filter refused: not a number, so Envoy sends no stream-done
+/// charge for it.
+pub const NOT_CHARGED: &str = "";
+
 /// The tokens to charge when the stream is done, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
+    /// Admitted and sent on, no engine answer yet: the input estimate, what the prompt costs an engine even when
+    /// the client leaves before the answer.
+    Input(u64),
     /// The engine reported its usage (prompt plus completion).
     Used(u64),
     /// No usage (yet, or ever: a cut stream, an error body): the reservation stands, as in-filter limits keep it.
@@ -52,7 +60,7 @@ pub enum Charge {
 impl Charge {
     pub fn tokens(self) -> u64 {
         match self {
-            Charge::Used(n) | Charge::Reserved(n) => n.min(MAX_HITS),
+            Charge::Input(n) | Charge::Used(n) | Charge::Reserved(n) => n.min(MAX_HITS),
         }
     }
 }
@@ -139,6 +147,8 @@ mod tests {
     fn usage_replaces_the_reservation() {
         assert_eq!(charge(100, None), Charge::Reserved(100));
         assert_eq!(charge(100, Some(7)), Charge::Used(7));
+        // An overrun is charged in full, never capped at the reservation.
+        assert_eq!(charge(100, Some(5000)).tokens(), 5000);
         assert_eq!(charge(100, Some(0)).tokens(), 0);
         assert_eq!(charge(100, Some(u64::MAX)).tokens(), MAX_HITS);
     }

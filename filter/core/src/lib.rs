@@ -30,6 +30,7 @@ pub mod limits;
 pub mod load;
 pub mod message_index;
 pub mod models;
+pub mod output_bound;
 pub mod patch;
 pub mod request;
 pub mod response_plan;

@@ -89,7 +89,7 @@ pub fn authenticate(
             .collect()
     };
     let messages = bare == Api::Messages.path();
-    match auth::check(keys, &values("authorization"), &values("x-api-key"), messages) {
+    match auth::check(keys, &values("authorization"), &values("x-api-key")) {
         Ok(name) => Ok(Some(name.to_string())),
         Err(reason) => {
             let anthropic = messages || headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("anthropic-version"));

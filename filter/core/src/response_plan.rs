@@ -165,12 +165,17 @@ pub fn plan(
         p.body = BodyPlan::RewriteError(status);
         return p;
     }
-    if r.api.is_decision() {
-        // Decision routes are opaque beyond `model`: their answers are relayed unwatched.
-        return p;
-    }
     let content_type = response_header("content-type").unwrap_or_default();
     let media = Media::of(&content_type);
+    if r.api.is_decision() {
+        // Decision routes are opaque beyond `model`: a JSON success is copied only for its usage, which settles
+        // the token limits as on the other APIs; anything else (a stream in a format the gateway does not know,
+        // an error) is relayed unwatched.
+        if media == Some(Media::Json) && status.is_some_and(|s| (200..300).contains(&s)) {
+            p.body = BodyPlan::Watch(Media::Json);
+        }
+        return p;
+    }
     if r.assemble && status == Some(200) && media == Some(Media::EventStream) {
         // The client asked for one JSON answer: it is rebuilt from the stream, its length known only then.
         p.set.push(("content-type", "application/json".to_string()));

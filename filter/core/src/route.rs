@@ -16,6 +16,7 @@ use crate::estimate::Estimator;
 use crate::fields::{read_fields, Fields};
 use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
 use crate::message_index::MessageIndex;
+use crate::output_bound;
 use crate::route_choice;
 pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 use crate::stream_always;
@@ -86,6 +87,19 @@ impl RouteDecision {
 /// Decides an inference request. `session` gives the explicit key from the headers, for the alias' own
 /// `session_headers`.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -> Result<RouteDecision, GatewayError> {
+    route_bounded(cfg, api, body, session, |_, _| None)
+}
+
+/// [`route`], writing an output bound into a request that names none (see [`crate::output_bound`]): `bound`
+/// gets the alias and the input estimate, and says how many output tokens the budget allows, or `None` for no
+/// bound. The decision's `max_output_tokens` is then the bound written.
+pub fn route_bounded(
+    cfg: &Config,
+    api: Api,
+    body: &[u8],
+    session: impl SessionSource,
+    bound: impl FnOnce(&str, u64) -> Option<u64>,
+) -> Result<RouteDecision, GatewayError> {
     if api.is_decision() {
         return crate::decisions::route(cfg, api, body, session);
     }
@@ -121,9 +135,19 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
         (true, None) => (None, inspection.content),
     };
     let input_tokens = tokens.finish(cfg.image_tokens);
-    let max_output_tokens = requested_output(body, &fields)?;
-    let needed = input_tokens.saturating_add(max_output_tokens.unwrap_or(0));
+    let asked = requested_output(body, &fields)?;
+    let needed = input_tokens.saturating_add(asked.unwrap_or(0));
     let choice = route_choice::choose(cfg, alias, needed)?;
+    let injected = match (asked, output_bound::field(api)) {
+        (None, Some(field)) => bound(&alias.name, input_tokens).and_then(|n| {
+            let n = n
+                .min(output_bound::context_room(cfg, alias, &choice, input_tokens))
+                .max(1);
+            output_bound::edit(body, &members, field, n).map(|e| (n, e))
+        }),
+        _ => None,
+    };
+    let max_output_tokens = asked.or(injected.as_ref().map(|(n, _)| *n));
     let upstream_model = prefix_rest.unwrap_or(&choice.route.upstream_model).to_string();
     let stream_edits = match alias.stream_upstream {
         StreamUpstream::Always => {
@@ -135,6 +159,7 @@ pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -
     let assemble = stream_edits.is_some();
     let mut edits = stream_edits.unwrap_or_default();
     edits.extend(usage_insert.map(|at| Edit::insert(at, INCLUDE_USAGE)));
+    edits.extend(injected.map(|(_, e)| e));
     Ok(RouteDecision {
         api,
         patch: body_patch(body, model_member, &upstream_model, edits),
@@ -321,7 +346,7 @@ fn requested_output(body: &[u8], fields: &Fields) -> Result<Option<u64>, Gateway
 }
 
 /// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).
-fn output_count(raw: &[u8]) -> Option<u64> {
+pub(crate) fn output_count(raw: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(raw).ok()?;
     if let Ok(n) = text.parse::<u64>() {
         return Some(n);

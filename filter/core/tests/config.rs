@@ -1536,4 +1536,59 @@ fn env_problems_name_what_an_environment_lacks_and_never_a_value() {
     );
     assert!(refused[0].reason.contains("key `ops`"), "{refused:?}");
     assert!(!refused[0].to_string().contains("tooshort-secret"), "{refused:?}");
+
+#[test]
+fn keys_may_have_budgets_of_their_own() {
+    let with = |key_limits: Value| {
+        edit(minimal(), |v| {
+            v["auth"] = json!({ "keys_env": "K", "limits": { "requests": "5-M" }, "key_limits": key_limits });
+        })
+    };
+    let cfg = loads(&with(
+        json!({ "team-a": { "tokens": "9000-M", "inject_max_tokens": true } }),
+    ));
+    let auth = cfg.auth.as_ref().unwrap();
+    let own = auth.limits_for("team-a").unwrap();
+    assert_eq!(
+        (own.requests.len(), own.tokens.len(), own.inject_max_tokens),
+        (0, 1, true)
+    );
+    assert_eq!(
+        auth.limits_for("team-b").unwrap().requests.len(),
+        1,
+        "the shared budget"
+    );
+    // Without `limits`, only the keys named have a budget.
+    let only = edit(with(json!({ "team-a": { "requests": "1-S" } })), |v| {
+        v["auth"].as_object_mut().unwrap().remove("limits");
+    });
+    let cfg = loads(&only);
+    assert!(cfg.auth.as_ref().unwrap().limits_for("team-b").is_none());
+
+    refused(
+        &with(json!({ "team a": { "requests": "1-S" } })),
+        "auth.key_limits.team a",
+        "team a",
+        "a key name is 1 to 64 characters",
+    );
+    refused(
+        &with(json!({ "team-a": { "requests": "1-X" } })),
+        "auth.key_limits.team-a.requests",
+        "1-X",
+        "the unit must be S, M, H or D",
+    );
+    // A JSON object that names a key twice is refused, not read as its last copy.
+    let twice = r#"{"version":1,"backends":[{"name":"a","kind":"llamacpp","endpoints":["127.0.0.1:8081"]}],
+        "models":[{"name":"m","routes":[{"backend":"a"}]}],
+        "auth":{"keys_env":"K","key_limits":{"team-a":{"requests":"1-S"},"team-a":{"requests":"9-S"}}}}"#;
+    let ConfigErrors(list) = load_config(twice).unwrap_err();
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0].field, "auth.key_limits.team-a");
+    assert!(list[0].reason.contains("named twice"), "{:?}", list[0]);
+    let unknown = with(json!({ "team-a": { "requests": "1-S", "burst": 3 } }));
+    let e = errors(&unknown);
+    assert!(
+        e[0].field.contains("key_limits") && e[0].reason.contains("burst"),
+        "{e:#?}"
+    );
 }

@@ -188,14 +188,21 @@ fn a_json_answer_is_watched_for_its_usage_only_when_it_succeeded() {
 }
 
 #[test]
-fn decision_routes_are_relayed_without_reading_their_media_type() {
-    let (p, read) = run(
-        &Settings::default(),
-        Some(&routed(Api::Decisions)),
-        &[("content-type", "text/event-stream"), SESSION],
-    );
-    assert_eq!((p.body, p.remove.len()), (BodyPlan::Relay, 1));
-    assert!(!read.contains(&"content-type".to_string()));
+fn decision_routes_watch_only_a_json_success_for_its_usage() {
+    for api in [Api::Decisions, Api::SystemOne] {
+        let (p, _) = run(
+            &Settings::default(),
+            Some(&routed(api)),
+            &[("content-type", "text/event-stream"), SESSION],
+        );
+        assert_eq!((p.body, p.remove.len()), (BodyPlan::Relay, 1), "a stream is relayed");
+        let json = |status| {
+            let headers = [(":status", status), ("content-type", "application/json")];
+            run(&Settings::default(), Some(&routed(api)), &headers).0.body
+        };
+        assert_eq!(json("200"), BodyPlan::Watch(Media::Json));
+        assert_eq!(json("503"), BodyPlan::Relay);
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Limits shared by several Envoys, host side (`global_limits.rs`): the descriptor headers set after admission,
-//! the tokens the stream-done rate limit charges (the reservation once an engine answers, the reported usage at
-//! the end, nothing when Envoy's rate-limit filter refused), and a host error at every call of such a request.
+//! the tokens the stream-done rate limit charges (the input from admission, the reservation once an engine
+//! answers, the reported usage at the end, nothing when Envoy's rate-limit filter refused), and a host error at
+//! every call of such a request.
 
 use llmroute_core::envoy_contract::global;
 use proxy_wasm::types::Action;
@@ -17,8 +18,11 @@ fn global_config() -> String {
     )
 }
 
+/// The tokens the stream-done call charges: the filter state when it is a number (Envoy drops the descriptor
+/// otherwise).
 fn charged(fake: &FakeHost) -> Option<String> {
     fake.log_field(global::TOKENS_CHARGED)
+        .filter(|v| v.parse::<u64>().is_ok())
 }
 
 /// A routed request, up to the end of its body; returns its input-token estimate.
@@ -42,7 +46,11 @@ fn an_admitted_request_names_its_alias_and_is_charged_its_reservation_then_its_u
         let (mut x, input) = admitted(&fake, &root, stream);
         assert_eq!(x.request_header(global::ALIAS_HEADER).as_deref(), Some("chat"));
         assert_eq!(x.request_header(global::KEY_HEADER), None, "no key without auth");
-        assert_eq!(charged(&fake), None, "nothing charged before an engine answers");
+        assert_eq!(
+            charged(&fake),
+            Some(input.to_string()),
+            "the input until an engine answers"
+        );
         let media = if stream {
             "text/event-stream"
         } else {
@@ -92,6 +100,17 @@ fn with_auth_the_key_descriptor_names_the_key_never_its_value() {
         .map(proxy_wasm::types::MapType::HttpRequestHeaders)
         .iter()
         .all(|(_, v)| !v.contains(TOKEN)));
+}
+
+#[test]
+fn a_client_gone_before_the_answer_is_charged_its_input() {
+    let fake = FakeHost::install();
+    let root = root(&fake, &global_config());
+    let (mut x, input) = admitted(&fake, &root, false);
+    // The client resets the stream: no response headers, only the log phase.
+    x.log();
+    assert!(input > 0);
+    assert_eq!(charged(&fake), Some(input.to_string()));
 }
 
 #[test]

@@ -6,7 +6,11 @@
 //!   `Retry-After`;
 //! - a per-second bucket refills;
 //! - token reservations settle on the usage each API reports, streamed and not; a cut stream keeps its
-//!   reservation and a refused request reserves nothing.
+//!   reservation and a refused request reserves nothing;
+//! - an overrun is a debt the budget carries (a truthful `Retry-After`), and `inject_max_tokens` tells the engine
+//!   the bound;
+//! - a key over its request limit is refused from its headers alone, and a key named in `auth.key_limits` has a
+//!   budget of its own.
 
 use std::time::{Duration, Instant};
 
@@ -127,13 +131,6 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
             false,
         ),
         (
-            "x-api-key on chat",
-            "/v1/chat/completions",
-            vec![("x-api-key", ka.as_str())],
-            &chat_body,
-            false,
-        ),
-        (
             "malformed scheme",
             "/v1/chat/completions",
             vec![("authorization", "Basic YWxpY2U6eA==")],
@@ -212,6 +209,12 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
             &msg_body,
         ),
         (
+            "x-api-key on chat",
+            "/v1/chat/completions",
+            vec![("x-api-key", ka.as_str())],
+            &chat_body,
+        ),
+        (
             "authorization wins over a wrong x-api-key",
             "/v1/messages",
             vec![av, ("authorization", bearer_b.as_str()), ("x-api-key", "junk")],
@@ -232,6 +235,9 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     for path in ["/v1/models", "/llmroute/status"] {
         let r = send(&c, &envoy, "GET", path, &[("authorization", bearer_a.as_str())], None).await;
         assert_eq!(r.status, 200, "{path}: {}", r.body);
+        // As the Anthropic SDK sends it.
+        let r = send(&c, &envoy, "GET", path, &[av, ("x-api-key", kb.as_str())], None).await;
+        assert_eq!(r.status, 200, "{path} with x-api-key: {}", r.body);
     }
     // Open endpoints need no key.
     let r = send(&c, &envoy, "GET", "/healthz", &[], None).await;
@@ -245,7 +251,7 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     assert!(envoy.stat(&rejected("api_key_malformed")).await >= Some(3));
     assert!(envoy.stat(&rejected("api_key_unknown")).await >= Some(3));
     let by_key = |key: &str| stat_name(KEY_REQUESTS, &[("key", key)]);
-    assert_eq!(envoy.stat(&by_key("alice")).await, Some(1));
+    assert_eq!(envoy.stat(&by_key("alice")).await, Some(2));
     assert_eq!(envoy.stat(&by_key("bob")).await, Some(3));
 
     // No key value anywhere Envoy writes or serves.
@@ -281,7 +287,7 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     let bootstrap = envoy.bootstrap_yaml();
     assert!(bootstrap.contains(VAR), "the VM must be given the variable's name");
     // The access log names the client by its key's name: on inference requests (those that name a model), alice
-    // once and bob three times; their `/v1/models` and status requests carry the name too.
+    // twice and bob three times; their `/v1/models` and status requests carry the name too.
     let read = || std::fs::read_to_string(&access).unwrap_or_default();
     let by_name = |text: &str, name: &str| {
         text.lines()
@@ -291,14 +297,14 @@ async fn api_key_matrix_and_no_key_is_ever_written() {
     };
     let logged = wait_for(Duration::from_secs(15), || async {
         let text = read();
-        by_name(&text, "alice") >= 1 && by_name(&text, "bob") >= 3
+        by_name(&text, "alice") >= 2 && by_name(&text, "bob") >= 3
     })
     .await;
     let access_text = read();
     assert!(logged.is_some(), "access log:\n{access_text}");
     assert_eq!(
         (by_name(&access_text, "alice"), by_name(&access_text, "bob")),
-        (1, 3),
+        (2, 3),
         "{access_text}"
     );
     for (what, text) in [
@@ -549,4 +555,141 @@ async fn token_reservations_settle_on_reported_usage_for_every_api() {
         "after a refusal and a cut stream",
         last_estimate(&fleet),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrun_is_a_debt_and_an_injected_bound_reaches_the_engine() {
+    let fleet = Fleet::start("debt", 1).await.unwrap();
+    let mut cfg = alias_config(&fleet, Some(json!({ "tokens": "1000-M", "default_max_tokens": 16 })));
+    // A second alias on the same engines, whose budget writes the bound into requests that name none.
+    let capped = json!({
+        "name": "capped",
+        "routes": [{ "backend": fleet.backend, "upstream_model": UPSTREAM }],
+        "limits": { "tokens": "1000-M", "default_max_tokens": 16, "inject_max_tokens": true },
+    });
+    cfg["models"].as_array_mut().unwrap().push(capped);
+    let envoy = Envoy::start(cfg).await.unwrap();
+    let c = client();
+
+    // No bound: 16 tokens reserved, and the engine generates 3000.
+    let body = chat(None, "debt");
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-emu-chunks", "3000")],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3000, "{}", r.body);
+    // The overrun is carried: about 2000 tokens of debt at 1000 a minute, so the wait is about two minutes, not
+    // the second or so a bucket emptied to zero would need for one more reservation.
+    // Settlement runs when Envoy logs the request, which may come just after the client has the answer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r = send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await;
+        if r.status != 200 || Instant::now() > deadline {
+            break r;
+        }
+    };
+    assert_eq!(r.status, 429, "the debt was forgiven: {}", r.body);
+    assert_eq!(r.json()["error"]["type"], "tokens", "{}", r.body);
+    let retry: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(retry >= 100, "Retry-After {retry} s does not count the debt");
+
+    // With `inject_max_tokens`, the engine is told the bound.
+    let mut body = chat(None, "bounded");
+    body["model"] = json!("capped");
+    let r = send(&c, &envoy, "POST", "/v1/chat/completions", &[], Some(&body)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = fleet.engines[0].inference_requests().pop().unwrap();
+    let sent: Value = serde_json::from_slice(&seen.body).unwrap();
+    assert_eq!(sent["max_tokens"], 16, "{sent}");
+    assert_eq!(sent["messages"], body["messages"]);
+}
+
+/// Sends a request's head with `content-length` but none of its body; returns the response head, if one comes
+/// within `wait`.
+async fn head_only(envoy: &Envoy, head: &str, wait: Duration) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(envoy.listen).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
+    (!got.is_empty()).then(|| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read_and_a_team_has_its_own() {
+    let fleet = Fleet::start("key-early", 1).await.unwrap();
+    let (ka, kb) = tokens();
+    let mut cfg = alias_config(&fleet, None);
+    // Every key gets 1 a minute, but bob's team has a budget of its own.
+    cfg["auth"] = json!({
+        "keys_env": VAR,
+        "limits": { "requests": "1-M" },
+        "key_limits": { "bob": { "requests": "3-M" } },
+    });
+    let opts = EnvoyOptions {
+        env: vec![(VAR.to_string(), format!("alice:{ka},bob:{kb}"))],
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(cfg, opts).await.unwrap();
+    let c = client();
+    let bearer = format!("Bearer {ka}");
+    let body = chat(None, "early");
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &bearer)],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The next request announces a 100 KB body and sends none of it: the 429 comes from its headers alone.
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: {bearer}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    );
+    let answer = head_only(&envoy, &head, Duration::from_secs(5)).await;
+    let answer = answer.expect("no answer before the body: the request limit waited for it");
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after:"), "{answer}");
+    assert_eq!(fleet.inference_counts(), vec![1]);
+    let bearer_b = format!("Bearer {kb}");
+    for i in 0..3 {
+        let r = send(
+            &c,
+            &envoy,
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &bearer_b)],
+            Some(&body),
+        )
+        .await;
+        assert_eq!(r.status, 200, "bob's request {i}: {}", r.body);
+    }
+    let r = send(
+        &c,
+        &envoy,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &bearer_b)],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 429, "{}", r.body);
 }

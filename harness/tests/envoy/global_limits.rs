@@ -3,7 +3,7 @@
 //! - the descriptors carry the configured alias and key name exactly, whatever the client sends in the
 //!   descriptor headers; token descriptors are peeks (`hits_addend` 0) before the request;
 //! - when the stream is done, Envoy charges the tokens the engine reported (the filter's filter state, read by
-//!   `hits_addend`), streamed and not;
+//!   `hits_addend`), streamed and not, and the input of a request whose client left before the answer;
 //! - over a limit: 429 in the route's envelope with `Retry-After` from the service's reset time, no engine
 //!   contacted and nothing charged after;
 //! - the service down: `failure_mode: allow` serves, `deny` answers 503 in the envelope.
@@ -153,6 +153,47 @@ async fn descriptors_carry_alias_and_key_and_the_usage_is_charged_when_the_strea
         assert_ne!(req.header("x-llmroute-limit-key"), Some("mallory"));
         assert_ne!(req.header("x-llmroute-limit-alias"), Some("someone-else"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_the_answer_is_charged_its_input() {
+    let fleet = Fleet::start("global-gone", 1).await.unwrap();
+    let rls = RateLimitService::spawn().await.unwrap();
+    let envoy = start(&fleet, &rls.addr().to_string(), "allow").await;
+    // The engine answers after 5 s; the client gives up after 500 ms, before any response header.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let r = impatient
+        .post(envoy.url("/v1/chat/completions"))
+        .header("authorization", KEY)
+        .header("content-type", "application/json")
+        .header("x-emu-delay-ms", "5000")
+        .body(chat(None, "gone").to_string())
+        .send()
+        .await;
+    assert!(r.is_err(), "the client should have given up: {r:?}");
+    let engines = &fleet.engines[0];
+    wait_for(Duration::from_secs(5), || async {
+        !engines.inference_requests().is_empty()
+    })
+    .await;
+    let input: u64 = engines.inference_requests()[0]
+        .header("x-input-tokens")
+        .and_then(|v| v.parse().ok())
+        .expect("the engine saw the request and its estimate");
+    let calls = wait_calls(&rls, 2).await;
+    let done = stream_done(&calls);
+    assert_eq!(done.len(), 1, "{calls:#?}");
+    assert_eq!(
+        done[0].descriptors,
+        [
+            d("tokens", "alias", ALIAS, Some(input)),
+            d("tokens", "key", "alice", Some(input)),
+        ],
+        "a request the client left still costs its input"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -294,7 +294,21 @@ impl StreamUpstream {
 pub struct Auth {
     /// The environment variable holding the keys (read by the filter at start, never by the renderer).
     pub keys_env: String,
+    /// The budget of every key not named in `key_limits`.
     pub limits: Option<RateLimits>,
+    /// Keys with a budget of their own, by key name (unique).
+    pub key_limits: Vec<(String, RateLimits)>,
+}
+
+impl Auth {
+    /// The budget of the key named `key`: its own, else the one every key has.
+    pub fn limits_for(&self, key: &str) -> Option<&RateLimits> {
+        self.key_limits
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, l)| l)
+            .or(self.limits.as_ref())
+    }
 }
 
 /// `global_limits`: where the rate-limit service is, and how Envoy treats it.

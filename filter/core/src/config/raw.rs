@@ -94,6 +94,34 @@ pub struct RawAuth {
     /// Limits applied to each key alone.
     #[serde(default)]
     pub limits: Option<RawRateLimits>,
+    /// A budget of its own for the keys named here (by key name), in place of `limits`.
+    #[serde(default)]
+    pub key_limits: Option<RawKeyLimits>,
+}
+
+/// `auth.key_limits`: key name to limits block, kept as pairs in the document's order, so that a name written twice
+/// reaches validation (a JSON object read into a map would keep only the last).
+#[derive(Debug, Clone, Default)]
+pub struct RawKeyLimits(pub Vec<(String, RawRateLimits)>);
+
+impl<'de> Deserialize<'de> for RawKeyLimits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> serde::de::Visitor<'de> for Pairs {
+            type Value = RawKeyLimits;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map from key name to a limits block")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawKeyLimits, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry::<String, RawRateLimits>()? {
+                    pairs.push(pair);
+                }
+                Ok(RawKeyLimits(pairs))
+            }
+        }
+        d.deserialize_map(Pairs)
+    }
 }
 
 /// Request and token rates, such as `requests: "10-S,600-M"`: amounts per S, M, H or D, refilled continuously.
@@ -109,6 +137,10 @@ pub struct RawRateLimits {
     /// Output tokens reserved for a request without `max_tokens` (or its variants). Default 1024.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// Write an output bound into a request that names none (`max_tokens`, or `max_output_tokens` on Responses):
+    /// `default_max_tokens`, capped by what the token budget has left. Default false.
+    #[serde(default)]
+    pub inject_max_tokens: Option<bool>,
 }
 
 /// Where the access log goes.

@@ -637,9 +637,40 @@ fn auth(errs: &mut Diagnostics, a: &RawAuth) -> Auth {
              the variable holds `name:token` pairs separated by commas",
         );
     }
+    let mut key_limits: Vec<(String, RateLimits)> = Vec::new();
+    let pairs = a.key_limits.as_ref().map_or(&[][..], |k| k.0.as_slice());
+    if pairs.len() > crate::auth::MAX_KEYS {
+        errs.push(
+            "auth.key_limits",
+            pairs.len(),
+            format!(
+                "names more keys than the {} a keys variable may hold",
+                crate::auth::MAX_KEYS
+            ),
+        );
+    }
+    for (key, raw) in pairs {
+        let field = format!("auth.key_limits.{key}");
+        if !crate::auth::name_ok(key) {
+            errs.push(
+                &field,
+                key,
+                format!(
+                    "a key name is 1 to {} characters of A-Z a-z 0-9 _ . -, as in the keys variable",
+                    crate::auth::NAME_MAX
+                ),
+            );
+        } else if key_limits.iter().any(|(k, _)| k == key) {
+            errs.push(&field, key, "the key is named twice; give it one limits block");
+        }
+        if let Some(l) = rate_limits(errs, &field, Some(raw)) {
+            key_limits.push((key.clone(), l));
+        }
+    }
     Auth {
         keys_env: name.clone(),
         limits: rate_limits(errs, "auth.limits", a.limits.as_ref()),
+        key_limits,
     }
 }
 
@@ -739,6 +770,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
         requests,
         tokens,
         default_max_tokens,
+        inject_max_tokens: raw.inject_max_tokens.unwrap_or(false),
     })
 }
 
