@@ -25,7 +25,10 @@ pub enum ResponseWatch {
         eos: bool,
     },
     /// A JSON answer: copied while it comes, then read for its usage once, at its end (`read`).
-    Json { copy: JsonCopy, read: Option<Usage> },
+    Json {
+        copy: JsonCopy,
+        read: Option<Usage>,
+    },
     /// A stream being rebuilt into one JSON answer; `verdict` is set once it ended.
     Assemble {
         asm: Option<Assembler>,

@@ -860,7 +860,10 @@ fn prompt_cache_key_length_counts_decoded_bytes() {
         None,
     );
     let key = "é".repeat(128);
-    assert_eq!(d.affinity, Some(explicit(key.as_bytes(), AffinitySource::PromptCacheKey)));
+    assert_eq!(
+        d.affinity,
+        Some(explicit(key.as_bytes(), AffinitySource::PromptCacheKey))
+    );
 }
 
 #[test]
@@ -1272,7 +1275,11 @@ fn an_echoed_key_pins_the_same_key_and_a_key_a_header_could_not_carry_is_not_ech
     // A body key with a space or UTF-8 still keys the request, but a session header could not bring it back.
     for raw in ["ü-session-€", "a b"] {
         let d = with_cache_key(raw);
-        assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::PromptCacheKey), "{raw}");
+        assert_eq!(
+            d.affinity.map(|a| a.source),
+            Some(AffinitySource::PromptCacheKey),
+            "{raw}"
+        );
         assert_eq!(d.echo_session, None, "{raw}");
     }
 }

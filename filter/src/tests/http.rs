@@ -129,7 +129,11 @@ fn a_json_answer_whose_copy_left_out_a_chunk_gives_no_usage() {
         x.response_body(tail.as_bytes(), true);
         x.log();
         assert_eq!(x.delivered.len(), head.len() + middle + tail.len(), "relayed whole");
-        assert_eq!(fake.log_field("llmroute.output_tokens").as_deref(), counted, "middle {middle}");
+        assert_eq!(
+            fake.log_field("llmroute.output_tokens").as_deref(),
+            counted,
+            "middle {middle}"
+        );
         assert_eq!(fake.metric(tokens), counted.map(|_| 3), "middle {middle}");
     }
 }
