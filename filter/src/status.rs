@@ -6,7 +6,8 @@
 //! one process polls `GET /clusters?format=json` about once per [`status::POLL_INTERVAL_MS`] whatever its
 //! worker count. The answer is parsed by the core into a `FleetStatus`, stored in shared data, and every
 //! worker's request contexts read that one snapshot. A failed poll keeps the previous snapshot, which ages
-//! until `/readyz` calls it stale.
+//! until `/readyz` calls it stale. A good poll also rebuilds bounded-keys placement's in-flight counts from
+//! Envoy's per-host `rq_active` (see `key_placement::rebuild_in_flight`).
 //!
 //! The status page names hosts by ids keyed with a secret of the process (`status::IdKey`), drawn from the VM's
 //! random source (WASI `random_get`, which Envoy serves from its CSPRNG) and the clock by the first root context
@@ -95,6 +96,7 @@ impl Poller {
                         crate::key_placement::store_hosts(&b.name, fleet.taken_at_ms, &b.hosts);
                         crate::key_placement::store_weights(&b.name, &b.weights);
                     }
+                    crate::key_placement::rebuild_in_flight(&cfg, b, fleet.taken_at_ms);
                 }
                 if self.failing {
                     log::info!("llmroute: polling Envoy's admin /clusters works again");

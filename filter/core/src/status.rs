@@ -89,6 +89,11 @@ pub struct BackendHealth {
     /// host's registered `slots` (see `key_placement::host_weight`). Never shown on the status pages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<(String, u32)>,
+    /// `IP:PORT` and Envoy's `rq_active` of each host with requests in flight, at most [`MAX_HOSTS`]: what
+    /// bounded-keys placement rebuilds its in-flight counts from at each poll (see
+    /// `key_placement::in_flight::from_envoy`). Never shown on the status pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<(String, u32)>,
 }
 
 /// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
@@ -274,12 +279,18 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             };
             for h in &c.host_statuses {
+                let active: u64 = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value).sum();
                 if b.hosts.len() < MAX_HOSTS {
                     b.hosts.extend(h.address.text());
                     if h.weight > 1 {
                         b.weights.extend(h.address.text().map(|a| (a, h.weight)));
+                    }
+                    if active > 0 {
+                        let n = u32::try_from(active).unwrap_or(u32::MAX);
+                        b.active.extend(h.address.text().map(|a| (a, n)));
                     }
                 }
                 b.total = b.total.saturating_add(1);
@@ -288,8 +299,7 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                     HostState::Degraded => b.degraded = b.degraded.saturating_add(1),
                     HostState::Unhealthy => b.down.extend(h.address.text()),
                 }
-                let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);
-                b.in_flight = b.in_flight.saturating_add(active.sum());
+                b.in_flight = b.in_flight.saturating_add(active);
             }
             b.hosts.sort();
             b.hosts.dedup();
@@ -555,6 +565,7 @@ mod tests {
                 down: Vec::new(),
                 hosts: vec!["10.0.0.1:8080".into()],
                 weights: Vec::new(),
+                active: vec![("10.0.0.1:8080".into(), 9)],
             }],
         };
         assert_eq!(FleetStatus::decode(&f.encode()), Some(f));

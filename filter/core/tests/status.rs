@@ -290,6 +290,7 @@ fn degraded_only_is_not_ready() {
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             },
             BackendHealth {
                 name: "vllm-b".into(),
@@ -300,6 +301,7 @@ fn degraded_only_is_not_ready() {
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             },
         ],
     };
@@ -551,4 +553,26 @@ fn id_keys_round_trip_and_anything_else_is_no_key() {
     assert_eq!(status::IdKey::decode(&[0; 15]), None);
     assert_eq!(status::IdKey::decode(&[0; 17]), None);
     assert_eq!(status::IdKey::decode(b""), None);
+}
+
+// --- in-flight figures per host ---
+
+#[test]
+fn each_hosts_requests_in_flight_are_kept_by_address_for_placement_and_never_shown() {
+    let f = parse(MIXED);
+    let a = f.backend("llama-a").unwrap();
+    let active = [("127.0.0.1:21081".to_string(), 3), ("127.0.0.1:21082".to_string(), 3)];
+    assert_eq!(a.active, active, "hosts without requests in flight are left out");
+    assert!(f.backend("vllm-b").unwrap().active.is_empty());
+    assert_eq!(FleetStatus::decode(&f.encode()).unwrap(), f);
+    // Placement's counts, in its own host order, rebuilt from them.
+    let addresses: Vec<String> = ["127.0.0.1:21084", "127.0.0.1:21082", "127.0.0.1:21081"]
+        .map(String::from)
+        .to_vec();
+    assert_eq!(
+        llmroute_core::key_placement::in_flight::from_envoy(&addresses, &a.active),
+        [0, 3, 3]
+    );
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW, KEY)).unwrap();
+    assert!(!page.contains("21081") && !page.contains("\"active\""), "{page}");
 }
