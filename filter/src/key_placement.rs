@@ -11,15 +11,18 @@
 //! If Envoy finds the named host unhealthy it falls back to the backend's ring hash, and retries never reuse it,
 //! so placement never overrides Envoy's view of health. The in-flight count of the chosen host is raised here
 //! and lowered in the log phase, through this worker's ledger: an update that loses its compare-and-swap races is
-//! kept and written by a later update or the next tick, never dropped.
+//! kept and written by a later update or the next tick, never dropped. At each status poll the counts are rebuilt
+//! from Envoy's own `rq_active` per host ([`rebuild_in_flight`]), so the requests of a worker whose VM trapped,
+//! which nothing will release, stop counting at the next poll.
 
 use llmroute_core::config::KeyPlacement;
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check;
 use std::cell::RefCell;
 
-use llmroute_core::key_placement::in_flight::{Ledger, CAS_ATTEMPTS};
+use llmroute_core::key_placement::in_flight::{self, Ledger, CAS_ATTEMPTS};
 use llmroute_core::key_placement::{self, table, Bounds, HostChoice, KeyTable};
+use llmroute_core::status::BackendHealth;
 use llmroute_core::Config;
 
 use crate::host;
@@ -131,6 +134,31 @@ fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
 /// Writes whatever in-flight updates this worker still owes; the root calls it on every tick.
 pub fn settle() {
     let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut host::SharedData)));
+}
+
+/// Overwrites the in-flight counts of the backend `health` describes with Envoy's `rq_active` per host, as the
+/// status poll read them (see `llmroute_core::key_placement::in_flight`). Only for a backend that bounded-keys
+/// placement can use, and whose host list placement has at `now_ms` (for a discovered backend, store its hosts
+/// first). An update a worker still owes is applied on top later, as it would have been.
+pub fn rebuild_in_flight(cfg: &Config, health: &BackendHealth, now_ms: u64) {
+    if !cfg.any_bounded_keys() {
+        return;
+    }
+    let Some(backend) = cfg.backends.iter().find(|b| b.name == health.name) else {
+        return;
+    };
+    if backend.lb != llmroute_core::config::LbPolicy::Chwbl {
+        return;
+    }
+    let Some(addresses) = key_placement::views::addresses(backend, now_ms, &host::SharedData) else {
+        return;
+    };
+    let counts = in_flight::from_envoy(&addresses, &health.active);
+    host::set_shared_data(
+        &shared::in_flight(&backend.name),
+        &table::encode_in_flight(&counts),
+        None,
+    );
 }
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.

@@ -4,8 +4,8 @@
 //!
 //! Nothing is held back, with one exception: while the gateway cuts the usage chunk it asked for, a chunk that
 //! ends inside an event keeps that partial event until the next chunk completes it (see `StreamTracker::relay`),
-//! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB) only
-//! to read its usage, once, at its end.
+//! so a usage chunk split across reads is still cut whole. A non-streamed JSON body is copied (up to 1 MiB, and
+//! only while no chunk was left out: see `stream::JsonCopy`) to read its usage, once, at its end.
 //!
 //! The other exception is a stream the gateway asked for on the client's behalf (`stream_upstream: always`):
 //! the response headers wait, each chunk is read into the core's `Assembler` and dropped from Envoy's buffer
@@ -14,7 +14,7 @@
 
 use llmroute_core::headers;
 use llmroute_core::response_plan::Media;
-use llmroute_core::stream::{self, assemble, usage, Assembler, Outcome, StreamTracker, Usage, Verdict};
+use llmroute_core::stream::{self, assemble, Assembler, JsonCopy, Outcome, StreamTracker, Usage, Verdict};
 use llmroute_core::Api;
 
 use crate::host;
@@ -26,7 +26,7 @@ pub enum ResponseWatch {
     },
     /// A JSON answer: copied while it comes, then read for its usage once, at its end (`read`).
     Json {
-        copy: Vec<u8>,
+        copy: JsonCopy,
         read: Option<Usage>,
     },
     /// A stream being rebuilt into one JSON answer; `verdict` is set once it ended.
@@ -57,7 +57,7 @@ impl ResponseWatch {
                 eos: false,
             },
             Media::Json => ResponseWatch::Json {
-                copy: Vec::new(),
+                copy: JsonCopy::new(),
                 read: None,
             },
         }
@@ -154,14 +154,10 @@ impl ResponseWatch {
                 if read.is_some() {
                     return Hold::Relay;
                 }
-                if size > 0 && copy.len().saturating_add(size) <= usage::MAX_USAGE_DOC {
-                    copy.extend(host::response_body(size).unwrap_or_default());
-                }
+                copy.push(size, host::response_body);
                 if end_of_stream {
                     // Read once: the access-log fields, the token limits and the metrics all take this figure.
-                    let text = std::str::from_utf8(copy).ok();
-                    *read = Some(text.and_then(usage::of_document).unwrap_or_default());
-                    *copy = Vec::new();
+                    *read = Some(copy.finish());
                 }
                 Hold::Relay
             }

@@ -6,11 +6,16 @@
 //! one process polls `GET /clusters?format=json` about once per [`status::POLL_INTERVAL_MS`] whatever its
 //! worker count. The answer is parsed by the core into a `FleetStatus`, stored in shared data, and every
 //! worker's request contexts read that one snapshot. A failed poll keeps the previous snapshot, which ages
-//! until `/readyz` calls it stale.
+//! until `/readyz` calls it stale. A good poll also rebuilds bounded-keys placement's in-flight counts from
+//! Envoy's per-host `rq_active` (see `key_placement::rebuild_in_flight`).
+//!
+//! The status page names hosts by ids keyed with a secret of the process (`status::IdKey`), drawn from the VM's
+//! random source (WASI `random_get`, which Envoy serves from its CSPRNG) and the clock by the first root context
+//! that configures, and kept in shared data so that every worker shows the same ids.
 
 use std::rc::Rc;
 
-use llmroute_core::status::{self, FleetStatus, StatusPage};
+use llmroute_core::status::{self, FleetStatus, IdKey, StatusPage};
 use llmroute_core::{headers, Config};
 use proxy_wasm::types::Action;
 
@@ -22,6 +27,8 @@ use crate::host;
 const LEASE_KEY: &str = shared::STATUS_LEASE;
 /// The latest `FleetStatus`, encoded by the core.
 const SNAPSHOT_KEY: &str = shared::STATUS_SNAPSHOT;
+/// The process's `IdKey`.
+const ID_KEY: &str = shared::STATUS_ID_KEY;
 
 /// One root context's side of the polling.
 #[derive(Default)]
@@ -37,6 +44,7 @@ impl Poller {
     /// Starts ticking with `cfg`, from `on_configure`.
     pub fn start(&mut self, cfg: Rc<Config>) {
         self.cfg = Some(cfg);
+        id_key();
         host::set_tick_period(status::TICK_MS);
     }
 
@@ -88,6 +96,7 @@ impl Poller {
                         crate::key_placement::store_hosts(&b.name, fleet.taken_at_ms, &b.hosts);
                         crate::key_placement::store_weights(&b.name, &b.weights);
                     }
+                    crate::key_placement::rebuild_in_flight(&cfg, b, fleet.taken_at_ms);
                 }
                 if self.failing {
                     log::info!("llmroute: polling Envoy's admin /clusters works again");
@@ -116,13 +125,37 @@ pub(crate) fn latest() -> Option<FleetStatus> {
     host::shared_data(SNAPSHOT_KEY).0.and_then(|b| FleetStatus::decode(&b))
 }
 
+/// The process's key of the status page's host ids: the one in shared data, else a fresh one, stored there. Two
+/// root contexts that both find none may both store theirs; the last write stands, and both read it back.
+pub(crate) fn id_key() -> IdKey {
+    let (stored, cas) = host::shared_data(ID_KEY);
+    if let Some(key) = stored.as_deref().and_then(IdKey::decode) {
+        return key;
+    }
+    let fresh = fresh_id_key(host::now_ms());
+    host::set_shared_data(ID_KEY, &fresh.encode(), cas);
+    host::shared_data(ID_KEY)
+        .0
+        .as_deref()
+        .and_then(IdKey::decode)
+        .unwrap_or(fresh)
+}
+
+/// 128 bits from the VM's random source (std's `RandomState` keys come from WASI `random_get`), mixed with the
+/// clock.
+fn fresh_id_key(now_ms: u64) -> IdKey {
+    use std::hash::BuildHasher;
+    let random = std::hash::RandomState::new();
+    IdKey([random.hash_one((0u8, now_ms)), random.hash_one((1u8, now_ms))])
+}
+
 /// Answers a status page with a local reply. No request body is read; no authentication is asked.
 pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Action {
     let now = host::now_ms();
     let (code, body) = match page {
         StatusPage::Healthz => (200, status::healthz_body()),
         StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), now),
-        StatusPage::Status => (200, status::status_body(cfg, latest().as_ref(), now)),
+        StatusPage::Status => (200, status::status_body(cfg, latest().as_ref(), now, id_key())),
     };
     let mut hdrs = vec![("content-type", "application/json"), ("cache-control", "no-store")];
     if let Some(id) = request_id {

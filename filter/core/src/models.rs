@@ -391,6 +391,7 @@ mod tests {
             down: Vec::new(),
             hosts: Vec::new(),
             weights: Vec::new(),
+            active: Vec::new(),
         };
         let fleet = FleetStatus {
             taken_at_ms: 10_000,

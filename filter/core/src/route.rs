@@ -18,6 +18,7 @@ use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
 use crate::message_index::MessageIndex;
 use crate::output_bound;
 use crate::route_choice;
+use crate::session;
 pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 use crate::stream_always;
 
@@ -131,7 +132,8 @@ pub fn route_bounded(
         });
     let (echo_session, affinity) = match (inspection.sticky, explicit) {
         (false, _) => (None, None),
-        (true, Some((value, a))) => (Some(value), Some(a)),
+        // Echoed only when a session header could bring it back unchanged.
+        (true, Some((value, a))) => (session::check_value(value.as_bytes()).is_ok().then_some(value), Some(a)),
         (true, None) => (None, inspection.content),
     };
     let input_tokens = tokens.finish(cfg.image_tokens);

@@ -3,9 +3,12 @@
 //! Each alias may read its own `session_headers` (`models[].affinity`), but the headers phase runs before the
 //! body is buffered, so it cannot know the alias yet. It captures every header any alias reads
 //! ([`Config::session_header_names`], at most 16 per list), each value checked once and kept only when it is a
-//! valid key (at most 256 bytes), else only the reason it is not. Once the alias is known, the first of *its*
-//! headers that the request carries is the key; a bad value there is the client's error, and a bad value in a
-//! header the alias does not read is ignored. Cost: one look-up per configured name, per request.
+//! valid key (1 to 256 bytes of visible ASCII, 0x21-0x7E), else only the reason it is not. Once the alias is
+//! known, the first of *its* headers that the request carries is the key; a bad value there is the client's
+//! error, and a bad value in a header the alias does not read is ignored. Header values are held to visible
+//! ASCII, stricter than the body's keys: a space, an obs-text byte or UTF-8 is read differently by proxies and
+//! SDKs on the way, so the same session could be keyed two ways. Cost: one look-up per configured name, per
+//! request.
 
 use crate::affinity::{self, Affinity, AffinitySource};
 use crate::config::{AffinityConfig, Config};
@@ -31,7 +34,7 @@ impl SessionHeaders {
             .iter()
             .filter_map(|name| {
                 let v = header(name)?;
-                let key = affinity::check_explicit(v).map(|()| SessionKey {
+                let key = check_value(v).map(|()| SessionKey {
                     value: String::from_utf8_lossy(v).into_owned(),
                     affinity: affinity::explicit(v, AffinitySource::SessionHeader),
                 });
@@ -55,6 +58,16 @@ impl SessionHeaders {
             }),
         }
     }
+}
+
+/// Checks a session header's value: a valid explicit key ([`affinity::check_explicit`]) made only of visible
+/// ASCII (0x21-0x7E).
+pub fn check_value(v: &[u8]) -> Result<(), &'static str> {
+    affinity::check_explicit(v)?;
+    if v.iter().any(|b| !(0x21..=0x7e).contains(b)) {
+        return Err("the value has a space or a byte outside visible ASCII (0x21-0x7E)");
+    }
+    Ok(())
 }
 
 /// Where a request's explicit session key comes from, once its alias' affinity is known.

@@ -13,7 +13,8 @@
 //! ready when every alias is, on a snapshot no older than [`STALE_AFTER_MS`].
 //!
 //! The bodies name backends, their kinds, host counts and aliases. They never carry endpoint addresses or host
-//! names, upstream model names, or credentials.
+//! names, upstream model names, or credentials. A host is shown by an id keyed with a secret of the Envoy process
+//! ([`IdKey`], [`shown_id`]): an unkeyed hash of `IP:PORT` could be inverted by trying every address of a subnet.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
@@ -88,6 +89,11 @@ pub struct BackendHealth {
     /// host's registered `slots` (see `key_placement::host_weight`). Never shown on the status pages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<(String, u32)>,
+    /// `IP:PORT` and Envoy's `rq_active` of each host with requests in flight, at most [`MAX_HOSTS`]: what
+    /// bounded-keys placement rebuilds its in-flight counts from at each poll (see
+    /// `key_placement::in_flight::from_envoy`). Never shown on the status pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<(String, u32)>,
 }
 
 /// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
@@ -273,12 +279,18 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             };
             for h in &c.host_statuses {
+                let active: u64 = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value).sum();
                 if b.hosts.len() < MAX_HOSTS {
                     b.hosts.extend(h.address.text());
                     if h.weight > 1 {
                         b.weights.extend(h.address.text().map(|a| (a, h.weight)));
+                    }
+                    if active > 0 {
+                        let n = u32::try_from(active).unwrap_or(u32::MAX);
+                        b.active.extend(h.address.text().map(|a| (a, n)));
                     }
                 }
                 b.total = b.total.saturating_add(1);
@@ -287,8 +299,7 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
                     HostState::Degraded => b.degraded = b.degraded.saturating_add(1),
                     HostState::Unhealthy => b.down.extend(h.address.text()),
                 }
-                let active = h.stats.iter().filter(|s| s.name == "rq_active").map(|s| s.value);
-                b.in_flight = b.in_flight.saturating_add(active.sum());
+                b.in_flight = b.in_flight.saturating_add(active);
             }
             b.hosts.sort();
             b.hosts.dedup();
@@ -374,8 +385,9 @@ pub fn ready(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> bool {
 const SOURCE: &str =
     "Envoy admin /clusters, polled once a second; host health is Envoy's active health checks and outlier ejection";
 
-/// The `GET /llmroute/status` body. Always answered with 200: readiness is in the body.
-pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Vec<u8> {
+/// The `GET /llmroute/status` body, its hosts shown by ids under `key`. Always answered with 200: readiness is in
+/// the body.
+pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: IdKey) -> Vec<u8> {
     let readiness = readiness(cfg, fleet, now_ms);
     let backends: Vec<Value> = cfg
         .backends
@@ -386,7 +398,7 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Ve
                 "name": b.name,
                 "kind": b.kind.as_str(),
                 "hosts_from": if b.discovered() { "envoy" } else { "config" },
-                "hosts": h.map(host_list),
+                "hosts": h.map(|h| host_list(h, key)),
                 "healthy_hosts": h.map(|h| h.healthy),
                 "degraded_hosts": h.map(|h| h.degraded),
                 "total_hosts": h.map(|h| h.total),
@@ -429,19 +441,52 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Ve
     .into_bytes()
 }
 
-/// Each host of a backend as the status page shows it: its placement id (the low 32 bits of the xxh3 of its
-/// `IP:PORT`, as `x-llmroute-placement` debug output and the key table name hosts) and whether Envoy routes to
-/// it. The address itself stays out of the page.
-pub fn host_list(h: &BackendHealth) -> Vec<Value> {
+/// Each host of a backend as the status page shows it: its id under `key` ([`shown_id`]) and whether Envoy routes
+/// to it. The address itself stays out of the page.
+pub fn host_list(h: &BackendHealth, key: IdKey) -> Vec<Value> {
     h.hosts
         .iter()
         .map(|a| {
             json!({
-                "id": format!("{:08x}", crate::key_placement::host_id(a)),
+                "id": format!("{:08x}", shown_id(key, a)),
                 "up": !h.down.contains(a),
             })
         })
         .collect()
+}
+
+/// The secret under which the status page names hosts: 128 bits drawn once per Envoy process (the filter keeps it
+/// in shared data, so every worker shows the same ids). Ids are stable while the process lives and change when it
+/// restarts. Placement never uses them: the key table and the placement store name hosts by their address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdKey(pub [u64; 2]);
+
+impl IdKey {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let (a, b) = out.split_at_mut(8);
+        a.copy_from_slice(&self.0[0].to_le_bytes());
+        b.copy_from_slice(&self.0[1].to_le_bytes());
+        out
+    }
+
+    /// Reads [`IdKey::encode`]'s bytes; anything else is no key.
+    pub fn decode(bytes: &[u8]) -> Option<IdKey> {
+        let (a, b) = bytes.split_first_chunk::<8>()?;
+        let b: [u8; 8] = b.try_into().ok()?;
+        Some(IdKey([u64::from_le_bytes(*a), u64::from_le_bytes(b)]))
+    }
+}
+
+/// A host's id on the status page: the low 32 bits of SipHash-2-4 of its `IP:PORT` under `key`. Without the key,
+/// an id says nothing about the address; with it, only this process's page is read.
+pub fn shown_id(key: IdKey, address: &str) -> u32 {
+    // `SipHasher` is std's SipHash-2-4 with a caller's key, deprecated only in favour of `DefaultHasher`, which
+    // takes no key.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(key.0[0], key.0[1]);
+    std::hash::Hasher::write(&mut h, address.as_bytes());
+    std::hash::Hasher::finish(&h) as u32
 }
 
 /// The `GET /readyz` answer: 200 when ready, else 503, with a one-line reason.
@@ -520,6 +565,7 @@ mod tests {
                 down: Vec::new(),
                 hosts: vec!["10.0.0.1:8080".into()],
                 weights: Vec::new(),
+                active: vec![("10.0.0.1:8080".into(), 9)],
             }],
         };
         assert_eq!(FleetStatus::decode(&f.encode()), Some(f));

@@ -859,7 +859,11 @@ fn prompt_cache_key_length_counts_decoded_bytes() {
         with_pck(&format!("\"{escaped}\"")).as_bytes(),
         None,
     );
-    assert_eq!(d.echo_session, Some("é".repeat(128)));
+    let key = "é".repeat(128);
+    assert_eq!(
+        d.affinity,
+        Some(explicit(key.as_bytes(), AffinitySource::PromptCacheKey))
+    );
 }
 
 #[test]
@@ -1061,6 +1065,10 @@ fn session_header_value_errors() {
             "the value contains control characters",
         ),
         ("x-session-id", "a\u{0}", "the value contains control characters"),
+        ("x-session-id", "sess 1", NOT_VISIBLE_ASCII),
+        ("x-session-id", " s", NOT_VISIBLE_ASCII),
+        ("x-session-id", "ü-session", NOT_VISIBLE_ASCII),
+        ("x-multi-turn-session-id", "😀", NOT_VISIBLE_ASCII),
     ] {
         let e = session_from_headers(&cfg, lookup(&[(header, value)])).unwrap_err();
         assert_eq!(
@@ -1071,6 +1079,30 @@ fn session_header_value_errors() {
             }
         );
     }
+}
+
+const NOT_VISIBLE_ASCII: &str = "the value has a space or a byte outside visible ASCII (0x21-0x7E)";
+
+#[test]
+fn session_header_values_are_visible_ascii_while_body_keys_may_be_any_text() {
+    let cfg = two_backends();
+    // Every visible ASCII byte, 0x21 to 0x7E, is accepted in a header.
+    let visible: String = (0x21u8..=0x7e).map(char::from).collect();
+    let got = session_from_headers(&cfg, lookup(&[("x-session-id", visible.as_str())]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.value, visible);
+    // A byte just outside that range, or UTF-8, is refused with the reason in the API's envelope.
+    for bad in ["a b", "a\u{80}", "é"] {
+        let e = session_from_headers(&cfg, lookup(&[("x-session-id", bad)])).unwrap_err();
+        assert_eq!((e.status(), e.code()), (400, "invalid_session_header"), "{bad:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("Invalid `x-session-id` header: {NOT_VISIBLE_ASCII}.")
+        );
+    }
+    // The body's explicit keys keep their wider rule.
+    assert_eq!(check_explicit("sess 1".as_bytes()), Ok(()));
 }
 
 #[test]
@@ -1228,18 +1260,26 @@ fn a_session_value_that_could_not_be_echoed_faithfully_is_refused() {
 }
 
 #[test]
-fn an_echoed_utf8_session_value_pins_the_same_key() {
+fn an_echoed_key_pins_the_same_key_and_a_key_a_header_could_not_carry_is_not_echoed() {
     let cfg = two_backends();
-    for raw in ["sess-1", "ü-session-€", "a b"] {
-        let first = session_from_headers(&cfg, lookup(&[("x-claude-code-session-id", raw)]))
-            .unwrap()
-            .unwrap();
-        let body = chat_body(&arr(&[user("Hello")]));
-        let d = routes(&cfg, Api::Chat, body.as_bytes(), Some(&first));
-        let echoed = d.echo_session.unwrap();
-        let again = session_from_headers(&cfg, lookup(&[("x-multi-turn-session-id", echoed.as_str())]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(again.affinity.hash, first.affinity.hash, "{raw}");
+    let with_cache_key = |k: &str| {
+        let body = serde_json::json!({"model": "local-chat", "prompt_cache_key": k, "messages": [{"role": "user", "content": "Hello"}]});
+        routes(&cfg, Api::Chat, body.to_string().as_bytes(), None)
+    };
+    let d = with_cache_key("sess-1");
+    let echoed = d.echo_session.unwrap();
+    let again = session_from_headers(&cfg, lookup(&[("x-multi-turn-session-id", echoed.as_str())]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.affinity.hash, d.affinity.unwrap().hash);
+    // A body key with a space or UTF-8 still keys the request, but a session header could not bring it back.
+    for raw in ["ü-session-€", "a b"] {
+        let d = with_cache_key(raw);
+        assert_eq!(
+            d.affinity.map(|a| a.source),
+            Some(AffinitySource::PromptCacheKey),
+            "{raw}"
+        );
+        assert_eq!(d.echo_session, None, "{raw}");
     }
 }

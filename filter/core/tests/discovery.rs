@@ -7,7 +7,7 @@
 
 use llmroute_core::config::{stat_token, Discovery};
 use llmroute_core::key_placement::{self, Bounds, HostView, KeyTable, PlacementReason};
-use llmroute_core::status::{host_list, parse_clusters};
+use llmroute_core::status::{host_list, parse_clusters, shown_id, IdKey};
 use llmroute_core::{load_config, Config, ConfigError, ConfigErrors};
 use serde_json::{json, Value};
 
@@ -181,11 +181,12 @@ fn the_admin_answer_gives_each_discovered_host_and_its_health() {
     );
     assert_eq!(b.down, ["10.0.0.1:8080"]);
 
-    let shown = host_list(b);
+    let key = IdKey([7, 11]);
+    let shown = host_list(b, key);
     assert_eq!(shown.len(), 3);
     let up: Vec<bool> = shown.iter().map(|h| h["up"].as_bool().unwrap()).collect();
     assert_eq!(up, [false, true, true]);
-    let id = format!("{:08x}", key_placement::host_id("10.0.0.3:8080"));
+    let id = format!("{:08x}", shown_id(key, "10.0.0.3:8080"));
     assert_eq!(shown[1]["id"], id.as_str());
     let text = serde_json::to_string(&shown).unwrap();
     assert!(
@@ -198,7 +199,13 @@ fn the_admin_answer_gives_each_discovered_host_and_its_health() {
 fn the_status_page_says_where_hosts_come_from() {
     let cfg = load(&doc(json!({"name": "llama-d", "kind": "llamacpp", "discovery": {}}))).unwrap();
     let fleet = parse_clusters(ADMIN.as_bytes(), &cfg, 7).unwrap();
-    let body: Value = serde_json::from_slice(&llmroute_core::status::status_body(&cfg, Some(&fleet), 7)).unwrap();
+    let body: Value = serde_json::from_slice(&llmroute_core::status::status_body(
+        &cfg,
+        Some(&fleet),
+        7,
+        IdKey([1, 2]),
+    ))
+    .unwrap();
     let b = &body["backends"][0];
     assert_eq!(b["hosts_from"], "envoy");
     assert_eq!(b["hosts"].as_array().unwrap().len(), 3);

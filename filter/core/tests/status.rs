@@ -60,8 +60,11 @@ fn figures(f: &FleetStatus, name: &str) -> (u32, u32, u32, u64) {
     (b.healthy, b.degraded, b.total, b.in_flight)
 }
 
+/// A key for the shown host ids.
+const KEY: status::IdKey = status::IdKey([0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908]);
+
 fn body(cfg: &Config, fleet: Option<&FleetStatus>, now: u64) -> Value {
-    serde_json::from_slice(&status::status_body(cfg, fleet, now)).unwrap()
+    serde_json::from_slice(&status::status_body(cfg, fleet, now, KEY)).unwrap()
 }
 
 fn backend_entry<'v>(v: &'v Value, name: &str) -> &'v Value {
@@ -203,7 +206,7 @@ fn host_weights_above_one_are_kept_by_address_and_never_shown() {
     let b = f.backend("llama-a").unwrap();
     assert_eq!(b.weights, [("127.0.0.1:18001".to_string(), 4)]);
     assert_eq!(FleetStatus::decode(&f.encode()).unwrap(), f);
-    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW)).unwrap();
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW, KEY)).unwrap();
     assert!(!page.contains("18001") && !page.contains("weight"), "{page}");
 }
 
@@ -287,6 +290,7 @@ fn degraded_only_is_not_ready() {
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             },
             BackendHealth {
                 name: "vllm-b".into(),
@@ -297,6 +301,7 @@ fn degraded_only_is_not_ready() {
                 down: Vec::new(),
                 hosts: Vec::new(),
                 weights: Vec::new(),
+                active: Vec::new(),
             },
         ],
     };
@@ -436,10 +441,10 @@ fn status_shows_aliases_down() {
 #[test]
 fn no_body_leaks_addresses_hostnames_or_upstream_models() {
     let cfg = config();
-    let mut bodies = vec![status::status_body(&cfg, None, NOW), status::healthz_body()];
+    let mut bodies = vec![status::status_body(&cfg, None, NOW, KEY), status::healthz_body()];
     for capture in [STARTING, BUSY, MIXED] {
         let f = parse(capture);
-        bodies.push(status::status_body(&cfg, Some(&f), NOW));
+        bodies.push(status::status_body(&cfg, Some(&f), NOW, KEY));
         bodies.push(status::readyz(&cfg, Some(&f), NOW).1);
     }
     for b in bodies {
@@ -497,4 +502,77 @@ fn the_admin_cluster_name_is_reserved() {
     let errs = load_config(&text).unwrap_err();
     let msg = errs.to_string();
     assert!(msg.contains("backends[1].name") && msg.contains("reserved"), "{msg}");
+}
+
+// --- host ids ---
+
+#[test]
+fn shown_ids_are_sip_hash_2_4_under_the_process_key() {
+    // The reference vectors of SipHash-2-4 (key 00..0f): the empty message and the byte 00.
+    let vector = |m: &[u8]| {
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new_with_keys(KEY.0[0], KEY.0[1]);
+        std::hash::Hasher::write(&mut h, m);
+        std::hash::Hasher::finish(&h)
+    };
+    assert_eq!(vector(b""), 0x726f_db47_dd0e_0e31);
+    assert_eq!(vector(b"\0"), 0x74f8_39c5_93dc_67fd);
+    assert_eq!(status::shown_id(KEY, ""), 0xdd0e_0e31);
+    assert_eq!(status::shown_id(KEY, "\0"), 0x93dc_67fd);
+}
+
+#[test]
+fn shown_ids_cannot_be_matched_to_addresses_without_the_key() {
+    // Anyone could hash every address of a subnet and match the unkeyed ids: the page shows keyed ones.
+    let f = parse(MIXED);
+    let a = f.backend("llama-a").unwrap();
+    let shown = |key| -> Vec<String> {
+        status::host_list(a, key)
+            .iter()
+            .map(|h| h["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let unkeyed: Vec<String> = a
+        .hosts
+        .iter()
+        .map(|h| format!("{:08x}", llmroute_core::key_placement::host_id(h)))
+        .collect();
+    let ids = shown(KEY);
+    assert!(!ids.is_empty());
+    assert_eq!(ids.len(), a.hosts.len());
+    assert!(ids.iter().all(|id| !unkeyed.contains(id)), "{ids:?} {unkeyed:?}");
+    // The same key shows the same ids (every worker of a process); another process's key shows others.
+    assert_eq!(shown(KEY), ids);
+    let other = shown(status::IdKey([KEY.0[0], KEY.0[1] ^ 1]));
+    assert!(other.iter().all(|id| !ids.contains(id)), "{other:?} {ids:?}");
+}
+
+#[test]
+fn id_keys_round_trip_and_anything_else_is_no_key() {
+    assert_eq!(status::IdKey::decode(&KEY.encode()), Some(KEY));
+    assert_eq!(status::IdKey::decode(&[0; 15]), None);
+    assert_eq!(status::IdKey::decode(&[0; 17]), None);
+    assert_eq!(status::IdKey::decode(b""), None);
+}
+
+// --- in-flight figures per host ---
+
+#[test]
+fn each_hosts_requests_in_flight_are_kept_by_address_for_placement_and_never_shown() {
+    let f = parse(MIXED);
+    let a = f.backend("llama-a").unwrap();
+    let active = [("127.0.0.1:21081".to_string(), 3), ("127.0.0.1:21082".to_string(), 3)];
+    assert_eq!(a.active, active, "hosts without requests in flight are left out");
+    assert!(f.backend("vllm-b").unwrap().active.is_empty());
+    assert_eq!(FleetStatus::decode(&f.encode()).unwrap(), f);
+    // Placement's counts, in its own host order, rebuilt from them.
+    let addresses: Vec<String> = ["127.0.0.1:21084", "127.0.0.1:21082", "127.0.0.1:21081"]
+        .map(String::from)
+        .to_vec();
+    assert_eq!(
+        llmroute_core::key_placement::in_flight::from_envoy(&addresses, &a.active),
+        [0, 3, 3]
+    );
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW, KEY)).unwrap();
+    assert!(!page.contains("21081") && !page.contains("\"active\""), "{page}");
 }

@@ -111,6 +111,34 @@ fn a_stream_is_relayed_chunk_by_chunk_and_closed_when_its_end_is_missing() {
 }
 
 #[test]
+fn a_json_answer_whose_copy_left_out_a_chunk_gives_no_usage() {
+    // The head and the tail alone make a valid document with a usage; only the whole answer may be read.
+    let head = r#"{"usage":{"prompt_tokens":12,"completion_tokens":3},"pad":""#;
+    let tail = r#""}"#;
+    let tokens = "llmroute_tokens_total;alias=chat;backend=llama-a;kind=output";
+    for (middle, counted) in [(1000, Some("3")), (llmroute_core::stream::usage::MAX_USAGE_DOC, None)] {
+        let fake = FakeHost::install();
+        let root = root(&fake, CONFIG);
+        let mut x = Exchange::new(&fake, &root, 1);
+        x.request_headers(&REQUEST_HEADERS, false);
+        assert_eq!(x.request_body(chat(false).as_bytes(), true), Action::Continue);
+        x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);
+        fake.set_property_bytes(&["response", "code"], &200u64.to_le_bytes());
+        x.response_body(head.as_bytes(), false);
+        x.response_body(&vec![b'x'; middle], false);
+        x.response_body(tail.as_bytes(), true);
+        x.log();
+        assert_eq!(x.delivered.len(), head.len() + middle + tail.len(), "relayed whole");
+        assert_eq!(
+            fake.log_field("llmroute.output_tokens").as_deref(),
+            counted,
+            "middle {middle}"
+        );
+        assert_eq!(fake.metric(tokens), counted.map(|_| 3), "middle {middle}");
+    }
+}
+
+#[test]
 fn a_whole_exchange_counts_its_tokens_and_logs_no_prompt_text() {
     for stream in [false, true] {
         let fake = FakeHost::install();

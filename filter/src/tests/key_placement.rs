@@ -124,3 +124,56 @@ fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
         }
     }
 }
+
+/// Envoy's admin `/clusters` answer for `llama-a`, with `rq_active` per host (8081, 8082).
+fn admin_answer(fake: &FakeHost, active: [u32; 2]) -> usize {
+    let hosts: Vec<serde_json::Value> = [8081, 8082]
+        .iter()
+        .zip(active)
+        .map(|(port, n)| {
+            serde_json::json!({
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "stats": [{"name": "rq_active", "type": "GAUGE", "value": n.to_string()}],
+            })
+        })
+        .collect();
+    let body = serde_json::json!({"cluster_statuses": [{"name": "llama-a", "host_statuses": hosts}]}).to_string();
+    fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", "200")]);
+    fake.set_buffer_bytes(proxy_wasm::types::BufferType::HttpCallResponseBody, body.as_bytes());
+    body.len()
+}
+
+#[test]
+fn the_status_poll_rebuilds_the_counts_a_trapped_worker_never_released() {
+    let (fake, cfg) = setup();
+    let cfg = Rc::new(cfg);
+    // Three requests pinned by a worker whose VM then trapped: nothing will ever release them.
+    let pins: Vec<_> = (0..3)
+        .map(|k| pin(&cfg, &cfg.affinity.placement, "llama-a", KEY + k).unwrap())
+        .collect();
+    assert_eq!(in_flight(&fake).iter().sum::<u32>(), 3);
+    // Envoy itself has one request in flight, on the second host.
+    let mut poller = crate::status::Poller::default();
+    poller.start(cfg.clone());
+    poller.on_tick();
+    let token = fake.callouts().last().unwrap().token;
+    poller.on_response(token, admin_answer(&fake, [0, 1]));
+    assert_eq!(
+        in_flight(&fake),
+        vec![0, 1],
+        "Envoy's own figures, not the leaked counts"
+    );
+    // Placement weighs them at once: a new key's request counts on top of them.
+    let next = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY + 100).unwrap();
+    let mut expected = vec![0, 1];
+    expected[next.choice.host] += 1;
+    assert_eq!(in_flight(&fake), expected);
+    // A failed poll rebuilds nothing.
+    fake.advance_ms(llmroute_core::status::POLL_INTERVAL_MS + 1);
+    poller.on_tick();
+    let token = fake.callouts().last().unwrap().token;
+    fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", "503")]);
+    poller.on_response(token, 0);
+    assert_eq!(in_flight(&fake), expected);
+    drop(pins);
+}

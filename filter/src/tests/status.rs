@@ -156,3 +156,61 @@ fn the_root_context_ticks_the_poll_and_hands_it_the_answer() {
     root.on_http_call_response(admin.token, 1, size, 0);
     assert!(latest().is_some());
 }
+
+/// The host ids `root`'s worker shows on `GET /llmroute/status`, for the backend `llama-a`.
+fn shown_ids(fake: &Rc<FakeHost>, root: &Root, context_id: u32) -> Vec<String> {
+    let before = fake.replies().len();
+    let mut x = Exchange::new(fake, root, context_id);
+    x.request_headers(
+        &[(":method", "GET"), (":path", "/llmroute/status"), (":authority", "gw")],
+        true,
+    );
+    let reply = fake.replies().get(before).cloned().expect("the status page");
+    let page: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    let backend = page["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "llama-a")
+        .cloned();
+    let hosts = backend.unwrap()["hosts"].as_array().cloned().unwrap();
+    hosts.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn every_worker_shows_the_same_keyed_host_ids_and_none_is_the_unkeyed_hash() {
+    let fake = FakeHost::install();
+    let (first, second) = (root(&fake, FLEET), root(&fake, FLEET));
+    let key = fake.shared(shared::STATUS_ID_KEY).expect("a key made at configure").0;
+    let mut poller = Poller::default();
+    poller.start(Rc::new(load_config(FLEET).unwrap()));
+    poller.on_tick();
+    poller.on_response(fake.callouts()[0].token, answer(&fake, "200", MIXED));
+    let ids = shown_ids(&fake, &first, 1);
+    assert!(!ids.is_empty());
+    assert_eq!(shown_ids(&fake, &second, 2), ids, "both workers show the same ids");
+    assert_eq!(
+        fake.shared(shared::STATUS_ID_KEY).unwrap().0,
+        key,
+        "one key per process"
+    );
+    let unkeyed: Vec<String> = latest()
+        .unwrap()
+        .backend("llama-a")
+        .unwrap()
+        .hosts
+        .iter()
+        .map(|a| format!("{:08x}", llmroute_core::key_placement::host_id(a)))
+        .collect();
+    assert!(ids.iter().all(|id| !unkeyed.contains(id)), "{ids:?} {unkeyed:?}");
+    // Another process draws another key, so shows other ids.
+    let other = FakeHost::install();
+    let third = root(&other, FLEET);
+    assert_ne!(other.shared(shared::STATUS_ID_KEY).unwrap().0, key);
+    let mut poller = Poller::default();
+    poller.start(Rc::new(load_config(FLEET).unwrap()));
+    poller.on_tick();
+    poller.on_response(other.callouts()[0].token, answer(&other, "200", MIXED));
+    let theirs = shown_ids(&other, &third, 3);
+    assert!(theirs.iter().all(|id| !ids.contains(id)), "{theirs:?} {ids:?}");
+}

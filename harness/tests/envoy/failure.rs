@@ -4,12 +4,15 @@
 //! - the VM is reloaded (`failure_policy: FAIL_RELOAD`): later requests on the same worker are routed again;
 //! - Envoy counts the failure and the reload in its wasm stats;
 //! - each filter role has its own VM, so the downstream role's trap does not take the upstream role down;
+//! - the bounded-keys in-flight counts of the requests the dead VM had pinned, which it never releases, come back
+//!   to Envoy's own figures at the next status poll;
 //! - the release module does not contain the trap.
 
 use std::time::Duration;
 
 use llmroute_harness::envoy::{trap_wasm_module, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
+use serde_json::{json, Value};
 
 use crate::support::*;
 
@@ -99,6 +102,85 @@ async fn a_trapped_vm_is_reloaded_and_routes_again() {
     );
     assert_eq!(envoy.stat("wasm.llmroute.vm_reload_failure").await, Some(0), "{wasm}");
     assert!(envoy.log().contains("test trap triggered") || flushed(&envoy).await.contains("test trap triggered"));
+}
+
+/// One worker (so the trap kills the VM that pinned the slow requests), two hosts, `bounded_keys`, factor 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_trap_the_in_flight_counts_of_the_dead_vms_requests_come_back() {
+    let module = trap_wasm_module();
+    assert!(
+        module.exists(),
+        "{} is missing: run `make build-trap`",
+        module.display()
+    );
+    let fleet = Fleet::start("llama-a", 2).await.unwrap();
+    let mut backend = fleet.backend_entry(100);
+    backend["health"] = json!({"interval_ms": 300, "timeout_ms": 250, "unhealthy": 2, "healthy": 1});
+    let config = json!({
+        "version": 1,
+        "backends": [backend],
+        "models": [{"name": ALIAS, "routes": [{"backend": fleet.backend, "upstream_model": UPSTREAM}]}],
+        "affinity": {"placement": "bounded_keys"},
+        "debug_headers": true,
+    });
+    let opts = EnvoyOptions {
+        concurrency: 1,
+        wasm: Some(module),
+        ..EnvoyOptions::default()
+    };
+    let envoy = Envoy::start_with(config, opts).await.unwrap();
+    let c = client();
+    let status = || async {
+        let r = c.get(envoy.url("/llmroute/status")).send().await.ok()?;
+        r.json::<Value>().await.ok()
+    };
+    let up = wait_for(Duration::from_secs(10), || async {
+        status().await.is_some_and(|s| s["backends"][0]["healthy_hosts"] == 2)
+    })
+    .await;
+    assert!(up.is_some(), "both hosts never became healthy in the filter's snapshot");
+
+    let body = chat(Some("One tenant whose host the dead VM leaves looking busy."), "hi").to_string();
+    let url = envoy.url("/v1/chat/completions");
+    let first = post_json(&c, url.clone(), body.clone(), &[]).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let home = first.header("x-emu-backend").unwrap().to_string();
+    // Three slow requests for the key: with factor 100 over two idle hosts all three are pinned to its host.
+    let slow = futures_util::future::join_all((0..3).map(|_| {
+        let req = c.post(url.clone()).header("content-type", "application/json");
+        req.header("x-emu-delay-ms", "3000").body(body.clone()).send()
+    }));
+    let slow = tokio::spawn(slow);
+    let busy = wait_for(Duration::from_secs(5), || async {
+        status()
+            .await
+            .is_some_and(|s| s["backends"][0]["in_flight"].as_u64() >= Some(3))
+    })
+    .await;
+    assert!(busy.is_some(), "the slow requests never showed in Envoy's figures");
+    // The VM that pinned them traps: nothing will release their counts.
+    assert_eq!(trap_request(&envoy).await.status(), 503);
+    let _ = slow.await;
+
+    // Left at 3 on the key's host (0 elsewhere), the counts would spill every later request for the key; rebuilt
+    // from Envoy's figures at the next poll, the key is pinned to its host again.
+    let seen = std::cell::RefCell::new(Vec::new());
+    let pinned = wait_for(Duration::from_secs(10), || async {
+        let r = post_json(&c, url.clone(), body.clone(), &[]).await;
+        let at = (
+            r.header("x-emu-backend").map(str::to_string),
+            r.header("x-llmroute-placement").map(str::to_string),
+        );
+        let ok = r.status == 200 && at == (Some(home.clone()), Some("pinned".to_string()));
+        seen.borrow_mut().push((r.status, at));
+        ok
+    })
+    .await;
+    assert!(
+        pinned.is_some(),
+        "home {home}; never pinned again after the trap: {:?}",
+        seen.borrow()
+    );
 }
 
 /// The log once its last lines are on disk (the launcher has Envoy flush every 100 ms).

@@ -16,6 +16,16 @@
 //! next tick's first try succeeds and the counts are exact again. The deltas are summed, so a debt is one
 //! number per host however many updates it gathers, and writes never apply the same delta twice: the debt is
 //! cleared only by the write that carried it. Counts saturate at 0 and `u32::MAX`.
+//!
+//! What the ledger cannot see is a worker that dies: when its VM traps, the requests it pinned are never
+//! released and its debt is lost, so those hosts would look busy for the life of the process. So the counts are
+//! also rebuilt from Envoy's own figures: at each status poll (about once a second), the root context that polled
+//! writes each host's `rq_active` from the admin `/clusters` answer over the backend's counts ([`from_envoy`]).
+//! A request's count thus outlives the request by at most one poll interval plus the poll itself, whether or not
+//! its worker released it. In between polls the ledger keeps the counts exact for the requests placed since;
+//! the rebuild itself is exact up to the requests that start or end while the poll is under way, which the next
+//! poll corrects. Envoy's figure counts every request this Envoy has in flight to the host, whichever alias or
+//! placement sent it.
 
 use super::table::{decode_in_flight, encode_in_flight};
 
@@ -101,4 +111,13 @@ impl Ledger {
         }
         false
     }
+}
+
+/// The in-flight counts of the hosts at `addresses` (placement's order), rebuilt from Envoy's `rq_active` of each
+/// host at the status poll (`active`: `IP:PORT` and count, hosts without requests left out).
+pub fn from_envoy(addresses: &[String], active: &[(String, u32)]) -> Vec<u32> {
+    addresses
+        .iter()
+        .map(|a| active.iter().find(|(at, _)| at == a).map_or(0, |(_, n)| *n))
+        .collect()
 }

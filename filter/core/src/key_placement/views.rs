@@ -11,7 +11,8 @@
 //! host by the hash of its `IP:PORT`, and the rendezvous order depends only on the key and the addresses), so a
 //! change moves only the keys of a removed host, and a new host takes new keys. The in-flight counts are kept
 //! by position in the list; when its length changes they restart from zero, which only loosens the spill bound
-//! for the requests already in flight.
+//! for the requests already in flight, until the next status poll rebuilds them by address from Envoy's figures
+//! (see [`super::in_flight`]).
 
 use super::in_flight::SharedStore;
 use super::{host_weight, table, weights_at, HostView};

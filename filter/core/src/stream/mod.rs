@@ -1,11 +1,13 @@
 //! The response path: reading streams and bodies for how they ended and what they cost.
 
 pub mod assemble;
+pub mod json_copy;
 pub mod sse;
 pub mod tracker;
 pub mod usage;
 
 pub use assemble::{Assembler, Failure};
+pub use json_copy::JsonCopy;
 pub use tracker::{outcome, Outcome, StreamTracker, Verdict};
 pub use usage::Usage;
 
