@@ -673,3 +673,79 @@ fn every_target_refuses_a_bad_config_and_prints_nothing() {
     let unknown = render_args(&fixture("good-basic.yaml"), &["--target", "nginx"]);
     assert_eq!(unknown.status.code(), Some(2));
 }
+
+fn istio_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/istio/llmroute.yaml")
+        .canonicalize()
+        .expect("testdata/istio/llmroute.yaml exists")
+}
+
+#[test]
+fn target_istio_writes_the_manifests_and_says_what_is_left_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = istio_fixture();
+    let doc = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("limits:", "auth: { keys_env: LLMROUTE_KEYS }\nlimits:");
+    let config = dir.path().join("llmroute.yaml");
+    std::fs::write(&config, doc).unwrap();
+    let out_dir = dir.path().join("istio");
+    let out = render_args(
+        &config,
+        &["--target", "istio", "--namespace", "llmroute", "-o", out_dir.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    for name in ["authorizationpolicy-models.yaml", "deployment.yaml", "envoyfilter.yaml", "gateway.yaml"] {
+        assert!(listed.iter().any(|l| l.ends_with(name)), "{name}: {listed:?}");
+        assert!(out_dir.join(name).exists(), "{name}");
+    }
+    let err = stderr(&out);
+    let prefix = format!("{}: note: ", config.display());
+    for want in [
+        "kubectl -n llmroute create secret generic llmroute-keys --from-literal=LLMROUTE_KEYS=",
+        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000",
+        "denies every request not made as cluster.local/ns/llmroute/sa/llmroute",
+    ] {
+        assert!(err.lines().any(|l| l.starts_with(&prefix) && l.contains(want)), "{want}:\n{err}");
+    }
+}
+
+/// Like `validate`: the file's name, the count, then every error, the flags' and the config's, and nothing written.
+#[test]
+fn target_istio_reports_every_error_at_once_with_the_file_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mesh.yaml");
+    std::fs::write(
+        &config,
+        "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\n  - { name: 'outbound|80||b.llmroute.svc.cluster.local', kind: vllm, discovery: {} }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\nglobal_limits: { address: '127.0.0.1:8081' }\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("istio");
+    let out = Command::new(env!("CARGO_BIN_EXE_llmroute"))
+        .arg("render")
+        .arg(&config)
+        .args(["--target", "istio", "--wasm", "relative.wasm", "--engine-selector", "nolabel", "-o"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!("{}: 6 error(s):\n", config.display())),
+        "{err}"
+    );
+    for want in [
+        "  --wasm: \"relative.wasm\" is not an absolute path",
+        "  --engine-selector: \"nolabel\" is not LABEL=VALUE",
+        "  backends[a].name: not an Istio outbound cluster name",
+        "  backends[a].discovery:",
+        "  backends[outbound|80||b.llmroute.svc.cluster.local]: the engines' namespace `llmroute`",
+        "  global_limits:",
+    ] {
+        assert!(err.lines().any(|l| l.starts_with(want)), "{want}:\n{err}");
+    }
+    assert!(stdout(&out).is_empty());
+    assert!(!out_dir.exists(), "nothing is written");
+}

@@ -109,7 +109,8 @@ enum Target {
     Filter,
     /// The `DiscoveryResponse` holding the filter's extension config, for a watched ECDS file.
     Ecds,
-    /// Istio manifests (EnvoyFilter patches, DestinationRules, a VirtualService) into the -o directory.
+    /// Istio manifests (llmroute's proxies, the EnvoyFilter, traffic rules, the engines' AuthorizationPolicy)
+    /// into the -o directory.
     Istio,
 }
 
@@ -122,10 +123,11 @@ struct IstioArgs {
     /// istio: sha256 of the module fetched from --wasm-url (64 lowercase hex digits).
     #[arg(long)]
     sha256: Option<String>,
-    /// istio: namespace of the manifests.
-    #[arg(long, default_value = "default")]
+    /// istio: namespace of llmroute's workloads and manifests; not an engine namespace (see --engine-selector).
+    #[arg(long, default_value = "llmroute")]
     namespace: String,
-    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of the sidecars.
+    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of llmroute's own
+    /// proxies.
     #[arg(long)]
     gateway: Option<String>,
     /// istio: with --gateway, the host clients call.
@@ -134,27 +136,74 @@ struct IstioArgs {
     /// istio: with --gateway, the value of the gateway pods' `istio` label.
     #[arg(long, default_value = "ingressgateway")]
     gateway_selector: String,
+    /// istio: with --gateway, the service account of the gateway's pods: the only identity the engines admit.
+    #[arg(long, value_name = "NAME")]
+    gateway_service_account: Option<String>,
+    /// istio: a label the engines' pods carry (repeatable): the engines' AuthorizationPolicy covers only those
+    /// pods instead of their whole namespace.
+    #[arg(long, value_name = "LABEL=VALUE")]
+    engine_selector: Vec<String>,
+    /// istio: the mesh's trust domain, in the identity the engines admit.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// istio: the Secret holding the API keys of `auth.keys_env`, under a key of the variable's name.
+    #[arg(long, default_value = "llmroute-keys", value_name = "NAME")]
+    keys_secret: String,
 }
 
 fn render_istio(config: &PathBuf, wasm: Option<String>, a: IstioArgs, out: Option<PathBuf>) -> Result<(), String> {
     use llmroute_envoy::render::istio::{manifests, Deployment, IstioOptions, WasmSource};
     let out = out.ok_or("--target istio needs -o DIR")?;
     let (cfg, text) = load(config)?;
-    let mut opts = IstioOptions::sidecar(WasmSource::from_args(wasm, a.wasm_url, a.sha256)?, a.namespace);
+    // Every problem at once, the flags' and the config's, as `validate` reports a config's.
+    let mut errs = Vec::new();
+    let wasm = WasmSource::from_args(wasm, a.wasm_url, a.sha256).unwrap_or_else(|e| {
+        errs.push(e);
+        WasmSource::Local("/".into())
+    });
+    let mut opts = IstioOptions::proxy(wasm, a.namespace);
+    opts.trust_domain = a.trust_domain;
+    opts.keys_secret = a.keys_secret;
+    for s in a.engine_selector {
+        match s.split_once('=') {
+            Some((k, v)) if !k.is_empty() => opts.engine_selector.push((k.to_string(), v.to_string())),
+            _ => errs.push(format!("--engine-selector: {s:?} is not LABEL=VALUE, e.g. app=vllm")),
+        }
+    }
     if let Some(gateway) = a.gateway {
         opts.deployment = Deployment::Gateway {
             gateway,
             host: a.gateway_host,
             selector: a.gateway_selector,
+            service_account: a.gateway_service_account,
         };
+    } else if a.gateway_service_account.is_some() {
+        errs.push("--gateway-service-account goes with --gateway".into());
+    }
+    let rendered = manifests(&cfg, &text, &opts);
+    if let Err(e) = &rendered {
+        errs.extend(e.iter().cloned());
+    }
+    let rendered = match rendered {
+        Ok(r) if errs.is_empty() => r,
+        _ => return Err(report(config, &errs)),
+    };
+    for n in &rendered.notes {
+        eprintln!("{}: note: {n}", config.display());
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    for (name, yaml) in manifests(&cfg, &text, &opts)? {
+    for (name, yaml) in rendered.files {
         let path = out.join(name);
         std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(())
+}
+
+/// Every error of a file, one per line, as `validate` prints them.
+fn report(path: &std::path::Path, errs: &[String]) -> String {
+    let lines: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
+    format!("{}: {} error(s):\n{}", path.display(), errs.len(), lines.join("\n"))
 }
 
 fn main() -> ExitCode {
@@ -273,10 +322,6 @@ fn load(path: &PathBuf) -> Result<(llmroute_core::Config, String), String> {
             }
             Ok((cfg, text))
         }
-        Err(errs) => {
-            let n = errs.0.len();
-            let lines: Vec<String> = errs.0.iter().map(|e| format!("  {e}")).collect();
-            Err(format!("{}: {n} error(s):\n{}", path.display(), lines.join("\n")))
-        }
+        Err(errs) => Err(report(path, &errs.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())),
     }
 }
