@@ -159,7 +159,10 @@ impl MeshPki {
         std::fs::write(&ca, &self.ca_pem)?;
         let mut out = Vec::new();
         for (i, (_, cert, key)) in self.workloads.iter().enumerate() {
-            let (c, k) = (dir.join(format!("workload-{i}.pem")), dir.join(format!("workload-{i}.key")));
+            let (c, k) = (
+                dir.join(format!("workload-{i}.pem")),
+                dir.join(format!("workload-{i}.key")),
+            );
             std::fs::write(&c, cert)?;
             write_private(&k, key)?;
             out.push((c, k));

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use llmroute_envoy::discover;
 use llmroute_envoy::register::{self, Registration};
-use llmroute_envoy::render::{bootstrap_yaml, ecds, target, RenderOptions};
+use llmroute_envoy::render::{bootstrap_yaml, ecds, paste, target, RenderOptions};
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +44,10 @@ enum Command {
         /// it with --target ecds) instead of inline.
         #[arg(long, value_name = "PATH")]
         ecds_path: Option<String>,
+        /// With --target filter: write this Envoy config of yours (YAML) with its `"@llmroute SECTION"` markers
+        /// replaced by the sections, instead of the sections alone.
+        #[arg(long, value_name = "TEMPLATE")]
+        paste_into: Option<PathBuf>,
         /// Output file (a directory for `--target istio`); standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -237,9 +241,13 @@ fn run(command: Command) -> Result<(), String> {
             wasm,
             target,
             ecds_path,
+            paste_into,
             output,
             istio,
         } => {
+            if paste_into.is_some() && target != Target::Filter {
+                return Err("--paste-into goes with --target filter".into());
+            }
             let wasm = match (target, wasm) {
                 (Target::Istio, wasm) => return render_istio(&config, wasm, *istio, output),
                 (_, Some(wasm)) => wasm,
@@ -259,10 +267,13 @@ fn run(command: Command) -> Result<(), String> {
             let yaml = match target {
                 Target::Envoy => bootstrap_yaml(&cfg, &text, &opts)?,
                 Target::Filter => {
-                    for l in target::limitations(&cfg) {
+                    for l in target::notes(&cfg) {
                         eprintln!("{}: note: {l}", config.display());
                     }
-                    target::filter_yaml(&cfg, &text, &opts)?
+                    match &paste_into {
+                        Some(t) => pasted(&cfg, &text, &opts, t)?,
+                        None => target::filter_yaml(&cfg, &text, &opts)?,
+                    }
                 }
                 Target::Ecds if opts.ecds_path.is_some() => {
                     return Err("--ecds-path goes with --target envoy or filter, not ecds".into());
@@ -306,6 +317,24 @@ fn run(command: Command) -> Result<(), String> {
             interval: std::time::Duration::from_millis(interval_ms),
         }),
     }
+}
+
+/// `--paste-into TEMPLATE`: the template with the sections in place of its markers.
+fn pasted(
+    cfg: &llmroute_core::Config,
+    text: &str,
+    opts: &RenderOptions,
+    template: &std::path::Path,
+) -> Result<String, String> {
+    let t = std::fs::read_to_string(template).map_err(|e| format!("{}: {e}", template.display()))?;
+    let sections = target::filter_document(&target::pieces(cfg, text, opts)?);
+    let v = paste::paste(&t, &sections).map_err(|e| format!("{}: {e}", template.display()))?;
+    let body = serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "# {} with the sections of `llmroute render --target filter` {} pasted in.\n{body}",
+        template.display(),
+        llmroute_core::VERSION
+    ))
 }
 
 fn register(reg: Registration) -> Result<(), String> {

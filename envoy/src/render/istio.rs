@@ -205,8 +205,7 @@ pub fn check(cfg: &Config, opts: &IstioOptions) -> Vec<String> {
         errs.push("models[].routes: failover across backends runs the module as an upstream filter too, which needs --wasm PATH; --wasm-url is not supported with failover yet".into());
     }
     if let Deployment::Gateway {
-        service_account: None,
-        ..
+        service_account: None, ..
     } = opts.deployment
     {
         errs.push("--gateway needs --gateway-service-account NAME, the service account of the gateway's pods: the engines admit that identity only".into());

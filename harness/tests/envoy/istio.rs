@@ -331,7 +331,10 @@ fn rbac_from(policy: &Value) -> Value {
             ids.push(json!({ "not_id": { "or_ids": { "ids": any_of } } }));
         }
         policies.insert(
-            format!("ns[models]-policy[{}]-rule[{i}]", policy["metadata"]["name"].as_str().unwrap()),
+            format!(
+                "ns[models]-policy[{}]-rule[{i}]",
+                policy["metadata"]["name"].as_str().unwrap()
+            ),
             json!({ "permissions": [{ "any": true }], "principals": [{ "and_ids": { "ids": ids } }] }),
         );
     }
@@ -545,5 +548,9 @@ async fn engines_admit_llmroutes_proxies_only() {
         assert_eq!(status, 403, "{who}: {text}");
         assert!(text.contains("RBAC: access denied"), "{who}: {text}");
     }
-    assert_eq!(fleet.chat_counts(), vec![1], "only the request through llmroute reached the engine");
+    assert_eq!(
+        fleet.chat_counts(),
+        vec![1],
+        "only the request through llmroute reached the engine"
+    );
 }

@@ -49,7 +49,11 @@ fn destination_rules_hash_on_affinity_eject_and_turn_locality_off() {
     let docs = render(local());
     let dr = file(&docs, "destinationrule-llama-models-8080.yaml");
     assert_eq!(dr["spec"]["host"], "llama.models.svc.cluster.local");
-    assert_eq!(dr["spec"]["exportTo"], json!(["."]), "it shapes llmroute's traffic only");
+    assert_eq!(
+        dr["spec"]["exportTo"],
+        json!(["."]),
+        "it shapes llmroute's traffic only"
+    );
     let p = &dr["spec"]["trafficPolicy"];
     assert_eq!(
         p["loadBalancer"]["consistentHash"]["httpHeaderName"],
@@ -120,7 +124,10 @@ fn the_filter_runs_on_llmroutes_own_workloads_and_the_route_binds_to_them_only()
     assert_eq!(ef["spec"]["workloadSelector"]["labels"]["istio"], PROXY_NAME);
     for p in patches(&docs) {
         assert_eq!(p["match"]["context"], "GATEWAY", "{p}");
-        assert!(p["match"]["listener"].get("portNumber").is_none(), "every listener: {p}");
+        assert!(
+            p["match"]["listener"].get("portNumber").is_none(),
+            "every listener: {p}"
+        );
     }
     let vs = file(&docs, "virtualservice.yaml");
     assert_eq!(vs["spec"]["gateways"], json!([format!("{NS}/{PROXY_NAME}")]));
@@ -170,7 +177,10 @@ fn engines_deny_every_identity_but_the_proxies() {
 fn engines_in_llmroutes_own_namespace_need_a_selector() {
     let errs = errors(DOC, &IstioOptions::proxy(local(), "models"));
     assert_eq!(errs.len(), 2, "{errs:?}");
-    assert!(errs[0].contains("namespace `models`") && errs[0].contains("--engine-selector"), "{errs:?}");
+    assert!(
+        errs[0].contains("namespace `models`") && errs[0].contains("--engine-selector"),
+        "{errs:?}"
+    );
     let mut opts = IstioOptions::proxy(local(), "models");
     opts.engine_selector = vec![("app".into(), "engine".into())];
     assert!(manifests(&load(DOC), DOC, &opts).is_ok());
@@ -196,7 +206,10 @@ fn an_ingress_gateway_names_its_service_account_for_the_engines_to_admit() {
         ap["spec"]["rules"][0]["from"][0]["source"]["notPrincipals"][0],
         "cluster.local/ns/istio-ingress/sa/gw"
     );
-    assert_eq!(file(&docs, "envoyfilter.yaml")["spec"]["workloadSelector"]["labels"]["istio"], "ingressgateway");
+    assert_eq!(
+        file(&docs, "envoyfilter.yaml")["spec"]["workloadSelector"]["labels"]["istio"],
+        "ingressgateway"
+    );
     assert!(patches(&docs)
         .iter()
         .filter(|p| p["applyTo"] == "HTTP_FILTER")
@@ -217,7 +230,10 @@ fn a_remote_module_goes_through_ecds() {
         (remote["http_uri"]["uri"].as_str(), remote["sha256"].as_str()),
         (Some("oci://r.example/f:1"), Some(sha.as_str()))
     );
-    assert_eq!(p[1]["patch"]["value"]["config_discovery"]["type_urls"][0], patches::WASM_TYPE_URL);
+    assert_eq!(
+        p[1]["patch"]["value"]["config_discovery"]["type_urls"][0],
+        patches::WASM_TYPE_URL
+    );
 }
 
 #[test]
@@ -247,9 +263,13 @@ fn the_embedded_admin_is_the_proxys_admin() {
         .as_str()
         .unwrap();
     assert_eq!(load(embedded).admin.to_string(), "127.0.0.1:15000");
-    let notes = manifests(&load(&doc), &doc, &IstioOptions::proxy(local(), NS)).unwrap().notes;
+    let notes = manifests(&load(&doc), &doc, &IstioOptions::proxy(local(), NS))
+        .unwrap()
+        .notes;
     assert!(
-        notes.iter().any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")),
+        notes
+            .iter()
+            .any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")),
         "{notes:?}"
     );
 }
@@ -260,8 +280,11 @@ fn the_embedded_admin_is_the_proxys_admin() {
 fn keys_come_from_a_secret_and_the_bootstrap_override_carries_the_stats_tags() {
     let doc = format!("{DOC}auth: {{ keys_env: LLMROUTE_KEYS }}\n");
     let r = manifests(&load(&doc), &doc, &IstioOptions::proxy(local(), NS)).unwrap();
-    let docs: Vec<(String, Value)> =
-        r.files.iter().map(|(n, y)| (n.clone(), serde_yaml_ng::from_str(y).unwrap())).collect();
+    let docs: Vec<(String, Value)> = r
+        .files
+        .iter()
+        .map(|(n, y)| (n.clone(), serde_yaml_ng::from_str(y).unwrap()))
+        .collect();
     let container = &file(&docs, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["name"], "istio-proxy");
     let env = container["env"].as_array().unwrap();
@@ -270,7 +293,10 @@ fn keys_come_from_a_secret_and_the_bootstrap_override_carries_the_stats_tags() {
         keys["valueFrom"]["secretKeyRef"],
         json!({ "name": "llmroute-keys", "key": "LLMROUTE_KEYS" })
     );
-    assert!(!r.files.iter().any(|(_, y)| y.contains("tok-")), "no key value is rendered");
+    assert!(
+        !r.files.iter().any(|(_, y)| y.contains("tok-")),
+        "no key value is rendered"
+    );
     let vm = &patches(&docs)[0]["patch"]["value"]["typed_config"]["config"]["vm_config"];
     assert_eq!(vm["environment_variables"]["host_env_keys"], json!(["LLMROUTE_KEYS"]));
     let override_path = env.iter().find(|e| e["name"] == "ISTIO_BOOTSTRAP_OVERRIDE").unwrap()["value"]
@@ -278,12 +304,21 @@ fn keys_come_from_a_secret_and_the_bootstrap_override_carries_the_stats_tags() {
         .unwrap()
         .to_string();
     let mount = &container["volumeMounts"][0]["mountPath"];
-    assert!(override_path.starts_with(mount.as_str().unwrap()), "{override_path} under {mount}");
+    assert!(
+        override_path.starts_with(mount.as_str().unwrap()),
+        "{override_path} under {mount}"
+    );
     let cm = file(&docs, "configmap-bootstrap.yaml");
     let overlay: Value = serde_json::from_str(cm["data"]["custom_bootstrap.json"].as_str().unwrap()).unwrap();
     let tags = overlay["stats_config"]["stats_tags"].as_array().unwrap();
     assert_eq!(tags.len(), contract::metrics::LABELS.len());
-    assert!(r.notes.iter().any(|n| n.contains("create secret generic llmroute-keys")), "{:?}", r.notes);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("create secret generic llmroute-keys")),
+        "{:?}",
+        r.notes
+    );
 }
 
 /// Every reason at once, each naming its field.
@@ -298,7 +333,10 @@ fn every_error_is_reported_at_once() {
         "global_limits:",
         "listen: port 15001",
     ] {
-        assert!(errs.iter().any(|e| e.starts_with(want)), "{want} missing from {errs:#?}");
+        assert!(
+            errs.iter().any(|e| e.starts_with(want)),
+            "{want} missing from {errs:#?}"
+        );
     }
     assert_eq!(errs.len(), 5, "{errs:#?}");
 }
