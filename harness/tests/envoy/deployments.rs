@@ -2,7 +2,8 @@
 //! - an Envoy config written by hand (`testdata/envoy/handwritten.yaml`), built only from its own skeleton and
 //!   the sections of `--target filter` pasted in, passes the checks the bootstrap gets: routing by alias with the
 //!   model rewritten, affinity, failover across a multi-route alias, a refusal in JSON, Envoy's own errors in
-//!   JSON, labelled metrics;
+//!   JSON, labelled metrics; another application's route on the same listener is left to it (`other_routes`),
+//!   and without that section the filter takes it;
 //! - every good fixture's sections, pasted into a bare listener, pass `envoy --mode validate`;
 //! - the filter delivered through ECDS from a watched file takes new aliases, models, affinity settings and an
 //!   alias' own affinity under load without a failed request, and refuses a bad push while keeping the old config
@@ -163,6 +164,27 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
     assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
 
+    // Another application's route on the same listener: untouched by the filter, whatever the request says.
+    for req in [
+        c.get(envoy.url("/app/hello")),
+        c.post(envoy.url("/app/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-llmroute-cluster", "llama-a")
+            .body(chat_for("local-chat", "not for llmroute").to_string()),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r.headers().get("x-llmroute-error").is_none());
+        assert_eq!(r.text().await.unwrap(), "the other app");
+    }
+    assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
+    // The filter's own pages, on its routes.
+    let ready = wait_for(Duration::from_secs(15), || async {
+        reqwest::get(envoy.url("/readyz")).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(ready.is_some(), "/readyz never answered 200 through the hand-written routes");
+
     // The pasted bootstrap section's stats_tags: the filter's metrics carry their labels as Prometheus labels.
     let prom = reqwest::get(envoy.admin_url("/stats/prometheus"))
         .await
@@ -204,7 +226,7 @@ async fn without_the_failover_aggregate_a_multi_route_alias_has_no_cluster() {
     assert_eq!(a.chat_counts(), vec![0, 0, 0], "no engine of the alias is reached");
 }
 
-/// A bare listener with markers for every section.
+/// A bare listener with markers for every section, and another application's route.
 const BARE: &str = r#"
 admin: { address: { socket_address: { address: 127.0.0.1, port_value: ${ADMIN_PORT} } } }
 "@llmroute bootstrap": merge
@@ -228,10 +250,33 @@ static_resources:
               routes:
               - "@llmroute failover_route"
               - { match: { prefix: /v1/ }, route: "@llmroute route" }
+              - match: { prefix: /app/ }
+                direct_response: { status: 200, body: { inline_string: app } }
+                "@llmroute other_routes": merge
           http_filters: ["@llmroute http_filters", { name: envoy.filters.http.router, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router } }]
   clusters: ["@llmroute backend_clusters", "@llmroute clusters"]
   secrets: ["@llmroute secrets"]
 "#;
+
+/// Without `other_routes` on it, another application's route is the filter's too: an unknown path gets the
+/// filter's JSON 404 and the application never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_other_routes_the_filter_takes_another_apps_route() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |sections| {
+        sections.as_object_mut().unwrap().remove("other_routes");
+    })
+    .await;
+    let r = client().get(envoy.url("/app/hello")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(
+        r.headers().get("x-llmroute-error").and_then(|v| v.to_str().ok()),
+        Some("unknown_url")
+    );
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string(), "{v}");
+}
 
 /// Every good fixture's sections, pasted into a bare listener (plus, for a discovered backend, the cluster the
 /// notes say is defined elsewhere), make a config Envoy accepts.
