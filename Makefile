@@ -221,12 +221,13 @@ $(VENV)/.istio-check: $(ISTIO_CHECK)/requirements.txt | $(PYTHON)
 	$(PYTHON) -m pip install --quiet -r $(ISTIO_CHECK)/requirements.txt
 	@touch $@
 
-istio-check: cli $(VENV)/.istio-check ## Render testdata/istio/llmroute.yaml for Istio (sidecar, gateway, remote wasm) and validate every manifest against Istio's CRD schemas; the bad fixtures must be refused
+istio-check: cli $(VENV)/.istio-check ## Render testdata/istio/llmroute.yaml for Istio (llmroute's proxies, an ingress gateway, remote wasm) and validate every manifest against Istio's and Kubernetes' schemas; the bad fixtures must be refused
 	rm -rf $(ISTIO_OUT) && mkdir -p $(ISTIO_OUT)
-	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace models --wasm /var/local/wasm/llmroute_filter.wasm -o $(ISTIO_OUT)/sidecar
+	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace llmroute --wasm /var/local/wasm/llmroute_filter.wasm -o $(ISTIO_OUT)/proxy
 	$(CLI) render testdata/istio/llmroute.yaml --target istio --namespace istio-ingress --gateway istio-ingress/llm --gateway-host llm.example.com \
+		--gateway-service-account istio-ingressgateway --engine-selector llmroute.io/engine=true \
 		--wasm-url oci://registry.example.com/llmroute/filter:0.1.0 --sha256 $$(printf '%064d' 0) -o $(ISTIO_OUT)/gateway
-	$(PYTHON) $(ISTIO_CHECK)/check.py $(ISTIO_OUT)/sidecar $(ISTIO_OUT)/gateway
+	$(PYTHON) $(ISTIO_CHECK)/check.py $(ISTIO_OUT)/proxy $(ISTIO_OUT)/gateway
 	$(PYTHON) $(ISTIO_CHECK)/check.py --expect-refused testdata/istio/bad-*.yaml
 
 OCI_OUT := target/oci

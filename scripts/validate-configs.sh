@@ -4,6 +4,8 @@
 #   bad-*   `llmroute validate` exits 1, and its output holds every substring of the file's first line,
 #           `# expect: SUBSTRING[ && SUBSTRING...]`.
 # envoy/llmroute.yaml, when present, is checked like a good fixture.
+# testdata/envoy/handwritten.yaml, an Envoy config written by hand, gets the `--target filter` sections of
+# testdata/envoy/llmroute.yaml pasted in (`--paste-into`) and must pass `envoy --mode validate`.
 #
 # Needs `make build cli envoy` first (`make validate-configs` does both). Prints one line per file and a summary;
 # exits non-zero when any check failed.
@@ -13,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 CLI=target/release/llmroute
 WASM="$PWD/target/wasm32-wasip1/release/llmroute_filter.wasm"
-ENVOY=.tools/bin/envoy
+ENVOY=${LLMROUTE_ENVOY:-.tools/bin/envoy}
 CONFIGS=testdata/configs
 
 for need in "$CLI" "$WASM" "$ENVOY"; do
@@ -142,6 +144,26 @@ if [[ -f envoy/envoy.yaml ]]; then
             indent <<<"$out"
         else
             ok envoy/envoy.yaml
+        fi
+    fi
+fi
+
+# The hand-written config, built only from its own skeleton and the pasted sections. Its port placeholders get the
+# ports of testdata/envoy/llmroute.yaml.
+if [[ -f testdata/envoy/handwritten.yaml ]]; then
+    sed -e 's/${LISTEN_PORT}/10000/g' -e 's/${ADMIN_PORT}/9901/g' testdata/envoy/handwritten.yaml >"$TMP/template.yaml"
+    out=$("$CLI" render testdata/envoy/llmroute.yaml --target filter --wasm "$WASM" \
+        --paste-into "$TMP/template.yaml" -o "$TMP/handwritten.yaml" 2>&1) && rc=0 || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        fail testdata/envoy/handwritten.yaml "llmroute render --paste-into exited $rc"
+        indent <<<"$out"
+    else
+        out=$("$ENVOY" --mode validate -c "$TMP/handwritten.yaml" 2>&1) && rc=0 || rc=$?
+        if [[ $rc -ne 0 ]]; then
+            fail testdata/envoy/handwritten.yaml "envoy --mode validate rejected it with the sections pasted (exit $rc)"
+            indent <<<"$out"
+        else
+            ok "testdata/envoy/handwritten.yaml (sections of testdata/envoy/llmroute.yaml pasted in)"
         fi
     fi
 fi

@@ -22,6 +22,7 @@ mod edge;
 mod failover;
 pub mod istio;
 pub mod observe;
+pub mod paste;
 mod probe;
 mod ratelimit;
 mod store;
@@ -93,15 +94,15 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
     clusters.extend(p.clusters.iter().cloned());
     let mut v = json!({
         "admin": { "address": socket(&cfg.admin.ip().to_string(), cfg.admin.port()) },
-        // The filter's metrics carry their labels in their names; make them labels (render/observe.rs).
-        "stats_config": observe::stats_config(),
         "static_resources": {
-            "listeners": [listener(cfg, http_filters, target::route_config(&p))],
+            "listeners": [listener(cfg, http_filters, target::route_config(&p), &p)],
             "clusters": clusters,
         },
-        // A heap budget, so Envoy sheds requests instead of running out of memory (render/edge.rs).
-        "overload_manager": edge::overload_manager(cfg),
     });
+    if let Value::Object(m) = &mut v {
+        // stats_config (the filter's metric labels) and the overload manager's heap budget.
+        m.extend(p.bootstrap.clone());
+    }
     if !p.secrets.is_empty() {
         v["static_resources"]["secrets"] = Value::from(p.secrets);
     }
@@ -109,7 +110,6 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
         // Envoy refuses xDS config sources, file-based ones included, without a node identity.
         v["node"] = ecds::node();
     }
-    tls::apply_listeners(cfg, &mut v); // the listener's transport socket (render/tls.rs); the clusters' came with the pieces
     Ok(v)
 }
 
@@ -160,7 +160,7 @@ pub(crate) fn duration_ms(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 
-fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Value {
+fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &target::Pieces) -> Value {
     let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llmroute",
@@ -168,23 +168,26 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value) -> Valu
         "always_set_request_id_in_response": true,
         "route_config": route_config,
         "http_filters": http_filters,
-        "access_log": observe::access_log(cfg), // one JSON line per request (render/observe.rs)
     });
-    if let Value::Object(m) = &mut hcm {
-        // Timeouts, HTTP/2 bounds, header hygiene and JSON local replies (render/edge.rs).
-        m.extend(edge::hcm_fields(cfg));
+    let mut chain = json!({
+        "filters": [{ "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm.take() }],
+    });
+    if let Value::Object(m) = &mut chain["filters"][0]["typed_config"] {
+        // The access log, timeouts, HTTP/2 bounds, header hygiene and JSON local replies.
+        m.extend(p.connection_manager.clone());
     }
-    json!({
+    if let Value::Object(m) = &mut chain {
+        m.extend(p.filter_chain.clone()); // the transport socket with listen_tls (render/tls.rs)
+    }
+    let mut l = json!({
         "name": "llmroute",
         "address": socket(&cfg.listen.ip().to_string(), cfg.listen.port()),
-        "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + BUFFER_SLACK,
-        "filter_chains": [{
-            "filters": [{
-                "name": "envoy.filters.network.http_connection_manager",
-                "typed_config": hcm,
-            }],
-        }],
-    })
+        "filter_chains": [chain],
+    });
+    if let Value::Object(m) = &mut l {
+        m.extend(p.listener.clone());
+    }
+    l
 }
 
 pub(crate) fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {

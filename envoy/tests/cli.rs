@@ -622,21 +622,79 @@ fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
         pieces["failover_route"]["match"]["headers"][0]["name"],
         "x-llmroute-alias"
     );
-    let err = stderr(&out);
-    assert!(err.contains("per_connection_buffer_limit_bytes: 17825792"), "{err}");
-    assert!(err.contains("filter_metadata.llmroute.backend"), "{err}");
-}
-
-#[test]
-fn target_filter_warns_about_backend_tls_it_cannot_carry() {
-    let out = render_args(&fixture("good-tls.yaml"), &["--target", "filter"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(pieces["listener"]["per_connection_buffer_limit_bytes"], 17825792);
+    // The members' endpoints carry the metadata the failover's upstream role reads.
+    for c in pieces["backend_clusters"].as_array().unwrap() {
+        let eps = &c["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        for e in eps.as_array().unwrap() {
+            assert_eq!(
+                e["metadata"]["filter_metadata"]["llmroute"]["backend"], c["name"],
+                "{c}"
+            );
+        }
+    }
     let err = stderr(&out);
     assert!(
-        err.contains("has tls: put its transport_socket on your cluster"),
+        err.contains("note: admin: the filter polls Envoy's admin API at 127.0.0.1:9901"),
         "{err}"
     );
-    assert!(err.contains("listen_tls"), "{err}");
+}
+
+/// What once had to be copied from `--target envoy` by hand is in the one document: the backends' TLS and
+/// credentials with their clusters, the listener's TLS, and the connection manager's and bootstrap's fields.
+#[test]
+fn target_filter_carries_tls_credentials_and_the_edge_settings() {
+    let path = fixture("good-tls.yaml");
+    let out = render_args(&path, &["--target", "filter"]);
+    let pieces = parse_yaml(&out);
+    let boot = parse_bootstrap(&stdout(&render_args(&path, &[])));
+    assert_eq!(
+        pieces["backend_clusters"],
+        Value::from(backend_clusters(&boot).into_iter().cloned().collect::<Vec<_>>())
+    );
+    let listener = &boot["static_resources"]["listeners"][0];
+    assert_eq!(
+        pieces["filter_chain"]["transport_socket"],
+        listener["filter_chains"][0]["transport_socket"]
+    );
+    for (k, v) in pieces["connection_manager"].as_object().unwrap() {
+        assert_eq!(&hcm(&boot)[k], v, "{k}");
+    }
+    assert_eq!(pieces["bootstrap"]["stats_config"], boot["stats_config"]);
+    assert_eq!(pieces["bootstrap"]["overload_manager"], boot["overload_manager"]);
+    let err = stderr(&out);
+    assert!(!err.contains("copy"), "nothing is left to copy by hand: {err}");
+}
+
+/// `--paste-into`: the template's markers filled with the sections; the template's own parts kept.
+#[test]
+fn target_filter_pastes_into_a_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("mine.yaml");
+    std::fs::write(
+        &template,
+        "static_resources:\n  clusters: ['@llmroute backend_clusters', '@llmroute clusters', { name: app }]\n",
+    )
+    .unwrap();
+    let path = fixture("good-multi.yaml");
+    let out = render_args(
+        &path,
+        &["--target", "filter", "--paste-into", template.to_str().unwrap()],
+    );
+    let v = parse_yaml(&out);
+    let pieces = parse_yaml(&render_args(&path, &["--target", "filter"]));
+    let names: Vec<&str> = v["static_resources"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    let want = pieces["backend_clusters"].as_array().unwrap().len() + pieces["clusters"].as_array().unwrap().len() + 1;
+    assert_eq!(names.len(), want, "{names:?}");
+    assert_eq!(names.last(), Some(&"app"));
+    let refused = render_args(&path, &["--paste-into", template.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("--paste-into goes with --target filter"));
 }
 
 #[test]
@@ -826,4 +884,102 @@ fn a_relative_wasm_path_is_refused_for_every_target() {
         );
         assert!(!out_path.exists(), "--target {target}: nothing is written");
     }
+
+fn istio_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/istio/llmroute.yaml")
+        .canonicalize()
+        .expect("testdata/istio/llmroute.yaml exists")
+}
+
+#[test]
+fn target_istio_writes_the_manifests_and_says_what_is_left_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = istio_fixture();
+    let doc = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("limits:", "auth: { keys_env: LLMROUTE_KEYS }\nlimits:");
+    let config = dir.path().join("llmroute.yaml");
+    std::fs::write(&config, doc).unwrap();
+    let out_dir = dir.path().join("istio");
+    let out = render_args(
+        &config,
+        &[
+            "--target",
+            "istio",
+            "--namespace",
+            "llmroute",
+            "-o",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    for name in [
+        "authorizationpolicy-models.yaml",
+        "deployment.yaml",
+        "envoyfilter.yaml",
+        "gateway.yaml",
+    ] {
+        assert!(listed.iter().any(|l| l.ends_with(name)), "{name}: {listed:?}");
+        assert!(out_dir.join(name).exists(), "{name}");
+    }
+    let err = stderr(&out);
+    let prefix = format!("{}: note: ", config.display());
+    for want in [
+        "kubectl -n llmroute create secret generic llmroute-keys --from-literal=LLMROUTE_KEYS=",
+        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000",
+        "denies every request not made as cluster.local/ns/llmroute/sa/llmroute",
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(&prefix) && l.contains(want)),
+            "{want}:\n{err}"
+        );
+    }
+}
+
+/// Like `validate`: the file's name, the count, then every error, the flags' and the config's, and nothing written.
+#[test]
+fn target_istio_reports_every_error_at_once_with_the_file_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mesh.yaml");
+    std::fs::write(
+        &config,
+        "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\n  - { name: 'outbound|80||b.llmroute.svc.cluster.local', kind: vllm, discovery: {} }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\nglobal_limits: { address: '127.0.0.1:8081' }\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("istio");
+    let out = Command::new(env!("CARGO_BIN_EXE_llmroute"))
+        .arg("render")
+        .arg(&config)
+        .args([
+            "--target",
+            "istio",
+            "--wasm",
+            "relative.wasm",
+            "--engine-selector",
+            "nolabel",
+            "-o",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!("{}: 6 error(s):\n", config.display())),
+        "{err}"
+    );
+    for want in [
+        "  --wasm: \"relative.wasm\" is not an absolute path",
+        "  --engine-selector: \"nolabel\" is not LABEL=VALUE",
+        "  backends[a].name: not an Istio outbound cluster name",
+        "  backends[a].discovery:",
+        "  backends[outbound|80||b.llmroute.svc.cluster.local]: the engines' namespace `llmroute`",
+        "  global_limits:",
+    ] {
+        assert!(err.lines().any(|l| l.starts_with(want)), "{want}:\n{err}");
+    }
+    assert!(stdout(&out).is_empty());
+    assert!(!out_dir.exists(), "nothing is written");
 }

@@ -12,8 +12,10 @@
 
 use std::path::{Path, PathBuf};
 
+use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    SanType,
 };
 
 /// A CA, one server certificate and one client certificate it signed, as PEM text.
@@ -52,18 +54,7 @@ impl TestPki {
 
     fn generate_for(names: Vec<String>) -> Result<TestPki, String> {
         let err = |e: rcgen::Error| e.to_string();
-        let ca_key = KeyPair::generate().map_err(err)?;
-        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, "llmroute test CA (test only)");
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
-        let issuer = Issuer::new(ca, ca_key);
+        let (ca_cert, issuer) = new_ca()?;
 
         let server_key = KeyPair::generate().map_err(err)?;
         let mut server = CertificateParams::new(names).map_err(err)?;
@@ -111,6 +102,72 @@ impl TestPki {
         std::fs::write(&files.client_cert_file, &self.client_cert_pem)?;
         write_private(&files.client_key_file, &self.client_key_pem)?;
         Ok(files)
+    }
+}
+
+fn new_ca() -> Result<(rcgen::Certificate, Issuer<'static, KeyPair>), String> {
+    let err = |e: rcgen::Error| e.to_string();
+    let ca_key = KeyPair::generate().map_err(err)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "llmroute test CA (test only)");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
+    Ok((ca_cert, Issuer::new(ca, ca_key)))
+}
+
+/// A service mesh's certificates, as Istio issues them: a CA, and one certificate per workload identity, whose
+/// only name is a SPIFFE URI (`spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/ACCOUNT`), usable as client and server.
+#[derive(Clone, Debug)]
+pub struct MeshPki {
+    pub ca_pem: String,
+    /// `(identity, certificate PEM, key PEM)`, in the order asked for.
+    pub workloads: Vec<(String, String, String)>,
+}
+
+impl MeshPki {
+    pub fn generate(identities: &[&str]) -> Result<MeshPki, String> {
+        let err = |e: rcgen::Error| e.to_string();
+        let (ca_cert, issuer) = new_ca()?;
+        let mut workloads = Vec::new();
+        for id in identities {
+            let key = KeyPair::generate().map_err(err)?;
+            let mut p = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+            p.subject_alt_names = vec![SanType::URI(Ia5String::try_from(*id).map_err(err)?)];
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+            p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+            p.use_authority_key_identifier_extension = true;
+            let cert = p.signed_by(&key, &issuer).map_err(err)?;
+            workloads.push((id.to_string(), cert.pem(), key.serialize_pem()));
+        }
+        Ok(MeshPki {
+            ca_pem: ca_cert.pem(),
+            workloads,
+        })
+    }
+
+    /// Writes `ca.pem`, and `workload-N.pem` / `workload-N.key` per identity, into `dir`; returns the CA's path
+    /// and each identity's `(certificate, key)` paths.
+    pub fn write(&self, dir: &Path) -> std::io::Result<(PathBuf, Vec<(PathBuf, PathBuf)>)> {
+        std::fs::create_dir_all(dir)?;
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, &self.ca_pem)?;
+        let mut out = Vec::new();
+        for (i, (_, cert, key)) in self.workloads.iter().enumerate() {
+            let (c, k) = (
+                dir.join(format!("workload-{i}.pem")),
+                dir.join(format!("workload-{i}.key")),
+            );
+            std::fs::write(&c, cert)?;
+            write_private(&k, key)?;
+            out.push((c, k));
+        }
+        Ok((ca, out))
     }
 }
 

@@ -31,9 +31,17 @@ KINDS = {
     "networking.istio.io/v1/Gateway": ("cloudcoil.models.istio.networking.v1", "Gateway"),
     "security.istio.io/v1/AuthorizationPolicy": ("cloudcoil.models.istio.security.v1", "AuthorizationPolicy"),
     "v1/Service": ("cloudcoil.models.kubernetes.core.v1", "Service"),
+    "v1/ServiceAccount": ("cloudcoil.models.kubernetes.core.v1", "ServiceAccount"),
+    "v1/ConfigMap": ("cloudcoil.models.kubernetes.core.v1", "ConfigMap"),
+    "apps/v1/Deployment": ("cloudcoil.models.kubernetes.apps.v1", "Deployment"),
 }
 # A resource's own top level: the Resource base class accepts any key, so these are checked here.
 TOP_LEVEL = {"apiVersion", "kind", "metadata", "spec"}
+# Kinds whose top level differs: a ConfigMap has no spec, a ServiceAccount neither.
+TOP_LEVEL_OF = {
+    "v1/ConfigMap": {"apiVersion", "kind", "metadata", "data", "binaryData", "immutable"},
+    "v1/ServiceAccount": {"apiVersion", "kind", "metadata", "automountServiceAccountToken", "imagePullSecrets", "secrets"},
+}
 
 
 def files(args):
@@ -64,9 +72,10 @@ def check(path):
             continue
         module, name = KINDS[key]
         model = getattr(importlib.import_module(module), name)
-        for extra in sorted(set(doc) - TOP_LEVEL):
+        top = TOP_LEVEL_OF.get(key, TOP_LEVEL)
+        for extra in sorted(set(doc) - top):
             errors.append(f"{path}[{i}] {name}: field check: unknown field {extra!r} at the top level")
-        body = {k: v for k, v in doc.items() if k in TOP_LEVEL}
+        body = {k: v for k, v in doc.items() if k in top}
         try:
             model.model_validate(body, strict=True, by_alias=True, by_name=False)
         except pydantic.ValidationError as e:

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use llmroute_envoy::discover;
 use llmroute_envoy::register::{self, Registration};
-use llmroute_envoy::render::{bootstrap_yaml, ecds, target, RenderOptions};
+use llmroute_envoy::render::{bootstrap_yaml, ecds, paste, target, RenderOptions};
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +49,10 @@ enum Command {
         /// it with --target ecds) instead of inline.
         #[arg(long, value_name = "PATH")]
         ecds_path: Option<String>,
+        /// With --target filter: write this Envoy config of yours (YAML) with its `"@llmroute SECTION"` markers
+        /// replaced by the sections, instead of the sections alone.
+        #[arg(long, value_name = "TEMPLATE")]
+        paste_into: Option<PathBuf>,
         /// Output file (a directory for `--target istio`); standard output when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -119,7 +123,8 @@ enum Target {
     Filter,
     /// The `DiscoveryResponse` holding the filter's extension config, for a watched ECDS file.
     Ecds,
-    /// Istio manifests (EnvoyFilter patches, DestinationRules, a VirtualService) into the -o directory.
+    /// Istio manifests (llmroute's proxies, the EnvoyFilter, traffic rules, the engines' AuthorizationPolicy)
+    /// into the -o directory.
     Istio,
 }
 
@@ -132,10 +137,11 @@ struct IstioArgs {
     /// istio: sha256 of the module fetched from --wasm-url (64 lowercase hex digits).
     #[arg(long)]
     sha256: Option<String>,
-    /// istio: namespace of the manifests.
-    #[arg(long, default_value = "default")]
+    /// istio: namespace of llmroute's workloads and manifests; not an engine namespace (see --engine-selector).
+    #[arg(long, default_value = "llmroute")]
     namespace: String,
-    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of the sidecars.
+    /// istio: run in an ingress gateway behind this Istio Gateway (`NAMESPACE/NAME`) instead of llmroute's own
+    /// proxies.
     #[arg(long)]
     gateway: Option<String>,
     /// istio: with --gateway, the host clients call.
@@ -144,6 +150,19 @@ struct IstioArgs {
     /// istio: with --gateway, the value of the gateway pods' `istio` label.
     #[arg(long, default_value = "ingressgateway")]
     gateway_selector: String,
+    /// istio: with --gateway, the service account of the gateway's pods: the only identity the engines admit.
+    #[arg(long, value_name = "NAME")]
+    gateway_service_account: Option<String>,
+    /// istio: a label the engines' pods carry (repeatable): the engines' AuthorizationPolicy covers only those
+    /// pods instead of their whole namespace.
+    #[arg(long, value_name = "LABEL=VALUE")]
+    engine_selector: Vec<String>,
+    /// istio: the mesh's trust domain, in the identity the engines admit.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// istio: the Secret holding the API keys of `auth.keys_env`, under a key of the variable's name.
+    #[arg(long, default_value = "llmroute-keys", value_name = "NAME")]
+    keys_secret: String,
 }
 
 /// `--wasm`: Envoy resolves a relative `filename` from its own working directory, which is seldom this one.
@@ -169,21 +188,55 @@ fn render_istio(
     use llmroute_envoy::render::istio::{manifests, Deployment, IstioOptions, WasmSource};
     let out = out.ok_or("--target istio needs -o DIR")?;
     let (cfg, text) = load(config, env)?;
-    let mut opts = IstioOptions::sidecar(WasmSource::from_args(wasm, a.wasm_url, a.sha256)?, a.namespace);
+    // Every problem at once, the flags' and the config's, as `validate` reports a config's.
+    let mut errs = Vec::new();
+    let wasm = WasmSource::from_args(wasm, a.wasm_url, a.sha256).unwrap_or_else(|e| {
+        errs.push(e);
+        WasmSource::Local("/".into())
+    });
+    let mut opts = IstioOptions::proxy(wasm, a.namespace);
+    opts.trust_domain = a.trust_domain;
+    opts.keys_secret = a.keys_secret;
+    for s in a.engine_selector {
+        match s.split_once('=') {
+            Some((k, v)) if !k.is_empty() => opts.engine_selector.push((k.to_string(), v.to_string())),
+            _ => errs.push(format!("--engine-selector: {s:?} is not LABEL=VALUE, e.g. app=vllm")),
+        }
+    }
     if let Some(gateway) = a.gateway {
         opts.deployment = Deployment::Gateway {
             gateway,
             host: a.gateway_host,
             selector: a.gateway_selector,
+            service_account: a.gateway_service_account,
         };
+    } else if a.gateway_service_account.is_some() {
+        errs.push("--gateway-service-account goes with --gateway".into());
+    }
+    let rendered = manifests(&cfg, &text, &opts);
+    if let Err(e) = &rendered {
+        errs.extend(e.iter().cloned());
+    }
+    let rendered = match rendered {
+        Ok(r) if errs.is_empty() => r,
+        _ => return Err(report(config, &errs)),
+    };
+    for n in &rendered.notes {
+        eprintln!("{}: note: {n}", config.display());
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    for (name, yaml) in manifests(&cfg, &text, &opts)? {
+    for (name, yaml) in rendered.files {
         let path = out.join(name);
         std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(())
+}
+
+/// Every error of a file, one per line, as `validate` prints them.
+fn report(path: &std::path::Path, errs: &[String]) -> String {
+    let lines: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
+    format!("{}: {} error(s):\n{}", path.display(), errs.len(), lines.join("\n"))
 }
 
 fn main() -> ExitCode {
@@ -217,11 +270,15 @@ fn run(command: Command) -> Result<(), String> {
             wasm,
             target,
             ecds_path,
+            paste_into,
             output,
             require_env,
             istio,
         } => {
             let env = EnvCheck::from_flag(require_env);
+            if paste_into.is_some() && target != Target::Filter {
+                return Err("--paste-into goes with --target filter".into());
+            }
             let wasm = match (target, wasm) {
                 (Target::Istio, wasm) => return render_istio(&config, env, wasm, *istio, output),
                 (_, Some(wasm)) => wasm,
@@ -241,10 +298,13 @@ fn run(command: Command) -> Result<(), String> {
             let yaml = match target {
                 Target::Envoy => bootstrap_yaml(&cfg, &text, &opts)?,
                 Target::Filter => {
-                    for l in target::limitations(&cfg) {
+                    for l in target::notes(&cfg) {
                         eprintln!("{}: note: {l}", config.display());
                     }
-                    target::filter_yaml(&cfg, &text, &opts)?
+                    match &paste_into {
+                        Some(t) => pasted(&cfg, &text, &opts, t)?,
+                        None => target::filter_yaml(&cfg, &text, &opts)?,
+                    }
                 }
                 Target::Ecds if opts.ecds_path.is_some() => {
                     return Err("--ecds-path goes with --target envoy or filter, not ecds".into());
@@ -288,6 +348,24 @@ fn run(command: Command) -> Result<(), String> {
             interval: std::time::Duration::from_millis(interval_ms),
         }),
     }
+}
+
+/// `--paste-into TEMPLATE`: the template with the sections in place of its markers.
+fn pasted(
+    cfg: &llmroute_core::Config,
+    text: &str,
+    opts: &RenderOptions,
+    template: &std::path::Path,
+) -> Result<String, String> {
+    let t = std::fs::read_to_string(template).map_err(|e| format!("{}: {e}", template.display()))?;
+    let sections = target::filter_document(&target::pieces(cfg, text, opts)?);
+    let v = paste::paste(&t, &sections).map_err(|e| format!("{}: {e}", template.display()))?;
+    let body = serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "# {} with the sections of `llmroute render --target filter` {} pasted in.\n{body}",
+        template.display(),
+        llmroute_core::VERSION
+    ))
 }
 
 fn register(reg: Registration) -> Result<(), String> {
@@ -339,6 +417,5 @@ fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Config, String)
 
 /// `PATH: N error(s):`, then one indented line per error.
 fn errors(path: &Path, errs: &[llmroute_core::ConfigError]) -> String {
-    let lines: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
-    format!("{}: {} error(s):\n{}", path.display(), errs.len(), lines.join("\n"))
+    report(path, &errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())
 }

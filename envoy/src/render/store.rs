@@ -200,10 +200,10 @@ mod tests {
         );
         let cfg = llmroute_core::load_config(&istio).unwrap();
         let wasm = crate::render::istio::WasmSource::Local("/w.wasm".into());
-        let docs =
-            crate::render::istio::manifests(&cfg, &istio, &crate::render::istio::IstioOptions::sidecar(wasm, "m"))
-                .unwrap();
-        let filter: Value = serde_yaml_ng::from_str(&docs[0].1).unwrap();
+        let opts = crate::render::istio::IstioOptions::proxy(wasm, "llmroute");
+        let docs = crate::render::istio::manifests(&cfg, &istio, &opts).unwrap().files;
+        let (_, filter) = docs.iter().find(|(n, _)| n == "envoyfilter.yaml").unwrap();
+        let filter: Value = serde_yaml_ng::from_str(filter).unwrap();
         let added = filter["spec"]["configPatches"]
             .as_array()
             .unwrap()

@@ -1,32 +1,41 @@
-//! The pieces an Envoy needs for llmroute, apart from the listener, the virtual host and the backends' own
-//! clusters: what `llmroute render --target filter` prints for an Envoy someone already runs, and what the full
-//! bootstrap (`--target envoy`) is assembled from, so the two cannot drift.
+//! Everything llmroute adds to an Envoy, split by where it goes: what `llmroute render --target filter` prints for
+//! an Envoy someone already runs, and what the full bootstrap (`--target envoy`) is assembled from, so the two
+//! cannot drift. Nothing of the bootstrap is left out of the pieces but the listener's own address and names.
 //!
-//! - `http_filters`: the entries that go before the router, in order: the wasm filter (inline, or through ECDS
-//!   when [`RenderOptions::ecds_path`] is set), Envoy's rate-limit filter with `global_limits`, then the
-//!   stateful-session filter with `bounded_keys` placement.
+//! - `bootstrap`: top-level fields: `stats_config` (the `stats_tags` that make the filter's metric labels) and the
+//!   overload manager.
+//! - `listener`: `per_connection_buffer_limit_bytes`, above the filter's body limit; `filter_chain`: with
+//!   `listen_tls`, the chain's `transport_socket`.
+//! - `connection_manager`: the connection manager's fields: the JSON access log, the edge timeouts and HTTP/2
+//!   bounds, header hygiene and the `local_reply_config` that gives Envoy's own errors the API's envelope.
+//! - `http_filters`: the entries that go before the router, in order: the compressor (`compress_responses`), the
+//!   wasm filter (inline, or through ECDS when [`RenderOptions::ecds_path`] is set), Envoy's rate-limit filter with
+//!   `global_limits`, then the stateful-session filter with `bounded_keys` placement.
 //! - `route`: the RouteAction for inference paths (`cluster_header`, `hash_policy`, retry policy, timeout).
 //! - `failover_route`: only when an alias has routes to several backends. A whole route (match plus action) that
 //!   must come before the inference route: requests for such aliases carry `x-llmroute-alias` and need the retry
 //!   priority that moves on to the next backend.
+//! - `other_routes`: the per-route config that turns every one of those filters off, for the routes of other
+//!   applications on the same connection manager: the filter then runs on the inference routes only.
 //! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the `/props`
 //!   probe clusters (per endpoint, and original-destination ones for discovered llama.cpp backends), and
-//!   `llmroute_admin`, and with `affinity.placement_store` the etcd cluster `llmroute_placement_store`. A multi-route alias is routed to its aggregate; without it the request names a cluster that
-//!   does not exist.
-//! - `secrets`: only when a backend has `credential_env`: the SDS secrets the aggregates' injectors read.
+//!   `llmroute_admin`, and with `affinity.placement_store` the etcd cluster `llmroute_placement_store`. A
+//!   multi-route alias is routed to its aggregate; without it the request names a cluster that does not exist.
+//! - `backend_clusters`: one cluster per backend with listed endpoints or an EDS file, named after it, with its
+//!   load balancer, health checks, outlier detection, circuit breaker, TLS and credential injector, and its
+//!   endpoints tagged with `llmroute.backend` metadata for failover.
+//! - `secrets`: only when a backend has `credential_env`: the SDS secrets the injectors read.
 //!
-//! What the pieces cannot carry: the backends' own clusters (named after the backends, their endpoints tagged
-//! with `llmroute.backend` metadata for failover), and a backend's `tls` transport socket and credential
-//! injector, which belong on those clusters; the listener's `per_connection_buffer_limit_bytes` and downstream
-//! TLS. [`limitations`] names the ones a given config needs, and the CLI prints them as warnings.
+//! [`notes`] names what the pieces still leave to the operator for a given config (the admin address, clusters
+//! defined elsewhere); the CLI prints them.
 
 use llmroute_core::config::Config;
 use llmroute_core::envoy_contract as contract;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, failover, probe, ratelimit, stateful_session, store,
-    tls, RenderOptions, BUFFER_SLACK,
+    admin, cluster, config_json, credentials, duration_ms, ecds, edge, failover, observe, probe, ratelimit,
+    stateful_session, store, tls, RenderOptions, BUFFER_SLACK,
 };
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
@@ -44,6 +53,16 @@ pub struct Pieces {
     pub clusters: Vec<Value>,
     /// Static SDS secrets (backend credentials).
     pub secrets: Vec<Value>,
+    /// The bootstrap's top-level fields: `stats_config`, `overload_manager`.
+    pub bootstrap: Map<String, Value>,
+    /// The listener's fields: `per_connection_buffer_limit_bytes`.
+    pub listener: Map<String, Value>,
+    /// The filter chain's fields: its `transport_socket` with `listen_tls`; empty without.
+    pub filter_chain: Map<String, Value>,
+    /// The connection manager's fields: access log, edge timeouts and bounds, `local_reply_config`.
+    pub connection_manager: Map<String, Value>,
+    /// The route fields that turn every entry of `http_filters` off, for other applications' routes.
+    pub other_routes: Value,
 }
 
 /// Renders the pieces. `config_text` must be the document `cfg` was loaded from.
@@ -89,6 +108,15 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     } else {
         None
     };
+    let other_routes = other_routes(&http_filters);
+    let mut connection_manager = Map::new();
+    // One JSON line per request (render/observe.rs), then the edge settings (render/edge.rs).
+    connection_manager.insert("access_log".into(), observe::access_log(cfg));
+    connection_manager.extend(edge::hcm_fields(cfg));
+    // The listener pass works on a bootstrap-shaped value too: one listener with one empty filter chain.
+    let mut chain = json!({ "static_resources": { "listeners": [{ "filter_chains": [{}] }] } });
+    tls::apply_listeners(cfg, &mut chain);
+    let filter_chain = object(chain["static_resources"]["listeners"][0]["filter_chains"][0].take());
     Ok(Pieces {
         http_filters,
         route,
@@ -96,7 +124,40 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
         backend_clusters,
         clusters,
         secrets: take_array(&mut scratch["static_resources"]["secrets"]),
+        bootstrap: object(json!({
+            // The filter's metrics carry their labels in their names; make them labels (render/observe.rs).
+            "stats_config": observe::stats_config(),
+            // A heap budget, so Envoy sheds requests instead of running out of memory (render/edge.rs).
+            "overload_manager": edge::overload_manager(cfg),
+        })),
+        listener: object(json!({ "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + BUFFER_SLACK })),
+        filter_chain,
+        connection_manager,
+        other_routes,
     })
+}
+
+/// `typed_per_filter_config` that disables each of `filters` on a route: Envoy's generic `FilterConfig`, keyed by
+/// the filter's name in the chain.
+fn other_routes(filters: &[Value]) -> Value {
+    let off: Map<String, Value> = filters
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .map(|name| {
+            (
+                name.to_string(),
+                json!({ "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true }),
+            )
+        })
+        .collect();
+    json!({ "typed_per_filter_config": off })
+}
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
 }
 
 /// The RouteAction. With the filter, the cluster comes from the filter's header; without it, the first backend.
@@ -157,96 +218,117 @@ pub fn compressor() -> Value {
     })
 }
 
-/// The `--target filter` document: `http_filters`, `route`, `clusters`, and `failover_route` / `secrets`
-/// when the config needs them.
+/// The sections of the `--target filter` document, in order, each with where it goes. Optional sections are
+/// left out when the config does not need them.
+pub const SECTIONS: [(&str, &str); 11] = [
+    ("bootstrap", "merge into your bootstrap's top level (append the stats_tags to yours, if you have some)"),
+    ("listener", "merge into the listener that serves inference"),
+    ("filter_chain", "merge into that listener's filter chain (listen_tls)"),
+    (
+        "connection_manager",
+        "merge into that listener's HttpConnectionManager typed_config: access log, timeouts, HTTP/2 bounds, JSON local replies",
+    ),
+    ("http_filters", "put these before envoy.filters.http.router, in this order"),
+    (
+        "route",
+        "the RouteAction of your inference route(s), e.g. prefix /v1/; /healthz, /readyz and /llmroute/status need a route where the filter runs too",
+    ),
+    (
+        "failover_route",
+        "a route before your inference route, with its path match plus this header match; multi-route aliases need it",
+    ),
+    (
+        "other_routes",
+        "merge into every other route (or virtual host) of that connection manager: llmroute's filters stay off there",
+    ),
+    ("clusters", "add to your clusters: llmroute's own (failover aggregates, probes, llmroute_admin)"),
+    (
+        "backend_clusters",
+        "add to your clusters, or replace yours of the same name: one per backend, with health checks, outlier detection, circuit breaker",
+    ),
+    ("secrets", "add to static_resources.secrets"),
+];
+
+/// The `--target filter` document: every section the config needs, keyed by [`SECTIONS`] names.
 pub fn filter_document(p: &Pieces) -> Value {
-    let mut doc = json!({ "http_filters": p.http_filters, "route": p.route, "clusters": p.clusters });
+    let mut doc = Map::new();
+    let mut put = |k: &str, v: Value| {
+        doc.insert(k.to_string(), v);
+    };
+    put("bootstrap", Value::Object(p.bootstrap.clone()));
+    put("listener", Value::Object(p.listener.clone()));
+    if !p.filter_chain.is_empty() {
+        put("filter_chain", Value::Object(p.filter_chain.clone()));
+    }
+    put("connection_manager", Value::Object(p.connection_manager.clone()));
+    put("http_filters", Value::from(p.http_filters.clone()));
+    put("route", p.route.clone());
     if let Some(f) = &p.failover_route {
-        doc["failover_route"] = f.clone();
+        put("failover_route", f.clone());
+    }
+    put("other_routes", p.other_routes.clone());
+    put("clusters", Value::from(p.clusters.clone()));
+    if !p.backend_clusters.is_empty() {
+        put("backend_clusters", Value::from(p.backend_clusters.clone()));
     }
     if !p.secrets.is_empty() {
-        doc["secrets"] = Value::from(p.secrets.clone());
+        put("secrets", Value::from(p.secrets.clone()));
     }
-    doc
+    Value::Object(doc)
 }
 
-/// `--target filter` as YAML, with a header that says where each key goes and what the Envoy must also have.
+/// `--target filter` as YAML: one document, with a header that says where each section goes, and the notes.
 pub fn filter_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
-    let p = pieces(cfg, config_text, opts)?;
-    let body = serde_yaml_ng::to_string(&filter_document(&p)).map_err(|e| e.to_string())?;
-    let mut head = vec![
-        format!(
-            "# Rendered by `llmroute render --target filter` {}: the pieces llmroute adds to an Envoy you run.",
-            llmroute_core::VERSION
-        ),
-        "# http_filters: put these before envoy.filters.http.router in your connection manager, in this order."
-            .to_string(),
-        "# route: the RouteAction of your inference route(s) (for example prefix /v1/).".to_string(),
-    ];
-    if p.failover_route.is_some() {
-        head.push(
-            "# failover_route: a route to put before your inference route, with the same path match plus its header \
-             match; multi-route aliases need it and the llmroute-failover-* clusters."
-                .to_string(),
-        );
+    let doc = filter_document(&pieces(cfg, config_text, opts)?);
+    let mut head = vec![format!(
+        "# Rendered by `llmroute render --target filter` {}: everything llmroute adds to an Envoy you run, in \
+         sections. Paste each where its line says (or let `--paste-into` do it).",
+        llmroute_core::VERSION
+    )];
+    for (key, where_) in SECTIONS {
+        if doc.get(key).is_some() {
+            head.push(format!("# {key}: {where_}."));
+        }
     }
-    head.push(
-        "# clusters: add to your clusters. Yours must include one per backend, named as in llmroute.yaml.".to_string(),
-    );
-    if !p.secrets.is_empty() {
-        head.push("# secrets: add to static_resources.secrets.".to_string());
-    }
-    for l in limitations(cfg) {
+    for l in notes(cfg) {
         head.push(format!("# NOTE: {l}"));
+    }
+    // One section at a time, each after a blank line, in the order of the header.
+    let mut body = String::new();
+    for (key, _) in SECTIONS {
+        if let Some(v) = doc.get(key) {
+            let one = serde_yaml_ng::to_string(&json!({ key: v })).map_err(|e| e.to_string())?;
+            body.push('\n');
+            body.push_str(&one);
+        }
     }
     Ok(format!("{}\n{body}", head.join("\n")))
 }
 
-/// What the pieces cannot carry for this config, as sentences for warnings and the header.
-pub fn limitations(cfg: &Config) -> Vec<String> {
+/// What the pieces leave to the operator for this config, as sentences for notes and the header.
+pub fn notes(cfg: &Config) -> Vec<String> {
+    let to = admin::target(cfg.admin);
     let mut out = vec![format!(
-        "your listener needs per_connection_buffer_limit_bytes: {} so the filter, not Envoy, answers oversized \
-         bodies",
-        cfg.limits.max_body_bytes + BUFFER_SLACK
+        "admin: the filter polls Envoy's admin API at {to} through llmroute_admin for /readyz and /llmroute/status; \
+         `admin:` in llmroute.yaml ({}) must be your Envoy's admin address, or /readyz stays 503",
+        cfg.admin
     )];
-    if cfg.models.iter().any(llmroute_core::route_choice::has_failover) {
-        out.push(
-            "failover: every endpoint of a failover member cluster needs metadata filter_metadata.llmroute.backend: \
-             <backend name>"
-                .to_string(),
-        );
+    for b in cfg
+        .backends
+        .iter()
+        .filter(|b| b.discovery.as_ref().is_some_and(|d| d.eds_path.is_none()))
+    {
+        out.push(format!(
+            "backend `{}` is discovered (discovery: {{}}): your Envoy must define its cluster, named exactly `{}`{}",
+            b.name,
+            b.name,
+            if cfg.models.iter().any(llmroute_core::route_choice::has_failover) {
+                ", with endpoint metadata filter_metadata.llmroute.backend for failover"
+            } else {
+                ""
+            }
+        ));
     }
-    for b in &cfg.backends {
-        if b.tls.is_some() {
-            out.push(format!(
-                "backend `{}` has tls: put its transport_socket on your cluster `{}` (see --target envoy)",
-                b.name, b.name
-            ));
-        }
-        if b.credential_env.is_some() {
-            out.push(format!(
-                "backend `{}` has credential_env: put its credential_injector upstream filter on your cluster `{}` \
-                 (see --target envoy)",
-                b.name, b.name
-            ));
-        }
-    }
-    if cfg.listen_tls.is_some() {
-        out.push(
-            "listen_tls: put the DownstreamTlsContext on your listener's filter chain (see --target envoy)".into(),
-        );
-    }
-    out.push(
-        "metrics: add the bootstrap's stats_config.stats_tags from --target envoy, or the filter's metrics keep their \
-         labels inside their names (docs/observability.md)"
-            .into(),
-    );
-    out.push("access log: copy the connection manager's access_log entry from --target envoy to yours".into());
-    out.push(
-        "errors and edge: copy the connection manager's local_reply_config (Envoy's own errors in the API's JSON \
-         envelope) and its timeouts and HTTP/2 bounds from --target envoy (docs/hardening.md)"
-            .into(),
-    );
     out
 }
 
@@ -342,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn the_filter_document_has_the_pieces_and_no_backend_cluster() {
+    fn the_filter_document_has_every_section_the_config_needs() {
         let cfg = load(DOC);
         let p = pieces(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();
         let doc = filter_document(&p);
@@ -354,10 +436,6 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["llmroute", "envoy.filters.http.stateful_session"]);
         assert_eq!(doc["route"]["cluster_header"], contract::CLUSTER);
-        assert_eq!(
-            doc["route"]["hash_policy"][0]["header"]["header_name"],
-            contract::AFFINITY
-        );
         assert!(doc["route"]["retry_policy"].is_object());
         let clusters: Vec<&str> = doc["clusters"]
             .as_array()
@@ -374,16 +452,100 @@ mod tests {
                 "llmroute_admin"
             ]
         );
+        let backends: Vec<&str> = doc["backend_clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(backends, vec!["a", "b"]);
+        assert!(
+            doc["backend_clusters"][1]["transport_socket"].is_object(),
+            "b's tls comes with its cluster"
+        );
         assert_eq!(doc["failover_route"]["match"]["headers"][0]["name"], contract::ALIAS);
         assert_eq!(doc["secrets"][0]["name"], "llmroute-credential-a");
-        let lims = limitations(&cfg).join("\n");
-        assert!(lims.contains("per_connection_buffer_limit_bytes"), "{lims}");
+        assert!(doc["bootstrap"]["stats_config"]["stats_tags"].is_array());
+        assert!(doc["connection_manager"]["access_log"].is_array());
+        assert!(doc["connection_manager"]["local_reply_config"]["mappers"].is_array());
+        assert!(doc["listener"]["per_connection_buffer_limit_bytes"].as_u64().unwrap() > 8 << 20);
+        assert!(doc.get("filter_chain").is_none(), "no listen_tls");
+        // Every filter the config adds is turned off on other routes, by its name in the chain.
+        let off = doc["other_routes"]["typed_per_filter_config"].as_object().unwrap();
+        assert_eq!(off.keys().map(String::as_str).collect::<Vec<_>>(), {
+            let mut n = names.clone();
+            n.sort();
+            n
+        });
+        for v in off.values() {
+            assert_eq!(v["@type"], "type.googleapis.com/envoy.config.route.v3.FilterConfig");
+            assert_eq!(v["disabled"], true);
+        }
+    }
+
+    /// Pasting every section into a skeleton that holds only the listener's address and names gives the whole
+    /// `--target envoy` bootstrap: nothing is left to copy by hand.
+    #[test]
+    fn every_section_pasted_into_a_bare_skeleton_is_the_bootstrap() {
+        for doc in [DOC, include_str!("../../../testdata/configs/good-tls.yaml")] {
+            let cfg = load(doc);
+            let skeleton = format!(
+                r#"
+admin: {{ address: {{ socket_address: {{ address: "{admin_ip}", port_value: {admin_port} }} }} }}
+"@llmroute bootstrap": merge
+static_resources:
+  listeners:
+  - name: llmroute
+    address: {{ socket_address: {{ address: "{ip}", port_value: {port} }} }}
+    "@llmroute listener": merge
+    filter_chains:
+    - "@llmroute filter_chain": merge
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: llmroute
+          codec_type: AUTO
+          always_set_request_id_in_response: true
+          "@llmroute connection_manager": merge
+          route_config:
+            name: llmroute
+            virtual_hosts:
+            - name: llmroute
+              domains: ["*"]
+              routes: ["@llmroute failover_route", {{ match: {{ prefix: / }}, route: "@llmroute route" }}]
+          http_filters: ["@llmroute http_filters", {{ name: envoy.filters.http.router, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }} }}]
+  clusters: ["@llmroute backend_clusters", "@llmroute clusters"]
+  secrets: ["@llmroute secrets"]
+"#,
+                admin_ip = cfg.admin.ip(),
+                admin_port = cfg.admin.port(),
+                ip = cfg.listen.ip(),
+                port = cfg.listen.port(),
+            );
+            let opts = RenderOptions::new("/x.wasm");
+            let sections = filter_document(&pieces(&cfg, doc, &opts).unwrap());
+            let mut pasted = crate::render::paste::paste(&skeleton, &sections).unwrap();
+            if pasted["static_resources"]["secrets"] == serde_json::json!([]) {
+                pasted["static_resources"].as_object_mut().unwrap().remove("secrets");
+            }
+            assert_eq!(pasted, bootstrap(&cfg, doc, &opts).unwrap());
+        }
+    }
+
+    #[test]
+    fn the_notes_name_the_admin_address_and_the_clusters_defined_elsewhere() {
+        let doc = "version: 1\nadmin: 0.0.0.0:9911\nbackends:\n  - { name: d, kind: vllm, discovery: {} }\n  - { name: e, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: d, priority: 1 }, { backend: e, priority: 2 }] }\n";
+        let notes = notes(&load(doc)).join("\n");
         assert!(
-            lims.contains("backend `b` has tls") && lims.contains("backend `a` has credential_env"),
-            "{lims}"
+            notes.contains("admin API at 127.0.0.1:9911") && notes.contains("`admin:` in llmroute.yaml (0.0.0.0:9911)"),
+            "{notes}"
         );
-        assert!(lims.contains("filter_metadata.llmroute.backend"), "{lims}");
-        assert!(lims.contains("stats_tags") && lims.contains("access_log"), "{lims}");
+        assert!(
+            notes.contains("backend `d` is discovered") && notes.contains("filter_metadata.llmroute.backend"),
+            "{notes}"
+        );
+        assert!(!notes.contains("backend `e`"), "{notes}");
     }
 
     #[test]
@@ -400,18 +562,41 @@ mod tests {
     }
 
     #[test]
-    fn a_config_without_failover_or_credentials_has_only_the_three_keys() {
+    fn a_config_without_failover_credentials_or_tls_has_no_section_for_them() {
         let doc = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
         let cfg = load(doc);
         let v = filter_document(&pieces(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap());
-        let mut keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-        keys.sort();
-        assert_eq!(keys, vec!["clusters", "http_filters", "route"]);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            vec![
+                "backend_clusters",
+                "bootstrap",
+                "clusters",
+                "connection_manager",
+                "http_filters",
+                "listener",
+                "other_routes",
+                "route"
+            ]
+        );
         let text = filter_yaml(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         assert!(!text.contains("failover_route"), "{text}");
         assert!(
-            text.contains("# NOTE: your listener needs per_connection_buffer_limit_bytes"),
+            text.contains("# NOTE: admin: the filter polls Envoy's admin API at 127.0.0.1:9901"),
             "{text}"
         );
+        // The sections come in the header's order, each once.
+        let at = |k: &str| {
+            text.find(&format!("\n{k}:"))
+                .unwrap_or_else(|| panic!("{k} missing:\n{text}"))
+        };
+        assert!(
+            at("bootstrap") < at("connection_manager")
+                && at("http_filters") < at("route")
+                && at("clusters") < at("backend_clusters")
+        );
+        let parsed: Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(parsed, v);
     }
 }

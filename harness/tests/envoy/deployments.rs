@@ -1,8 +1,10 @@
 //! Deployments other than the rendered bootstrap:
-//! - an Envoy config written by hand (`testdata/envoy/handwritten.yaml`) with the `--target filter` pieces
-//!   pasted in passes the checks the bootstrap gets: routing by alias with the model rewritten, affinity, failover
-//!   across a multi-route alias, a refusal in JSON;
-//! - every good fixture's pieces, pasted into a plain listener, pass `envoy --mode validate`;
+//! - an Envoy config written by hand (`testdata/envoy/handwritten.yaml`), built only from its own skeleton and
+//!   the sections of `--target filter` pasted in, passes the checks the bootstrap gets: routing by alias with the
+//!   model rewritten, affinity, failover across a multi-route alias, a refusal in JSON, Envoy's own errors in
+//!   JSON, labelled metrics; another application's route on the same listener is left to it (`other_routes`),
+//!   and without that section the filter takes it;
+//! - every good fixture's sections, pasted into a bare listener, pass `envoy --mode validate`;
 //! - the filter delivered through ECDS from a watched file takes new aliases, models, affinity settings and an
 //!   alias' own affinity under load without a failed request, and refuses a bad push while keeping the old config
 //!   (stats and log show it).
@@ -14,87 +16,32 @@ use std::time::Duration;
 
 use llmroute_harness::envoy::{envoy_binary, repo_root, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
-use llmroute_harness::render::{bootstrap_yaml, ecds, target, RenderOptions};
+use llmroute_harness::render::{bootstrap_yaml, ecds, paste, target, RenderOptions};
 use serde_json::{json, Value};
 
 use crate::support::{client, post, post_json, tally, wait_for};
 
-const MARK: &str = "@llmroute ";
-
-/// Replaces the `"@llmroute KEY"` markers of a hand-written config with the pieces: a marker that is a list
-/// item becomes that piece's items; one that is a value becomes the piece (`failover_route` gives its action).
-fn splice(v: &mut Value, pieces: &Value) -> Result<(), String> {
-    let piece = |key: &str| -> Result<Value, String> {
-        match key {
-            "failover_route" => pieces
-                .get("failover_route")
-                .map(|r| r["route"].clone())
-                .ok_or_else(|| "the config has no failover_route, yet the template asks for one".to_string()),
-            _ => pieces.get(key).cloned().ok_or_else(|| format!("no piece `{key}`")),
-        }
-    };
-    match v {
-        Value::Array(items) => {
-            let mut out = Vec::with_capacity(items.len());
-            for mut item in std::mem::take(items) {
-                match item.as_str().and_then(|s| s.strip_prefix(MARK)) {
-                    Some(key) => match piece(key)? {
-                        Value::Array(list) => out.extend(list),
-                        other => out.push(other),
-                    },
-                    None => {
-                        splice(&mut item, pieces)?;
-                        out.push(item);
-                    }
-                }
-            }
-            *items = out;
-        }
-        Value::Object(map) => {
-            for (_, item) in map.iter_mut() {
-                match item.as_str().and_then(|s| s.strip_prefix(MARK)) {
-                    Some(key) => *item = piece(key)?,
-                    None => splice(item, pieces)?,
-                }
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// The hand-written config with `${NAME}` placeholders filled and the pieces spliced in, as YAML.
-fn handwritten(vars: &[(&str, String)], pieces: &Value) -> String {
+/// The hand-written config with `${NAME}` placeholders filled and the sections pasted in, as YAML.
+fn handwritten(vars: &[(&str, String)], sections: &Value) -> String {
     let mut text = std::fs::read_to_string(repo_root().join("testdata/envoy/handwritten.yaml")).unwrap();
     for (name, value) in vars {
         text = text.replace(&format!("${{{name}}}"), value);
     }
     assert!(!text.contains("${"), "an unfilled placeholder is left:\n{text}");
-    let mut v: Value = serde_yaml_ng::from_str(&text).unwrap();
-    splice(&mut v, pieces).unwrap();
-    assert!(!v.to_string().contains(MARK), "a marker is left: {v}");
+    let v = paste::paste(&text, sections).unwrap();
+    assert!(!v.to_string().contains("@llmroute"), "a marker is left: {v}");
     serde_yaml_ng::to_string(&v).unwrap()
 }
 
-/// The llmroute config that goes with the hand-written Envoy config: backends llama-a and llama-b.
+/// The llmroute config that goes with the hand-written Envoy config (`testdata/envoy/llmroute.yaml`), with the
+/// fleets' endpoints and the Envoy's admin port.
 fn llmroute_config(a: &Fleet, b: &Fleet, admin_port: u16) -> Value {
-    json!({
-        "version": 1,
-        "admin": format!("127.0.0.1:{admin_port}"),
-        "backends": [
-            { "name": "llama-a", "kind": "llamacpp", "endpoints": a.endpoints(), "lb": "chwbl" },
-            { "name": "llama-b", "kind": "llamacpp", "endpoints": b.endpoints() },
-        ],
-        "models": [
-            { "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "a-local" }] },
-            { "name": "b-chat", "routes": [{ "backend": "llama-b", "upstream_model": "b-only" }] },
-            { "name": "fallback-chat", "routes": [
-                { "backend": "llama-a", "upstream_model": "a-first", "priority": 1 },
-                { "backend": "llama-b", "upstream_model": "b-second", "priority": 2 },
-            ] },
-        ],
-        "affinity": { "session_headers": ["x-session-id"], "user_prefix_bytes": 256 },
-    })
+    let text = std::fs::read_to_string(repo_root().join("testdata/envoy/llmroute.yaml")).unwrap();
+    let mut v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    v["admin"] = json!(format!("127.0.0.1:{admin_port}"));
+    v["backends"][0]["endpoints"] = json!(a.endpoints());
+    v["backends"][1]["endpoints"] = json!(b.endpoints());
+    v
 }
 
 fn filter_pieces(doc: &Value, opts: &RenderOptions) -> Value {
@@ -113,24 +60,15 @@ fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
     body["model"].as_str().unwrap_or_default().to_string()
 }
 
-/// Starts Envoy from the hand-written config for fleets `a` and `b`, with the pieces (after `edit`) pasted in.
+/// Starts Envoy from the hand-written config for fleets `a` and `b`, with the sections (after `edit`) pasted in.
 async fn start_handwritten(a: &Fleet, b: &Fleet, edit: impl Fn(&mut Value)) -> Envoy {
     let wasm = wasm_module().display().to_string();
-    let ports = |f: &Fleet| -> Vec<String> { f.engines.iter().map(|e| e.addr().port().to_string()).collect() };
-    let (pa, pb) = (ports(a), ports(b));
     Envoy::start_bootstrap(
         |listen, admin| {
-            let mut pieces = filter_pieces(&llmroute_config(a, b, admin), &RenderOptions::new(wasm.clone()));
-            edit(&mut pieces);
-            let vars = [
-                ("LISTEN_PORT", listen.to_string()),
-                ("ADMIN_PORT", admin.to_string()),
-                ("LLAMA_A_0", pa[0].clone()),
-                ("LLAMA_A_1", pa[1].clone()),
-                ("LLAMA_A_2", pa[2].clone()),
-                ("LLAMA_B_0", pb[0].clone()),
-            ];
-            handwritten(&vars, &pieces)
+            let mut sections = filter_pieces(&llmroute_config(a, b, admin), &RenderOptions::new(wasm.clone()));
+            edit(&mut sections);
+            let vars = [("LISTEN_PORT", listen.to_string()), ("ADMIN_PORT", admin.to_string())];
+            handwritten(&vars, &sections)
         },
         EnvoyOptions::default(),
     )
@@ -225,6 +163,45 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
     assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
+
+    // Another application's route on the same listener: untouched by the filter, whatever the request says.
+    for req in [
+        c.get(envoy.url("/app/hello")),
+        c.post(envoy.url("/app/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-llmroute-cluster", "llama-a")
+            .body(chat_for("local-chat", "not for llmroute").to_string()),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r.headers().get("x-llmroute-error").is_none());
+        assert_eq!(r.text().await.unwrap(), "the other app");
+    }
+    assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
+    // The filter's own pages, on its routes.
+    let ready = wait_for(Duration::from_secs(15), || async {
+        reqwest::get(envoy.url("/readyz")).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(ready.is_some(), "/readyz never answered 200 through the hand-written routes");
+
+    // The pasted bootstrap section's stats_tags: the filter's metrics carry their labels as Prometheus labels.
+    let prom = reqwest::get(envoy.admin_url("/stats/prometheus"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series: Vec<&str> = prom
+        .lines()
+        .filter(|l| l.starts_with("llmroute_requests_total{"))
+        .collect();
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains("alias=\"b-chat\"") && l.contains("backend=\"llama-b\"")),
+        "labelled series: {series:?}"
+    );
 }
 
 /// What docs/deploy-existing-envoy.md warns about: without the failover aggregate among the pasted clusters, a
@@ -244,11 +221,65 @@ async fn without_the_failover_aggregate_a_multi_route_alias_has_no_cluster() {
     assert_eq!((status, backend.as_str()), (200, "llama-b-0"));
     let (status, backend, body) = post(&c, &envoy, &chat_for("fallback-chat", "multi route"), &[]).await;
     assert_eq!((status, backend.as_str()), (503, ""), "{body}");
+    // Envoy's own 503, in the API's JSON envelope through the pasted connection_manager's local_reply_config.
+    assert!(body["error"]["code"].is_string(), "not a JSON error envelope: {body}");
     assert_eq!(a.chat_counts(), vec![0, 0, 0], "no engine of the alias is reached");
 }
 
-/// Every good fixture's pieces, pasted into a minimal listener beside minimal backend clusters, make a config
-/// Envoy accepts.
+/// A bare listener with markers for every section, and another application's route.
+const BARE: &str = r#"
+admin: { address: { socket_address: { address: 127.0.0.1, port_value: ${ADMIN_PORT} } } }
+"@llmroute bootstrap": merge
+static_resources:
+  listeners:
+  - name: mine
+    address: { socket_address: { address: 127.0.0.1, port_value: ${LISTEN_PORT} } }
+    "@llmroute listener": merge
+    filter_chains:
+    - "@llmroute filter_chain": merge
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: mine
+          "@llmroute connection_manager": merge
+          route_config:
+            virtual_hosts:
+            - name: v
+              domains: ["*"]
+              routes:
+              - "@llmroute failover_route"
+              - { match: { prefix: /v1/ }, route: "@llmroute route" }
+              - match: { prefix: /app/ }
+                direct_response: { status: 200, body: { inline_string: app } }
+                "@llmroute other_routes": merge
+          http_filters: ["@llmroute http_filters", { name: envoy.filters.http.router, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router } }]
+  clusters: ["@llmroute backend_clusters", "@llmroute clusters"]
+  secrets: ["@llmroute secrets"]
+"#;
+
+/// Without `other_routes` on it, another application's route is the filter's too: an unknown path gets the
+/// filter's JSON 404 and the application never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_other_routes_the_filter_takes_another_apps_route() {
+    let a = Fleet::start("llama-a", 3).await.unwrap();
+    let b = Fleet::start("llama-b", 1).await.unwrap();
+    let envoy = start_handwritten(&a, &b, |sections| {
+        sections.as_object_mut().unwrap().remove("other_routes");
+    })
+    .await;
+    let r = client().get(envoy.url("/app/hello")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(
+        r.headers().get("x-llmroute-error").and_then(|v| v.to_str().ok()),
+        Some("unknown_url")
+    );
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string(), "{v}");
+}
+
+/// Every good fixture's sections, pasted into a bare listener (plus, for a discovered backend, the cluster the
+/// notes say is defined elsewhere), make a config Envoy accepts.
 #[test]
 fn every_good_fixtures_pieces_pass_envoy_validate() {
     let envoy = envoy_binary();
@@ -264,55 +295,19 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         let text = std::fs::read_to_string(&path).unwrap();
         let cfg = llmroute_core::load_config(&text).unwrap();
         let opts = RenderOptions::new(wasm_module().display().to_string());
-        let pieces = target::filter_document(&target::pieces(&cfg, &text, &opts).unwrap());
-        let mut clusters: Vec<Value> = cfg
+        let sections = target::filter_document(&target::pieces(&cfg, &text, &opts).unwrap());
+        let template = BARE
+            .replace("${ADMIN_PORT}", &cfg.admin.port().to_string())
+            .replace("${LISTEN_PORT}", &cfg.listen.port().to_string());
+        let mut boot = paste::paste(&template, &sections).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let clusters = boot["static_resources"]["clusters"].as_array_mut().unwrap();
+        let elsewhere: Vec<Value> = cfg
             .backends
             .iter()
-            .map(|b| {
-                let eps: Vec<Value> = b
-                    .endpoints
-                    .iter()
-                    .map(|e| json!({ "endpoint": { "address": { "socket_address": { "address": e.host, "port_value": e.port } } } }))
-                    .collect();
-                json!({
-                    "name": b.name,
-                    "type": if b.endpoints.iter().all(|e| e.is_ip) { "STATIC" } else { "STRICT_DNS" },
-                    "connect_timeout": "1s",
-                    "load_assignment": { "cluster_name": b.name, "endpoints": [{ "lb_endpoints": eps }] },
-                })
-            })
+            .filter(|b| !clusters.iter().any(|c| c["name"] == b.name.as_str()))
+            .map(|b| json!({ "name": b.name, "type": "STATIC", "connect_timeout": "1s" }))
             .collect();
-        clusters.extend(pieces["clusters"].as_array().unwrap().iter().cloned());
-        let mut routes = Vec::new();
-        if let Some(f) = pieces.get("failover_route") {
-            routes
-                .push(json!({ "match": { "prefix": "/v1/", "headers": f["match"]["headers"] }, "route": f["route"] }));
-        }
-        routes.push(json!({ "match": { "prefix": "/v1/" }, "route": pieces["route"] }));
-        let mut filters = pieces["http_filters"].as_array().unwrap().clone();
-        filters.push(target::router());
-        let mut boot = json!({
-            "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": cfg.admin.port() } } },
-            "static_resources": {
-                "listeners": [{
-                    "name": "mine",
-                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": cfg.listen.port() } },
-                    "filter_chains": [{ "filters": [{
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "mine",
-                            "route_config": { "virtual_hosts": [{ "name": "v", "domains": ["*"], "routes": routes }] },
-                            "http_filters": filters,
-                        },
-                    }] }],
-                }],
-                "clusters": clusters,
-            },
-        });
-        if let Some(s) = pieces.get("secrets") {
-            boot["static_resources"]["secrets"] = s.clone();
-        }
+        clusters.extend(elsewhere);
         let file = dir.path().join(format!("{name}.json"));
         std::fs::write(&file, boot.to_string()).unwrap();
         // Backend tokens and the API keys come from Envoy's environment; the filter refuses to start without its
@@ -336,7 +331,7 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
             .unwrap();
         assert!(
             out.status.success(),
-            "{name}: envoy --mode validate refused the pasted pieces:\n{}{}",
+            "{name}: envoy --mode validate refused the pasted sections:\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
