@@ -17,7 +17,8 @@
 //! limits it is that only the filter's own `dispatch_http_call`s reach it (they do not pass through the
 //! listener's filter chain, and no route names the cluster, so a client's request can neither choose it nor set
 //! its header), and that the filter names only hosts the status poll found in the backend's cluster. It copies
-//! the backend cluster's connect timeout, TLS and upstream filters when `llmroute render` writes that cluster.
+//! the backend cluster's connect timeout and upstream filters when `llmroute render` writes that cluster, and
+//! takes the backend's `tls` (verifying its `sni`) whoever writes the backend's cluster.
 
 use llmroute_core::config::{Backend, Config};
 use llmroute_core::envoy_contract::{discovered_probe_cluster, ORIGINAL_DST_HEADER};
@@ -64,7 +65,8 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
 }
 
 /// The original-destination probe cluster of the discovered backend `b`; `from` is the backend's rendered
-/// cluster, when `llmroute render` writes it (an `eds_path` backend), whose TLS and upstream filters it copies.
+/// cluster, when `llmroute render` writes it (an `eds_path` backend), whose upstream filters it copies. Its TLS
+/// is the backend's own `tls`, so a cluster defined elsewhere (`discovery: {}`) is probed over TLS too.
 pub fn discovered_cluster(b: &Backend, from: Option<&Value>) -> Value {
     let name = discovered_probe_cluster(&b.name);
     let mut c = json!({
@@ -78,6 +80,9 @@ pub fn discovered_cluster(b: &Backend, from: Option<&Value>) -> Value {
         if let Some(v) = from.and_then(|f| f.get(key)) {
             c[key] = v.clone();
         }
+    }
+    if let Some(socket) = b.tls.as_ref().and_then(super::tls::discovered) {
+        c["transport_socket"] = socket;
     }
     c
 }
@@ -223,7 +228,7 @@ mod tests {
     }
     #[test]
     fn a_discovered_llamacpp_backend_gets_one_original_destination_probe_cluster() {
-        let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";
+        let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    tls: { sni: llama.internal, ca_file: /etc/ca.pem }\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";
         let v = render(doc);
         let names: Vec<String> = clusters(&v)
             .iter()
@@ -255,6 +260,8 @@ mod tests {
             p["typed_extension_protocol_options"],
             backend["typed_extension_protocol_options"]
         );
+        assert_eq!(p["transport_socket"]["typed_config"]["sni"], "llama.internal");
+        assert_eq!(p["transport_socket"], backend["transport_socket"]);
         let ext = named(&v, "llmroute-dst-probe-ext");
         assert!(ext.get("typed_extension_protocol_options").is_none() && ext.get("transport_socket").is_none());
         let listeners = v["static_resources"]["listeners"].to_string();

@@ -12,6 +12,10 @@
 //!   `common_tls_context`), for servers that require one (mTLS; etcd's `--client-cert-auth`).
 //! - The placement store's `tls` (`affinity.placement_store.etcd.tls`, the same block) secures the etcd cluster
 //!   the same way ([`secure_endpoints`]); its health checks go over that socket too, client certificate included.
+//! - A discovered backend (`discovery`) has no endpoint list when the bootstrap is rendered: its cluster, and every
+//!   other cluster llmroute writes toward its hosts (the `/props` original-destination probe), get one context
+//!   verifying `sni` ([`discovered`]; validation requires `sni` there). Without it, an EDS cluster would be
+//!   plaintext and carry the backend's token in clear text.
 //! - When the endpoints of one backend need different names, each endpoint gets its own context: the cluster's
 //!   `transport_socket_matches` holds one per name, keyed on the endpoint metadata
 //!   `envoy.transport_socket_match: { llmroute_tls_name: NAME }`. The cluster's default `transport_socket` is
@@ -81,9 +85,20 @@ pub fn verified_name(t: &UpstreamTls, e: &Endpoint) -> VerifiedName {
     }
 }
 
-/// One context when every endpoint needs the same name; else one per name, picked by endpoint metadata.
+/// One context when every endpoint needs the same name; else one per name, picked by endpoint metadata. A
+/// discovered backend's one context verifies its `sni`.
 fn secure_cluster(cluster: &mut Value, b: &Backend, t: &UpstreamTls) {
-    secure_endpoints(cluster, &b.endpoints, t);
+    match (b.discovered(), discovered(t)) {
+        (true, Some(socket)) => cluster["transport_socket"] = socket,
+        _ => secure_endpoints(cluster, &b.endpoints, t),
+    }
+}
+
+/// The transport socket toward a discovered backend's hosts, whichever they turn out to be: `sni` sent and
+/// required as a DNS SAN. `None` without `sni`, which validation refuses on a discovered backend.
+pub fn discovered(t: &UpstreamTls) -> Option<Value> {
+    let sni = t.sni.as_ref()?;
+    Some(upstream(t, &VerifiedName::Dns(sni.clone())))
 }
 
 /// [`secure_cluster`] for any cluster whose `lb_endpoints` are `endpoints`, in order: a backend's, or the
@@ -351,6 +366,60 @@ mod tests {
         // Only the backend that has one presents it.
         let b = &cluster(&v, "b")["transport_socket"]["typed_config"]["common_tls_context"];
         assert!(b.get("tls_certificates").is_none(), "{b}");
+    }
+
+    /// A discovered backend on an EDS file (fed by etcd or not) and one defined elsewhere, each with `tls`, in a
+    /// failover alias: every cluster llmroute writes toward their hosts verifies the `sni`.
+    const DISCOVERED: &str = "version: 1\nbackends:\n  - name: eds\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/eds.json }\n    tls: { sni: eds.internal, ca_file: /etc/ca.pem }\n    credential_env: EDS_TOKEN\n  - name: etcd\n    kind: llamacpp\n    discovery:\n      eds_path: /var/lib/llmroute/etcd.json\n      etcd: { endpoints: ['10.0.0.1:2379'], prefix: /llmroute/backends/etcd }\n    tls: { sni: etcd.internal, ca_file: /etc/ca.pem, cert_file: /etc/c.pem, key_file: /etc/c.key }\n    credential_env: ETCD_TOKEN\n  - name: mesh\n    kind: llamacpp\n    discovery: {}\n    tls: { sni: mesh.internal, ca_file: /etc/ca.pem }\n    credential_env: MESH_TOKEN\nmodels:\n  - name: m\n    routes: [{ backend: eds }, { backend: etcd, priority: 1 }, { backend: mesh, priority: 2 }]\n";
+
+    fn assert_verifies(c: &Value, sni: &str) {
+        let socket = &c["transport_socket"];
+        assert_eq!(socket["typed_config"]["sni"], sni, "{c}");
+        assert_eq!(validation(socket)["trusted_ca"]["filename"], "/etc/ca.pem");
+        assert_eq!(
+            validation(socket)["match_typed_subject_alt_names"],
+            json!([{ "san_type": "DNS", "matcher": { "exact": sni } }])
+        );
+    }
+
+    #[test]
+    fn every_cluster_toward_a_discovered_backends_hosts_verifies_its_sni() {
+        let v = render(DISCOVERED);
+        for (backend, sni) in [("eds", "eds.internal"), ("etcd", "etcd.internal")] {
+            let c = cluster(&v, backend);
+            assert_eq!(c["type"], "EDS");
+            assert_verifies(c, sni);
+            assert!(c.get("transport_socket_matches").is_none());
+            assert!(
+                c["typed_extension_protocol_options"].is_object(),
+                "the token goes inside TLS"
+            );
+            let probe = cluster(&v, &format!("llmroute-dst-probe-{backend}"));
+            assert_eq!(probe["transport_socket"], c["transport_socket"], "{backend}");
+        }
+        let client = &cluster(&v, "etcd")["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(
+            client["tls_certificates"][0]["certificate_chain"]["filename"],
+            "/etc/c.pem"
+        );
+        // The cluster defined elsewhere is not rendered; its probe, which llmroute writes, verifies the sni.
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        assert!(!clusters.iter().any(|c| c["name"] == "mesh"));
+        assert_verifies(cluster(&v, "llmroute-dst-probe-mesh"), "mesh.internal");
+        // The failover aggregate connects through its members, the clusters above; it holds no socket of its own.
+        let aggregate = cluster(&v, "llmroute-failover-0");
+        assert_eq!(
+            aggregate["cluster_type"]["typed_config"]["clusters"],
+            json!(["eds", "etcd", "mesh"])
+        );
+        assert!(aggregate.get("transport_socket").is_none());
+        // No cluster toward these hosts is left plain: each names a transport socket, or is the aggregate.
+        for c in clusters {
+            let name = c["name"].as_str().unwrap();
+            if ["eds", "etcd"].contains(&name) || name.starts_with("llmroute-dst-probe-") {
+                assert!(c["transport_socket"].is_object(), "{name} is plain");
+            }
+        }
     }
 
     #[test]

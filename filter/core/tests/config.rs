@@ -1345,6 +1345,71 @@ fn a_credential_without_tls_is_refused_unless_every_endpoint_is_loopback() {
     assert!(load(&with_tls).is_ok(), "{:?}", load(&with_tls).err());
 }
 
+/// A discovered backend (`discovery` as given) with `credential_env` and, optionally, `tls`.
+fn discovered_credential_doc(discovery: Value, tls: Option<Value>) -> Value {
+    let mut doc = credential_doc(&[], tls);
+    let backend = doc["backends"][0].as_object_mut().unwrap();
+    backend.remove("endpoints");
+    backend.insert("discovery".into(), discovery);
+    doc
+}
+
+/// The fields of every error, in order.
+fn error_fields(doc: &Value) -> Vec<String> {
+    load(doc).unwrap_err().0.iter().map(|e| e.field.clone()).collect()
+}
+
+#[test]
+fn a_discovered_backend_needs_tls_for_its_credential_whatever_its_discovery() {
+    let etcd =
+        json!({ "eds_path": "/var/lib/llmroute/k.json", "etcd": { "endpoints": ["10.0.0.1:2379"], "prefix": "/p" } });
+    for discovery in [json!({}), json!({ "eds_path": "/etc/eds.json" }), etcd] {
+        let doc = discovered_credential_doc(discovery.clone(), None);
+        let errs = load(&doc).unwrap_err();
+        let text = errs.to_string();
+        assert_eq!(errs.0.len(), 1, "{discovery}: {text}");
+        assert_eq!(errs.0[0].field, "backends[0].credential_env", "{text}");
+        assert_eq!(errs.0[0].value, "TOKEN");
+        assert!(
+            text.contains("discovered") && text.contains("unencrypted") && text.contains("mesh_tls: true"),
+            "{text}"
+        );
+        let tls = json!({ "ca_file": "/etc/ca.pem", "sni": "vllm.internal" });
+        let with_tls = discovered_credential_doc(discovery.clone(), Some(tls));
+        assert!(load(&with_tls).is_ok(), "{discovery}: {:?}", load(&with_tls).err());
+    }
+}
+
+#[test]
+fn a_discovered_backends_tls_needs_sni() {
+    let doc = discovered_credential_doc(
+        json!({ "eds_path": "/etc/eds.json" }),
+        Some(json!({ "ca_file": "/ca.pem" })),
+    );
+    let errs = load(&doc).unwrap_err();
+    assert_eq!(error_fields(&doc), ["backends[0].tls.sni"], "{errs}");
+    assert!(errs.to_string().contains("set `sni`"), "{errs}");
+}
+
+#[test]
+fn mesh_tls_accepts_a_credential_only_on_a_cluster_defined_elsewhere() {
+    let cfg = loads(&discovered_credential_doc(json!({ "mesh_tls": true }), None));
+    assert!(cfg.backends[0].discovery.as_ref().unwrap().mesh_tls);
+    let off = discovered_credential_doc(json!({ "mesh_tls": false }), None);
+    assert_eq!(error_fields(&off), ["backends[0].credential_env"]);
+    let rendered_here = discovered_credential_doc(json!({ "eds_path": "/etc/eds.json", "mesh_tls": true }), None);
+    let errs = load(&rendered_here).unwrap_err();
+    assert_eq!(
+        error_fields(&rendered_here),
+        ["backends[0].discovery.mesh_tls", "backends[0].credential_env"],
+        "{errs}"
+    );
+    assert!(errs.to_string().contains("use `tls` instead"), "{errs}");
+    let tls = json!({ "ca_file": "/etc/ca.pem", "sni": "vllm.internal" });
+    let both = discovered_credential_doc(json!({ "mesh_tls": true }), Some(tls));
+    assert_eq!(error_fields(&both), ["backends[0].discovery.mesh_tls"]);
+}
+
 #[test]
 fn a_client_certificate_needs_both_files_and_each_a_path() {
     let tls = |extra: Value| {

@@ -41,7 +41,8 @@ fn discovery_replaces_endpoints() {
         b.discovery,
         Some(Discovery {
             eds_path: None,
-            etcd: None
+            etcd: None,
+            mesh_tls: false,
         })
     );
     assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);

@@ -19,7 +19,7 @@ use crate::support::*;
 const BACKEND: &str = "llama-d";
 
 /// Writes the EDS file for `cluster` with `addrs`, atomically (write, then rename), as Envoy's file watch needs.
-fn write_eds(path: &Path, cluster: &str, version: u32, addrs: &[String]) {
+pub(crate) fn write_eds(path: &Path, cluster: &str, version: u32, addrs: &[String]) {
     let endpoints: Vec<Value> = addrs
         .iter()
         .map(|a| {

@@ -463,3 +463,70 @@ async fn a_front_requiring_a_client_certificate_serves_the_backend_that_presents
         "the front refused the handshake"
     );
 }
+
+/// A discovered backend (`discovery: { eds_path }`, two llama.cpp engines, each behind a TLS front) with `tls` and a
+/// credential: requests, and the `/props` fleet check's original-destination probe cluster, reach the engines over
+/// TLS under the `sni`, and the token travels inside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovered_backend_with_tls_talks_tls_to_its_engines_probes_included() {
+    let pki = TestPki::generate(&["backend.internal"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let files = pki.write(dir.path()).unwrap();
+    let fleet = Fleet::start("secure", 2).await.unwrap();
+    let mut fronts = Vec::new();
+    for e in &fleet.engines {
+        fronts.push(TlsFront::start(&pki, e.addr(), false).await);
+    }
+    let eds = dir.path().join("eds.json");
+    let addrs: Vec<String> = fronts.iter().map(|f| f.addr.to_string()).collect();
+    crate::discovery::write_eds(&eds, "secure", 1, &addrs);
+    let (var, token) = ("LLMROUTE_TEST_DISCOVERED_TOKEN", "tls-token-discovered");
+    let config = json!({
+        "version": 1,
+        "backends": [{
+            "name": "secure",
+            "kind": "llamacpp",
+            "discovery": { "eds_path": eds.display().to_string() },
+            "tls": { "sni": "backend.internal", "ca_file": files.ca_file },
+            "credential_env": var,
+        }],
+        "models": [{ "name": ALIAS, "routes": [{ "backend": "secure", "upstream_model": UPSTREAM }] }],
+    });
+    let mut opts = llmroute_harness::envoy::EnvoyOptions::default();
+    opts.env.push((var.to_string(), token.to_string()));
+    let envoy = Envoy::start_with(config, opts).await.unwrap();
+
+    let (status, backend, body) = post(&client(), &envoy, &chat(None, "discovered, over tls"), &[]).await;
+    assert_eq!((status, backend.starts_with("secure-")), (200, true), "{body}");
+    let got: Vec<_> = fleet.engines.iter().flat_map(|e| e.chat_requests()).collect();
+    assert_eq!(got.len(), 1);
+    let bearer = format!("Bearer {token}");
+    assert_eq!(got[0].header("authorization"), Some(bearer.as_str()));
+    assert!(envoy.stat("cluster.secure.ssl.handshake").await.unwrap_or(0) >= 1);
+
+    // The fleet check reads /props from each host through its own cluster, over TLS too (the engines are
+    // reachable only through their TLS fronts).
+    let probe = llmroute_core::envoy_contract::discovered_probe_cluster("secure");
+    let probed = wait_for(Duration::from_secs(20), || async {
+        fleet
+            .engines
+            .iter()
+            .all(|e| e.requests().iter().any(|r| r.path == "/props"))
+    })
+    .await;
+    assert!(
+        probed.is_some(),
+        "the fleet check never read the hosts:\n{}",
+        envoy.log()
+    );
+    let handshakes = envoy.stat(&format!("cluster.{probe}.ssl.handshake")).await;
+    assert!(handshakes >= Some(1), "{probe}: {handshakes:?}");
+    for f in &fronts {
+        let snis = f.snis();
+        assert!(!snis.is_empty());
+        assert!(
+            snis.iter().all(|s| s.as_deref() == Some("backend.internal")),
+            "{snis:?}"
+        );
+    }
+}

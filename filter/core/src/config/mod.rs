@@ -170,6 +170,8 @@ pub struct Discovery {
     pub eds_path: Option<String>,
     /// Set when `llmroute discover` fills `eds_path` from etcd.
     pub etcd: Option<EtcdSource>,
+    /// The user states that the mesh encrypts the traffic to these hosts (`discovery: {}` only).
+    pub mesh_tls: bool,
 }
 
 /// An etcd prefix holding a backend's instances, as `llmroute discover` and `llmroute register` use it.

@@ -235,6 +235,11 @@ pub struct RawDiscovery {
     /// the prefix and writes `eds_path`, which is then required.
     #[serde(default)]
     pub etcd: Option<RawEtcd>,
+    /// `true` states that the mesh encrypts the traffic to these hosts (Istio mTLS), so `credential_env` is
+    /// accepted without `tls`. Only for a cluster defined outside the rendered bootstrap (no `eds_path`).
+    /// Default `false`.
+    #[serde(default)]
+    pub mesh_tls: Option<bool>,
 }
 
 /// An etcd prefix that lists a backend's live instances.

@@ -1,13 +1,16 @@
 //! Config for TLS and backend credentials: TLS to the engines (`backends[].tls`, also the placement store's etcd
 //! `tls`), TLS for clients (`listen_tls`), and the engine token's environment variable (`backends[].credential_env`).
 //! One rule ties them: a backend token never crosses the network in clear text, so `credential_env` needs `tls`
-//! unless every endpoint is loopback. The upstream `tls` block may carry a client certificate (`cert_file` and
+//! unless every endpoint is loopback. A discovered backend has no endpoints to check, so it needs `tls`, or, for
+//! a cluster defined outside the rendered bootstrap, the user's statement that the mesh encrypts
+//! (`discovery.mesh_tls`). Its `tls` needs `sni`: its hosts are unknown when the bootstrap is rendered, so every
+//! host is verified under that one name. The upstream `tls` block may carry a client certificate (`cert_file` and
 //! `key_file`, both or neither) for servers that require one, such as etcd with `--client-cert-auth`.
 
 use serde::Deserialize;
 
 use super::resilience::Checker;
-use super::{Diagnostics, Endpoint};
+use super::{Diagnostics, Discovery, Endpoint};
 
 /// `backends[].tls` and `affinity.placement_store.etcd.tls`: TLS to the engines, or to the etcd members.
 #[derive(Debug, Clone, Deserialize)]
@@ -131,6 +134,50 @@ impl Checker<'_> {
                 ),
             );
         }
+    }
+}
+
+impl Checker<'_> {
+    /// The TLS rules of a discovered backend (`d`): `tls` names its hosts by `sni`; `mesh_tls` only where the
+    /// mesh, not `llmroute render`, writes the cluster, and not beside `tls`; `credential_env` only with one of
+    /// the two.
+    pub fn discovered_tls(&mut self, credential_env: Option<&str>, tls: Option<&UpstreamTls>, d: &Discovery) {
+        if tls.is_some_and(|t| t.sni.is_none()) {
+            self.error(
+                "tls.sni",
+                "",
+                "missing: a discovered backend's hosts are not known when `llmroute render` runs, so each is \
+                 verified under one DNS name; set `sni` to the name the engines' certificates carry",
+            );
+        }
+        if d.mesh_tls && d.eds_path.is_some() {
+            self.error(
+                "discovery.mesh_tls",
+                true,
+                "only for a cluster defined outside the rendered bootstrap (`discovery: {}`): with `eds_path`, \
+                 `llmroute render` writes this cluster, and only its `tls` encrypts it; use `tls` instead",
+            );
+        } else if d.mesh_tls && tls.is_some() {
+            self.error(
+                "discovery.mesh_tls",
+                true,
+                "set one of `tls` (llmroute's clusters verify the engines) and `mesh_tls` (the mesh encrypts), not \
+                 both",
+            );
+        }
+        // `mesh_tls` beside `eds_path` encrypts nothing, so it does not carry the credential either.
+        let mesh_encrypts = d.mesh_tls && d.eds_path.is_none();
+        let (Some(var), None, false) = (credential_env, tls, mesh_encrypts) else {
+            return;
+        };
+        self.error(
+            "credential_env",
+            var,
+            "the backend's hosts are discovered, so none can be checked to be loopback, and without `tls` its token \
+             would cross the network unencrypted; add `tls: { ca_file: ..., sni: ... }`, or, for a cluster defined \
+             elsewhere whose traffic the mesh encrypts (Istio mTLS), set `discovery: { mesh_tls: true }`; or remove \
+             `credential_env`",
+        );
     }
 }
 

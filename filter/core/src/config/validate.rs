@@ -238,7 +238,10 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
     let outlier = check.outlier(b.outlier.as_ref(), if discovery.is_some() { 100 } else { listed });
     let tls = check.tls(b.tls.as_ref());
     let credential_env = check.credential_env(b.credential_env.as_deref());
-    check.credential_needs_tls(credential_env.as_deref(), tls.is_some(), &endpoints);
+    match &discovery {
+        None => check.credential_needs_tls(credential_env.as_deref(), tls.is_some(), &endpoints),
+        Some(d) => check.discovered_tls(credential_env.as_deref(), tls.as_ref(), d),
+    }
     check.reserved(kind_or_default, b.kv_events, b.disaggregation.as_deref());
     match (kind, lb, errs.errors.len() == before) {
         (Some(kind), Some(lb), true) => Some(Backend {
@@ -319,6 +322,7 @@ fn discovery(errs: &mut Diagnostics, at: &str, d: &RawDiscovery) -> Discovery {
     Discovery {
         eds_path: d.eds_path.clone(),
         etcd,
+        mesh_tls: d.mesh_tls.unwrap_or(false),
     }
 }
 
