@@ -103,7 +103,7 @@ fmt: ## Format the code
 validate-configs: cli envoy build ## Validate testdata configs with the CLI, and their renders with `envoy --mode validate`
 	./scripts/validate-configs.sh
 
-render: cli ## Render envoy/envoy.yaml (for docker-compose) from envoy/llmroute.yaml
+render: cli ## Render envoy/envoy.yaml (for your own Envoy) from envoy/llmroute.yaml
 	$(CLI) render envoy/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/envoy.yaml
 
 FUZZ_SECONDS ?= 60
@@ -274,3 +274,33 @@ rules-check: prometheus ## promtool: check the shipped rules and scrape config (
 	promtool check rules envoy/prometheus/llmroute-rules.yaml
 	promtool check config envoy/prometheus/prometheus.yml
 	promtool test rules envoy/prometheus/llmroute-rules.test.yaml
+
+.PHONY: container-tools compose-render images compose-up compose-down
+
+# The compose tool: `docker compose` (v2) where it exists, else `docker-compose` (v1).
+COMPOSE          ?= $(shell docker compose version >/dev/null 2>&1 && echo 'docker compose' || echo docker-compose)
+COMPOSE_FILE     := envoy/docker-compose.yaml
+COMPOSE_PROJECT  ?= llmroute
+HOST_TRIPLE      := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+LOCAL_IMAGES     := ENVOY_IMAGE=llmroute/envoy:dev LLAMA_IMAGE=llmroute/llama-server:dev PROMETHEUS_IMAGE=llmroute/prometheus:dev
+
+container-tools: ## Static health-check probe and Envoy entry point for the images and the compose file (docker/tools): target/container/
+	CARGO_TARGET_$(shell echo $(HOST_TRIPLE) | tr a-z- A-Z_)_RUSTFLAGS="-C target-feature=+crt-static" \
+		$(CARGO) build --release -p llmroute-container-tools --target $(HOST_TRIPLE)
+	install -D -m 0755 target/$(HOST_TRIPLE)/release/llmroute-probe target/container/llmroute-probe
+	install -D -m 0755 target/$(HOST_TRIPLE)/release/llmroute-envoy-entrypoint target/container/llmroute-envoy-entrypoint
+
+compose-render: cli ## Render envoy/compose/envoy.yaml (for envoy/docker-compose.yaml) from envoy/compose/llmroute.yaml
+	$(CLI) render envoy/compose/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/compose/envoy.yaml
+
+images: build envoy engines prometheus container-tools ## Build llmroute/envoy:dev, llmroute/llama-server:dev and llmroute/prometheus:dev from local files only (FROM scratch; docker/build-images.py)
+	python3 docker/build-images.py
+
+compose-up: images ## Start envoy/docker-compose.yaml with the local images (project llmroute): Envoy on 127.0.0.1:10000, admin :9901, Prometheus :9090
+	$(LOCAL_IMAGES) $(COMPOSE) -p $(COMPOSE_PROJECT) -f $(COMPOSE_FILE) up -d
+	@for i in $$(seq 120); do target/container/llmroute-probe http://127.0.0.1:$${ENVOY_ADMIN_PORT:-9901}/ready >/dev/null && break; sleep 0.5; done; \
+		target/container/llmroute-probe http://127.0.0.1:$${ENVOY_ADMIN_PORT:-9901}/ready || { $(COMPOSE) -p $(COMPOSE_PROJECT) -f $(COMPOSE_FILE) logs --tail=50; exit 1; }
+	@echo "up: curl -s 127.0.0.1:$${ENVOY_PORT:-10000}/v1/chat/completions -H content-type:application/json -d '{\"model\":\"local-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8}'"
+
+compose-down: ## Stop the compose stack and remove its containers and network
+	$(COMPOSE) -p $(COMPOSE_PROJECT) -f $(COMPOSE_FILE) down --volumes --remove-orphans

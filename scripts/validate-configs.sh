@@ -129,7 +129,7 @@ fi
 for f in "${goods[@]}"; do check_good "$f"; done
 for f in "${bads[@]}"; do check_bad "$f"; done
 
-# The shipped envoy/envoy.yaml (for docker-compose and your own Envoy) must be exactly what `make render`
+# The shipped envoy/envoy.yaml (for your own Envoy) must be exactly what `make render`
 # writes from envoy/llmroute.yaml, and must pass `envoy --mode validate` (the container wasm path is swapped for
 # the local build so Envoy can load it).
 if [[ -f envoy/envoy.yaml ]]; then
