@@ -1,7 +1,8 @@
 //! The per-request context: read headers and body from Envoy, ask the core for a decision, apply it.
 //!
 //! Headers phase: strip the client's `x-llmroute-*`, token-estimate and credential headers, make sure the
-//! request id is usable, and let the core classify the request (refusals and `/v1/models` are answered here).
+//! request id is usable, and let the core classify the request (refusals and `/v1/models` are answered here; so
+//! is a key over its request limit, before any body byte is read).
 //! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
 //! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
 //! cluster and affinity headers the route reads, and the token estimate; with bounded-keys placement, also pin

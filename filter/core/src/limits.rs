@@ -6,8 +6,9 @@
 //!
 //! **Arithmetic.** A bucket of `amount` per `period` ms holds up to `amount × period` *units*; one token costs
 //! `period` units, and every elapsed millisecond adds `amount` units. So refill is continuous and exact in
-//! integers: no rounding ever gives away or loses a token. A bucket's state is 16 bytes, the level in units and
-//! the time of the last update in ms; a clock that goes back refills nothing. [`Bucket::take`] refuses when the
+//! integers: no rounding ever gives away or loses a token. A bucket's state is 16 bytes, the level in units
+//! (signed: below zero while in debt, see **Tokens**) and the time of the last update in ms; a clock that goes back
+//! refills nothing. [`Bucket::take`] refuses when the
 //! level is short and says how long until it is not (`retry_after_ms`).
 //!
 //! **Exactness across workers.** Each bucket is one shared-data entry written with compare-and-swap: read the

@@ -649,15 +649,14 @@ async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read_and_a_t
     let c = client();
     let bearer = format!("Bearer {ka}");
     let body = chat(None, "early");
-    let r = send(
-        &c,
-        &envoy,
-        "POST",
-        "/v1/chat/completions",
-        &[("authorization", &bearer)],
-        Some(&body),
-    )
-    .await;
+    let chat_as = |bearer: String| {
+        let (c, envoy, body) = (&c, &envoy, &body);
+        async move {
+            let auth = [("authorization", bearer.as_str())];
+            send(c, envoy, "POST", "/v1/chat/completions", &auth, Some(body)).await
+        }
+    };
+    let r = chat_as(bearer.clone()).await;
     assert_eq!(r.status, 200, "{}", r.body);
     // The next request announces a 100 KB body and sends none of it: the 429 comes from its headers alone.
     let head = format!(
@@ -669,27 +668,10 @@ async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read_and_a_t
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
     assert!(answer.to_ascii_lowercase().contains("retry-after:"), "{answer}");
     assert_eq!(fleet.inference_counts(), vec![1]);
-    let bearer_b = format!("Bearer {kb}");
     for i in 0..3 {
-        let r = send(
-            &c,
-            &envoy,
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", &bearer_b)],
-            Some(&body),
-        )
-        .await;
+        let r = chat_as(format!("Bearer {kb}")).await;
         assert_eq!(r.status, 200, "bob's request {i}: {}", r.body);
     }
-    let r = send(
-        &c,
-        &envoy,
-        "POST",
-        "/v1/chat/completions",
-        &[("authorization", &bearer_b)],
-        Some(&body),
-    )
-    .await;
+    let r = chat_as(format!("Bearer {kb}")).await;
     assert_eq!(r.status, 429, "{}", r.body);
 }
