@@ -884,6 +884,7 @@ fn a_relative_wasm_path_is_refused_for_every_target() {
         );
         assert!(!out_path.exists(), "--target {target}: nothing is written");
     }
+}
 
 fn istio_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
