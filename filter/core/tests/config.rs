@@ -1601,6 +1601,7 @@ fn env_problems_name_what_an_environment_lacks_and_never_a_value() {
     );
     assert!(refused[0].reason.contains("key `ops`"), "{refused:?}");
     assert!(!refused[0].to_string().contains("tooshort-secret"), "{refused:?}");
+}
 
 #[test]
 fn keys_may_have_budgets_of_their_own() {
