@@ -66,6 +66,9 @@ check_good() {
     creds=()
     while read -r var; do creds+=("$var=validate-configs-placeholder"); done < <(
         grep -oE 'credential_env"?: *"?[A-Za-z_][A-Za-z0-9_]*' "$path" | sed -E 's/.*[: "]//' || true)
+    # The filter refuses to start without the placement store's etcd password (`auth.password_env`): a placeholder.
+    while read -r var; do creds+=("$var=validate-configs-placeholder"); done < <(
+        grep -oE 'password_env"?: *"?[A-Za-z_][A-Za-z0-9_]*' "$path" | sed -E 's/.*[: "]//' || true)
     # The filter refuses to start without its API keys (`auth.keys_env`): give it one placeholder `name:token`.
     while read -r var; do creds+=("$var=validate:validate-configs-placeholder"); done < <(
         grep -oE 'keys_env"?: *"?[A-Za-z_][A-Za-z0-9_]*' "$path" | sed -E 's/.*[: "]//' || true)

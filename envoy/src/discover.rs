@@ -4,8 +4,11 @@
 //! An instance is the key `<prefix>/<IP:PORT>`, normally attached to a lease, whose value is empty or a JSON
 //! object of optional metadata: `slots` (1–256, llama.cpp `-np`), `weight` (1–1000), `model` and `zone` (strings
 //! of at most 128 bytes). Each becomes one EDS endpoint: `load_balancing_weight` is `weight`, else `slots`, else
-//! 1, and the metadata is carried as endpoint metadata `filter_metadata.llmroute`. A key that is not an `IP:PORT`
-//! or whose value is not such an object is left out, logged and counted (`rejected`).
+//! 1, cut to the backend's `max_weight`, and the metadata is carried as endpoint metadata `filter_metadata.llmroute`.
+//! A key that is not an `IP:PORT` or whose value is not such an object is left out, logged and counted
+//! (`rejected`); an address `crate::instance_address` refuses (loopback unless allowed, link-local, unspecified,
+//! multicast, Envoy's own) is left out, logged and counted as `refused`; a cut weight is logged and counted as
+//! `capped`. With `discovery.etcd.auth`, the etcd client authenticates with the password from the variable it names.
 //!
 //! One thread per backend: read the prefix, write the file if the membership changed (temp file + rename, which
 //! Envoy's file watch needs), then watch the prefix from the next revision until something changes, the watch
@@ -24,7 +27,8 @@ use llmroute_core::Config;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::etcd::{Client, Kv, WatchEnd};
+use crate::etcd::{Client, Credentials, Kv, WatchEnd};
+use crate::instance_address::{Policy, Refusal};
 
 /// How long a watch waits for a change before the prefix is read again anyway.
 pub const WATCH_IDLE: Duration = Duration::from_secs(10);
@@ -48,38 +52,94 @@ pub struct Host {
     pub metadata: BTreeMap<String, Value>,
 }
 
-/// The membership read from one prefix: the hosts, sorted by address, and the keys left out with the reason.
+/// The membership read from one prefix: the hosts, sorted by address, and the keys left out or cut, with why.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Membership {
     pub hosts: Vec<Host>,
+    /// Keys that are not an instance (`IP:PORT` with empty or object metadata).
     pub rejected: Vec<(String, String)>,
+    /// Instances on an address the backend does not accept.
+    pub refused: Vec<(String, Refusal)>,
+    /// Instances whose weight was cut to `max_weight`: the key and the weight it asked for.
+    pub capped: Vec<(String, u32)>,
 }
 
-/// Turns the keys under `<prefix>/` into hosts. Pure: the caller reads etcd and writes the file.
-pub fn membership(prefix: &str, kvs: &[Kv]) -> Membership {
+/// What one backend accepts from its registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    pub addresses: Policy,
+    /// The largest weight one instance gets.
+    pub max_weight: u32,
+}
+
+impl Rules {
+    /// The rules of `source`, next to the Envoy that `cfg` renders.
+    pub fn of(cfg: &Config, source: &EtcdSource) -> Rules {
+        Rules {
+            addresses: Policy {
+                allow_loopback: source.allow_loopback,
+                admin: cfg.admin,
+                listener: cfg.listen,
+            },
+            max_weight: source.max_weight,
+        }
+    }
+}
+
+/// Why a key did not become a host.
+enum LeftOut {
+    Malformed(String),
+    Refused(Refusal),
+}
+
+/// Turns the keys under `<prefix>/` into hosts, as `rules` allow. Pure: the caller reads etcd and writes the file.
+pub fn membership(prefix: &str, kvs: &[Kv], rules: &Rules) -> Membership {
     let mut m = Membership::default();
     let dir = format!("{prefix}/");
     for kv in kvs {
         let Some(addr) = kv.key.strip_prefix(&dir) else {
             continue;
         };
-        match host(addr, &kv.value) {
-            Ok(h) if m.hosts.len() < MAX_HOSTS => m.hosts.push(h),
-            Ok(_) => m
+        match host(addr, &kv.value, &rules.addresses) {
+            Ok(_) if m.hosts.len() >= MAX_HOSTS => m
                 .rejected
                 .push((kv.key.clone(), format!("more than {MAX_HOSTS} hosts"))),
-            Err(why) => m.rejected.push((kv.key.clone(), why)),
+            Ok(mut h) => {
+                if h.weight > rules.max_weight {
+                    m.capped.push((kv.key.clone(), h.weight));
+                    h.weight = rules.max_weight;
+                }
+                m.hosts.push(h);
+            }
+            Err(LeftOut::Malformed(why)) => m.rejected.push((kv.key.clone(), why)),
+            Err(LeftOut::Refused(r)) => m.refused.push((kv.key.clone(), r)),
         }
     }
     m.hosts.sort_by(|a, b| (&a.ip, a.port).cmp(&(&b.ip, b.port)));
     m
 }
 
-fn host(addr: &str, value: &[u8]) -> Result<Host, String> {
-    let ep = parse_endpoint(addr).map_err(|e| format!("the key must end in IP:PORT: {e}"))?;
-    if !ep.is_ip {
-        return Err("the key must end in an IP address, not a DNS name".into());
-    }
+fn host(addr: &str, value: &[u8], policy: &Policy) -> Result<Host, LeftOut> {
+    let ep = parse_endpoint(addr).map_err(|e| LeftOut::Malformed(format!("the key must end in IP:PORT: {e}")))?;
+    let ip = ep.host.trim_start_matches('[').trim_end_matches(']');
+    let Ok(ip) = ip.parse::<std::net::IpAddr>() else {
+        return Err(LeftOut::Malformed(
+            "the key must end in an IP address, not a DNS name".into(),
+        ));
+    };
+    policy.check(ip, ep.port).map_err(LeftOut::Refused)?;
+    metadata(value)
+        .map_err(LeftOut::Malformed)
+        .map(|(weight, metadata)| Host {
+            ip: ip.to_string(),
+            port: ep.port,
+            weight,
+            metadata,
+        })
+}
+
+/// The weight and the endpoint metadata an instance's value gives.
+fn metadata(value: &[u8]) -> Result<(u32, BTreeMap<String, Value>), String> {
     let mut metadata = BTreeMap::new();
     let text = std::str::from_utf8(value).map_err(|_| "the value is not UTF-8".to_string())?;
     let mut weight = None;
@@ -102,13 +162,7 @@ fn host(addr: &str, value: &[u8]) -> Result<Host, String> {
             metadata.insert(name.clone(), v.clone());
         }
     }
-    let weight = weight.or(slots).unwrap_or(1);
-    Ok(Host {
-        ip: ep.host.trim_start_matches('[').trim_end_matches(']').to_string(),
-        port: ep.port,
-        weight,
-        metadata,
-    })
+    Ok((weight.or(slots).unwrap_or(1), metadata))
 }
 
 fn number(v: &Value, name: &str, max: u64) -> Result<u32, String> {
@@ -164,6 +218,10 @@ pub struct Counters {
     pub reconnects: u64,
     /// Keys left out (not `IP:PORT`, bad metadata), counted at each read that saw them.
     pub rejected: u64,
+    /// Instances left out for their address (see `crate::instance_address`), counted at each read that saw them.
+    pub refused: u64,
+    /// Instances whose weight was cut to `max_weight`, counted at each read that saw them.
+    pub capped: u64,
     /// False from a failed etcd call until the next read succeeds.
     pub connected: bool,
 }
@@ -199,18 +257,28 @@ pub fn run(cfg: &Config, stats_path: Option<PathBuf>) -> Result<(), String> {
         return Err("no backend has `discovery.etcd`: nothing to discover".into());
     }
     let stats: Stats = Arc::default();
-    // Every client first, so that an unreadable PEM file stops the command before anything runs.
+    // Every client first, so that an unreadable PEM file or an unset password stops the command before anything
+    // runs.
     let mut clients = Vec::new();
     for (b, source, path) in backends {
+        let credentials = match &source.auth {
+            Some(a) => Some(Credentials::from_env(
+                a,
+                &format!("backend {}: discovery.etcd", b.name),
+            )?),
+            None => None,
+        };
         let client = Client::new(source.endpoints.clone(), source.tls.as_ref(), CALL_TIMEOUT, WATCH_IDLE)
-            .map_err(|e| format!("backend {}: discovery.etcd.{e}", b.name))?;
-        clients.push((b.name.clone(), source.clone(), PathBuf::from(path), client));
+            .map_err(|e| format!("backend {}: discovery.etcd.{e}", b.name))?
+            .with_credentials(credentials);
+        let rules = Rules::of(cfg, source);
+        clients.push((b.name.clone(), source.clone(), rules, PathBuf::from(path), client));
     }
     let mut threads = Vec::new();
-    for (name, source, path, client) in clients {
+    for (name, source, rules, path, client) in clients {
         let (stats, stats_path) = (stats.clone(), stats_path.clone());
         threads.push(std::thread::spawn(move || {
-            follow(&name, &source, &path, client, &stats, stats_path.as_deref())
+            follow(&name, &source, &rules, &path, client, &stats, stats_path.as_deref())
         }));
     }
     for t in threads {
@@ -220,7 +288,15 @@ pub fn run(cfg: &Config, stats_path: Option<PathBuf>) -> Result<(), String> {
 }
 
 /// Follows one backend's prefix forever, through `client`.
-fn follow(name: &str, source: &EtcdSource, path: &Path, mut client: Client, stats: &Stats, stats_path: Option<&Path>) {
+fn follow(
+    name: &str,
+    source: &EtcdSource,
+    rules: &Rules,
+    path: &Path,
+    mut client: Client,
+    stats: &Stats,
+    stats_path: Option<&Path>,
+) {
     let dir = format!("{}/", source.prefix);
     let mut last: Option<Vec<Host>> = None;
     let mut failing = false;
@@ -241,9 +317,18 @@ fn follow(name: &str, source: &EtcdSource, path: &Path, mut client: Client, stat
                 eprintln!("llmroute discover: {name}: etcd answers again at {}", client.endpoint());
                 update(stats, stats_path, name, |c| c.reconnects += 1);
             }
-            let m = membership(&source.prefix, &range.kvs);
+            let m = membership(&source.prefix, &range.kvs, rules);
             for (key, why) in &m.rejected {
                 eprintln!("llmroute discover: {name}: left out {key}: {why}");
+            }
+            for (key, r) in &m.refused {
+                eprintln!("llmroute discover: {name}: refused {key}: {}", r.reason());
+            }
+            for (key, w) in &m.capped {
+                eprintln!(
+                    "llmroute discover: {name}: {key} asked for weight {w}; cut to max_weight {}",
+                    rules.max_weight
+                );
             }
             if range.more {
                 eprintln!(
@@ -251,7 +336,7 @@ fn follow(name: &str, source: &EtcdSource, path: &Path, mut client: Client, stat
                     crate::etcd::RANGE_LIMIT
                 );
             }
-            let rejected = m.rejected.len() as u64;
+            let (rejected, refused, capped) = (m.rejected.len() as u64, m.refused.len() as u64, m.capped.len() as u64);
             if last.as_ref() != Some(&m.hosts) {
                 apply(name, path, last.as_deref(), &m.hosts)?;
                 let n = m.hosts.len();
@@ -263,6 +348,8 @@ fn follow(name: &str, source: &EtcdSource, path: &Path, mut client: Client, stat
             }
             update(stats, stats_path, name, |c| {
                 c.rejected += rejected;
+                c.refused += refused;
+                c.capped += capped;
                 c.connected = true;
             });
             client.watch(&dir, range.revision.saturating_add(1))
@@ -309,6 +396,22 @@ fn apply(name: &str, path: &Path, old: Option<&[Host]>, new: &[Host]) -> Result<
 mod tests {
     use super::*;
 
+    /// Loopback allowed, Envoy on its defaults, weights up to 1000: only malformed keys are left out.
+    fn open() -> Rules {
+        rules(true, 1000)
+    }
+
+    fn rules(allow_loopback: bool, max_weight: u32) -> Rules {
+        Rules {
+            addresses: Policy {
+                allow_loopback,
+                admin: "127.0.0.1:9901".parse().unwrap(),
+                listener: "127.0.0.1:10000".parse().unwrap(),
+            },
+            max_weight,
+        }
+    }
+
     fn kv(key: &str, value: &str) -> Kv {
         Kv {
             key: key.into(),
@@ -329,6 +432,7 @@ mod tests {
                 kv("/p/10.0.0.1:8080", ""),
                 kv("/p/[::1]:9000", r#"{"weight": 3, "slots": 8}"#),
             ],
+            &open(),
         );
         assert!(m.rejected.is_empty(), "{:?}", m.rejected);
         let addrs: Vec<_> = m.hosts.iter().map(|h| (h.ip.as_str(), h.port, h.weight)).collect();
@@ -358,6 +462,7 @@ mod tests {
                 kv("/p/10.0.0.6:1", "[1]"),
                 kv("/pq/10.0.0.7:1", ""),
             ],
+            &open(),
         );
         assert!(m.hosts.is_empty(), "{:?}", m.hosts);
         assert_eq!(m.rejected.len(), 7, "{:?}", m.rejected);
@@ -366,9 +471,68 @@ mod tests {
     }
 
     #[test]
+    fn refused_addresses_are_left_out_with_their_reason_and_loopback_only_when_allowed() {
+        let kvs = [
+            kv("/p/10.0.0.1:8080", ""),
+            kv("/p/127.0.0.1:8080", ""),
+            kv("/p/[::1]:8080", ""),
+            kv("/p/169.254.169.254:80", ""),
+            kv("/p/0.0.0.0:8080", ""),
+            kv("/p/224.0.0.1:8080", ""),
+            kv("/p/127.0.0.1:9901", ""),
+            kv("/p/127.0.0.1:10000", ""),
+        ];
+        let m = membership("/p", &kvs, &rules(false, 256));
+        let hosts: Vec<_> = m.hosts.iter().map(|h| format!("{}:{}", h.ip, h.port)).collect();
+        assert_eq!(hosts, ["10.0.0.1:8080"]);
+        assert!(m.rejected.is_empty(), "{:?}", m.rejected);
+        let refused: Vec<(&str, Refusal)> = m.refused.iter().map(|(k, r)| (k.as_str(), *r)).collect();
+        assert_eq!(
+            refused,
+            [
+                ("/p/127.0.0.1:8080", Refusal::Loopback),
+                ("/p/[::1]:8080", Refusal::Loopback),
+                ("/p/169.254.169.254:80", Refusal::LinkLocal),
+                ("/p/0.0.0.0:8080", Refusal::Unspecified),
+                ("/p/224.0.0.1:8080", Refusal::Multicast),
+                ("/p/127.0.0.1:9901", Refusal::EnvoyAdmin),
+                ("/p/127.0.0.1:10000", Refusal::EnvoyListener),
+            ]
+        );
+        let allowed = membership("/p", &kvs, &rules(true, 256));
+        let hosts: Vec<_> = allowed.hosts.iter().map(|h| format!("{}:{}", h.ip, h.port)).collect();
+        assert_eq!(hosts, ["10.0.0.1:8080", "127.0.0.1:8080", "::1:8080"]);
+        assert_eq!(allowed.refused.len(), 5, "{:?}", allowed.refused);
+    }
+
+    #[test]
+    fn a_weight_above_max_weight_is_cut_and_noted() {
+        let m = membership(
+            "/p",
+            &[
+                kv("/p/10.0.0.1:1", r#"{"weight": 1000}"#),
+                kv("/p/10.0.0.2:1", r#"{"slots": 16}"#),
+                kv("/p/10.0.0.3:1", r#"{"weight": 8}"#),
+            ],
+            &rules(false, 8),
+        );
+        let weights: Vec<u32> = m.hosts.iter().map(|h| h.weight).collect();
+        assert_eq!(weights, [8, 8, 8]);
+        assert_eq!(
+            m.capped,
+            [("/p/10.0.0.1:1".to_string(), 1000), ("/p/10.0.0.2:1".to_string(), 16)]
+        );
+        let doc = eds_document("c", &m.hosts);
+        assert_eq!(
+            doc["resources"][0]["endpoints"][0]["lb_endpoints"][0]["load_balancing_weight"],
+            8
+        );
+    }
+
+    #[test]
     fn the_version_follows_the_content() {
-        let a = membership("/p", &[kv("/p/10.0.0.1:1", "")]);
-        let b = membership("/p", &[kv("/p/10.0.0.1:1", r#"{"slots": 2}"#)]);
+        let a = membership("/p", &[kv("/p/10.0.0.1:1", "")], &open());
+        let b = membership("/p", &[kv("/p/10.0.0.1:1", r#"{"slots": 2}"#)], &open());
         let v = |m: &Membership| eds_document("c", &m.hosts)["version_info"].clone();
         assert_eq!(v(&a), v(&a.clone()));
         assert_ne!(v(&a), v(&b));

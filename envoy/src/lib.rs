@@ -9,5 +9,6 @@
 pub mod discover;
 pub mod etcd;
 pub mod etcd_tls;
+pub mod instance_address;
 pub mod register;
 pub mod render;

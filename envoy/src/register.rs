@@ -6,13 +6,14 @@
 //! drops the host; a later passing check registers it again. When etcd cannot be reached the lease is not
 //! refreshed and expires after `ttl`, which takes the host out too: a registration never outlives its proof of
 //! life by more than `ttl`. The process holds no other state, so restarting it is safe; when it stops, its lease
-//! expires after `ttl` (revoke it with `etcdctl lease revoke` to drain at once).
+//! expires after `ttl` (revoke it with `etcdctl lease revoke` to drain at once). With `--user` and
+//! `--password-env`, it authenticates to etcd as that user, the password read from that environment variable.
 
 use std::time::{Duration, Instant};
 
-use llmroute_core::config::{upstream_tls, Diagnostics, RawUpstreamTls, UpstreamTls};
+use llmroute_core::config::{env_name_ok, parse_endpoint, upstream_tls, Diagnostics, RawUpstreamTls, UpstreamTls};
 
-use crate::etcd::{Client, EtcdError};
+use crate::etcd::{Client, Credentials, EtcdError};
 
 /// What `register` was told.
 #[derive(Debug, Clone)]
@@ -21,6 +22,8 @@ pub struct Registration {
     pub etcd: Vec<String>,
     /// TLS to etcd (`--ca-file`, `--sni`, `--cert-file`, `--key-file`), checked by [`tls_flags`].
     pub tls: Option<UpstreamTls>,
+    /// etcd's user authentication (`--user`, `--password-env`), read by [`auth_flags`].
+    pub auth: Option<Credentials>,
     /// The key prefix, without a trailing `/`.
     pub prefix: String,
     /// The engine's `IP:PORT` as Envoy should reach it.
@@ -58,7 +61,9 @@ impl Registrar {
     /// Fails only when a `tls` PEM file cannot be read (the error names it).
     pub fn new(reg: Registration) -> Result<Self, String> {
         let timeout = reg.interval.clamp(Duration::from_millis(100), Duration::from_secs(5));
-        let client = Client::new(reg.etcd.clone(), reg.tls.as_ref(), timeout, timeout).map_err(|e| e.0)?;
+        let client = Client::new(reg.etcd.clone(), reg.tls.as_ref(), timeout, timeout)
+            .map_err(|e| e.0)?
+            .with_credentials(reg.auth.clone());
         let health = ureq::AgentBuilder::new().timeout(timeout).build();
         Ok(Registrar {
             reg,
@@ -192,6 +197,25 @@ pub fn tls_flags(
     }
 }
 
+/// `--user` and `--password-env`: both or neither; the password read from the variable. The error names the flag
+/// and the variable, never the password.
+pub fn auth_flags(user: Option<String>, password_env: Option<String>) -> Result<Option<Credentials>, String> {
+    match (user, password_env) {
+        (None, None) => Ok(None),
+        (Some(u), None) => Err(format!(
+            "--user {u}: needs --password-env VAR, the environment variable that holds the user's password"
+        )),
+        (None, Some(v)) => Err(format!("--password-env {v}: needs --user NAME, the etcd user")),
+        (Some(u), Some(_)) if u.is_empty() || u.chars().any(char::is_control) => Err(format!(
+            "--user {u:?}: must be an etcd user name without control characters"
+        )),
+        (Some(_), Some(v)) if !env_name_ok(&v) => Err(format!(
+            "--password-env {v}: must be an environment variable name: A-Z a-z 0-9 _, not starting with a digit"
+        )),
+        (Some(u), Some(v)) => Credentials::from_var(&u, &v, "--password-env").map(Some),
+    }
+}
+
 /// Checks the arguments; the error names the flag, the value and the fix.
 pub fn check(reg: &Registration) -> Result<(), String> {
     if reg.etcd.is_empty() {
@@ -219,6 +243,19 @@ pub fn check(reg: &Registration) -> Result<(), String> {
             }
         }
     }
+    if let (Some(c), None) = (&reg.auth, &reg.tls) {
+        let remote = reg.etcd.iter().find(|e| {
+            let host = e.trim_start_matches("http://");
+            !parse_endpoint(host).is_ok_and(|ep| llmroute_core::config::is_loopback(&ep))
+        });
+        if let Some(e) = remote {
+            return Err(format!(
+                "--user {}: without --ca-file the password would reach {e} unencrypted, and it is not loopback; \
+                 reach etcd over TLS (https:// with --ca-file)",
+                c.user
+            ));
+        }
+    }
     let prefix_ok = reg.prefix.starts_with('/') && !reg.prefix.ends_with('/') && reg.prefix.len() >= 2;
     if !prefix_ok || reg.prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(format!(
@@ -226,7 +263,7 @@ pub fn check(reg: &Registration) -> Result<(), String> {
             reg.prefix
         ));
     }
-    match llmroute_core::config::parse_endpoint(&reg.addr) {
+    match parse_endpoint(&reg.addr) {
         Ok(ep) if ep.is_ip => {}
         _ => {
             return Err(format!(
@@ -268,6 +305,7 @@ mod tests {
         Registration {
             etcd: vec!["http://127.0.0.1:2379".into()],
             tls: None,
+            auth: None,
             prefix: "/llmroute/backends/a".into(),
             addr: "127.0.0.1:8080".into(),
             health: "http://127.0.0.1:8080/health".into(),
@@ -297,6 +335,42 @@ mod tests {
             let err = check(&r).unwrap_err();
             assert!(err.starts_with(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn the_auth_flags_come_together_and_keep_the_password_off_the_network_in_clear() {
+        assert_eq!(auth_flags(None, None), Ok(None));
+        let cases = [
+            (auth_flags(Some("llm".into()), None), "--user llm: needs --password-env"),
+            (auth_flags(None, Some("PW".into())), "--password-env PW: needs --user"),
+            (
+                auth_flags(Some("llm".into()), Some("1PW".into())),
+                "--password-env 1PW: must be",
+            ),
+            (
+                auth_flags(Some("llm".into()), Some("LLMROUTE_TEST_REGISTER_PW_NEVER_SET".into())),
+                "--password-env LLMROUTE_TEST_REGISTER_PW_NEVER_SET: the variable is not set",
+            ),
+        ];
+        for (got, want) in cases {
+            let err = got.unwrap_err();
+            assert!(err.starts_with(want), "{want}: {err}");
+        }
+        let c = auth_flags(Some("llm".into()), Some("PATH".into())).unwrap().unwrap();
+        assert_eq!(c.user, "llm");
+        // Over plain HTTP, only to loopback.
+        let mut r = reg();
+        r.auth = Some(c);
+        assert_eq!(check(&r), Ok(()));
+        r.etcd = vec!["http://127.0.0.1:2379".into(), "http://10.0.0.10:2379".into()];
+        let err = check(&r).unwrap_err();
+        assert!(
+            err.starts_with("--user llm: without --ca-file") && err.contains("10.0.0.10:2379"),
+            "{err}"
+        );
+        r.tls = tls_flags(Some("/ca.pem".into()), None, None, None).unwrap();
+        r.etcd = vec!["https://10.0.0.10:2379".into()];
+        assert_eq!(check(&r), Ok(()));
     }
 
     #[test]

@@ -300,15 +300,24 @@ pub fn dispatch_get_with(
         .ok()
 }
 
-/// Starts a `POST path` with a JSON `body` to the Envoy cluster `cluster` (the placement store's etcd); as
-/// [`dispatch_get`] otherwise.
-pub fn dispatch_post(cluster: &str, path: &str, body: &[u8], timeout_ms: u64) -> Option<u32> {
-    let headers = vec![
+/// Starts a `POST path` with a JSON `body` to the Envoy cluster `cluster` (the placement store's etcd), with
+/// `authorization` when given (etcd's token); as [`dispatch_get`] otherwise.
+pub fn dispatch_post(
+    cluster: &str,
+    path: &str,
+    body: &[u8],
+    authorization: Option<&str>,
+    timeout_ms: u64,
+) -> Option<u32> {
+    let mut headers = vec![
         (":method", "POST"),
         (":path", path),
         (":authority", cluster),
         ("content-type", "application/json"),
     ];
+    if let Some(token) = authorization {
+        headers.push(("authorization", token));
+    }
     let timeout = Duration::from_millis(timeout_ms);
     host()
         .http_call(cluster, &headers, Some(body), timeout)

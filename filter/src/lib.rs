@@ -19,6 +19,7 @@ mod placement_store;
 mod response;
 mod root;
 mod status;
+mod store_auth;
 #[cfg(feature = "test-trap")]
 mod trap;
 mod upstream;

@@ -17,6 +17,9 @@
 //!   settles the keys placed locally while etcd failed (kept, or moved once to the host another replica stored;
 //!   a stored host that is down here is swapped for the local one).
 //!   A failed call is logged and retried on the next round; requests never wait for this side.
+//! - **Authentication.** With `auth`, every call carries etcd's token, which the root side gets and renews (see
+//!   `store_auth`); a new key's request meets no token only before the first authentication or after etcd forgot
+//!   it, and is then placed locally, as during an outage.
 
 use std::rc::Rc;
 
@@ -32,6 +35,7 @@ use llmroute_core::Config;
 use crate::host;
 use crate::key_placement::{self, Pin};
 use crate::metrics::Metrics;
+use crate::store_auth::{self, Credentials};
 
 /// How long the root side's calls may take; they never hold a request.
 const SYNC_TIMEOUT_MS: u64 = 2000;
@@ -59,6 +63,8 @@ pub struct Waiting {
     follow_ups: u8,
     /// Transactions sent again because the view they were proposed in was stale ([`store::after_stale`]).
     stale_retries: u8,
+    /// The store has `auth`: every call carries the token.
+    auth: bool,
 }
 
 /// What became of a paused request when its answer came.
@@ -76,12 +82,7 @@ impl Waiting {
 
     /// Sends `body` (again); true when it went out, and the request keeps waiting for the new token.
     fn send_again(&mut self) -> bool {
-        let sent = host::dispatch_post(
-            PLACEMENT_STORE_CLUSTER,
-            store::TXN_PATH,
-            self.body.as_bytes(),
-            self.timeout_ms,
-        );
+        let sent = post(store::TXN_PATH, self.body.as_bytes(), self.auth, self.timeout_ms);
         if let Some(token) = sent {
             self.token = token;
         }
@@ -107,12 +108,8 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
     let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
     let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
     let body = store::ask_request(&ask, &store.prefix, cluster, key, &host.address, lease.id);
-    match host::dispatch_post(
-        PLACEMENT_STORE_CLUSTER,
-        store::TXN_PATH,
-        body.as_bytes(),
-        store.timeout_ms,
-    ) {
+    let auth = store.auth.is_some();
+    match post(store::TXN_PATH, body.as_bytes(), auth, store.timeout_ms) {
         Some(token) => Some(Waiting {
             token,
             keys: *keys,
@@ -127,6 +124,7 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
             retried: false,
             follow_ups: 0,
             stale_retries: 0,
+            auth,
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
@@ -228,9 +226,23 @@ fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, met
     w.send_again().then_some(Step::Retrying)
 }
 
-/// The answer's body, when there is an answer (`None`: Envoy delivered none, such as after a timeout).
+/// POSTs `body` to the store's `path`, with etcd's token when the store has `auth`. `None` when it was not sent,
+/// also when `auth` has no token yet (the root side has not authenticated, or etcd forgot the token).
+fn post(path: &str, body: &[u8], auth: bool, timeout_ms: u64) -> Option<u32> {
+    let token = match auth {
+        true => Some(store_auth::token()?),
+        false => None,
+    };
+    host::dispatch_post(PLACEMENT_STORE_CLUSTER, path, body, token.as_deref(), timeout_ms)
+}
+
+/// The answer's body, when there is an answer (`None`: Envoy delivered none, such as after a timeout). A 401 is
+/// etcd no longer knowing the token: it is forgotten, so the root side authenticates again.
 fn call_body(body_size: usize) -> Option<(u32, Vec<u8>)> {
     let status = host::http_call_status()?;
+    if status == 401 {
+        store_auth::forget();
+    }
     let body = match body_size {
         0 => Vec::new(),
         n => host::http_call_body(n.min(store::MAX_ANSWER_BYTES)).unwrap_or_default(),
@@ -258,6 +270,8 @@ enum Job {
     Settle { backend: String, key: u64 },
     /// Such a key, stored on a host that is down here: swapped for the host the local table holds.
     SettleMove { backend: String, key: u64 },
+    /// The user and password traded for a token.
+    Authenticate,
 }
 
 /// One root context's side of the store (see the module doc).
@@ -266,6 +280,10 @@ pub struct Syncer {
     cfg: Option<Rc<Config>>,
     /// Calls in flight: token, job, when sent.
     calls: Vec<(u32, Job, u64)>,
+    /// The store's user and password, with `auth`.
+    credentials: Option<Credentials>,
+    /// No authentication before this time (after etcd refused the password).
+    authenticate_after_ms: u64,
 }
 
 fn due(last: u64, now: u64) -> bool {
@@ -273,8 +291,10 @@ fn due(last: u64, now: u64) -> bool {
 }
 
 impl Syncer {
-    /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks).
-    pub fn start(&mut self, cfg: Rc<Config>) {
+    /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks), as the
+    /// user `credentials` when it has `auth`.
+    pub fn start(&mut self, cfg: Rc<Config>, credentials: Option<Credentials>) {
+        self.credentials = credentials;
         if cfg.affinity.placement_store.is_none() || cfg.bounded_keys().is_none() {
             return;
         }
@@ -300,6 +320,26 @@ impl Syncer {
             .retain(|(_, _, at)| now.saturating_sub(*at) <= SYNC_TIMEOUT_MS.saturating_add(POLL_INTERVAL_MS));
         if !self.calls.is_empty() || !crate::lease::claim(shared::STORE_SYNC_LEASE, now, due) {
             return;
+        }
+        if let Some(c) = &self.credentials {
+            // Without a token every call would be refused: authenticate first, and the rest next round.
+            if store_auth::token().is_none() {
+                if now >= self.authenticate_after_ms {
+                    let body = c.body();
+                    let sent = host::dispatch_post(
+                        PLACEMENT_STORE_CLUSTER,
+                        etcd_json::AUTHENTICATE_PATH,
+                        body.as_bytes(),
+                        None,
+                        SYNC_TIMEOUT_MS,
+                    );
+                    match sent {
+                        Some(token) => self.calls.push((token, Job::Authenticate, now)),
+                        None => log::debug!("llmroute: the placement store's cluster could not be called"),
+                    }
+                }
+                return;
+            }
         }
         let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
         if lease.due(now, keys.idle_ttl_ms) {
@@ -347,9 +387,34 @@ impl Syncer {
     }
 
     fn send(&mut self, path: &str, body: &str, job: Job, now: u64) {
-        match host::dispatch_post(PLACEMENT_STORE_CLUSTER, path, body.as_bytes(), SYNC_TIMEOUT_MS) {
+        let auth = self.credentials.is_some();
+        match post(path, body.as_bytes(), auth, SYNC_TIMEOUT_MS) {
             Some(token) => self.calls.push((token, job, now)),
             None => log::debug!("llmroute: the placement store's cluster could not be called"),
+        }
+    }
+
+    /// Keeps the token etcd gave for the user and password, or logs why there is none (never the password).
+    fn authenticated(&mut self, answer: Option<&(u32, Vec<u8>)>, now: u64) {
+        let user = self.credentials.as_ref().map_or("", |c| c.user.as_str());
+        match answer {
+            Some((200, body)) => match etcd_json::parse_authenticate(body) {
+                Ok(token) => {
+                    store_auth::keep(&token);
+                    log::info!("llmroute: placement store: authenticated to etcd as user {user}");
+                }
+                Err(e) => log::warn!("llmroute: placement store: authenticating as etcd user {user}: {e}"),
+            },
+            Some((status, body)) => {
+                self.authenticate_after_ms = now.saturating_add(store_auth::RETRY_REFUSED_MS);
+                let said: String = String::from_utf8_lossy(body).chars().take(200).collect();
+                log::warn!(
+                    "llmroute: placement store: etcd refused user {user} (HTTP {status}: {said}); new keys are placed \
+                     locally; trying again in {} s",
+                    store_auth::RETRY_REFUSED_MS / 1000
+                );
+            }
+            None => log::info!("llmroute: placement store: etcd did not answer the authentication of user {user}"),
         }
     }
 
@@ -364,6 +429,7 @@ impl Syncer {
         };
         let answer = call_body(body_size);
         match &job {
+            Job::Authenticate => return self.authenticated(answer.as_ref(), host::now_ms()),
             Job::Settle { backend, key } => return self.settled(&cfg, st, backend, *key, reply(answer.as_ref())),
             Job::SettleMove { backend, key } => {
                 return settle(backend, *key, store::settle_move_outcome(reply(answer.as_ref())));
@@ -401,7 +467,7 @@ impl Syncer {
                     log::info!("llmroute: placement store lease refresh: {e}");
                 }
             }
-            Job::Settle { .. } | Job::SettleMove { .. } => {}
+            Job::Settle { .. } | Job::SettleMove { .. } | Job::Authenticate => {}
         }
     }
 

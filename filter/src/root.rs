@@ -80,6 +80,13 @@ impl RootContext for Root {
                             return false;
                         }
                     }
+                    let credentials = match crate::store_auth::load(&cfg) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            log::error!("llmroute config: {e}");
+                            return false;
+                        }
+                    };
                     crate::admission::seed(&cfg, self.keys.as_deref());
                     let store = cfg.affinity.placement_store.is_some();
                     self.metrics.prime(cfg.any_bounded_keys(), store);
@@ -87,7 +94,7 @@ impl RootContext for Root {
                     if let Some(cfg) = &self.config {
                         self.poller.start(cfg.clone());
                         self.fleet_check.start(cfg.clone());
-                        self.store.start(cfg.clone());
+                        self.store.start(cfg.clone(), credentials);
                     }
                 }
                 true

@@ -163,7 +163,8 @@ impl EtcdDemo {
         }
         b["discovery"] = json!({
             "eds_path": eds.display().to_string(),
-            "etcd": { "endpoints": [etcd.url()], "prefix": prefix },
+            // The demo's engines run on this host, on loopback: allow it (discover refuses loopback by default).
+            "etcd": { "endpoints": [etcd.url()], "prefix": prefix, "allow_loopback": true },
         });
         let config = dir.path().join("llmroute.json");
         std::fs::write(&config, doc.to_string()).map_err(|e| e.to_string())?;

@@ -3,7 +3,8 @@
 //! and the ports, so a test can take etcd away and bring it back. [`EtcdCluster`] runs three such members as one
 //! cluster, so a test can kill one and keep the quorum. [`Etcd::start_tls`] serves clients over TLS with a
 //! certificate from `certs` (etcd's `--cert-file` and `--key-file`); [`Etcd::start_mtls`] also requires a client
-//! certificate signed by the same CA (`--client-cert-auth --trusted-ca-file`). Also: the `llmroute` CLI's long-running
+//! certificate signed by the same CA (`--client-cert-auth --trusted-ca-file`). [`Etcd::enable_auth`] turns on
+//! etcd's user authentication with a user limited to one prefix. Also: the `llmroute` CLI's long-running
 //! subcommands (`discover`, `register`) as child processes killed on drop, with their logs kept.
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub struct Etcd {
     tls: Option<PkiFiles>,
     /// With `tls`: clients must present a certificate signed by its CA.
     client_auth: bool,
+    /// After [`Etcd::enable_auth`]: `root:PASSWORD`, which `etcdctl` then authenticates as.
+    root: Option<String>,
 }
 
 impl Etcd {
@@ -56,6 +59,7 @@ impl Etcd {
                 runs: 0,
                 tls: tls.clone(),
                 client_auth,
+                root: None,
             };
             match etcd.spawn_and_wait().await {
                 Ok(()) => return Ok(etcd),
@@ -135,10 +139,26 @@ impl Etcd {
         self.spawn_and_wait().await
     }
 
+    /// Turns on etcd's user authentication: a `root` user (with `root_password`, which [`Etcd::etcdctl`] then
+    /// uses) and `user` with `password`, allowed to read and write only under `prefix`.
+    pub fn enable_auth(&mut self, root_password: &str, user: &str, password: &str, prefix: &str) -> Result<(), String> {
+        self.ctl(&["user", "add", "root", "--new-user-password", root_password])?;
+        self.ctl(&["user", "add", user, "--new-user-password", password])?;
+        self.ctl(&["role", "add", user])?;
+        self.ctl(&["role", "grant-permission", user, "--prefix=true", "readwrite", prefix])?;
+        self.ctl(&["user", "grant-role", user, user])?;
+        self.ctl(&["auth", "enable"])?;
+        self.root = Some(format!("root:{root_password}"));
+        Ok(())
+    }
+
     /// `etcdctl` (API v3) pointed at this etcd; the caller adds the arguments.
     pub fn etcdctl(&self) -> Command {
         let mut c = Command::new("etcdctl");
         c.env("ETCDCTL_API", "3").args(["--endpoints", &self.url()]);
+        if let Some(root) = &self.root {
+            c.arg("--user").arg(root);
+        }
         if let Some(t) = &self.tls {
             c.arg("--cacert").arg(&t.ca_file);
             if self.client_auth {
@@ -373,6 +393,11 @@ pub struct CliProcess {
 impl CliProcess {
     /// Starts `llmroute ARGS` with its standard error going to a log file.
     pub fn start(args: &[&str]) -> Result<CliProcess, String> {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`CliProcess::start`], with `env` added to the process's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<CliProcess, String> {
         let bin = cli_binary();
         if !bin.exists() {
             return Err(format!("{} is missing: run `make cli`", bin.display()));
@@ -382,6 +407,7 @@ impl CliProcess {
         let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
         let child = Command::new(&bin)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)

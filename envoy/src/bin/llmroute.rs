@@ -69,7 +69,8 @@ enum Command {
     Discover {
         /// Path to llmroute.yaml (YAML or JSON).
         config: PathBuf,
-        /// Also write counters (hosts, writes, etcd errors, reconnects, rejected keys) as JSON to this file.
+        /// Also write counters (hosts, writes, etcd errors, reconnects, rejected keys, refused addresses, capped
+        /// weights) as JSON to this file.
         #[arg(long, value_name = "PATH")]
         stats: Option<PathBuf>,
     },
@@ -93,6 +94,13 @@ enum Command {
         /// TLS to etcd: the client certificate's PEM private key (as `tls.key_file`).
         #[arg(long, value_name = "PATH")]
         key_file: Option<String>,
+        /// etcd's user authentication: the user (as `auth.user`). Needs --password-env.
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
+        /// etcd's user authentication: the environment variable holding the user's password (as
+        /// `auth.password_env`).
+        #[arg(long, value_name = "VAR")]
+        password_env: Option<String>,
         /// The backend's `discovery.etcd.prefix`.
         #[arg(long)]
         prefix: String,
@@ -331,6 +339,8 @@ fn run(command: Command) -> Result<(), String> {
             sni,
             cert_file,
             key_file,
+            user,
+            password_env,
             prefix,
             addr,
             health,
@@ -340,6 +350,7 @@ fn run(command: Command) -> Result<(), String> {
         } => register(Registration {
             etcd,
             tls: register::tls_flags(ca_file, sni, cert_file, key_file)?,
+            auth: register::auth_flags(user, password_env)?,
             prefix,
             addr,
             health,

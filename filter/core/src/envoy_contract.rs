@@ -279,6 +279,8 @@ pub mod shared {
     pub const STORE_SYNC_LEASE: &str = "llmroute.store.sync";
     /// The etcd lease new keys are attached to (`key_placement::store::Lease`).
     pub const STORE_LEASE: &str = "llmroute.store.lease";
+    /// The token etcd gave for the placement store's user (`affinity.placement_store.etcd.auth`); empty: none.
+    pub const STORE_TOKEN: &str = "llmroute.store.token";
     /// A backend's keys placed locally while the placement store failed, to settle once it answers.
     pub fn store_pending(backend: &str) -> String {
         format!("llmroute.store.pending.{backend}")

@@ -193,6 +193,29 @@ pub fn revoke_body(id: i64) -> String {
     json!({ "ID": id.to_string() }).to_string()
 }
 
+/// etcd's authentication endpoint: a user name and password in, a token out.
+pub const AUTHENTICATE_PATH: &str = "/v3/auth/authenticate";
+/// The gRPC code etcd answers a token it no longer knows with (`invalid auth token`; HTTP 401 at the gateway):
+/// authenticate again.
+pub const UNAUTHENTICATED: i64 = 16;
+/// Longest token accepted from etcd (a simple token is about 20 bytes, a JWT a few hundred).
+pub const MAX_TOKEN: usize = 4096;
+
+/// `/v3/auth/authenticate` for `user` with `password`.
+pub fn authenticate_body(user: &str, password: &str) -> String {
+    json!({ "name": user, "password": password }).to_string()
+}
+
+/// Reads a `/v3/auth/authenticate` answer: the token to send as `Authorization` on later calls. A token that is
+/// empty, too long or not a visible-ASCII header value is refused.
+pub fn parse_authenticate(text: &[u8]) -> Result<String, EtcdJsonError> {
+    let v = parse(text)?;
+    match at(&v, "/token").as_str() {
+        Some(t) if (1..=MAX_TOKEN).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_graphic()) => Ok(t.to_string()),
+        _ => Err(EtcdJsonError::Missing("token")),
+    }
+}
+
 /// `/v3/watch` from `start_revision` on every key under `prefix`.
 pub fn watch_body(prefix: &str, start_revision: i64) -> String {
     json!({ "create_request": {

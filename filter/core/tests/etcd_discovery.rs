@@ -42,6 +42,9 @@ fn an_etcd_source_is_normalised() {
             endpoints: vec!["http://127.0.0.1:2379".into(), "http://etcd.local:2379".into()],
             prefix: "/llmroute/backends/llama-a".into(),
             tls: None,
+            auth: None,
+            allow_loopback: false,
+            max_weight: 256,
         }
     );
     assert_eq!(etcd.key("10.0.0.5:8080"), "/llmroute/backends/llama-a/10.0.0.5:8080");
@@ -154,4 +157,115 @@ fn bad_endpoints_and_prefixes_are_named() {
         unknown[0].reason.contains("ttl") || unknown[0].value.contains("ttl"),
         "{unknown:?}"
     );
+}
+
+#[test]
+fn etcd_auth_names_the_password_variable_and_needs_tls_off_loopback() {
+    let auth = json!({"user": "llmroute", "password_env": "ETCD_PASSWORD"});
+    let cfg = load_config(
+        &doc(json!({
+            "eds_path": "/e.json",
+            "etcd": {"endpoints": ["127.0.0.1:2379", "[::1]:2379"], "prefix": "/p", "auth": auth},
+        }))
+        .to_string(),
+    )
+    .unwrap();
+    let a = cfg.backends[0].discovery.clone().unwrap().etcd.unwrap().auth.unwrap();
+    assert_eq!(
+        (a.user.as_str(), a.password_env.as_str()),
+        ("llmroute", "ETCD_PASSWORD")
+    );
+    // Off loopback, the password needs TLS.
+    let errs = errors(&doc(json!({
+        "eds_path": "/e.json",
+        "etcd": {"endpoints": ["127.0.0.1:2379", "10.0.0.1:2379"], "prefix": "/p", "auth": auth},
+    })));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].field, "backends[0].discovery.etcd.auth");
+    assert!(
+        errs[0].reason.contains("10.0.0.1:2379 unencrypted") && errs[0].reason.contains("tls:"),
+        "{}",
+        errs[0].reason
+    );
+    let over_tls = json!({"endpoints": ["10.0.0.1:2379"], "prefix": "/p", "auth": auth, "tls": {"ca_file": "/ca.pem"}});
+    assert!(load_config(&doc(json!({"eds_path": "/e.json", "etcd": over_tls})).to_string()).is_ok());
+    let cases = [
+        (
+            json!({"user": "", "password_env": "P"}),
+            "backends[0].discovery.etcd.auth.user",
+        ),
+        (
+            json!({"user": "a\nb", "password_env": "P"}),
+            "backends[0].discovery.etcd.auth.user",
+        ),
+        (
+            json!({"user": "u", "password_env": "1P"}),
+            "backends[0].discovery.etcd.auth.password_env",
+        ),
+        (
+            json!({"user": "u", "password_env": "MY-PASS"}),
+            "backends[0].discovery.etcd.auth.password_env",
+        ),
+    ];
+    for (auth, field) in cases {
+        let errs = errors(&doc(json!({
+            "eds_path": "/e.json",
+            "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p", "auth": auth},
+        })));
+        assert_eq!(errs.len(), 1, "{auth}: {errs:?}");
+        assert_eq!(errs[0].field, field, "{auth}");
+    }
+    let unknown = errors(&doc(json!({
+        "eds_path": "/e.json",
+        "etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "/p", "auth": {"user": "u", "password": "x"}},
+    })));
+    assert!(unknown[0].reason.contains("unknown field `password`"), "{unknown:?}");
+}
+
+#[test]
+fn registrations_may_be_allowed_on_loopback_and_their_weight_is_capped() {
+    let etcd = |extra: Value| {
+        let mut e = json!({"endpoints": ["127.0.0.1:2379"], "prefix": "/p"});
+        e.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        doc(json!({"eds_path": "/e.json", "etcd": e}))
+    };
+    let source = |v: &Value| {
+        load_config(&v.to_string()).unwrap().backends[0]
+            .discovery
+            .clone()
+            .unwrap()
+            .etcd
+            .unwrap()
+    };
+    let s = source(&etcd(json!({"allow_loopback": true, "max_weight": 8})));
+    assert_eq!((s.allow_loopback, s.max_weight), (true, 8));
+    for bad in [0, 1001] {
+        let errs = errors(&etcd(json!({ "max_weight": bad })));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "backends[0].discovery.etcd.max_weight");
+    }
+}
+
+#[test]
+fn the_placement_store_takes_the_same_auth_block() {
+    let store = |endpoints: Value, tls: Option<Value>| {
+        let mut etcd = json!({"endpoints": endpoints, "auth": {"user": "llmroute", "password_env": "STORE_PW"}});
+        if let Some(t) = tls {
+            etcd["tls"] = t;
+        }
+        json!({
+            "version": 1,
+            "backends": [{"name": "a", "kind": "llamacpp", "endpoints": ["10.0.0.5:8080"]}],
+            "models": [{"name": "m", "routes": [{"backend": "a"}]}],
+            "affinity": {"placement": "bounded_keys", "placement_store": {"etcd": etcd}},
+        })
+    };
+    let cfg = load_config(&store(json!(["127.0.0.1:2379"]), None).to_string()).unwrap();
+    let a = cfg.affinity.placement_store.unwrap().auth.unwrap();
+    assert_eq!((a.user.as_str(), a.password_env.as_str()), ("llmroute", "STORE_PW"));
+    let errs = errors(&store(json!(["10.0.0.1:2379"]), None));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].field, "affinity.placement_store.etcd.auth");
+    let tls = json!({"ca_file": "/ca.pem"});
+    assert!(load_config(&store(json!(["10.0.0.1:2379"]), Some(tls)).to_string()).is_ok());
 }

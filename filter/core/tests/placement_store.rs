@@ -123,6 +123,33 @@ fn transaction_answers_are_read() {
 }
 
 #[test]
+fn authentication_sends_the_user_and_reads_back_a_header_safe_token() {
+    let body = json_of(&etcd_json::authenticate_body("llm\"route", "p\"w"));
+    assert_eq!(body, json!({ "name": "llm\"route", "password": "p\"w" }));
+    let ok = br#"{"header":{"revision":"1"},"token":"yYaBENxkTneJpYNy.14"}"#;
+    assert_eq!(etcd_json::parse_authenticate(ok).as_deref(), Ok("yYaBENxkTneJpYNy.14"));
+    let refused = br#"{"error":"etcdserver: authentication failed, invalid user ID or password","code":3}"#;
+    assert_eq!(
+        etcd_json::parse_authenticate(refused),
+        Err(EtcdJsonError::Etcd { code: 3 })
+    );
+    let long = format!(r#"{{"token":"{}"}}"#, "a".repeat(etcd_json::MAX_TOKEN + 1));
+    for bad in [
+        &br#"{"token":""}"#[..],
+        br#"{"token":"a\r\nx: y"}"#,
+        br#"{}"#,
+        long.as_bytes(),
+    ] {
+        assert_eq!(
+            etcd_json::parse_authenticate(bad),
+            Err(EtcdJsonError::Missing("token")),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
 fn range_answers_are_read_and_odd_ones_refused() {
     let r = etcd_json::parse_range(RANGE_FILTERED.as_bytes()).unwrap();
     assert_eq!(

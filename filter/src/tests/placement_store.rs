@@ -216,7 +216,7 @@ fn a_transaction_that_cannot_be_sent_routes_at_once_and_is_settled_later() {
     // The root settles it: another replica stored the key on the other host, so it moves there, once.
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     let mut syncer = Syncer::default();
-    syncer.start(cfg);
+    syncer.start(cfg, None);
     syncer.on_tick();
     let calls = store_calls(&fake);
     let is_txn = |c: &&Callout| {
@@ -248,7 +248,7 @@ fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     crate::key_placement::seed(&cfg);
     let mut syncer = Syncer::default();
-    syncer.start(cfg.clone());
+    syncer.start(cfg.clone(), None);
     assert_eq!(
         fake.shared(&shared::store_pending("llama-a")).map(|s| s.0),
         Some(vec![])
@@ -357,7 +357,7 @@ fn a_host_error_at_any_call_of_a_sync_round_neither_panics_nor_stops_syncing() {
         let cfg = Rc::new(load_config(&store_config()).unwrap());
         crate::key_placement::seed(&cfg);
         let mut syncer = Syncer::default();
-        syncer.start(cfg);
+        syncer.start(cfg, None);
         fake.reset_calls();
         (fake, syncer)
     };
@@ -385,7 +385,7 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     crate::key_placement::seed(&cfg);
     let mut syncer = Syncer::default();
-    syncer.start(cfg.clone());
+    syncer.start(cfg.clone(), None);
     let round = |syncer: &mut Syncer, grant: &str| {
         let seen = store_calls(&fake).len();
         syncer.on_tick();
@@ -562,7 +562,7 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
 
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     let mut syncer = Syncer::default();
-    syncer.start(cfg);
+    syncer.start(cfg, None);
     mark_down(home);
     let seen = store_calls(&fake).len();
     syncer.on_tick();
@@ -712,4 +712,152 @@ fn a_new_key_proposed_from_a_stale_view_learns_what_changed_chooses_again_and_re
     assert_eq!(txn(&calls[1])["compare"].as_array().map(Vec::len), Some(1));
     assert_eq!(revision(&fake), 0, "the view did not advance");
     assert!(table(&fake).get(0xc1).is_some());
+}
+
+const PASSWORD_VAR: &str = "LLMROUTE_TEST_STORE_PASSWORD";
+const PASSWORD: &str = "store-pw-9c2d";
+
+fn auth_config() -> String {
+    store_config().replace(
+        r#""timeout_ms": 50 }"#,
+        &format!(r#""timeout_ms": 50, "auth": {{ "user": "llmroute", "password_env": "{PASSWORD_VAR}" }} }}"#),
+    )
+}
+
+fn path_of(c: &Callout) -> String {
+    c.headers
+        .iter()
+        .find(|(n, _)| n == ":path")
+        .map_or(String::new(), |(_, v)| v.clone())
+}
+
+fn authorization(c: &Callout) -> Option<String> {
+    c.headers
+        .iter()
+        .find(|(n, _)| n == "authorization")
+        .map(|(_, v)| v.clone())
+}
+
+/// The root's store calls of one tick, from `seen` on.
+fn tick(fake: &FakeHost, root: &mut Root, seen: usize) -> Vec<Callout> {
+    root.on_tick();
+    store_calls(fake)[seen..].to_vec()
+}
+
+fn deliver_to_root(fake: &FakeHost, root: &mut Root, token: u32, a: Answer) {
+    use proxy_wasm::traits::Context;
+    let size = deliver(fake, a);
+    root.on_http_call_response(token, 0, size, 0);
+}
+
+#[test]
+fn with_auth_the_root_authenticates_first_and_every_call_then_carries_the_token() {
+    std::env::set_var(PASSWORD_VAR, PASSWORD);
+    let fake = FakeHost::install();
+    let mut root = root(&fake, &auth_config());
+
+    // Before a token, a new key's request does not wait: placed locally, settled later.
+    let mut x = Exchange::new(&fake, &root, 1);
+    let (action, key) = send(&mut x);
+    assert_eq!(action, Action::Continue, "no token: nothing to wait for");
+    assert_eq!(outcome(&fake, "not_sent"), Some(1));
+    assert_eq!(pending(&fake), vec![key]);
+    assert!(store_calls(&fake).is_empty());
+
+    // The root's first round only authenticates, with the user and password in the body, no token.
+    let first = tick(&fake, &mut root, 0);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(path_of(&first[0]), "/v3/auth/authenticate");
+    assert_eq!(authorization(&first[0]), None);
+    let body: serde_json::Value = serde_json::from_slice(first[0].body.as_deref().unwrap()).unwrap();
+    assert_eq!(body, serde_json::json!({ "name": "llmroute", "password": PASSWORD }));
+    deliver_to_root(&fake, &mut root, first[0].token, Some(("200", r#"{"token":"tok.1"}"#)));
+    assert_eq!(fake.shared(shared::STORE_TOKEN).map(|s| s.0), Some(b"tok.1".to_vec()));
+
+    // Then every call carries it: the root's grant, range and settling, and a request's transaction.
+    fake.advance_ms(1000);
+    let round = tick(&fake, &mut root, 1);
+    let paths: Vec<String> = round.iter().map(path_of).collect();
+    assert!(
+        paths.contains(&store::GRANT_PATH.to_string()) && paths.contains(&store::TXN_PATH.to_string()),
+        "{paths:?}"
+    );
+    assert!(
+        round.iter().all(|c| authorization(c).as_deref() == Some("tok.1")),
+        "{round:?}"
+    );
+    let mut x = Exchange::new(&fake, &root, 2);
+    let other = chat(false).replace("You are terse.", "You are another tenant.");
+    assert_eq!(x.request_headers(&REQUEST_HEADERS, false), Action::Pause);
+    assert_eq!(
+        x.request_body(other.as_bytes(), true),
+        Action::Pause,
+        "a token: the request waits for etcd"
+    );
+    let txn = store_calls(&fake).last().cloned().unwrap();
+    assert_eq!(authorization(&txn).as_deref(), Some("tok.1"));
+
+    // etcd forgets the token (a restart): the 401 drops it, the request is placed locally, and the next round
+    // authenticates again.
+    let forgotten = r#"{"error":"etcdserver: invalid auth token","code":16}"#;
+    answer(&mut x, txn.token, Some(("401", forgotten)));
+    assert_eq!(fake.resumes(), 1);
+    assert_eq!(fake.shared(shared::STORE_TOKEN).map(|s| s.0), Some(Vec::new()));
+    for c in &round {
+        deliver_to_root(&fake, &mut root, c.token, None);
+    }
+    fake.advance_ms(1000);
+    let seen = store_calls(&fake).len();
+    let again = tick(&fake, &mut root, seen);
+    assert_eq!(again.iter().map(path_of).collect::<Vec<_>>(), ["/v3/auth/authenticate"]);
+    let logs = fake.logs();
+    assert!(logs.iter().all(|(_, l)| !l.contains(PASSWORD)), "{logs:?}");
+}
+
+#[test]
+fn a_refused_password_is_logged_without_it_and_tried_again_ten_seconds_later() {
+    std::env::set_var(PASSWORD_VAR, PASSWORD);
+    let fake = FakeHost::install();
+    let mut root = root(&fake, &auth_config());
+    let first = tick(&fake, &mut root, 0);
+    let refused = r#"{"error":"etcdserver: authentication failed, invalid user ID or password","code":3}"#;
+    deliver_to_root(&fake, &mut root, first[0].token, Some(("400", refused)));
+    let logs = fake.logs();
+    let line = logs
+        .iter()
+        .map(|(_, l)| l)
+        .find(|l| l.contains("refused user llmroute"))
+        .unwrap();
+    assert!(
+        line.contains("authentication failed") && !line.contains(PASSWORD),
+        "{line}"
+    );
+    assert_eq!(token_now(&fake), None);
+    for _ in 0..9 {
+        fake.advance_ms(1000);
+        assert!(tick(&fake, &mut root, 1).is_empty(), "no new try within 10 s");
+    }
+    fake.advance_ms(1000);
+    let again = tick(&fake, &mut root, 1);
+    assert_eq!(again.iter().map(path_of).collect::<Vec<_>>(), ["/v3/auth/authenticate"]);
+}
+
+fn token_now(fake: &FakeHost) -> Option<Vec<u8>> {
+    fake.shared(shared::STORE_TOKEN).map(|s| s.0).filter(|t| !t.is_empty())
+}
+
+#[test]
+fn an_unset_password_refuses_the_configuration_naming_the_variable() {
+    let fake = FakeHost::install();
+    let config = auth_config().replace(PASSWORD_VAR, "LLMROUTE_TEST_STORE_PASSWORD_NEVER_SET");
+    fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
+    let mut root = Root::default();
+    assert!(!root.on_configure(config.len()));
+    let logs = fake.logs();
+    assert!(
+        logs.iter().any(|(_, l)| l.contains(
+            "affinity.placement_store.etcd.auth.password_env: the variable LLMROUTE_TEST_STORE_PASSWORD_NEVER_SET is not set"
+        )),
+        "{logs:?}"
+    );
 }

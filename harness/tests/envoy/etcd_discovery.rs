@@ -34,7 +34,7 @@ fn config(etcd: &Etcd, eds: &Path, tls: Option<&PkiFiles>) -> Value {
             "kind": "llamacpp",
             "discovery": {
                 "eds_path": eds.display().to_string(),
-                "etcd": {"endpoints": [etcd.url()], "prefix": PREFIX},
+                "etcd": {"endpoints": [etcd.url()], "prefix": PREFIX, "allow_loopback": true},
             },
             "lb": "chwbl",
             "balance_factor": 150,
@@ -637,4 +637,185 @@ async fn discover_and_register_reach_an_etcd_that_requires_client_certificates()
     assert!(!stored.contains(&format!("{PREFIX}/{stray}")), "{stored:?}");
     assert_eq!(stored.len(), 2, "{stored:?}");
     assert_eq!(eds_hosts(&s.eds).len(), 2);
+}
+
+/// `discover` for `cfg` (written to a file in `dir`) with `env`, its stats at `dir/<name>.stats.json`.
+fn discover(dir: &Path, name: &str, cfg: &Value, env: &[(&str, &str)]) -> (CliProcess, std::path::PathBuf) {
+    let cfg_path = dir.join(format!("{name}.json"));
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let stats = dir.join(format!("{name}.stats.json"));
+    let args = [
+        "discover",
+        cfg_path.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ];
+    (CliProcess::start_with_env(&args, env).unwrap(), stats)
+}
+
+/// The `load_balancing_weight` of `addr` in the EDS file at `path`.
+fn eds_weight(path: &Path, addr: &str) -> Option<u64> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let eps = v["resources"][0]["endpoints"][0]["lb_endpoints"].as_array()?.clone();
+    eps.into_iter().find_map(|e| {
+        let s = &e["endpoint"]["address"]["socket_address"];
+        let at = format!("{}:{}", s["address"].as_str()?, s["port_value"]);
+        (at == addr).then(|| e["load_balancing_weight"].as_u64())?
+    })
+}
+
+/// Anyone who can write under the prefix can register an address: `discover` refuses loopback (unless the
+/// backend allows it), link-local (the cloud metadata address) and Envoy's own admin address, logs and counts each
+/// refusal, and cuts a weight above `max_weight`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discover_refuses_loopback_and_link_local_registrations_unless_allowed() {
+    let etcd = Etcd::start().await.unwrap();
+    let lease = etcd.grant(60).unwrap();
+    let put = |addr: &str, value: &str| {
+        etcd.ctl(&["put", &format!("--lease={lease}"), &format!("{PREFIX}/{addr}"), value])
+            .unwrap();
+    };
+    put("10.0.0.5:8080", r#"{"weight": 1000}"#);
+    put("127.0.0.1:18080", "");
+    put("169.254.169.254:80", "");
+    put("127.0.0.1:9901", "");
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("refused.eds.json");
+    let mut cfg = config(&etcd, &eds, None);
+    cfg["backends"][0]["discovery"]["etcd"]
+        .as_object_mut()
+        .unwrap()
+        .remove("allow_loopback");
+    let (strict, strict_stats) = discover(dir.path(), "strict", &cfg, &[]);
+    let counted = wait_for(Duration::from_secs(10), || async {
+        let st = stats(&strict_stats);
+        st["refused"].as_u64() >= Some(3) && st["capped"].as_u64() >= Some(1)
+    })
+    .await;
+    assert!(counted.is_some(), "{}\n{}", stats(&strict_stats), strict.log());
+    assert_eq!(eds_hosts(&eds), ["10.0.0.5:8080"], "{}", strict.log());
+    assert_eq!(eds_weight(&eds, "10.0.0.5:8080"), Some(256), "the default max_weight");
+    let log = strict.log();
+    for (addr, why) in [
+        (
+            "127.0.0.1:18080",
+            "a loopback address; set `discovery.etcd.allow_loopback: true`",
+        ),
+        ("169.254.169.254:80", "a link-local address"),
+        ("127.0.0.1:9901", "Envoy's own admin address"),
+    ] {
+        assert!(
+            log.contains(&format!("refused {PREFIX}/{addr}: {why}")),
+            "{addr}:\n{log}"
+        );
+    }
+    assert!(log.contains("asked for weight 1000; cut to max_weight 256"), "{log}");
+    assert_eq!(stats(&strict_stats)["rejected"], 0, "refusals are not malformed keys");
+
+    // With loopback allowed, the loopback engine joins; link-local and Envoy's admin stay out.
+    let eds_open = dir.path().join("open.eds.json");
+    let (open, open_stats) = discover(dir.path(), "open", &config(&etcd, &eds_open, None), &[]);
+    let joined = wait_for(Duration::from_secs(10), || async {
+        eds_hosts(&eds_open) == ["10.0.0.5:8080", "127.0.0.1:18080"]
+    })
+    .await;
+    assert!(joined.is_some(), "{:?}\n{}", eds_hosts(&eds_open), open.log());
+    assert!(stats(&open_stats)["refused"].as_u64() >= Some(2));
+    assert!(!open.log().contains("127.0.0.1:18080: a loopback"), "{}", open.log());
+}
+
+const ETCD_USER: &str = "llmroute";
+const ETCD_PASSWORD: &str = "etcd-pw-5b1e";
+const PASSWORD_VAR: &str = "LLMROUTE_TEST_ETCD_PASSWORD";
+
+/// etcd with `auth enable`: `discover` (`discovery.etcd.auth`) and `register` (`--user`, `--password-env`) work
+/// with the password from the named variable, also after etcd forgot their tokens (a restart); without the
+/// password, or with a wrong one, they fail with a clear message and register nothing. The password never
+/// reaches their logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discover_and_register_authenticate_to_an_etcd_with_users() {
+    let mut etcd = Etcd::start().await.unwrap();
+    etcd.enable_auth("root-pw-77", ETCD_USER, ETCD_PASSWORD, "/llmroute/")
+        .unwrap();
+    let fleet = Fleet::start(BACKEND, 2).await.unwrap();
+    let addrs = fleet.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let eds = dir.path().join("auth.eds.json");
+    let mut cfg = config(&etcd, &eds, None);
+    cfg["backends"][0]["discovery"]["etcd"]["auth"] = json!({"user": ETCD_USER, "password_env": PASSWORD_VAR});
+    let env = [(PASSWORD_VAR, ETCD_PASSWORD)];
+    let (disc, _) = discover(dir.path(), "auth", &cfg, &env);
+    let auth_flags = ["--user", ETCD_USER, "--password-env", PASSWORD_VAR];
+    let url = etcd.url();
+    let reg = |addr: &str, env: &[(&str, &str)], extra: &[&str]| {
+        let health = format!("http://{addr}/health");
+        let mut args = vec![
+            "register",
+            "--etcd",
+            &url,
+            "--prefix",
+            PREFIX,
+            "--addr",
+            addr,
+            "--health",
+            &health,
+            "--interval-ms",
+            "200",
+        ];
+        args.extend_from_slice(extra);
+        CliProcess::start_with_env(&args, env).unwrap()
+    };
+    let first = reg(&addrs[0], &env, &auth_flags);
+    let seen = wait_for(Duration::from_secs(10), || async {
+        eds_hosts(&eds) == [addrs[0].clone()]
+    })
+    .await;
+    assert!(seen.is_some(), "register:\n{}\ndiscover:\n{}", first.log(), disc.log());
+
+    // No password: `register` says etcd wants a user, and writes nothing; `discover` stops at once, naming the
+    // variable. A wrong password is refused by etcd, and said so.
+    let anonymous = reg(&addrs[1], &[], &[]);
+    let wrong = reg(&addrs[1], &[(PASSWORD_VAR, "not-the-password")], &auth_flags);
+    let said = wait_for(Duration::from_secs(10), || async {
+        anonymous.log().contains("give a user and its password") && wrong.log().contains("authentication failed")
+    })
+    .await;
+    assert!(
+        said.is_some(),
+        "anonymous:\n{}\nwrong:\n{}",
+        anonymous.log(),
+        wrong.log()
+    );
+    let (mut unset, _) = discover(dir.path(), "unset", &cfg, &[]);
+    let unset_running = std::cell::RefCell::new(&mut unset);
+    let stopped = wait_for(Duration::from_secs(10), || async {
+        !unset_running.borrow_mut().running()
+    })
+    .await;
+    assert!(stopped.is_some(), "discover ran without its password");
+    assert!(
+        unset.log().contains(&format!(
+            "discovery.etcd.auth.password_env {PASSWORD_VAR}: the variable is not set"
+        )),
+        "{}",
+        unset.log()
+    );
+    let stored = etcd.ctl(&["get", "--prefix", PREFIX, "--keys-only"]).unwrap();
+    assert!(!stored.contains(&addrs[1]), "{stored}");
+    drop((anonymous, wrong));
+
+    // etcd restarts and forgets every token: both clients authenticate again.
+    etcd.restart().await.unwrap();
+    let second = reg(&addrs[1], &env, &auth_flags);
+    let both = wait_for(Duration::from_secs(15), || async { eds_hosts(&eds).len() == 2 }).await;
+    assert!(
+        both.is_some(),
+        "{:?}\ndiscover:\n{}\nregister:\n{}",
+        eds_hosts(&eds),
+        disc.log(),
+        second.log()
+    );
+    for log in [disc.log(), first.log(), second.log()] {
+        assert!(!log.contains(ETCD_PASSWORD), "{log}");
+    }
 }

@@ -823,3 +823,94 @@ async fn etcd_requiring_client_certificates_serves_replicas_that_present_one_and
     let cfg = tls_config(&fleet, etcd.url(), &files.ca_file, None);
     fall_back_without_a_handshake(&fleet, &etcd, cfg, "no client certificate", "connection_error").await;
 }
+
+const STORE_USER: &str = "llmroute";
+const STORE_PASSWORD: &str = "store-pw-41ac";
+const STORE_PASSWORD_VAR: &str = "LLMROUTE_TEST_STORE_PASSWORD";
+
+/// Two replicas whose store authenticates as `STORE_USER` with `password` (from Envoy's environment), each
+/// waited for until its status snapshot is healthy.
+async fn auth_replicas(fleet: &Fleet, etcd: &Etcd, password: &str) -> Vec<Envoy> {
+    let mut cfg = config(fleet, Some(etcd), 1000);
+    cfg["affinity"]["placement_store"]["etcd"]["auth"] =
+        json!({"user": STORE_USER, "password_env": STORE_PASSWORD_VAR});
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let mut opts = llmroute_harness::envoy::EnvoyOptions::default();
+        opts.env.push((STORE_PASSWORD_VAR.to_string(), password.to_string()));
+        out.push(Envoy::start_with(cfg.clone(), opts).await.unwrap());
+    }
+    for e in &out {
+        e.wait_snapshot_healthy(BACKEND, 3, Duration::from_secs(15))
+            .await
+            .unwrap();
+    }
+    out
+}
+
+/// How many times each replica logged an authentication to etcd; true once every one did at least `n` times.
+async fn authenticated(envoys: &[Envoy], n: usize) -> bool {
+    envoys
+        .iter()
+        .all(|e| e.log().matches("authenticated to etcd as user llmroute").count() >= n)
+}
+
+/// etcd with `auth enable`: replicas whose store has `auth` (the password from Envoy's environment) agree through
+/// it, also after etcd restarts and forgets their tokens; with a wrong password every new key is placed locally,
+/// no request fails, and etcd's refusal is logged. The password appears in no log, status page or bootstrap.
+#[tokio::test]
+async fn replicas_authenticate_to_etcd_with_a_password_and_fall_back_without_the_right_one() {
+    let mut etcd = Etcd::start().await.unwrap();
+    etcd.enable_auth("root-pw-3f", STORE_USER, STORE_PASSWORD, "/e2e/")
+        .unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let envoys = auth_replicas(&fleet, &etcd, STORE_PASSWORD).await;
+    let ready = wait_for(Duration::from_secs(10), || authenticated(&envoys, 1)).await;
+    assert!(ready.is_some(), "{}", envoys[0].log());
+    let served = rotate(&envoys, 0..6, 2).await;
+    assert_eq!(disagreements(&served), 0, "{served:?}");
+    assert_eq!(store_count(&envoys, "won").await, 6, "each key created once");
+    assert_eq!(fallbacks(&envoys).await, 0);
+    assert_eq!(stored_keys(&etcd), 6);
+
+    // etcd restarts and forgets every token: the replicas authenticate again, and new keys reach etcd again.
+    etcd.restart().await.unwrap();
+    let again = wait_for(Duration::from_secs(15), || authenticated(&envoys, 2)).await;
+    assert!(again.is_some(), "{}", envoys[0].log());
+    let before = (store_count(&envoys, "won").await, fallbacks(&envoys).await);
+    let served = rotate(&envoys, 10..16, 2).await;
+    assert_eq!(disagreements(&served), 0, "{served:?}");
+    assert_eq!(store_count(&envoys, "won").await, before.0 + 6);
+    assert_eq!(fallbacks(&envoys).await, before.1);
+    assert_eq!(stored_keys(&etcd), 12);
+    for e in &envoys {
+        let status = client().get(e.url("/llmroute/status")).send().await.unwrap();
+        let page = status.text().await.unwrap();
+        for text in [e.log(), page, e.bootstrap_yaml()] {
+            assert!(!text.contains(STORE_PASSWORD), "the password leaked: {text}");
+        }
+        assert!(
+            e.bootstrap_yaml().contains(STORE_PASSWORD_VAR),
+            "host_env_keys names the variable"
+        );
+    }
+    drop(envoys);
+
+    // A wrong password: etcd refuses it, said in the log; every new key is placed locally; nothing reaches etcd.
+    let wrong = auth_replicas(&fleet, &etcd, "not-the-password").await;
+    let refused = wait_for(Duration::from_secs(10), || async {
+        wrong.iter().all(|e| e.log().contains("etcd refused user llmroute"))
+    })
+    .await;
+    assert!(refused.is_some(), "{}", wrong[0].log());
+    assert!(wrong[0].log().contains("authentication failed"), "{}", wrong[0].log());
+    let served = rotate(&wrong, 100..106, 2).await;
+    assert_eq!(served.len(), 6, "every request served");
+    assert_eq!(
+        fallbacks(&wrong).await,
+        12,
+        "each new key's first request on each replica falls back"
+    );
+    assert_eq!(store_count(&wrong, "won").await, 0);
+    assert_eq!(stored_keys(&etcd), 12, "nothing new reached etcd");
+}

@@ -7,6 +7,7 @@
 mod address;
 mod diagnostics;
 mod env;
+mod etcd_trust;
 mod raw;
 mod resilience;
 mod suggest;
@@ -20,12 +21,13 @@ use std::net::SocketAddr;
 pub use address::{parse_endpoint, parse_listen, with_port, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use env::{env_problems, EnvHolds, EnvVar};
+pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
-pub use tls::{upstream_tls, CertKey, ListenTls, UpstreamTls};
+pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, UpstreamTls};
 
 use crate::endpoint::ApiSet;
 use crate::limits::RateLimits;
@@ -183,6 +185,12 @@ pub struct EtcdSource {
     pub prefix: String,
     /// TLS to the members, verified as a backend's `tls` is, with the client certificate when one is given.
     pub tls: Option<UpstreamTls>,
+    /// etcd's user authentication, when etcd has it on.
+    pub auth: Option<EtcdAuth>,
+    /// Instances registered on a loopback address are accepted.
+    pub allow_loopback: bool,
+    /// The largest weight one registered instance gets.
+    pub max_weight: u32,
 }
 
 impl EtcdSource {
@@ -348,6 +356,8 @@ pub struct PlacementStore {
     /// TLS to the members, verified as a backend's `tls` is (`ca_file`, and `sni` or each member's own host), with
     /// the client certificate when one is given.
     pub tls: Option<UpstreamTls>,
+    /// etcd's user authentication, when etcd has it on.
+    pub auth: Option<EtcdAuth>,
 }
 
 impl PlacementStore {

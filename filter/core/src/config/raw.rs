@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 
+pub use super::etcd_trust::RawEtcdAuth;
 pub use super::resilience::{RawHealth, RawOutlier, RawRetries};
 pub use super::tls::{RawListenTls, RawUpstreamTls};
 
@@ -257,6 +258,18 @@ pub struct RawEtcd {
     /// client certificate (`cert_file` with `key_file`). `llmroute discover` reads it.
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
+    /// etcd's user authentication: `{ user, password_env }`, the password read from that environment variable.
+    /// Needs `tls` unless every endpoint is loopback.
+    #[serde(default)]
+    pub auth: Option<RawEtcdAuth>,
+    /// Accept instances registered on a loopback address (127.0.0.0/8, ::1): a fleet on Envoy's own host, tests.
+    /// Default `false`: refused, like link-local, unspecified, multicast and Envoy's own addresses always are.
+    #[serde(default)]
+    pub allow_loopback: Option<bool>,
+    /// The largest weight one registered instance gets; a larger `weight` or `slots` is cut to it. `1` to
+    /// `1000`; default 256.
+    #[serde(default)]
+    pub max_weight: Option<u32>,
 }
 
 /// A model alias and its routes.
@@ -384,6 +397,10 @@ pub struct RawStoreEtcd {
     /// client certificate (`cert_file` with `key_file`) for an etcd that requires one (`--client-cert-auth`).
     #[serde(default)]
     pub tls: Option<RawUpstreamTls>,
+    /// etcd's user authentication: `{ user, password_env }`, the password read from that variable of Envoy's
+    /// environment. Needs `tls` unless every endpoint is loopback.
+    #[serde(default)]
+    pub auth: Option<RawEtcdAuth>,
 }
 
 /// Input bounds.

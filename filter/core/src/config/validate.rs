@@ -339,10 +339,9 @@ fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
         Some(_) => (EtcdScheme::Tls, "https"),
         None => (EtcdScheme::Plain, "http"),
     };
-    let endpoints = etcd_endpoints(errs, at, &list, scheme)
-        .iter()
-        .map(|ep| format!("{url}://{ep}"))
-        .collect();
+    let members = etcd_endpoints(errs, at, &list, scheme);
+    let auth = etcd_trust::etcd_auth(errs, at, e.auth.as_ref(), tls.is_some(), &members);
+    let endpoints = members.iter().map(|ep| format!("{url}://{ep}")).collect();
     let prefix = e.prefix.clone().unwrap_or_default();
     etcd_prefix(
         errs,
@@ -350,7 +349,14 @@ fn etcd(errs: &mut Diagnostics, at: &str, e: &RawEtcd) -> EtcdSource {
         &prefix,
         "such as /llmroute/backends/llama-a (instances register as <prefix>/<IP:PORT>)",
     );
-    EtcdSource { endpoints, prefix, tls }
+    EtcdSource {
+        endpoints,
+        prefix,
+        tls,
+        auth,
+        allow_loopback: e.allow_loopback.unwrap_or(false),
+        max_weight: etcd_trust::max_weight(errs, at, e.max_weight),
+    }
 }
 
 /// Which schemes a list of etcd client addresses may use.
@@ -450,6 +456,7 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
         None => EtcdScheme::Plain,
     };
     let endpoints = etcd_endpoints(errs, at, &e.endpoints, scheme);
+    let auth = etcd_trust::etcd_auth(errs, at, e.auth.as_ref(), tls.is_some(), &endpoints);
     let prefix = e
         .prefix
         .clone()
@@ -477,6 +484,7 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
         prefix,
         timeout_ms,
         tls,
+        auth,
     })
 }
 
