@@ -126,8 +126,8 @@ enum Command {
 enum Target {
     /// A complete Envoy bootstrap.
     Envoy,
-    /// One YAML document: `http_filters`, `route` and `clusters` (plus `failover_route` and `secrets` when the
-    /// config needs them) to paste into an Envoy you run.
+    /// One YAML document of labelled sections (bootstrap, listener, connection manager, filters, routes,
+    /// clusters) to paste into an Envoy you run; with --paste-into, your config with them pasted in.
     Filter,
     /// The `DiscoveryResponse` holding the filter's extension config, for a watched ECDS file.
     Ecds,
