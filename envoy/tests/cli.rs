@@ -956,8 +956,8 @@ fn target_istio_reports_every_error_at_once_with_the_file_name() {
         .args([
             "--target",
             "istio",
-            "--wasm",
-            "relative.wasm",
+            "--wasm-url",
+            "http://registry.example.com/f.wasm",
             "--engine-selector",
             "nolabel",
             "-o",
@@ -972,7 +972,7 @@ fn target_istio_reports_every_error_at_once_with_the_file_name() {
         "{err}"
     );
     for want in [
-        "  --wasm: \"relative.wasm\" is not an absolute path",
+        "  --wasm-url",
         "  --engine-selector: \"nolabel\" is not LABEL=VALUE",
         "  backends[a].name: not an Istio outbound cluster name",
         "  backends[a].discovery:",

@@ -180,10 +180,15 @@ async fn a_handwritten_envoy_with_the_pasted_pieces_routes_sticks_fails_over_and
     assert_eq!(a.chat_counts().iter().chain(b.chat_counts().iter()).sum::<usize>(), 0);
     // The filter's own pages, on its routes.
     let ready = wait_for(Duration::from_secs(15), || async {
-        reqwest::get(envoy.url("/readyz")).await.is_ok_and(|r| r.status() == 200)
+        reqwest::get(envoy.url("/readyz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
     })
     .await;
-    assert!(ready.is_some(), "/readyz never answered 200 through the hand-written routes");
+    assert!(
+        ready.is_some(),
+        "/readyz never answered 200 through the hand-written routes"
+    );
 
     // The pasted bootstrap section's stats_tags: the filter's metrics carry their labels as Prometheus labels.
     let prom = reqwest::get(envoy.admin_url("/stats/prometheus"))

@@ -324,7 +324,7 @@ fn keys_come_from_a_secret_and_the_bootstrap_override_carries_the_stats_tags() {
 /// Every reason at once, each naming its field.
 #[test]
 fn every_error_is_reported_at_once() {
-    let doc = "version: 1\nlisten: 0.0.0.0:15001\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\n  - { name: 'outbound|80||b.models.svc.cluster.local', kind: vllm, discovery: {}, credential_env: TOKEN }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\nglobal_limits: { address: '127.0.0.1:8081' }\n";
+    let doc = "version: 1\nlisten: 0.0.0.0:15001\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\n  - { name: 'outbound|80||b.models.svc.cluster.local', kind: vllm, discovery: { mesh_tls: true }, credential_env: TOKEN }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\nglobal_limits: { address: '127.0.0.1:8081' }\n";
     let errs = errors(doc, &IstioOptions::proxy(local(), NS));
     for want in [
         "backends[a].name",
