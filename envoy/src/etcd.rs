@@ -127,7 +127,7 @@ pub struct Client {
 /// How one endpoint took a call.
 enum Attempt {
     /// etcd answered with success.
-    Answered(ureq::Response),
+    Answered(Box<ureq::Response>),
     /// etcd answered with an error of the request itself: another member would answer the same.
     Refused(EtcdError),
     /// The endpoint is down, or did not answer as etcd: try the next one.
@@ -200,7 +200,7 @@ impl Client {
             match self.call_on(agent, &base, path, body) {
                 Attempt::Answered(resp) => {
                     self.current = i;
-                    return Ok(resp);
+                    return Ok(*resp);
                 }
                 Attempt::Refused(e) | Attempt::TokenRefused(e) => return Err(e),
                 Attempt::Unreachable(e) => last = e,
@@ -383,7 +383,7 @@ fn send_within(
         req = req.timeout(t);
     }
     match req.send_string(body) {
-        Ok(resp) if (200..300).contains(&resp.status()) => Attempt::Answered(resp),
+        Ok(resp) if (200..300).contains(&resp.status()) => Attempt::Answered(Box::new(resp)),
         Ok(resp) => {
             let to = resp
                 .header("location")

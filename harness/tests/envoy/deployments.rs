@@ -315,8 +315,8 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         clusters.extend(elsewhere);
         let file = dir.path().join(format!("{name}.json"));
         std::fs::write(&file, boot.to_string()).unwrap();
-        // Backend tokens and the API keys come from Envoy's environment; the filter refuses to start without its
-        // keys, so give it one placeholder `name:token`.
+        // Backend tokens, the API keys and the placement store's etcd password come from Envoy's environment; the
+        // filter refuses to start without its keys or that password, so give it placeholders.
         let mut vars: Vec<(String, String)> = cfg
             .backends
             .iter()
@@ -326,6 +326,8 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
         if let Some(auth) = &cfg.auth {
             vars.push((auth.keys_env.clone(), "validate:placeholder-token".to_string()));
         }
+        let store_auth = cfg.affinity.placement_store.as_ref().and_then(|s| s.auth.as_ref());
+        vars.extend(store_auth.map(|a| (a.password_env.clone(), "placeholder".to_string())));
         // Paths in the fixtures (a CA file) are relative to the repository, as `make validate-configs` runs them.
         let out = std::process::Command::new(&envoy)
             .current_dir(repo_root())
