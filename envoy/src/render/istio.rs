@@ -230,7 +230,7 @@ fn check_backend(b: &Backend, opts: &IstioOptions) -> Vec<String> {
             Some(_) => {}
         },
     }
-    if !b.discovery.as_ref().is_some_and(|d| d.eds_path.is_none()) {
+    if b.discovery.as_ref().is_none_or(|d| d.eds_path.is_some()) {
         errs.push(format!(
             "backends[{name}].discovery: Istio discovers the endpoints, so use `discovery: {{}}` (no endpoints, no eds_path)"
         ));

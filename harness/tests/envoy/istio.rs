@@ -7,6 +7,7 @@
 //!   the client's certificate, a plaintext one, and the RBAC filter istiod translates the rendered
 //!   `AuthorizationPolicy` into): the proxy, presenting its SPIFFE identity as istiod's `ISTIO_MUTUAL` does, is
 //!   served; another namespace's workload and a plaintext client are refused.
+//!
 //! What needs istiod itself (the DestinationRule translation, istio-agent's wasm fetch) is not run here.
 
 use std::path::Path;
