@@ -19,10 +19,10 @@
 //!   When the table is full, the least recently seen key *on probation* goes first, so a flood of one-off keys
 //!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
 //!   and `docs/placement-bounds.md`).
-//! - **Engine load**, when the backend polls it (`load:`, see [`crate::load`]): a host whose engine reports
-//!   queued requests takes no new key while another up host reports none (the key shares are then computed over
-//!   the hosts that can take keys); and a request for a known key whose host's queue is over `load.spill_queue`
-//!   goes to the next host in the key's rendezvous order whose queue is within it
+//! - **Engine load**, when the caller gives readings ([`HostView::queued`], from [`crate::load`]): a host whose
+//!   engine reports queued requests takes no new key while another up host reports none (the key shares are then
+//!   computed over the hosts that can take keys); and a request for a known key whose host's queue is over
+//!   [`Bounds::spill_queue`] goes to the next host in the key's rendezvous order whose queue is within it
 //!   ([`PlacementReason::Queued`]), while the key stays. A host with no fresh reading counts as not queued, so a
 //!   stale poll falls back to the in-flight counts alone.
 //! - A host weighs its `slots` (config, or the server's `/props` `total_slots`), at most [`MAX_SLOTS`].
@@ -117,8 +117,8 @@ pub enum PlacementReason {
     Moved,
     /// The key's host is over its in-flight bound; this request goes to the next host, the key stays.
     Spilled,
-    /// The key's host reports more queued requests than `load.spill_queue`; this request goes to the next host
-    /// whose queue is within it, the key stays.
+    /// The key's host reports more queued requests than [`Bounds::spill_queue`]; this request goes to the next
+    /// host whose queue is within it, the key stays.
     Queued,
 }
 
@@ -161,8 +161,8 @@ pub struct Bounds {
     pub in_flight_factor: u32,
     pub idle_ttl_ms: u64,
     pub max_keys: usize,
-    /// The engine queue past which a known key's request goes to another host (`load.spill_queue`); `None`
-    /// when the backend polls no load.
+    /// The engine queue past which a known key's request goes to another host; `None` (today's only value from
+    /// the config) when no load is read.
     pub spill_queue: Option<u32>,
 }
 

@@ -14,9 +14,10 @@
 //! requests in flight. A reading older than [`STALE_POLLS`] polls is stale ([`EngineLoad::is_fresh`]): placement
 //! then falls back to request counts for that host, as if it had no reading.
 //!
-//! One poller per Envoy reads every host's page and writes all readings of a backend as one shared-data value
-//! ([`encode`]); each request reads that value back ([`decode`]). Both are a pure function of bytes, so the
-//! poller and placement agree however many workers read them.
+//! The readings of one backend travel as one shared-data value ([`encode`], [`decode`]): the form a poller (one per
+//! Envoy) writes and each request reads back. Both are a pure function of bytes, so the writer and every reader
+//! agree however many workers read them. The poller itself, and the `load:` config that turns it on, are not part
+//! of the filter yet: today placement gets `HostView::queued` only from its callers.
 
 pub mod orca;
 pub mod prometheus;
