@@ -64,6 +64,9 @@ pub trait Host {
     fn increment_metric(&self, id: u32, by: i64) -> HostResult<()>;
     fn record_metric(&self, id: u32, value: u64) -> HostResult<()>;
     fn get_metric(&self, id: u32) -> HostResult<u64>;
+    /// Makes the calls that follow act on the request context `context_id` (the root context resumes or answers a
+    /// request it holds no callback of: see `fair_queue`).
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()>;
 }
 
 /// The host every wrapper below calls: Envoy, through the ABI.
@@ -323,6 +326,16 @@ pub fn dispatch_post(
         .http_call(cluster, &headers, Some(body), timeout)
         .map_err(|e| log::debug!("llmroute: calling cluster {cluster} failed: {e}"))
         .ok()
+}
+
+/// Makes the calls that follow act on the request context `context_id`, until the current callback returns. False
+/// when the host refuses (the context is gone).
+pub fn set_effective_context(context_id: u32) -> bool {
+    logged(
+        host().set_effective_context(context_id),
+        format_args!("switching to request context {context_id}"),
+    )
+    .is_some()
 }
 
 /// Resumes the request the filter paused (after an HTTP callout answered).

@@ -25,6 +25,7 @@ use proxy_wasm::types::Action;
 use llmroute_core::envoy_contract::log_fields;
 use llmroute_core::stream::Usage;
 
+use crate::fair_queue::Gate;
 use crate::host;
 use crate::key_placement::{self, Pin};
 use crate::metrics::{Finished, Metrics};
@@ -72,6 +73,10 @@ pub struct Http {
     rewriting_error: Option<u32>,
     /// The envelope of the request's route, once the headers phase knows it (OpenAI until then).
     envelope: Envelope,
+    /// With `fairness`: the request's tenant, from the headers phase.
+    tenant: Option<crate::fair_queue::Tenant>,
+    /// With `fairness`: the request's place in its backend's queue, given back in the log phase.
+    ticket: Option<crate::fair_queue::Ticket>,
 }
 
 impl Http {
@@ -100,6 +105,8 @@ impl Http {
             backend: None,
             rewriting_error: None,
             envelope: Envelope::OpenAi,
+            tenant: None,
+            ticket: None,
         }
     }
 
@@ -123,20 +130,39 @@ impl Http {
         self.release_charges();
         self.reading = None;
         self.metrics.rejected(e.metric_reason());
-        let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
-        hdrs.extend(e.headers());
-        let retry_after = e.retry_after().map(|s| s.to_string());
-        if let Some(s) = &retry_after {
-            hdrs.push(("retry-after", s));
-        }
-        if let Some(id) = &self.request_id {
-            hdrs.push((headers::REQUEST_ID, id));
-            if envelope == Envelope::Anthropic {
-                hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+        send_refusal(e, envelope, self.request_id.as_deref());
+        Action::Pause
+    }
+
+    /// With `fairness`, the routed request takes its place in its backend's queue (see `fair_queue`): it goes on,
+    /// waits paused until the root context resumes or refuses it, or is refused now.
+    fn enter_queue(&mut self, cfg: &Config) -> Action {
+        let Some(d) = &self.routed else {
+            return Action::Continue;
+        };
+        let gate = crate::fair_queue::enter(
+            cfg,
+            self.tenant,
+            d,
+            self.context_id,
+            self.request_id.as_deref(),
+            &self.metrics,
+        );
+        match gate {
+            Gate::Go(ticket) => {
+                self.ticket = ticket;
+                Action::Continue
+            }
+            Gate::Wait(ticket) => {
+                self.ticket = Some(ticket);
+                Action::Pause
+            }
+            Gate::Refuse(e) => {
+                let envelope = d.api.envelope();
+                self.routed = None;
+                self.refuse(&e, envelope)
             }
         }
-        host::send_reply(e.status(), &hdrs, &e.body(envelope, self.request_id.as_deref()));
-        Action::Pause
     }
 
     fn reply_json(&mut self, body: &[u8]) -> Action {
@@ -297,7 +323,7 @@ impl Http {
         self.routed = Some(decision);
         match self.store_wait {
             Some(_) => Action::Pause,
-            None => Action::Continue,
+            None => self.enter_queue(cfg),
         }
     }
 
@@ -349,6 +375,24 @@ impl Http {
     }
 }
 
+/// Answers the request with the refusal `e` in `envelope`: its status, `x-llmroute-error`, `Retry-After` when it
+/// has one, and the request id.
+pub(crate) fn send_refusal(e: &GatewayError, envelope: Envelope, request_id: Option<&str>) {
+    let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, e.code())];
+    hdrs.extend(e.headers());
+    let retry_after = e.retry_after().map(|s| s.to_string());
+    if let Some(s) = &retry_after {
+        hdrs.push(("retry-after", s));
+    }
+    if let Some(id) = request_id {
+        hdrs.push((headers::REQUEST_ID, id));
+        if envelope == Envelope::Anthropic {
+            hdrs.push((anthropic::REQUEST_ID_HEADER, id));
+        }
+    }
+    host::send_reply(e.status(), &hdrs, &e.body(envelope, request_id));
+}
+
 /// Sends `patch` of the buffered request `body` to Envoy as a head edit (see `llmroute_core::patch`): no new body
 /// is built in the VM. False when the patch does not fit the body or Envoy refused a call.
 pub(crate) fn send_head_edit(patch: &BodyPatch, body: &[u8]) -> bool {
@@ -373,7 +417,9 @@ impl Context for Http {
             crate::placement_store::Step::Retrying => self.store_wait = Some(w),
             crate::placement_store::Step::Pinned(pin) => {
                 self.pinned(pin);
-                host::resume_request();
+                if self.enter_queue(&cfg) == Action::Continue {
+                    host::resume_request();
+                }
             }
         }
     }
@@ -439,6 +485,7 @@ impl HttpContext for Http {
             }
         }
         self.charges = charges;
+        self.tenant = crate::fair_queue::tenant(&cfg, self.key.as_deref(), find);
         self.sent_length = find("content-length").map(<[u8]>::to_vec);
         if !phases::runs(Phase::Copy) {
             return Action::Continue;
@@ -479,6 +526,10 @@ impl HttpContext for Http {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if !phases::runs(Phase::Response) {
             return Action::Continue;
+        }
+        if self.ticket.as_ref().is_some_and(crate::fair_queue::Ticket::timed_out) {
+            // The fair queue answered it (a 429): no engine did.
+            self.routed = None;
         }
         let settings = response_plan::Settings {
             debug_headers: self.cfg.as_ref().is_some_and(|c| c.debug_headers),
@@ -602,6 +653,24 @@ impl HttpContext for Http {
         if !phases::runs(Phase::Response) {
             return;
         }
+        if self.ticket.as_ref().is_some_and(crate::fair_queue::Ticket::timed_out) {
+            self.routed = None;
+        }
+        self.log_exchange();
+        // Last: giving the slot back may resume another request, whose context the calls that follow act on.
+        if let (Some(t), Some(cfg)) = (self.ticket.take(), self.cfg.clone()) {
+            let usage = self.watch.as_ref().map_or(Usage::default(), |w| w.summary(String::new).1);
+            if !crate::fair_queue::end(&cfg, t, &usage, &self.metrics) {
+                // It waited and never got a slot: it holds nothing in the limit buckets either.
+                self.release_charges();
+            }
+        }
+    }
+}
+
+impl Http {
+    /// The log phase of the exchange: placement's in-flight count, the limits' settlement, and the metrics.
+    fn log_exchange(&mut self) {
         if let Some(p) = self.pin.take() {
             p.release();
         }

@@ -129,8 +129,19 @@ impl Metrics {
         id
     }
 
-    fn add(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
+    /// Adds `n` to the counter `metric` with `labels`.
+    pub(crate) fn add(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
         host::add(self.id(MetricType::Counter, StatKey { metric, labels }), n);
+    }
+
+    /// Records `v` in the histogram `metric` with `labels`.
+    pub(crate) fn observe(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
+        host::set_gauge(self.id(MetricType::Histogram, StatKey { metric, labels }), v);
+    }
+
+    /// Sets the gauge `metric` with `labels` to `v` (one value for every VM: the last set stands).
+    pub(crate) fn set(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
+        host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
     }
 
     fn record(&self, metric: &str, alias: &str, v: u64) {

@@ -2,6 +2,9 @@
 //! role's root context also polls Envoy's admin API for the status endpoints (see `status`), and checks that the
 //! llama.cpp servers of each backend agree in `/props` (see `fleet_check`).
 //!
+//! With `fairness`, the root context also releases its worker's requests waiting in the fair queue, on a shorter
+//! tick (see `fair_queue`).
+//!
 //! A bad configuration makes `on_configure` return false, which makes Envoy refuse the plugin; the errors are
 //! logged one per line. `llmroute validate` runs the same validator before deployment.
 
@@ -95,6 +98,8 @@ impl RootContext for Root {
                         self.poller.start(cfg.clone());
                         self.fleet_check.start(cfg.clone());
                         self.store.start(cfg.clone(), credentials);
+                        // Last: with `fairness`, it sets the shorter tick.
+                        crate::fair_queue::start(cfg, &self.metrics);
                     }
                 }
                 true
@@ -114,6 +119,9 @@ impl RootContext for Root {
         self.fleet_check.on_tick();
         self.store.on_tick();
         self.metrics.vm_memory_tick();
+        if let (Some(cfg), false) = (&self.config, self.upstream) {
+            crate::fair_queue::tick(cfg, &self.metrics);
+        }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -155,7 +155,10 @@ pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Actio
     let (code, body) = match page {
         StatusPage::Healthz => (200, status::healthz_body()),
         StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), now),
-        StatusPage::Status => (200, status::status_body(cfg, latest().as_ref(), now, id_key())),
+        StatusPage::Status => {
+            let body = status::status_body(cfg, latest().as_ref(), now, id_key());
+            (200, crate::fair_queue::with_queues(cfg, body))
+        }
     };
     let mut hdrs = vec![("content-type", "application/json"), ("cache-control", "no-store")];
     if let Some(id) = request_id {

@@ -43,6 +43,7 @@ pub fn log_format_fields() -> Vec<(&'static str, String)> {
         ("llmroute.time_to_first_byte_ms", "%RESPONSE_DURATION%".into()),
         ("llmroute.duration_ms", "%DURATION%".into()),
         ("llmroute.stream_outcome", filter_state(log_fields::STREAM_OUTCOME)),
+        ("llmroute.queue_wait_ms", filter_state(log_fields::QUEUE_WAIT_MS)),
         ("http.response.status_code", "%RESPONSE_CODE%".into()),
         // The gateway's own error code on a refusal (a closed set, from the `x-llmroute-error` response header).
         ("llmroute.error", format!("%RESP({})%", contract::ERROR)),

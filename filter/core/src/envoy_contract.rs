@@ -113,6 +113,17 @@ pub mod metrics {
     pub const PLACEMENT_STORE: &str = "llmroute_placement_store_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
+    /// Gauge: requests waiting in a backend's fair queue (`fairness`): `{backend}`.
+    pub const QUEUE_DEPTH: &str = "llmroute_queue_depth";
+    /// Histogram: how long each request that waited in a backend's fair queue waited before it was admitted, in
+    /// milliseconds: `{backend}`.
+    pub const QUEUE_WAIT_MS: &str = "llmroute_queue_wait_milliseconds";
+    /// Requests refused with a 429 after waiting as long as they could: `{backend}`.
+    pub const QUEUE_TIMEOUTS: &str = "llmroute_queue_timeouts_total";
+    /// Requests refused at once by a backend's fair queue: `{backend, reason=queue_full|no_wait}`.
+    pub const QUEUE_REFUSALS: &str = "llmroute_queue_refusals_total";
+    /// Requests whose client left while they waited (removed, charged nothing): `{backend}`.
+    pub const QUEUE_ABANDONED: &str = "llmroute_queue_abandoned_total";
 
     /// Every label any filter metric carries. Each gets one stats tag.
     pub const LABELS: [&str; 9] = [
@@ -184,8 +195,10 @@ pub mod log_fields {
     pub const CACHED_TOKENS: &str = "llmroute.cached_tokens";
     /// How a streamed response ended.
     pub const STREAM_OUTCOME: &str = "llmroute.stream_outcome";
+    /// How long the request waited in its backend's fair queue, in milliseconds (only requests that waited).
+    pub const QUEUE_WAIT_MS: &str = "llmroute.queue_wait_ms";
     /// Every key, for the renderer.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         ALIAS,
         UPSTREAM_MODEL,
         BACKEND,
@@ -196,6 +209,7 @@ pub mod log_fields {
         OUTPUT_TOKENS,
         CACHED_TOKENS,
         STREAM_OUTCOME,
+        QUEUE_WAIT_MS,
     ];
     /// How Envoy names the filter state a wasm filter sets with `set_property([key])`.
     pub fn filter_state(key: &str) -> String {
@@ -284,6 +298,10 @@ pub mod shared {
     /// A backend's keys placed locally while the placement store failed, to settle once it answers.
     pub fn store_pending(backend: &str) -> String {
         format!("llmroute.store.pending.{backend}")
+    }
+    /// A backend's fair queue (`llmroute_core::fairness::encode`): its tenants' counters and its waiters.
+    pub fn fair_queue(backend: &str) -> String {
+        format!("llmroute.fairq.{backend}")
     }
     /// The etcd revision up to which a backend's keys were read from the placement store.
     pub fn store_revision(backend: &str) -> String {

@@ -61,6 +61,11 @@ pub enum GatewayError {
     LimitContention,
     /// The host failed a read of a limit bucket; refused, fail closed.
     LimitUnavailable,
+    /// The backend stayed full for as long as the request could wait in the fair queue (`fairness.max_wait_ms`, or
+    /// the client's shorter `x-max-wait-ms`; `waited_ms` 0 when the client asked not to wait at all).
+    QueueTimeout { waited_ms: u64 },
+    /// The backend's fair queue holds `fairness.max_queue` waiting requests already.
+    QueueFull,
 }
 
 impl GatewayError {
@@ -78,7 +83,7 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => 413,
             Self::UnsupportedMediaType { .. } => 415,
             Self::Unauthorized(_) => 401,
-            Self::RateLimited { .. } => 429,
+            Self::RateLimited { .. } | Self::QueueTimeout { .. } | Self::QueueFull => 429,
             Self::LimitContention | Self::LimitUnavailable => 503,
         }
     }
@@ -116,6 +121,8 @@ impl GatewayError {
             Self::RateLimited { .. } => "rate_limit_exceeded",
             Self::LimitContention => "limit_contention",
             Self::LimitUnavailable => "limit_unavailable",
+            Self::QueueTimeout { .. } => "queue_timeout",
+            Self::QueueFull => "queue_full",
         }
     }
 
@@ -158,7 +165,7 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
-            Self::LimitContention | Self::LimitUnavailable => Some(1),
+            Self::LimitContention | Self::LimitUnavailable | Self::QueueTimeout { .. } | Self::QueueFull => Some(1),
             _ => None,
         }
     }
@@ -167,6 +174,7 @@ impl GatewayError {
     pub fn openai_type(&self) -> &'static str {
         match self {
             Self::RateLimited { kind, .. } => kind.as_str(),
+            Self::QueueTimeout { .. } | Self::QueueFull => "requests",
             Self::LimitContention | Self::LimitUnavailable => "server_error",
             _ => "invalid_request_error",
         }
@@ -269,6 +277,19 @@ impl fmt::Display for GatewayError {
             ),
             Self::LimitContention => write!(f, "The gateway could not update its rate limits; retry after a second."),
             Self::LimitUnavailable => write!(f, "The gateway could not read its rate limits; retry after a second."),
+            Self::QueueTimeout { waited_ms: 0 } => write!(
+                f,
+                "The backend is at capacity and this request asked not to wait (x-max-wait-ms: 0); retry after a \
+                 second."
+            ),
+            Self::QueueTimeout { waited_ms } => write!(
+                f,
+                "The backend stayed at capacity for the {waited_ms} ms this request could wait; retry after a second."
+            ),
+            Self::QueueFull => write!(
+                f,
+                "The backend is at capacity and its queue is full; retry after a second."
+            ),
         }
     }
 }

@@ -21,6 +21,10 @@
 //! function of the queue and its arguments, tested natively with property tests. The cost of a decision is one
 //! pass over the waiters and the active tenants, both bounded ([`MAX_TENANTS`], the config's `max_queue`).
 
+/// The request header in which a client may shorten its own wait (milliseconds; `0`: never wait). The gateway
+/// strips it before the engine (`crate::headers::GATEWAY_CONTROL`).
+pub const MAX_WAIT_HEADER: &str = "x-max-wait-ms";
+
 /// Counters are kept in thousandths of a token per unit of weight, so a weight of up to 1000 still counts one
 /// token.
 pub const SCALE: u64 = 1000;
@@ -199,6 +203,29 @@ impl FairQueue {
     /// A slot is free at `now_ms`: removes the waiters whose deadline has passed, then admits the waiter of the
     /// least-served tenant (the earliest of that tenant's), charging its input.
     pub fn grant(&mut self, now_ms: u64) -> Grant {
+        let expired = self.expire(now_ms);
+        let admitted = self.next().map(|i| self.admit(i));
+        Grant { admitted, expired }
+    }
+
+    /// The slots free at `now_ms` (`capacity` less [`FairQueue::running`]) go to the waiters one worker holds
+    /// (`owns`), in the order [`FairQueue::grant`] would admit them, while the waiter that goes next is one of
+    /// them: at the first that another worker holds, it stops, and that worker admits it on its own turn. Waiters
+    /// whose deadline has passed are removed first, whoever holds them.
+    pub fn grant_own(&mut self, now_ms: u64, capacity: u64, owns: impl Fn(u64) -> bool) -> Grants {
+        let expired = self.expire(now_ms);
+        let mut admitted = Vec::new();
+        while self.running() < capacity {
+            match self.next() {
+                Some(i) if self.waiters.get(i).is_some_and(|w| owns(w.id)) => admitted.push(self.admit(i)),
+                _ => break,
+            }
+        }
+        Grants { admitted, expired }
+    }
+
+    /// Removes and returns the waiters whose deadline has passed at `now_ms`; their tenants are charged nothing.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Waiter> {
         let mut expired = Vec::new();
         let mut i = 0;
         while let Some(w) = self.waiters.get(i).copied() {
@@ -210,19 +237,31 @@ impl FairQueue {
                 i = i.saturating_add(1);
             }
         }
+        expired
+    }
+
+    /// The index of the waiter that goes next: the earliest waiter of the tenant with the least counter.
+    fn next(&self) -> Option<usize> {
         let counter = |t: u64| self.tenant(t).map_or(0, |t| t.counter);
         // `min_by_key` keeps the first of equal keys, and waiters are in arrival order.
-        let next = self
-            .waiters
+        self.waiters
             .iter()
             .enumerate()
             .min_by_key(|(_, w)| counter(w.tenant))
-            .map(|(i, _)| i);
-        let admitted = next.map(|i| self.waiters.remove(i));
-        if let Some(w) = admitted {
-            self.charge(w.tenant, w.weight, u64::from(w.input_tokens));
-        }
-        Grant { admitted, expired }
+            .map(|(i, _)| i)
+    }
+
+    /// Admits the waiter at `i` (which must exist), charging its input.
+    fn admit(&mut self, i: usize) -> Waiter {
+        let w = self.waiters.remove(i);
+        self.charge(w.tenant, w.weight, u64::from(w.input_tokens));
+        w
+    }
+
+    /// Requests admitted and not yet complete: every active request that is not waiting.
+    pub fn running(&self) -> u64 {
+        let active = self.tenants.iter().map(|t| u64::from(t.active)).sum::<u64>();
+        active.saturating_sub(self.waiters.len() as u64)
     }
 
     /// The waiter `id` left (its client disconnected): removed, and charged nothing. False when it was not
@@ -242,10 +281,147 @@ impl FairQueue {
         self.deactivate(tenant);
     }
 
-    /// Waiters per tenant id, for the status page.
+    /// [`FairQueue::complete`], with the input measured: a request charged `charged_input` tokens at admission (the
+    /// gateway's estimate) whose engine reported `measured_input` is charged, or refunded, the difference, so the
+    /// counter holds the input as measured plus twice the output.
+    pub fn complete_measured(
+        &mut self,
+        tenant: u64,
+        weight: u32,
+        charged_input: u32,
+        measured_input: Option<u64>,
+        output_tokens: u64,
+    ) {
+        if let Some(measured) = measured_input {
+            let charged = u64::from(charged_input);
+            self.charge(tenant, weight, measured.saturating_sub(charged));
+            self.refund(tenant, weight, charged.saturating_sub(measured));
+        }
+        self.complete(tenant, weight, output_tokens);
+    }
+
+    /// Takes `tokens` of service, over `weight`, back from tenant `id`'s counter (never below 0).
+    fn refund(&mut self, id: u64, weight: u32, tokens: u64) {
+        if let Ok(i) = self.tenants.binary_search_by_key(&id, |t| t.id) {
+            if let Some(t) = self.tenants.get_mut(i) {
+                let sub = tokens
+                    .saturating_mul(SCALE)
+                    .checked_div(u64::from(weight.max(1)))
+                    .unwrap_or(0);
+                t.counter = t.counter.saturating_sub(sub);
+            }
+        }
+    }
+
+    /// Requests waiting, for the status page and the depth gauge.
     pub fn depth(&self) -> usize {
         self.waiters.len()
     }
+
+    /// Tenants with a request waiting.
+    pub fn tenants_waiting(&self) -> usize {
+        self.tenants
+            .iter()
+            .filter(|t| self.waiters.iter().any(|w| w.tenant == t.id))
+            .count()
+    }
+}
+
+/// Whatever [`FairQueue::grant_own`] admitted and expired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    pub admitted: Vec<Waiter>,
+    pub expired: Vec<Waiter>,
+}
+
+/// What becomes of a request that arrives at a backend with a fair queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Admitted at once: its tenant is active and charged its input.
+    Admitted,
+    /// Waiting, until [`FairQueue::grant_own`] admits it or its deadline passes.
+    Queued,
+    /// Refused, and its tenant untouched.
+    Refused(Refusal),
+}
+
+/// A request `w` arrives at a backend of `capacity` requests in flight, at `now_ms`. Waiters whose deadline has
+/// passed are removed first (whoever holds them; each worker notices its own are gone). Then:
+///
+/// - with a free slot and nobody waiting, it is admitted;
+/// - else it must wait: refused when its deadline is already past ([`Refusal::NoWait`], a client that asked to
+///   wait 0 ms) or the queue holds `max_queue` ([`Refusal::QueueFull`]); otherwise it joins the queue, and is
+///   admitted at once if a slot is free and it is the waiter that goes next (its tenant is the least served).
+pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: u64, max_queue: usize) -> Arrival {
+    q.expire(now_ms);
+    if q.waiters.is_empty() && q.running() < capacity {
+        q.admit_now(w.tenant, w.weight, w.input_tokens);
+        return Arrival::Admitted;
+    }
+    if let Err(r) = q.arrive(w, now_ms, max_queue) {
+        return Arrival::Refused(r);
+    }
+    let grants = q.grant_own(now_ms, capacity, |id| id == w.id);
+    match grants.admitted.is_empty() {
+        true => Arrival::Queued,
+        false => Arrival::Admitted,
+    }
+}
+
+/// A tenant's id: the xxh3 of its name (an API key's name, or a tenant header's value), so the queue never holds
+/// the name itself.
+pub fn tenant_id(name: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name)
+}
+
+/// One backend's queue, as the status page shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueView {
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Tenants with a request waiting.
+    pub tenants_waiting: usize,
+    /// Requests admitted and not yet complete.
+    pub in_flight: u64,
+    /// The backend's `max_inflight`.
+    pub capacity: u32,
+}
+
+impl QueueView {
+    pub fn of(q: &FairQueue, capacity: u32) -> QueueView {
+        QueueView {
+            waiting: q.depth(),
+            tenants_waiting: q.tenants_waiting(),
+            in_flight: q.running(),
+            capacity,
+        }
+    }
+}
+
+/// The status page's body with a `queue` object added to each backend named in `queues` (see `QueueView`); the
+/// body unchanged when it does not parse.
+pub fn add_to_status(body: Vec<u8>, queues: &[(&str, QueueView)]) -> Vec<u8> {
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return body;
+    };
+    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
+        for b in backends {
+            let name = b.get("name").and_then(|n| n.as_str()).map(str::to_string);
+            let view = queues.iter().find(|(n, _)| Some(*n) == name.as_deref()).map(|(_, q)| q);
+            if let (Some(q), Some(obj)) = (view, b.as_object_mut()) {
+                obj.insert(
+                    "queue".into(),
+                    serde_json::json!({
+                        "waiting": q.waiting,
+                        "tenants_waiting": q.tenants_waiting,
+                        "in_flight": q.in_flight,
+                        "max_inflight": q.capacity,
+                    }),
+                );
+            }
+        }
+    }
+    serde_json::to_vec(&v).unwrap_or(body)
 }
 
 const VERSION: u8 = 1;

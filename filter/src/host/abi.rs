@@ -91,6 +91,9 @@ impl Host for Abi {
     fn get_metric(&self, id: u32) -> HostResult<u64> {
         get_metric(id)
     }
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        set_effective_context(context_id)
+    }
 }
 
 /// A host call's status other than success.
@@ -213,6 +216,7 @@ extern "C" {
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
 }
 
 /// Takes ownership of `size` bytes the host allocated through `proxy_on_memory_allocate`.
@@ -405,6 +409,12 @@ pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
 pub fn continue_stream(stream: u32) -> HostResult<()> {
     // SAFETY: no pointers.
     check("continue_stream", unsafe { proxy_continue_stream(stream) })
+}
+
+/// Makes the calls that follow act on the context `context_id`.
+pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+    // SAFETY: no pointers.
+    check("set_effective_context", unsafe { proxy_set_effective_context(context_id) })
 }
 
 pub fn get_metric(id: u32) -> HostResult<u64> {

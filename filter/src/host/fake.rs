@@ -55,11 +55,14 @@ pub enum Kind {
     IncrementMetric,
     RecordMetric,
     GetMetric,
+    Effective,
 }
 
 /// A local reply the filter sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
+    /// The request context the root context made effective to send it (`set_effective_context`), if any.
+    pub context: Option<u32>,
     pub status: u32,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -100,6 +103,10 @@ struct State {
     races: HashMap<String, usize>,
     /// How many times the filter resumed a paused request (`proxy_continue_stream`).
     resumes: usize,
+    /// The context the filter made effective last (`set_effective_context`); resumes and replies record it.
+    effective: Option<u32>,
+    /// The effective context at each resume.
+    resumed: Vec<Option<u32>>,
 }
 
 /// See the module doc.
@@ -246,6 +253,17 @@ impl FakeHost {
     /// How many times the filter resumed a paused request.
     pub fn resumes(&self) -> usize {
         self.state.borrow().resumes
+    }
+
+    /// The context made effective (`set_effective_context`) at each resume, in order; `None` for a request that
+    /// resumed itself.
+    pub fn resumed_contexts(&self) -> Vec<Option<u32>> {
+        self.state.borrow().resumed.clone()
+    }
+
+    /// Ends the callback in progress, as the host does: the next calls act on the calling context again.
+    pub fn end_callback(&self) {
+        self.state().effective = None;
     }
 
     pub fn tick_ms(&self) -> Option<u32> {
@@ -402,7 +420,9 @@ impl Host for FakeHost {
     fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
         self.call(Kind::LocalResponse, "send_local_response")?;
         let headers = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let context = self.state().effective;
         self.state().replies.push(Reply {
+            context,
             status,
             headers,
             body: body.to_vec(),
@@ -463,6 +483,12 @@ impl Host for FakeHost {
         let mut s = self.state();
         Ok(metric_at(&mut s, id)?.2)
     }
+
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        self.call(Kind::Effective, "set_effective_context")?;
+        self.state().effective = Some(context_id);
+        Ok(())
+    }
 }
 
 /// `host::resume_request` calls the ABI directly (the SDK has no fallible wrapper for it), so the fake answers the
@@ -471,7 +497,10 @@ impl Host for FakeHost {
 extern "C" fn proxy_continue_stream(_stream_type: u32) -> u32 {
     match INSTALLED.with(|i| i.borrow().clone()) {
         Some(fake) => {
-            fake.state().resumes += 1;
+            let mut s = fake.state();
+            s.resumes += 1;
+            let effective = s.effective;
+            s.resumed.push(effective);
             0
         }
         None => 10,

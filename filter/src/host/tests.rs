@@ -42,6 +42,10 @@ extern "C" fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
     status()
 }
 #[no_mangle]
+extern "C" fn proxy_set_effective_context(_: u32) -> u32 {
+    status()
+}
+#[no_mangle]
 extern "C" fn proxy_get_buffer_bytes(_: u32, _: usize, _: usize, data: *mut *mut u8, size: *mut usize) -> u32 {
     if status() == 0 {
         unsafe { give(b"body", data, size) };
@@ -178,6 +182,7 @@ fn a_host_that_refuses_every_call_never_makes_a_wrapper_panic() {
             assert_eq!(now_ms(), 0);
             assert!(fresh_request_id(1).starts_with("llmroute-"));
             assert!(!set_tick_period(1000));
+            assert!(!set_effective_context(3));
             assert_eq!(http_call_status(), None);
             assert_eq!(http_call_body(4), None);
             assert_eq!(shared_data("k"), (None, None));

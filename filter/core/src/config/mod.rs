@@ -8,6 +8,7 @@ mod address;
 mod diagnostics;
 mod env;
 mod etcd_trust;
+mod fairness;
 mod raw;
 mod resilience;
 mod suggest;
@@ -22,6 +23,7 @@ pub use address::{parse_endpoint, parse_listen, with_port, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use env::{env_problems, EnvHolds, EnvVar};
 pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
+pub use fairness::{Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
@@ -443,6 +445,8 @@ pub struct Config {
     pub access_log_path: Option<String>,
     /// Envoy's rate-limit filter and its service (`global_limits`); `None`: limits are this Envoy's alone.
     pub global_limits: Option<GlobalLimits>,
+    /// The fair queue (`fairness`); `None`: a full backend refuses at once (Envoy's circuit breaker).
+    pub fairness: Option<Fairness>,
     /// Settings that load but do nothing; `llmroute validate` prints them.
     pub warnings: Vec<ConfigError>,
     alias_index: HashMap<String, usize>,

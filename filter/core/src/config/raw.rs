@@ -62,6 +62,9 @@ pub struct RawConfig {
     /// envoyproxy/ratelimit. Off without it.
     #[serde(default)]
     pub global_limits: Option<RawGlobalLimits>,
+    /// The fair queue: a request to a full backend waits, and the least-served tenant goes next. Off without it.
+    #[serde(default)]
+    pub fairness: Option<super::RawFairness>,
 }
 
 /// Envoy's rate-limit filter, in front of a gRPC rate-limit service (`docs/admission.md`).

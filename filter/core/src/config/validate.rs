@@ -114,6 +114,10 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         check_abs_path(&mut errs, "access_log.path", path);
     }
     let global_limits = raw.global_limits.as_ref().and_then(|g| global_limits(&mut errs, g));
+    let fairness = raw
+        .fairness
+        .as_ref()
+        .and_then(|f| super::fairness::fairness(&mut errs, f, auth.is_some(), limits.stream_idle_timeout_ms));
 
     match (errs.errors.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
@@ -134,6 +138,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 auth,
                 access_log_path,
                 global_limits,
+                fairness,
                 warnings: errs.warnings,
                 alias_index,
                 session_headers_shared,

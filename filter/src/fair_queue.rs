@@ -1,0 +1,478 @@
+//! The fair queue, host side (`fairness`): a request to a full backend waits, paused in the filter, and the
+//! waiting request of the least-served tenant goes next. What the queue decides is `llmroute_core::fairness`; this
+//! module keeps it in Envoy shared data and pauses, resumes and refuses requests.
+//!
+//! - **One queue per backend, shared by every worker.** Each backend's queue (its tenants' counters, its waiters,
+//!   and through them the requests in flight) is one shared-data value ([`shared::fair_queue`]), updated with
+//!   compare-and-swap, at most `CAS_ATTEMPTS` tries. A request whose route has a failover cluster queues on its
+//!   alias' first backend.
+//! - **Arrival** ([`enter`], once the request is routed and placed): with a free slot and nobody waiting it goes
+//!   on; else it joins the queue and pauses, unless the queue is full or the client asked not to wait (a 429 at
+//!   once). It is admitted at once if a slot is free and its tenant is the least served.
+//! - **Release.** A waiter is named by the worker that holds it (a number each worker VM draws once at random)
+//!   and its context id. Each worker releases only its own: on the root context's tick (every [`TICK_MS`] while
+//!   this worker holds a waiter) and when one of its requests ends, it admits its waiters while one of them goes
+//!   next and a slot is free, and resumes each with `set_effective_context` and `continue_stream`; a waiter whose deadline passed (removed by whichever worker saw it first) gets a 429
+//!   `queue_timeout` with `Retry-After: 1`, in its API's envelope. A waiter another worker holds and that goes next
+//!   waits for that worker's turn, at most a tick; one a vanished worker held leaves at its deadline.
+//! - **End** ([`end`], in the log phase): a request that was admitted frees its slot and is charged its output
+//!   (and its input as the engine measured it); one that was still waiting (its client left) is removed and charged
+//!   nothing; either way this worker then releases its own waiters. An update that loses every compare-and-swap
+//!   race is kept and tried again on the next tick, never dropped.
+//! - **Failure.** When the queue cannot be read or written, a request goes on unqueued and uncounted: Envoy's
+//!   circuit breaker at `max_inflight` still bounds the backend.
+//!
+//! Cost: a request that does not wait reads and writes its backend's queue once when it arrives and once when it
+//! ends (2 shared-data reads, 2 writes, 2 clock reads); nothing without `fairness`. The tick costs nothing while
+//! this worker holds no waiter. The wait goes to the access log (`llmroute.queue_wait_ms`) and to
+//! `llmroute_queue_wait_milliseconds`; the depth to `llmroute_queue_depth` and the status page.
+
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+
+use llmroute_core::config::{Backend, TenantBy};
+use llmroute_core::envoy_contract::{log_fields, metrics as names, shared};
+use llmroute_core::fairness::{self, Arrival, FairQueue, QueueView, Refusal, Waiter};
+use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
+use llmroute_core::stream::Usage;
+use llmroute_core::{Config, Envelope, GatewayError, RouteDecision};
+
+use crate::host;
+use crate::metrics::Metrics;
+
+/// The root context's tick while `fairness` is on: how late, at most, a worker admits a waiter whose slot freed on
+/// another worker.
+pub const TICK_MS: u64 = 25;
+
+/// Most updates a worker keeps for a later tick when they lost every compare-and-swap race.
+const MAX_OWED: usize = 4096;
+
+thread_local! {
+    /// This worker VM's number in waiter ids, once taken.
+    static WORKER: Cell<Option<u32>> = const { Cell::new(None) };
+    /// This worker's waiting requests and owed updates.
+    static LOCAL: RefCell<Local> = RefCell::new(Local::default());
+}
+
+#[derive(Default)]
+struct Local {
+    /// The requests this worker holds paused, in arrival order. A request context that went away without its log
+    /// phase leaves a dead entry, whose waiter the next update removes.
+    waiting: Vec<Entry>,
+    /// Completions that lost every compare-and-swap race, by backend, tried again on each tick.
+    owed: Vec<(String, Op)>,
+}
+
+struct Entry {
+    backend: String,
+    id: u64,
+    held: Weak<Held>,
+}
+
+/// A request's tenant and how long it may wait, read in the headers phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    id: u64,
+    weight: u32,
+    wait_ms: u64,
+}
+
+/// The tenant of a request, with `fairness` on: the API key's name (`key`) or the tenant header's value (`find`
+/// reads a request header), hashed; and its wait, `fairness.max_wait_ms` or the client's shorter
+/// `x-max-wait-ms`. `None` without `fairness`. Reads no host state.
+pub fn tenant<'h>(cfg: &Config, key: Option<&str>, find: impl Fn(&str) -> Option<&'h [u8]>) -> Option<Tenant> {
+    let f = cfg.fairness.as_ref()?;
+    let name: &[u8] = match &f.by {
+        TenantBy::ApiKey => key.map_or(&[], str::as_bytes),
+        TenantBy::Header(h) => find(h).unwrap_or_default(),
+    };
+    Some(Tenant {
+        id: fairness::tenant_id(name),
+        weight: f.weight(name),
+        wait_ms: f.wait_ms(find(fairness::MAX_WAIT_HEADER)),
+    })
+}
+
+/// A request's place in its backend's queue, held by its request context until its log phase.
+pub struct Ticket(Rc<Held>);
+
+struct Held {
+    backend: String,
+    waiter: Waiter,
+    context_id: u32,
+    envelope: Envelope,
+    request_id: Option<String>,
+    state: Cell<State>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Paused in the queue.
+    Waiting,
+    /// Admitted: it holds a slot until it ends.
+    Running,
+    /// Refused with a 429 after waiting as long as it could.
+    TimedOut,
+}
+
+impl Ticket {
+    /// True when the request was refused after waiting (the root context answered it).
+    pub fn timed_out(&self) -> bool {
+        self.0.state.get() == State::TimedOut
+    }
+}
+
+/// What a routed request does at its backend's queue.
+pub enum Gate {
+    /// Go on; the ticket, when the queue counted the request, is given back in the log phase.
+    Go(Option<Ticket>),
+    /// Pause: the root context's tick resumes or refuses it.
+    Wait(Ticket),
+    /// Answer with this 429.
+    Refuse(GatewayError),
+}
+
+/// A routed request (decision `d`, of tenant `tenant`, in request context `context_id`) arrives at its backend's
+/// queue. See the module doc.
+pub fn enter(
+    cfg: &Config,
+    tenant: Option<Tenant>,
+    d: &RouteDecision,
+    context_id: u32,
+    request_id: Option<&str>,
+    metrics: &Metrics,
+) -> Gate {
+    let (Some(f), Some(t)) = (&cfg.fairness, tenant) else {
+        return Gate::Go(None);
+    };
+    let Some(b) = queue_backend(cfg, d) else {
+        return Gate::Go(None);
+    };
+    let now = host::now_ms();
+    let w = Waiter {
+        id: waiter_id(worker(), context_id),
+        tenant: t.id,
+        weight: t.weight,
+        input_tokens: u32::try_from(d.input_tokens).unwrap_or(u32::MAX),
+        arrived_ms: now,
+        deadline_ms: now.saturating_add(t.wait_ms),
+    };
+    let capacity = u64::from(b.max_inflight);
+    let Some(arrival) = update(b, metrics, |q| fairness::arrive(q, w, now, capacity, f.max_queue)) else {
+        log::warn!("llmroute: the fair queue of {} could not be updated; the request goes on unqueued", b.name);
+        return Gate::Go(None);
+    };
+    let ticket = |state| {
+        Ticket(Rc::new(Held {
+            backend: b.name.clone(),
+            waiter: w,
+            context_id,
+            envelope: d.api.envelope(),
+            request_id: request_id.map(str::to_string),
+            state: Cell::new(state),
+        }))
+    };
+    match arrival {
+        Arrival::Admitted => Gate::Go(Some(ticket(State::Running))),
+        Arrival::Queued => {
+            let t = ticket(State::Waiting);
+            let entry = Entry {
+                backend: b.name.clone(),
+                id: w.id,
+                held: Rc::downgrade(&t.0),
+            };
+            let _ = LOCAL.with(|l| l.try_borrow_mut().map(|mut l| l.waiting.push(entry)));
+            Gate::Wait(t)
+        }
+        Arrival::Refused(r) => {
+            let reason = match r {
+                Refusal::QueueFull => "queue_full",
+                Refusal::NoWait => "no_wait",
+            };
+            metrics.add(names::QUEUE_REFUSALS, &[("backend", &b.name), ("reason", reason)], 1);
+            Gate::Refuse(match r {
+                Refusal::QueueFull => GatewayError::QueueFull,
+                Refusal::NoWait => GatewayError::QueueTimeout { waited_ms: 0 },
+            })
+        }
+    }
+}
+
+/// The request that held `ticket` is over (its log phase), with the engine's `usage`. True when it was served;
+/// false when it never got a slot (it timed out, or its client left while it waited), so it took nothing.
+pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
+    let h = &ticket.0;
+    let _ = LOCAL.with(|l| l.try_borrow_mut().map(|mut l| l.waiting.retain(|e| e.id != h.waiter.id)));
+    let Some(b) = cfg.backends.iter().find(|b| b.name == h.backend) else {
+        return h.state.get() == State::Running;
+    };
+    let op = match h.state.get() {
+        State::TimedOut => return false,
+        State::Waiting => {
+            metrics.add(names::QUEUE_ABANDONED, &[("backend", &b.name)], 1);
+            Op::Leave(h.waiter.id)
+        }
+        State::Running => Op::Complete {
+            tenant: h.waiter.tenant,
+            weight: h.waiter.weight,
+            input: h.waiter.input_tokens,
+            measured_input: usage.prompt_tokens,
+            output: usage.completion_tokens.unwrap_or(0),
+        },
+    };
+    if !release(b, metrics, Some(op)) {
+        owe(&b.name, op);
+    }
+    h.state.get() == State::Running
+}
+
+/// The root context's tick: each backend with a waiter this worker holds, or an update it owes, releases this
+/// worker's waiters (see the module doc). Nothing to do, no host call.
+pub fn tick(cfg: &Config, metrics: &Metrics) {
+    if cfg.fairness.is_none() {
+        return;
+    }
+    let (owed, waiting) = LOCAL
+        .with(|l| {
+            l.try_borrow_mut().map(|mut l| {
+                let names: Vec<String> = l.waiting.iter().map(|e| e.backend.clone()).collect();
+                (std::mem::take(&mut l.owed), names)
+            })
+        })
+        .unwrap_or_default();
+    let mut done: Vec<&str> = Vec::new();
+    for (backend, op) in owed {
+        match cfg.backends.iter().find(|b| b.name == backend) {
+            Some(b) if release(b, metrics, Some(op)) => done.push(&b.name),
+            Some(_) => owe(&backend, op),
+            None => {}
+        }
+    }
+    for b in &cfg.backends {
+        if waiting.contains(&b.name) && !done.contains(&b.name.as_str()) {
+            release(b, metrics, None);
+        }
+    }
+}
+
+/// Takes this worker's number, seeds each backend's queue, defines the queue's series, and ticks every
+/// [`TICK_MS`]; from `on_configure`, with `fairness` on. The number is kept across configurations.
+pub fn start(cfg: &Config, metrics: &Metrics) {
+    if cfg.fairness.is_none() {
+        return;
+    }
+    worker();
+    for b in &cfg.backends {
+        let key = shared::fair_queue(&b.name);
+        let (bytes, _) = host::shared_data(&key);
+        let q = match bytes {
+            Some(bytes) => fairness::decode(&bytes),
+            None => {
+                host::set_shared_data(&key, &fairness::encode(&FairQueue::default()), None);
+                FairQueue::default()
+            }
+        };
+        let labels = [("backend", b.name.as_str())];
+        metrics.set(names::QUEUE_DEPTH, &labels, q.depth() as u64);
+        metrics.add(names::QUEUE_TIMEOUTS, &labels, 0);
+    }
+    host::set_tick_period(TICK_MS);
+}
+
+/// The status page's body with each backend's queue added, with `fairness` on.
+pub fn with_queues(cfg: &Config, body: Vec<u8>) -> Vec<u8> {
+    if cfg.fairness.is_none() {
+        return body;
+    }
+    let views: Vec<(&str, QueueView)> = cfg
+        .backends
+        .iter()
+        .map(|b| {
+            let q = host::shared_data(&shared::fair_queue(&b.name))
+                .0
+                .map(|bytes| fairness::decode(&bytes))
+                .unwrap_or_default();
+            (b.name.as_str(), QueueView::of(&q, b.max_inflight))
+        })
+        .collect();
+    fairness::add_to_status(body, &views)
+}
+
+/// The backend whose queue a routed request joins: its cluster's, or on a failover cluster its alias' first
+/// backend (the one Envoy sends to while it is up).
+fn queue_backend<'c>(cfg: &'c Config, d: &RouteDecision) -> Option<&'c Backend> {
+    match d.known_backend() {
+        Some(name) => cfg.backends.iter().find(|b| b.name == name),
+        None => cfg.backend(cfg.alias(&d.alias)?.routes.first()?.backend),
+    }
+}
+
+/// An update to a backend's queue besides releasing waiters.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// A waiter's client left: removed, charged nothing.
+    Leave(u64),
+    /// An admitted request ended.
+    Complete {
+        tenant: u64,
+        weight: u32,
+        input: u32,
+        measured_input: Option<u64>,
+        output: u64,
+    },
+}
+
+impl Op {
+    fn apply(self, q: &mut FairQueue) {
+        match self {
+            Op::Leave(id) => {
+                q.leave(id);
+            }
+            Op::Complete {
+                tenant,
+                weight,
+                input,
+                measured_input,
+                output,
+            } => q.complete_measured(tenant, weight, input, measured_input, output),
+        }
+    }
+}
+
+fn owe(backend: &str, op: Op) {
+    log::debug!("llmroute: the fair queue of {backend} owes an update until the next tick");
+    let _ = LOCAL.with(|l| {
+        l.try_borrow_mut().map(|mut l| {
+            if l.owed.len() >= MAX_OWED {
+                log::warn!("llmroute: the fair queue's owed updates are full; the oldest is dropped");
+                l.owed.remove(0);
+            }
+            l.owed.push((backend.to_string(), op));
+        })
+    });
+}
+
+/// Applies `op` to backend `b`'s queue, then releases this worker's waiters there: admits those that go next while
+/// a slot is free (and resumes them), answers those whose deadline passed, and removes those whose request context
+/// is gone. False when the queue could not be updated (nothing was applied).
+fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
+    let me = worker();
+    let mine: Vec<u64> = LOCAL
+        .with(|l| {
+            l.try_borrow_mut().map(|mut l| {
+                l.waiting.retain(|e| e.held.strong_count() > 0);
+                l.waiting.iter().filter(|e| e.backend == b.name).map(|e| e.id).collect()
+            })
+        })
+        .unwrap_or_default();
+    let now = host::now_ms();
+    let capacity = u64::from(b.max_inflight);
+    let outcome = update(b, metrics, |q| {
+        if let Some(op) = op {
+            op.apply(q);
+        }
+        // This worker's waiters that no request context holds any more.
+        let stale: Vec<u64> = q
+            .waiters
+            .iter()
+            .filter(|w| worker_of(w.id) == me && !mine.contains(&w.id))
+            .map(|w| w.id)
+            .collect();
+        for id in stale {
+            q.leave(id);
+        }
+        let g = q.grant_own(now, capacity, |id| mine.contains(&id));
+        let gone: Vec<u64> = mine
+            .iter()
+            .copied()
+            .filter(|id| !q.waiters.iter().any(|w| w.id == *id) && !g.admitted.iter().any(|w| w.id == *id))
+            .collect();
+        (g.admitted, gone)
+    });
+    let Some((admitted, gone)) = outcome else {
+        return false;
+    };
+    let taken: Vec<u64> = admitted.iter().map(|w| w.id).chain(gone.iter().copied()).collect();
+    if taken.is_empty() {
+        return true;
+    }
+    let held: Vec<Rc<Held>> = LOCAL
+        .with(|l| {
+            l.try_borrow_mut().map(|mut l| {
+                let mut held = Vec::new();
+                l.waiting.retain(|e| match taken.contains(&e.id) {
+                    true => {
+                        held.extend(e.held.upgrade());
+                        false
+                    }
+                    false => true,
+                });
+                held
+            })
+        })
+        .unwrap_or_default();
+    let labels = [("backend", b.name.as_str())];
+    for h in held {
+        let waited = now.saturating_sub(h.waiter.arrived_ms);
+        if !host::set_effective_context(h.context_id) {
+            continue;
+        }
+        host::set_log_field(log_fields::QUEUE_WAIT_MS, &waited.to_string());
+        if admitted.iter().any(|w| w.id == h.waiter.id) {
+            h.state.set(State::Running);
+            metrics.observe(names::QUEUE_WAIT_MS, &labels, waited);
+            host::resume_request();
+        } else {
+            h.state.set(State::TimedOut);
+            let e = GatewayError::QueueTimeout { waited_ms: waited };
+            metrics.add(names::QUEUE_TIMEOUTS, &labels, 1);
+            metrics.rejected(e.metric_reason());
+            crate::http::send_refusal(&e, h.envelope, h.request_id.as_deref());
+        }
+    }
+    true
+}
+
+/// Runs `f` on backend `b`'s queue and writes the result with compare-and-swap, at most `CAS_ATTEMPTS` tries;
+/// `f` runs again on a fresh read after a lost race. An unchanged queue is not written. Sets the depth gauge when
+/// the depth changed. `None` when the queue could not be read or written.
+fn update<R>(b: &Backend, metrics: &Metrics, mut f: impl FnMut(&mut FairQueue) -> R) -> Option<R> {
+    let key = shared::fair_queue(&b.name);
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::try_shared_data(&key)?;
+        let bytes = bytes.unwrap_or_default();
+        let mut q = fairness::decode(&bytes);
+        let before = q.depth();
+        let r = f(&mut q);
+        let encoded = fairness::encode(&q);
+        if encoded == bytes || host::set_shared_data(&key, &encoded, cas) {
+            if q.depth() != before {
+                metrics.set(names::QUEUE_DEPTH, &[("backend", &b.name)], q.depth() as u64);
+            }
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// A waiter's id: the worker that holds it in the high 32 bits, its request context in the low.
+fn waiter_id(worker: u32, context_id: u32) -> u64 {
+    (u64::from(worker) << 32) | u64::from(context_id)
+}
+
+fn worker_of(id: u64) -> u32 {
+    (id >> 32) as u32
+}
+
+/// This worker VM's number, drawn once from the VM's random source (std's `RandomState` keys come from WASI
+/// `random_get`, which Envoy serves from its CSPRNG): two VMs of one process share a number with odds of about
+/// `workers² / 2³³`.
+fn worker() -> u32 {
+    if let Some(n) = WORKER.with(Cell::get) {
+        return n;
+    }
+    use std::hash::BuildHasher;
+    let n = std::hash::RandomState::new().hash_one(host::now_ms()) as u32;
+    WORKER.with(|w| w.set(Some(n)));
+    n
+}
