@@ -16,8 +16,12 @@
 //! - A waiter whose deadline passes is removed and refused ([`Grant::expired`]); a waiter whose client leaves is
 //!   removed and charged nothing ([`FairQueue::leave`]).
 //!
+//! - A request that arrives ([`arrive`]) goes at once when a slot is free and nobody waits (or it is the one that
+//!   goes next); the requests in flight are those admitted and not complete ([`FairQueue::running`]).
+//!
 //! The queue is plain data, kept by the filter as one shared-data value per backend ([`encode`], [`decode`]) so
-//! every worker sees one order; each worker resumes only its own paused requests. Every operation is a pure
+//! every worker sees one order; each worker resumes only its own paused requests ([`FairQueue::grant_own`]
+//! admits a worker's waiters while one of them goes next and a slot is free). Every operation is a pure
 //! function of the queue and its arguments, tested natively with property tests. The cost of a decision is one
 //! pass over the waiters and the active tenants, both bounded ([`MAX_TENANTS`], the config's `max_queue`).
 

@@ -2,7 +2,7 @@
 //! banks no credit, a client that leaves is charged nothing, and the shared-data encoding round-trips.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-use llmroute_core::fairness::{self, FairQueue, Refusal, Waiter};
+use llmroute_core::fairness::{self, Arrival, FairQueue, Refusal, Waiter};
 use proptest::prelude::*;
 
 fn waiter(id: u64, tenant: u64, weight: u32, input: u32, at: u64) -> Waiter {
@@ -118,6 +118,101 @@ proptest! {
         prop_assert!(gap <= cost + 1.0, "served {:?} weights {} {} gap {}", served, w1, w2, gap);
     }
 
+    /// The queue as the filter's workers use it: requests arrive on two workers at a backend of `capacity`, each
+    /// worker admits only its own waiters, requests end and clients leave, in any order. Never more than
+    /// `capacity` run; each admission is of a least-served tenant's earliest waiter among those still waiting;
+    /// a waiter is never admitted past its deadline; and a request admitted at arrival found a free slot.
+    #[test]
+    fn workers_admit_their_own_waiters_within_capacity_least_served_first(
+        capacity in 1u64..4,
+        ops in proptest::collection::vec((0u8..5, 0u64..2, 0u64..4, 1u32..3000, 0u64..3000), 1..200),
+    ) {
+        let mut q = FairQueue::default();
+        let mut now = 0u64;
+        let mut next_id = 0u64;
+        let mut running: Vec<u64> = Vec::new();
+        let worker_of = |id: u64| id >> 32;
+        for (kind, worker, tenant, n, ms) in ops {
+            match kind {
+                0 | 1 => {
+                    next_id += 1;
+                    let id = (worker << 32) | next_id;
+                    let w = Waiter { id, tenant, weight: weight_of(tenant), input_tokens: n, arrived_ms: now, deadline_ms: now + ms };
+                    let before = q.clone();
+                    match fairness::arrive(&mut q, w, now, capacity, 8) {
+                        Arrival::Admitted => {
+                            let live = before.waiters.iter().filter(|x| x.deadline_ms > now).count();
+                            prop_assert!(before.running() < capacity);
+                            if live > 0 {
+                                // It jumped no waiter with less service.
+                                let lifted = q.tenant(tenant).unwrap().counter - u64::from(n) * fairness::SCALE / u64::from(weight_of(tenant));
+                                for x in before.waiters.iter().filter(|x| x.deadline_ms > now) {
+                                    prop_assert!(lifted <= before.tenant(x.tenant).unwrap().counter);
+                                }
+                            }
+                            running.push(tenant);
+                        }
+                        Arrival::Queued => prop_assert!(q.waiters.iter().any(|x| x.id == id)),
+                        Arrival::Refused(Refusal::NoWait) => prop_assert_eq!(ms, 0),
+                        Arrival::Refused(Refusal::QueueFull) => prop_assert!(q.waiters.len() >= 8),
+                    }
+                }
+                2 => {
+                    let before = q.clone();
+                    let g = q.grant_own(now, capacity, |id| worker_of(id) == worker);
+                    let mut seen = before.clone();
+                    seen.expire(now);
+                    for w in &g.admitted {
+                        prop_assert_eq!(worker_of(w.id), worker);
+                        prop_assert!(w.deadline_ms > now);
+                        let c = |t: u64| seen.tenant(t).unwrap().counter;
+                        for other in &seen.waiters {
+                            prop_assert!(c(w.tenant) <= c(other.tenant));
+                            if other.tenant == w.tenant { prop_assert!(w.arrived_ms <= other.arrived_ms); }
+                        }
+                        // The next grant sees this one admitted and charged.
+                        seen.leave(w.id);
+                        seen.admit_now(w.tenant, w.weight, w.input_tokens);
+                        running.push(w.tenant);
+                    }
+                    if g.admitted.is_empty() && q.running() < capacity {
+                        // Nothing admitted with a free slot: nobody waits, or the next waiter is another worker's.
+                        let mut probe = q.clone();
+                        if let Some(w) = probe.grant(now).admitted {
+                            prop_assert_ne!(worker_of(w.id), worker);
+                        }
+                    }
+                }
+                3 => {
+                    if !running.is_empty() {
+                        let t = running.remove(n as usize % running.len());
+                        q.complete_measured(t, weight_of(t), 0, None, ms);
+                    }
+                }
+                _ => now += ms,
+            }
+            prop_assert!(q.running() <= capacity, "running {} over {}", q.running(), capacity);
+            prop_assert_eq!(q.running(), running.len() as u64);
+        }
+    }
+
+    /// Completion charges the input as measured, not as estimated, plus twice the output, over the weight.
+    #[test]
+    fn completion_charges_the_measured_input_and_twice_the_output(
+        estimate in 0u32..5000, measured in proptest::option::of(0u64..5000), output in 0u64..5000, weight in 1u32..5,
+    ) {
+        let mut q = FairQueue::default();
+        q.admit_now(1, weight, estimate);
+        let start = q.tenant(1).unwrap().counter - u64::from(estimate) * fairness::SCALE / u64::from(weight);
+        q.complete_measured(1, weight, estimate, measured, output);
+        let input = measured.unwrap_or(u64::from(estimate));
+        let want = (input + 2 * output) * fairness::SCALE / u64::from(weight);
+        let got = q.tenant(1).unwrap().counter - start;
+        // Each charge and refund rounds down on its own.
+        prop_assert!(got.abs_diff(want) <= 3, "got {} want {}", got, want);
+        prop_assert_eq!(q.running(), 0);
+    }
+
     #[test]
     fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = fairness::decode(&bytes);
@@ -168,6 +263,34 @@ fn a_hot_tenant_cannot_starve_a_quiet_one() {
         (7, 8),
         "the quiet tenant goes second, not 51st"
     );
+}
+
+#[test]
+fn a_request_arriving_at_a_free_slot_goes_at_once_and_at_a_full_one_waits() {
+    let mut q = FairQueue::default();
+    assert_eq!(fairness::arrive(&mut q, waiter(1, 1, 1, 10, 0), 0, 1, 8), Arrival::Admitted);
+    assert_eq!(fairness::arrive(&mut q, waiter(2, 2, 1, 10, 0), 0, 1, 8), Arrival::Queued);
+    let mut no_wait = waiter(3, 3, 1, 10, 0);
+    no_wait.deadline_ms = 0;
+    assert_eq!(
+        fairness::arrive(&mut q, no_wait, 0, 1, 8),
+        Arrival::Refused(Refusal::NoWait)
+    );
+    assert_eq!(
+        fairness::arrive(&mut q, waiter(4, 4, 1, 10, 0), 0, 1, 1),
+        Arrival::Refused(Refusal::QueueFull)
+    );
+    assert_eq!((q.running(), q.depth()), (1, 1));
+    // A slot frees: the waiter is granted, by its own worker only.
+    q.complete(1, 1, 0);
+    assert!(q.grant_own(0, 1, |id| id == 99).admitted.is_empty());
+    assert_eq!(q.grant_own(0, 1, |id| id == 2).admitted.len(), 1);
+    // Expired waiters leave whoever looks, before a full queue is judged.
+    let mut q = FairQueue::default();
+    q.admit_now(9, 1, 0);
+    q.arrive(waiter(5, 5, 1, 1, 0), 0, 1).unwrap();
+    assert_eq!(fairness::arrive(&mut q, waiter(6, 6, 1, 1, 30_000), 30_000, 1, 1), Arrival::Queued);
+    assert_eq!(q.waiters.iter().map(|w| w.id).collect::<Vec<_>>(), [6]);
 }
 
 #[test]

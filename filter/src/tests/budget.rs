@@ -67,6 +67,29 @@ fn a_streamed_chat_request_makes_this_many_host_calls() {
     ]);
 }
 
+#[test]
+fn a_request_that_does_not_wait_in_the_fair_queue_makes_this_many_host_calls() {
+    // With `fairness`, a request that finds a free slot reads and writes its backend's queue when it arrives and
+    // when it ends, and reads the clock for each: the plain chat's calls plus these six.
+    let config = CONFIG.replace(
+        r#""version": 1,"#,
+        r#""version": 1, "fairness": { "by": { "header": "x-tenant-id" } },"#,
+    );
+    #[rustfmt::skip]
+    check(&config, false, &[
+        (Time, 5),             // as a plain chat, and the queue's clock on arrival and at the end
+        (GetBuffer, 2),
+        (SetBuffer, 2),
+        (GetMap, 2),
+        (SetMapValue, 7),
+        (SetProperty, 6),
+        (GetShared, 2),        // the backend's queue, on arrival and at the end
+        (SetShared, 2),        // ... written back: the request counted in flight, then its slot freed
+        (IncrementMetric, 3),
+        (RecordMetric, 4),
+    ]);
+}
+
 /// The second of two chat requests the engine answers with a JSON error (`status`).
 fn error_counts(status: u32) -> Vec<(Kind, usize)> {
     let fake = FakeHost::install();
