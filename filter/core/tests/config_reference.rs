@@ -89,12 +89,18 @@ macro_rules! leaf {
 impl<'de> Deserializer<'de> for Tracer<'_> {
     type Error = Error;
 
-    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
-        Err(de::Error::custom(format!(
-            "{}: a type that reads any shape (untagged, flattened or serde_json::Value); teach the tracer in \
-             filter/core/tests/config_reference.rs what it should give there",
-            self.path
-        )))
+    /// A type that reads more than one shape (`fairness.by`: a name or `{ header: NAME }`) is a field of its own,
+    /// offered a string. One that cannot read a string (flattened, or a map only) fails here: teach the tracer
+    /// what it should give there.
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
+        self.value();
+        let path = self.path.clone();
+        visitor.visit_str("x").map_err(|e: Error| {
+            de::Error::custom(format!(
+                "{path}: a type that reads any shape and not a string ({e}); teach the tracer in \
+                 filter/core/tests/config_reference.rs what it should give there"
+            ))
+        })
     }
 
     leaf! {

@@ -53,14 +53,43 @@ pub struct RawFairness {
     pub weights: Option<RawWeights>,
 }
 
-/// `fairness.by`: `api_key`, or `{ header: NAME }`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// `fairness.by`, as written: a name (`api_key` is the only one) or `{ header: NAME }`. The name is checked in
+/// validation, which can say what it should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RawTenantBy {
-    /// The name of the API key the request presented.
-    ApiKey,
-    /// The value of this request header.
+    /// A plain name: `api_key`.
+    Name(String),
+    /// `{ header: NAME }`: the value of this request header.
     Header(String),
+}
+
+impl<'de> Deserialize<'de> for RawTenantBy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = RawTenantBy;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`api_key`, or `{ header: NAME }`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawTenantBy, E> {
+                Ok(RawTenantBy::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawTenantBy, A::Error> {
+                let mut header = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "header" if header.is_none() => header = Some(map.next_value::<String>()?),
+                        "header" => return Err(serde::de::Error::duplicate_field("header")),
+                        other => return Err(serde::de::Error::unknown_field(other, &["header"])),
+                    }
+                }
+                header
+                    .map(RawTenantBy::Header)
+                    .ok_or_else(|| serde::de::Error::missing_field("header"))
+            }
+        }
+        d.deserialize_any(Shape)
+    }
 }
 
 /// `fairness.weights`: tenant name to weight, kept as pairs in the document's order, so that a name written twice
@@ -138,7 +167,15 @@ pub(super) fn fairness(
 ) -> Option<Fairness> {
     let before = errs.errors.len();
     let by = match &raw.by {
-        RawTenantBy::ApiKey => {
+        RawTenantBy::Name(name) if name != "api_key" => {
+            errs.push(
+                "fairness.by",
+                name,
+                "must be `api_key` (the API key's name), or `{ header: NAME }` (a request header's value)",
+            );
+            TenantBy::ApiKey
+        }
+        RawTenantBy::Name(_) => {
             if !auth {
                 errs.push(
                     "fairness.by",
@@ -265,7 +302,7 @@ mod tests {
     #[test]
     fn defaults_and_weights() {
         let mut errs = Diagnostics::default();
-        let mut r = raw(RawTenantBy::ApiKey);
+        let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.weights = Some(RawWeights(vec![("zed".into(), 3), ("alice".into(), 2)]));
         let f = fairness(&mut errs, &r, true, 300_000).unwrap();
         assert!(errs.errors.is_empty(), "{:?}", errs.errors);
@@ -299,7 +336,8 @@ mod tests {
             assert!(fairness(&mut errs, r, auth, 300_000).is_none());
             errs.errors.into_iter().map(|e| e.field).collect::<Vec<_>>()
         };
-        assert_eq!(fields(&raw(RawTenantBy::ApiKey), false), ["fairness.by"]);
+        assert_eq!(fields(&raw(RawTenantBy::Name("api_key".into())), false), ["fairness.by"]);
+        assert_eq!(fields(&raw(RawTenantBy::Name("apikey".into())), true), ["fairness.by"]);
         for h in ["authorization", "x-llmroute-tenant", "bad header", ""] {
             assert_eq!(
                 fields(&raw(RawTenantBy::Header(h.into())), true),
@@ -307,17 +345,17 @@ mod tests {
                 "{h}"
             );
         }
-        let mut r = raw(RawTenantBy::ApiKey);
+        let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.max_wait_ms = Some(300_000);
         assert_eq!(fields(&r, true), ["fairness.max_wait_ms"]);
         r.max_wait_ms = Some(0);
         assert_eq!(fields(&r, true), ["fairness.max_wait_ms"]);
-        let mut r = raw(RawTenantBy::ApiKey);
+        let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.max_queue = Some(5000);
         assert_eq!(fields(&r, true), ["fairness.max_queue"]);
         r.max_queue = Some(0);
         assert_eq!(fields(&r, true), ["fairness.max_queue"]);
-        let mut r = raw(RawTenantBy::ApiKey);
+        let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.weights = Some(RawWeights(vec![
             ("a".into(), 2),
             ("a".into(), 3),
