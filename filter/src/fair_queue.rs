@@ -159,7 +159,10 @@ pub fn enter(
     };
     let capacity = u64::from(b.max_inflight);
     let Some(arrival) = update(b, metrics, |q| fairness::arrive(q, w, now, capacity, f.max_queue)) else {
-        log::warn!("llmroute: the fair queue of {} could not be updated; the request goes on unqueued", b.name);
+        log::warn!(
+            "llmroute: the fair queue of {} could not be updated; the request goes on unqueued",
+            b.name
+        );
         return Gate::Go(None);
     };
     let ticket = |state| {
@@ -202,7 +205,10 @@ pub fn enter(
 /// false when it never got a slot (it timed out, or its client left while it waited), so it took nothing.
 pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
     let h = &ticket.0;
-    let _ = LOCAL.with(|l| l.try_borrow_mut().map(|mut l| l.waiting.retain(|e| e.id != h.waiter.id)));
+    let _ = LOCAL.with(|l| {
+        l.try_borrow_mut()
+            .map(|mut l| l.waiting.retain(|e| e.id != h.waiter.id))
+    });
     let Some(b) = cfg.backends.iter().find(|b| b.name == h.backend) else {
         return h.state.get() == State::Running;
     };

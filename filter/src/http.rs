@@ -659,7 +659,10 @@ impl HttpContext for Http {
         self.log_exchange();
         // Last: giving the slot back may resume another request, whose context the calls that follow act on.
         if let (Some(t), Some(cfg)) = (self.ticket.take(), self.cfg.clone()) {
-            let usage = self.watch.as_ref().map_or(Usage::default(), |w| w.summary(String::new).1);
+            let usage = self
+                .watch
+                .as_ref()
+                .map_or(Usage::default(), |w| w.summary(String::new).1);
             if !crate::fair_queue::end(&cfg, t, &usage, &self.metrics) {
                 // It waited and never got a slot: it holds nothing in the limit buckets either.
                 self.release_charges();

@@ -7,10 +7,11 @@
 //! - outlier ejection on consecutive 5xx only (success-rate and gateway-failure ejection are turned off, so the
 //!   only rule is the one in the config), with `max_ejection_percent` set explicitly (Envoy's 10% default never
 //!   ejects a host of a three-host backend), and a passing health check does not readmit an ejected host;
-//! - a circuit breaker at `max_inflight`: overflow is an immediate 503, never a queue;
+//! - a circuit breaker at `max_inflight`: overflow is an immediate 503, never a queue (with `fairness`, the filter
+//!   queues at `max_inflight` and the breaker is twice it, a backstop: see `config::circuit_breaker_limit`);
 //! - endpoint metadata naming the backend, which the filter's upstream side reads.
 
-use llmroute_core::config::{Backend, Config, Health, LbPolicy, Outlier};
+use llmroute_core::config::{circuit_breaker_limit, Backend, Config, Health, LbPolicy, Outlier};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
@@ -22,7 +23,7 @@ pub fn clusters(cfg: &Config) -> Vec<Value> {
     cfg.backends
         .iter()
         .filter(|b| b.discovery.as_ref().is_none_or(|d| d.eds_path.is_some()))
-        .map(|b| cluster(b, cfg.retries.attempts))
+        .map(|b| cluster(b, cfg.retries.attempts, cfg.fairness.is_some()))
         .collect()
 }
 
@@ -44,7 +45,7 @@ fn eds_config(path: &str) -> Value {
     })
 }
 
-fn cluster(b: &Backend, retries: u32) -> Value {
+fn cluster(b: &Backend, retries: u32, fairness: bool) -> Value {
     let all_ips = b.endpoints.iter().all(|e| e.is_ip);
     let endpoints: Vec<Value> = b
         .endpoints
@@ -64,7 +65,7 @@ fn cluster(b: &Backend, retries: u32) -> Value {
         // Envoy merges health updates for 1 s by default before workers see them; deliver them at once.
         "common_lb_config": { "update_merge_window": "0s" },
         "load_assignment": { "cluster_name": b.name, "endpoints": [{ "lb_endpoints": endpoints }] },
-        "circuit_breakers": { "thresholds": [circuit_breaker(b.max_inflight, retries)] },
+        "circuit_breakers": { "thresholds": [circuit_breaker(circuit_breaker_limit(b.max_inflight, fairness), retries)] },
         "metadata": { "filter_metadata": { (contract::METADATA_NAMESPACE): { (contract::METADATA_KIND): b.kind.as_str() } } },
     });
     if let Some(path) = b.discovery.as_ref().and_then(|d| d.eds_path.as_deref()) {
@@ -224,5 +225,29 @@ mod discovery_tests {
         let cfg = llmroute_core::load_config(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         assert!(v.get("node").is_none());
+    }
+}
+
+#[cfg(test)]
+mod breaker_tests {
+    use crate::render::{bootstrap, RenderOptions};
+
+    /// The breaker's `max_requests` of the backend's cluster, rendered from `doc`.
+    fn max_requests(doc: &str) -> u64 {
+        let cfg = llmroute_core::load_config(doc).unwrap();
+        let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let c = clusters.iter().find(|c| c["name"] == "a").unwrap();
+        let t = &c["circuit_breakers"]["thresholds"][0];
+        assert_eq!(t["max_requests"], t["max_pending_requests"]);
+        t["max_requests"].as_u64().unwrap()
+    }
+
+    #[test]
+    fn with_the_fair_queue_the_breaker_is_a_backstop_at_twice_max_inflight() {
+        let doc = "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'], max_inflight: 8 }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\n";
+        assert_eq!(max_requests(doc), 8);
+        let fair = format!("{doc}fairness: {{ by: {{ header: x-tenant-id }} }}\n");
+        assert_eq!(max_requests(&fair), 16);
     }
 }

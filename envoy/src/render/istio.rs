@@ -277,7 +277,7 @@ pub fn manifests(cfg: &Config, config_text: &str, opts: &IstioOptions) -> Result
     for (b, c) in &backends {
         docs.push((
             format!("destinationrule-{}.yaml", traffic::short_name(c)),
-            traffic::destination_rule(b, c, opts),
+            traffic::destination_rule(b, c, opts, cfg.fairness.is_some()),
         ));
     }
     if proxy {

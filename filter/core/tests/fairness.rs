@@ -268,8 +268,14 @@ fn a_hot_tenant_cannot_starve_a_quiet_one() {
 #[test]
 fn a_request_arriving_at_a_free_slot_goes_at_once_and_at_a_full_one_waits() {
     let mut q = FairQueue::default();
-    assert_eq!(fairness::arrive(&mut q, waiter(1, 1, 1, 10, 0), 0, 1, 8), Arrival::Admitted);
-    assert_eq!(fairness::arrive(&mut q, waiter(2, 2, 1, 10, 0), 0, 1, 8), Arrival::Queued);
+    assert_eq!(
+        fairness::arrive(&mut q, waiter(1, 1, 1, 10, 0), 0, 1, 8),
+        Arrival::Admitted
+    );
+    assert_eq!(
+        fairness::arrive(&mut q, waiter(2, 2, 1, 10, 0), 0, 1, 8),
+        Arrival::Queued
+    );
     let mut no_wait = waiter(3, 3, 1, 10, 0);
     no_wait.deadline_ms = 0;
     assert_eq!(
@@ -289,7 +295,10 @@ fn a_request_arriving_at_a_free_slot_goes_at_once_and_at_a_full_one_waits() {
     let mut q = FairQueue::default();
     q.admit_now(9, 1, 0);
     q.arrive(waiter(5, 5, 1, 1, 0), 0, 1).unwrap();
-    assert_eq!(fairness::arrive(&mut q, waiter(6, 6, 1, 1, 30_000), 30_000, 1, 1), Arrival::Queued);
+    assert_eq!(
+        fairness::arrive(&mut q, waiter(6, 6, 1, 1, 30_000), 30_000, 1, 1),
+        Arrival::Queued
+    );
     assert_eq!(q.waiters.iter().map(|w| w.id).collect::<Vec<_>>(), [6]);
 }
 

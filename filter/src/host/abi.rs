@@ -414,7 +414,9 @@ pub fn continue_stream(stream: u32) -> HostResult<()> {
 /// Makes the calls that follow act on the context `context_id`.
 pub fn set_effective_context(context_id: u32) -> HostResult<()> {
     // SAFETY: no pointers.
-    check("set_effective_context", unsafe { proxy_set_effective_context(context_id) })
+    check("set_effective_context", unsafe {
+        proxy_set_effective_context(context_id)
+    })
 }
 
 pub fn get_metric(id: u32) -> HostResult<u64> {

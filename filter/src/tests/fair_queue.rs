@@ -73,7 +73,10 @@ fn tick(fake: &FakeHost, root: &mut Root) {
 }
 
 fn replies_to(fake: &FakeHost, context: u32) -> Vec<Reply> {
-    fake.replies().into_iter().filter(|r| r.context == Some(context)).collect()
+    fake.replies()
+        .into_iter()
+        .filter(|r| r.context == Some(context))
+        .collect()
 }
 
 #[test]
@@ -93,9 +96,16 @@ fn a_request_to_a_full_backend_waits_and_goes_when_the_slot_frees() {
 
     fake.advance_ms(40);
     answer(&mut a);
-    assert_eq!(fake.resumed_contexts(), [Some(2)], "alice's end resumes bob, in bob's context");
+    assert_eq!(
+        fake.resumed_contexts(),
+        [Some(2)],
+        "alice's end resumes bob, in bob's context"
+    );
     assert_eq!(fake.log_field("llmroute.queue_wait_ms").as_deref(), Some("40"));
-    assert_eq!(fake.metric("llmroute_queue_wait_milliseconds;backend=llama-a"), Some(40));
+    assert_eq!(
+        fake.metric("llmroute_queue_wait_milliseconds;backend=llama-a"),
+        Some(40)
+    );
     assert_eq!(fake.metric("llmroute_queue_depth;backend=llama-a"), Some(0));
     let q = queue(&fake);
     assert_eq!((q.depth(), q.running()), (0, 1));
@@ -186,7 +196,10 @@ fn a_waiter_past_its_deadline_gets_a_429_in_its_envelope() {
     assert_eq!(body["request_id"], "req-0001");
     let r = &replies_to(&fake, 3)[0];
     let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")));
+    assert_eq!(
+        (body["type"].as_str(), body["error"]["type"].as_str()),
+        (Some("error"), Some("rate_limit_error"))
+    );
     assert_eq!(r.header("request-id"), Some("req-0001"));
     assert_eq!(fake.log_field("llmroute.queue_wait_ms").as_deref(), Some("1000"));
     assert_eq!(fake.metric("llmroute_queue_timeouts_total;backend=llama-a"), Some(2));
@@ -204,7 +217,11 @@ fn a_waiter_past_its_deadline_gets_a_429_in_its_envelope() {
             "llmroute_requests_total;alias=chat;backend=llama-a;api=chat;code_class={class};affinity_source=system_prompt"
         ))
     };
-    assert_eq!((routed("2xx"), routed("4xx")), (Some(1), None), "a refusal is not a routed request");
+    assert_eq!(
+        (routed("2xx"), routed("4xx")),
+        (Some(1), None),
+        "a refusal is not a routed request"
+    );
     let q = queue(&fake);
     assert_eq!((q.depth(), q.running()), (0, 0), "{q:?}");
 }
@@ -217,13 +234,23 @@ fn a_client_may_shorten_its_wait_or_refuse_to_wait() {
     let (_b, action) = arrive_with(&fake, &root, 2, "bob", &[("x-max-wait-ms", "0")], None);
     assert_eq!(action, Action::Pause, "answered");
     let r = fake.replies().last().unwrap().clone();
-    assert_eq!((r.context, r.status, r.header("x-llmroute-error")), (None, 429, Some("queue_timeout")));
-    assert_eq!(fake.metric("llmroute_queue_refusals_total;backend=llama-a;reason=no_wait"), Some(1));
+    assert_eq!(
+        (r.context, r.status, r.header("x-llmroute-error")),
+        (None, 429, Some("queue_timeout"))
+    );
+    assert_eq!(
+        fake.metric("llmroute_queue_refusals_total;backend=llama-a;reason=no_wait"),
+        Some(1)
+    );
     let (_c, action) = arrive_with(&fake, &root, 3, "carol", &[("x-max-wait-ms", "100")], None);
     assert_eq!(action, Action::Pause);
     fake.advance_ms(100);
     tick(&fake, &mut root);
-    assert_eq!(replies_to(&fake, 3)[0].status, 429, "the client's 100 ms, not max_wait_ms");
+    assert_eq!(
+        replies_to(&fake, 3)[0].status,
+        429,
+        "the client's 100 ms, not max_wait_ms"
+    );
 }
 
 #[test]
@@ -237,7 +264,10 @@ fn a_full_queue_refuses_at_once() {
     let r = fake.replies().last().unwrap().clone();
     assert_eq!((r.status, r.header("x-llmroute-error")), (429, Some("queue_full")));
     assert_eq!(r.header("retry-after"), Some("1"));
-    assert_eq!(fake.metric("llmroute_queue_refusals_total;backend=llama-a;reason=queue_full"), Some(1));
+    assert_eq!(
+        fake.metric("llmroute_queue_refusals_total;backend=llama-a;reason=queue_full"),
+        Some(1)
+    );
     assert_eq!(queue(&fake).depth(), 1);
 }
 
@@ -288,7 +318,11 @@ fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
     let (_b, action) = arrive(&fake, &root, 2, "bob");
     assert_eq!(action, Action::Pause);
     answer(&mut a);
-    assert_eq!(fake.resumes(), 0, "the other worker's waiter goes next; this one waits for its turn");
+    assert_eq!(
+        fake.resumes(),
+        0,
+        "the other worker's waiter goes next; this one waits for its turn"
+    );
     assert_eq!(queue(&fake).waiters.len(), 2);
     // That worker is gone: at its waiter's deadline it leaves, and this worker's waiter goes.
     fake.advance_ms(500);
@@ -318,7 +352,11 @@ fn a_queue_that_cannot_be_read_lets_the_request_go_on() {
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     fake.fail_kind(Kind::GetShared, HostStatus::InternalFailure);
     let (mut b, action) = arrive(&fake, &root, 2, "bob");
-    assert_eq!(action, Action::Continue, "unqueued: Envoy's circuit breaker still bounds the backend");
+    assert_eq!(
+        action,
+        Action::Continue,
+        "unqueued: Envoy's circuit breaker still bounds the backend"
+    );
     fake.heal();
     answer(&mut b);
     assert_eq!(queue(&fake).running(), 1, "bob was never counted");
@@ -339,7 +377,11 @@ fn the_status_page_shows_each_queue() {
     let body: serde_json::Value = serde_json::from_slice(&fake.replies().last().unwrap().body).unwrap();
     let q = &body["backends"][0]["queue"];
     assert_eq!(
-        (q["waiting"].as_u64(), q["in_flight"].as_u64(), q["max_inflight"].as_u64()),
+        (
+            q["waiting"].as_u64(),
+            q["in_flight"].as_u64(),
+            q["max_inflight"].as_u64()
+        ),
         (Some(1), Some(1), Some(1)),
         "{body}"
     );

@@ -54,7 +54,10 @@ pub fn virtual_service(cfg: &Config, opts: &IstioOptions, first: &IstioCluster) 
     json!({ "apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": metadata("llmroute", opts), "spec": spec })
 }
 
-pub fn destination_rule(b: &Backend, c: &IstioCluster, opts: &IstioOptions) -> Value {
+/// A backend's DestinationRule; with `fairness`, its connection-pool limits are the circuit breaker's
+/// (`config::circuit_breaker_limit`).
+pub fn destination_rule(b: &Backend, c: &IstioCluster, opts: &IstioOptions, fairness: bool) -> Value {
+    let limit = llmroute_core::config::circuit_breaker_limit(b.max_inflight, fairness);
     let mut lb = match b.lb {
         LbPolicy::Chwbl => json!({ "consistentHash": { "httpHeaderName": contract::AFFINITY } }),
         LbPolicy::LeastRequest => json!({ "simple": "LEAST_REQUEST" }),
@@ -64,9 +67,9 @@ pub fn destination_rule(b: &Backend, c: &IstioCluster, opts: &IstioOptions) -> V
     let mut policy = json!({
         "loadBalancer": lb,
         "connectionPool": { "http": {
-            "http1MaxPendingRequests": b.max_inflight,
-            "http2MaxRequests": b.max_inflight,
-            "maxRetries": b.max_inflight,
+            "http1MaxPendingRequests": limit,
+            "http2MaxRequests": limit,
+            "maxRetries": limit,
         } },
     });
     if let Some(o) = &b.outlier {

@@ -33,6 +33,18 @@ pub const TENANT_VALUE_MAX: usize = 256;
 /// The longest tenant header name.
 const HEADER_NAME_MAX: usize = 128;
 
+/// The requests a backend's circuit breaker lets through: `max_inflight`, or with `fairness` twice that. The fair
+/// queue then holds the backend at `max_inflight` itself; Envoy gives a finished request's place in its breaker
+/// back a moment after the filter sees the request end (when its upstream stream is deleted, at the end of that
+/// event-loop turn), so a waiter resumed in that moment would meet a breaker still full and get Envoy's 503. The
+/// breaker stays, as a backstop for requests the queue could not count.
+pub fn circuit_breaker_limit(max_inflight: u32, fairness: bool) -> u32 {
+    match fairness {
+        true => max_inflight.saturating_mul(2),
+        false => max_inflight,
+    }
+}
+
 /// `fairness`, as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -336,7 +348,10 @@ mod tests {
             assert!(fairness(&mut errs, r, auth, 300_000).is_none());
             errs.errors.into_iter().map(|e| e.field).collect::<Vec<_>>()
         };
-        assert_eq!(fields(&raw(RawTenantBy::Name("api_key".into())), false), ["fairness.by"]);
+        assert_eq!(
+            fields(&raw(RawTenantBy::Name("api_key".into())), false),
+            ["fairness.by"]
+        );
         assert_eq!(fields(&raw(RawTenantBy::Name("apikey".into())), true), ["fairness.by"]);
         for h in ["authorization", "x-llmroute-tenant", "bad header", ""] {
             assert_eq!(

@@ -23,7 +23,7 @@ pub use address::{parse_endpoint, parse_listen, with_port, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use env::{env_problems, EnvHolds, EnvVar};
 pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
-pub use fairness::{Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy};
+pub use fairness::{circuit_breaker_limit, Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
