@@ -421,6 +421,17 @@ fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
     for h in held {
         let waited = now.saturating_sub(h.waiter.arrived_ms);
         if !host::set_effective_context(h.context_id) {
+            // Its context is gone after all: it will never run, so it gives its slot back.
+            if admitted.iter().any(|w| w.id == h.waiter.id) {
+                h.state.set(State::TimedOut);
+                owe(&b.name, Op::Complete {
+                    tenant: h.waiter.tenant,
+                    weight: h.waiter.weight,
+                    input: h.waiter.input_tokens,
+                    measured_input: None,
+                    output: 0,
+                });
+            }
             continue;
         }
         host::set_log_field(log_fields::QUEUE_WAIT_MS, &waited.to_string());

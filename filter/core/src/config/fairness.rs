@@ -8,12 +8,13 @@
 //!
 //! Checks, each naming the field, the value and the fix: `by: api_key` needs `auth`; the tenant header is an HTTP
 //! header name that is neither the gateway's own nor a credential; `max_wait_ms` stays under the stream idle
-//! timeout (a waiting request sends no byte, and Envoy would close it first); `max_queue` is bounded, since every
+//! timeout (a waiting request sends no byte, and Envoy would close it first) and under the body timeout (Envoy's
+//! `request_timeout` runs until the filter lets the request go); `max_queue` is bounded, since every
 //! worker reads and writes the backend's whole queue; a weight names a tenant once and is `1` to [`MAX_WEIGHT`].
 
 use serde::Deserialize;
 
-use super::Diagnostics;
+use super::{Diagnostics, Limits};
 
 /// The longest a request may wait by default.
 pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
@@ -169,14 +170,9 @@ impl Fairness {
     }
 }
 
-/// Validates `fairness`. `auth` says whether API keys are configured; `stream_idle_timeout_ms` is the limit a
-/// waiting request must stay under.
-pub(super) fn fairness(
-    errs: &mut Diagnostics,
-    raw: &RawFairness,
-    auth: bool,
-    stream_idle_timeout_ms: u64,
-) -> Option<Fairness> {
+/// Validates `fairness`. `auth` says whether API keys are configured; `limits` holds the timeouts a waiting
+/// request must stay under.
+pub(super) fn fairness(errs: &mut Diagnostics, raw: &RawFairness, auth: bool, limits: &Limits) -> Option<Fairness> {
     let before = errs.errors.len();
     let by = match &raw.by {
         RawTenantBy::Name(name) if name != "api_key" => {
@@ -205,13 +201,26 @@ pub(super) fn fairness(
     };
     let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
     errs.range("fairness.max_wait_ms", max_wait_ms, 1, MAX_MAX_WAIT_MS);
-    if max_wait_ms >= stream_idle_timeout_ms {
+    if max_wait_ms >= limits.stream_idle_timeout_ms {
         errs.push(
             "fairness.max_wait_ms",
             max_wait_ms,
             format!(
-                "must be below limits.stream_idle_timeout_ms ({stream_idle_timeout_ms}): a waiting request sends no \
-                 byte, and Envoy would close it as idle first; lower max_wait_ms or raise the idle timeout"
+                "must be below limits.stream_idle_timeout_ms ({}): a waiting request sends no byte, and Envoy \
+                 would close it as idle first; lower max_wait_ms or raise the idle timeout",
+                limits.stream_idle_timeout_ms
+            ),
+        );
+    }
+    if max_wait_ms >= limits.body_timeout_ms {
+        errs.push(
+            "fairness.max_wait_ms",
+            max_wait_ms,
+            format!(
+                "must be below limits.body_timeout_ms ({}): Envoy's request timeout runs, from the request's start, \
+                 until the filter lets a waiting request go, and would answer 408 first; lower max_wait_ms or raise \
+                 the body timeout",
+                limits.body_timeout_ms
             ),
         );
     }
@@ -302,6 +311,16 @@ fn weights(errs: &mut Diagnostics, raw: Option<&RawWeights>, by: &TenantBy) -> V
 mod tests {
     use super::*;
 
+    /// The default limits: idle timeout 300000, body timeout 120000.
+    fn limits() -> Limits {
+        crate::config::load(
+            r#"{"version":1,"backends":[{"name":"a","kind":"vllm","endpoints":["127.0.0.1:1"]}],
+                "models":[{"name":"m","routes":[{"backend":"a"}]}]}"#,
+        )
+        .unwrap()
+        .limits
+    }
+
     fn raw(by: RawTenantBy) -> RawFairness {
         RawFairness {
             by,
@@ -316,7 +335,7 @@ mod tests {
         let mut errs = Diagnostics::default();
         let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.weights = Some(RawWeights(vec![("zed".into(), 3), ("alice".into(), 2)]));
-        let f = fairness(&mut errs, &r, true, 300_000).unwrap();
+        let f = fairness(&mut errs, &r, true, &limits()).unwrap();
         assert!(errs.errors.is_empty(), "{:?}", errs.errors);
         assert_eq!((f.max_wait_ms, f.max_queue), (DEFAULT_MAX_WAIT_MS, DEFAULT_MAX_QUEUE));
         assert_eq!(f.weight(b"alice"), 2);
@@ -345,7 +364,7 @@ mod tests {
     fn refusals_name_the_field() {
         let fields = |r: &RawFairness, auth: bool| {
             let mut errs = Diagnostics::default();
-            assert!(fairness(&mut errs, r, auth, 300_000).is_none());
+            assert!(fairness(&mut errs, r, auth, &limits()).is_none());
             errs.errors.into_iter().map(|e| e.field).collect::<Vec<_>>()
         };
         assert_eq!(
@@ -362,7 +381,9 @@ mod tests {
         }
         let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.max_wait_ms = Some(300_000);
-        assert_eq!(fields(&r, true), ["fairness.max_wait_ms"]);
+        assert_eq!(fields(&r, true), ["fairness.max_wait_ms", "fairness.max_wait_ms"], "idle and body timeouts");
+        r.max_wait_ms = Some(120_000);
+        assert_eq!(fields(&r, true), ["fairness.max_wait_ms"], "the body timeout");
         r.max_wait_ms = Some(0);
         assert_eq!(fields(&r, true), ["fairness.max_wait_ms"]);
         let mut r = raw(RawTenantBy::Name("api_key".into()));

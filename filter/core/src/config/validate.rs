@@ -117,7 +117,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let fairness = raw
         .fairness
         .as_ref()
-        .and_then(|f| super::fairness::fairness(&mut errs, f, auth.is_some(), limits.stream_idle_timeout_ms));
+        .and_then(|f| super::fairness::fairness(&mut errs, f, auth.is_some(), &limits));
 
     match (errs.errors.is_empty(), listen, admin) {
         (true, Some(listen), Some(admin)) => {
