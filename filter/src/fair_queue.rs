@@ -188,11 +188,11 @@ pub fn enter(
             Gate::Wait(t)
         }
         Arrival::Refused(r) => {
-            let reason = match r {
-                Refusal::QueueFull => "queue_full",
-                Refusal::NoWait => "no_wait",
-            };
-            metrics.add(names::QUEUE_REFUSALS, &[("backend", &b.name), ("reason", reason)], 1);
+            metrics.add(
+                names::QUEUE_REFUSALS,
+                &[("backend", &b.name), ("reason", r.as_str())],
+                1,
+            );
             Gate::Refuse(match r {
                 Refusal::QueueFull => GatewayError::QueueFull,
                 Refusal::NoWait => GatewayError::QueueTimeout { waited_ms: 0 },
@@ -424,13 +424,16 @@ fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
             // Its context is gone after all: it will never run, so it gives its slot back.
             if admitted.iter().any(|w| w.id == h.waiter.id) {
                 h.state.set(State::TimedOut);
-                owe(&b.name, Op::Complete {
-                    tenant: h.waiter.tenant,
-                    weight: h.waiter.weight,
-                    input: h.waiter.input_tokens,
-                    measured_input: None,
-                    output: 0,
-                });
+                owe(
+                    &b.name,
+                    Op::Complete {
+                        tenant: h.waiter.tenant,
+                        weight: h.waiter.weight,
+                        input: h.waiter.input_tokens,
+                        measured_input: None,
+                        output: 0,
+                    },
+                );
             }
             continue;
         }

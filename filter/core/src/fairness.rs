@@ -81,6 +81,14 @@ impl Refusal {
     }
 }
 
+/// `tokens` over `weight`, in thousandths ([`SCALE`]).
+fn scaled(tokens: u64, weight: u32) -> u64 {
+    tokens
+        .saturating_mul(SCALE)
+        .checked_div(u64::from(weight.max(1)))
+        .unwrap_or(0)
+}
+
 /// What a freed slot does: the waiter it admits, if any, and the waiters whose deadline had passed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
@@ -155,13 +163,19 @@ impl FairQueue {
 
     /// Adds `tokens` of service, over `weight`, to tenant `id`'s counter.
     fn charge(&mut self, id: u64, weight: u32, tokens: u64) {
+        self.adjust(id, |c| c.saturating_add(scaled(tokens, weight)));
+    }
+
+    /// Takes `tokens` of service, over `weight`, back from tenant `id`'s counter (never below 0).
+    fn refund(&mut self, id: u64, weight: u32, tokens: u64) {
+        self.adjust(id, |c| c.saturating_sub(scaled(tokens, weight)));
+    }
+
+    /// Replaces tenant `id`'s counter `c` with `f(c)`, if the tenant is known.
+    fn adjust(&mut self, id: u64, f: impl FnOnce(u64) -> u64) {
         if let Ok(i) = self.tenants.binary_search_by_key(&id, |t| t.id) {
             if let Some(t) = self.tenants.get_mut(i) {
-                let add = tokens
-                    .saturating_mul(SCALE)
-                    .checked_div(u64::from(weight.max(1)))
-                    .unwrap_or(0);
-                t.counter = t.counter.saturating_add(add);
+                t.counter = f(t.counter);
             }
         }
     }
@@ -302,19 +316,6 @@ impl FairQueue {
             self.refund(tenant, weight, charged.saturating_sub(measured));
         }
         self.complete(tenant, weight, output_tokens);
-    }
-
-    /// Takes `tokens` of service, over `weight`, back from tenant `id`'s counter (never below 0).
-    fn refund(&mut self, id: u64, weight: u32, tokens: u64) {
-        if let Ok(i) = self.tenants.binary_search_by_key(&id, |t| t.id) {
-            if let Some(t) = self.tenants.get_mut(i) {
-                let sub = tokens
-                    .saturating_mul(SCALE)
-                    .checked_div(u64::from(weight.max(1)))
-                    .unwrap_or(0);
-                t.counter = t.counter.saturating_sub(sub);
-            }
-        }
     }
 
     /// Requests waiting, for the status page and the depth gauge.

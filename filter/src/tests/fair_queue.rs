@@ -33,6 +33,15 @@ fn queue(fake: &FakeHost) -> FairQueue {
     fairness::decode(&fake.shared(&shared::fair_queue(BACKEND)).unwrap().0)
 }
 
+/// Another worker changes the backend's queue with `f`.
+fn rewrite_queue(fake: &FakeHost, f: impl FnOnce(&mut FairQueue)) {
+    let key = shared::fair_queue(BACKEND);
+    let (bytes, cas) = fake.shared(&key).unwrap();
+    let mut q = fairness::decode(&bytes);
+    f(&mut q);
+    assert!(crate::host::set_shared_data(&key, &fairness::encode(&q), Some(cas)));
+}
+
 /// A chat request of `tenant` in context `id`, up to the end of its body; returns the exchange and the body's
 /// action. `path` and `body` default to a chat.
 fn arrive_with(
@@ -122,11 +131,7 @@ fn the_tick_resumes_a_waiter_whose_slot_freed_elsewhere() {
     let (_b, action) = arrive(&fake, &root, 2, "bob");
     assert_eq!(action, Action::Pause);
     // Another worker's request ended: the slot is free in the shared queue, and only the tick can tell.
-    let key = shared::fair_queue(BACKEND);
-    let mut q = queue(&fake);
-    q.complete(fairness::tenant_id(b"alice"), 1, 0);
-    let (_, cas) = fake.shared(&key).unwrap();
-    assert!(crate::host::set_shared_data(&key, &fairness::encode(&q), Some(cas)));
+    rewrite_queue(&fake, |q| q.complete(fairness::tenant_id(b"alice"), 1, 0));
     tick(&fake, &mut root);
     assert_eq!(fake.resumed_contexts(), [Some(2)]);
     tick(&fake, &mut root);
@@ -301,8 +306,6 @@ fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
     let mut root = root(&fake, &fair_config(8));
     let (mut a, _) = arrive(&fake, &root, 1, "alice");
     // Another worker's waiter arrived first, for a tenant with no service yet.
-    let key = shared::fair_queue(BACKEND);
-    let mut q = queue(&fake);
     let now = 1_000_000;
     let theirs = Waiter {
         id: (u64::from(u32::MAX) << 32) | 7,
@@ -312,9 +315,7 @@ fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
         arrived_ms: now,
         deadline_ms: now + 500,
     };
-    q.arrive(theirs, now, 8).unwrap();
-    let (_, cas) = fake.shared(&key).unwrap();
-    assert!(crate::host::set_shared_data(&key, &fairness::encode(&q), Some(cas)));
+    rewrite_queue(&fake, |q| q.arrive(theirs, now, 8).unwrap());
     let (_b, action) = arrive(&fake, &root, 2, "bob");
     assert_eq!(action, Action::Pause);
     answer(&mut a);

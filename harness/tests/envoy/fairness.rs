@@ -36,6 +36,25 @@ async fn queued_fleet(fairness: Value, dir: &std::path::Path) -> (Fleet, Envoy) 
     (fleet, envoy)
 }
 
+/// [`queued_fleet`], with the engine's one slot taken by a chat of `tenant` saying `text`, held `hold_ms`.
+async fn holding(
+    fairness: Value,
+    tenant: &str,
+    text: &str,
+    hold_ms: u64,
+) -> (tempfile::TempDir, Fleet, Envoy, tokio::task::JoinHandle<(u16, Value)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (fleet, envoy) = queued_fleet(fairness, dir.path()).await;
+    let holder = spawn_chat(&envoy, tenant, text, hold_ms);
+    let held = wait_for(Duration::from_secs(5), || async { fleet.engines[0].inflight() == 1 }).await;
+    assert!(
+        held.is_some(),
+        "the engine never got the first request\n{}",
+        envoy.log()
+    );
+    (dir, fleet, envoy, holder)
+}
+
 /// The backend's queue as the status page shows it.
 async fn queue(envoy: &Envoy) -> Value {
     let r = get_json(&client(), envoy.url("/llmroute/status"), &[]).await;
@@ -81,20 +100,22 @@ fn served(fleet: &Fleet) -> Vec<String> {
         .collect()
 }
 
+/// The access log's lines so far (`access.json` in `dir`).
+fn access_log(dir: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("access.json"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
 fn stat(metric: &str, labels: &[(&str, &str)]) -> String {
     stat_name(metric, labels)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_tenant_is_served_ahead_of_a_floods_backlog() {
-    let dir = tempfile::tempdir().unwrap();
-    let (fleet, envoy) = queued_fleet(json!({ "max_wait_ms": 20000 }), dir.path()).await;
-    let holder = spawn_chat(&envoy, "flood", "flood-0", 400);
-    assert!(
-        wait_for(Duration::from_secs(5), || async { fleet.engines[0].inflight() == 1 })
-            .await
-            .is_some()
-    );
+    let (dir, fleet, envoy, holder) = holding(json!({ "max_wait_ms": 20000 }), "flood", "flood-0", 400).await;
     let mut floods = Vec::new();
     for i in 1..=6 {
         floods.push(spawn_chat(&envoy, "flood", &format!("flood-{i}"), 100));
@@ -129,12 +150,9 @@ async fn a_quiet_tenant_is_served_ahead_of_a_floods_backlog() {
     );
     assert_eq!(envoy.stat(&stat(QUEUE_DEPTH, &[("backend", "llama-a")])).await, Some(0));
     // The wait of each queued request is in the access log.
-    let access = dir.path().join("access.json");
     let waits = || {
-        std::fs::read_to_string(&access)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        access_log(dir.path())
+            .iter()
             .filter_map(|v| v["llmroute.queue_wait_ms"].as_str().and_then(|w| w.parse::<u64>().ok()))
             .collect::<Vec<_>>()
     };
@@ -149,14 +167,7 @@ fn max_engine_inflight_is_one(fleet: &Fleet) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_wait_and_a_full_queue_get_a_429_in_the_routes_envelope() {
-    let dir = tempfile::tempdir().unwrap();
-    let (fleet, envoy) = queued_fleet(json!({ "max_wait_ms": 20000, "max_queue": 1 }), dir.path()).await;
-    let holder = spawn_chat(&envoy, "a", "hold", 3000);
-    assert!(
-        wait_for(Duration::from_secs(5), || async { fleet.engines[0].inflight() == 1 })
-            .await
-            .is_some()
-    );
+    let (dir, fleet, envoy, holder) = holding(json!({ "max_wait_ms": 20000, "max_queue": 1 }), "a", "hold", 3000).await;
     let c = client();
 
     // The client's own wait, shorter than max_wait_ms: a 429 when it runs out, in the OpenAI envelope.
@@ -241,12 +252,9 @@ async fn a_short_wait_and_a_full_queue_get_a_429_in_the_routes_envelope() {
     assert_eq!(envoy.stat(&refusals("no_wait")).await, Some(1));
     assert_eq!(envoy.stat(&refusals("queue_full")).await, Some(1));
     // The timed-out request's line has its wait and its error code.
-    let access = dir.path().join("access.json");
     let line = || {
-        std::fs::read_to_string(&access)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        access_log(dir.path())
+            .into_iter()
             .find(|v| v["llmroute.error"] == "queue_timeout" && v["llmroute.queue_wait_ms"].is_string())
     };
     assert!(wait_for(Duration::from_secs(15), || async { line().is_some() })
@@ -262,14 +270,7 @@ async fn a_short_wait_and_a_full_queue_get_a_429_in_the_routes_envelope() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_queued_is_removed_and_the_next_waiter_goes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (fleet, envoy) = queued_fleet(json!({ "max_wait_ms": 20000 }), dir.path()).await;
-    let holder = spawn_chat(&envoy, "a", "hold", 1500);
-    assert!(
-        wait_for(Duration::from_secs(5), || async { fleet.engines[0].inflight() == 1 })
-            .await
-            .is_some()
-    );
+    let (_dir, fleet, envoy, holder) = holding(json!({ "max_wait_ms": 20000 }), "a", "hold", 1500).await;
     // This client gives up after 300 ms, while it waits.
     let leaver = {
         let url = envoy.url("/v1/chat/completions");

@@ -14,6 +14,7 @@
 
 use serde::Deserialize;
 
+use super::raw::NamedPairs;
 use super::{Diagnostics, Limits};
 
 /// The longest a request may wait by default.
@@ -105,30 +106,8 @@ impl<'de> Deserialize<'de> for RawTenantBy {
     }
 }
 
-/// `fairness.weights`: tenant name to weight, kept as pairs in the document's order, so that a name written twice
-/// reaches validation (a map would keep only the last).
-#[derive(Debug, Clone, Default)]
-pub struct RawWeights(pub Vec<(String, u64)>);
-
-impl<'de> Deserialize<'de> for RawWeights {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Pairs;
-        impl<'de> serde::de::Visitor<'de> for Pairs {
-            type Value = RawWeights;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a map from tenant name to weight")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawWeights, A::Error> {
-                let mut pairs = Vec::new();
-                while let Some(pair) = map.next_entry::<String, u64>()? {
-                    pairs.push(pair);
-                }
-                Ok(RawWeights(pairs))
-            }
-        }
-        d.deserialize_map(Pairs)
-    }
-}
+/// `fairness.weights`: tenant name to weight.
+pub type RawWeights = NamedPairs<u64>;
 
 /// Who a request belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,7 +313,7 @@ mod tests {
     fn defaults_and_weights() {
         let mut errs = Diagnostics::default();
         let mut r = raw(RawTenantBy::Name("api_key".into()));
-        r.weights = Some(RawWeights(vec![("zed".into(), 3), ("alice".into(), 2)]));
+        r.weights = Some(NamedPairs(vec![("zed".into(), 3), ("alice".into(), 2)]));
         let f = fairness(&mut errs, &r, true, &limits()).unwrap();
         assert!(errs.errors.is_empty(), "{:?}", errs.errors);
         assert_eq!((f.max_wait_ms, f.max_queue), (DEFAULT_MAX_WAIT_MS, DEFAULT_MAX_QUEUE));
@@ -381,7 +360,11 @@ mod tests {
         }
         let mut r = raw(RawTenantBy::Name("api_key".into()));
         r.max_wait_ms = Some(300_000);
-        assert_eq!(fields(&r, true), ["fairness.max_wait_ms", "fairness.max_wait_ms"], "idle and body timeouts");
+        assert_eq!(
+            fields(&r, true),
+            ["fairness.max_wait_ms", "fairness.max_wait_ms"],
+            "idle and body timeouts"
+        );
         r.max_wait_ms = Some(120_000);
         assert_eq!(fields(&r, true), ["fairness.max_wait_ms"], "the body timeout");
         r.max_wait_ms = Some(0);
@@ -392,7 +375,7 @@ mod tests {
         r.max_queue = Some(0);
         assert_eq!(fields(&r, true), ["fairness.max_queue"]);
         let mut r = raw(RawTenantBy::Name("api_key".into()));
-        r.weights = Some(RawWeights(vec![
+        r.weights = Some(NamedPairs(vec![
             ("a".into(), 2),
             ("a".into(), 3),
             ("b".into(), 0),

@@ -103,28 +103,37 @@ pub struct RawAuth {
     pub key_limits: Option<RawKeyLimits>,
 }
 
-/// `auth.key_limits`: key name to limits block, kept as pairs in the document's order, so that a name written twice
-/// reaches validation (a JSON object read into a map would keep only the last).
-#[derive(Debug, Clone, Default)]
-pub struct RawKeyLimits(pub Vec<(String, RawRateLimits)>);
+/// `auth.key_limits`: key name to limits block.
+pub type RawKeyLimits = NamedPairs<RawRateLimits>;
 
-impl<'de> Deserialize<'de> for RawKeyLimits {
+/// A map from names to values, kept as pairs in the document's order, so that a name written twice reaches
+/// validation (a JSON object read into a map would keep only the last).
+#[derive(Debug, Clone)]
+pub struct NamedPairs<V>(pub Vec<(String, V)>);
+
+impl<V> Default for NamedPairs<V> {
+    fn default() -> Self {
+        NamedPairs(Vec::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for NamedPairs<V> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Pairs;
-        impl<'de> serde::de::Visitor<'de> for Pairs {
-            type Value = RawKeyLimits;
+        struct Pairs<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Pairs<V> {
+            type Value = NamedPairs<V>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a map from key name to a limits block")
+                f.write_str("a map from names to values")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawKeyLimits, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<NamedPairs<V>, A::Error> {
                 let mut pairs = Vec::new();
-                while let Some(pair) = map.next_entry::<String, RawRateLimits>()? {
+                while let Some(pair) = map.next_entry::<String, V>()? {
                     pairs.push(pair);
                 }
-                Ok(RawKeyLimits(pairs))
+                Ok(NamedPairs(pairs))
             }
         }
-        d.deserialize_map(Pairs)
+        d.deserialize_map(Pairs(std::marker::PhantomData))
     }
 }
 
