@@ -6,7 +6,8 @@
 //! For an inference API, pause and buffer the body up to the limit. At end of stream (in the body or trailers
 //! callback, since HTTP/2 may end there) decide once, then rewrite `model`, set `content-length`, the
 //! cluster and affinity headers the route reads, and the token estimate; with bounded-keys placement, also pin
-//! the host (see `key_placement`). The response headers follow the core's plan (`llmroute_core::response_plan`):
+//! the host (see `key_placement`); with `fairness`, take the request's place in its backend's queue, where it may
+//! wait paused (see `fair_queue`). The response headers follow the core's plan (`llmroute_core::response_plan`):
 //! the affinity source, an echoed session key, debug headers, and what to do with the body.
 
 use std::rc::Rc;
