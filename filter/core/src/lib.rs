@@ -10,6 +10,7 @@
 pub mod affinity;
 pub mod anthropic;
 pub mod api;
+pub mod api_kind;
 pub mod auth;
 pub mod config;
 pub mod content;
@@ -51,4 +52,4 @@ pub use route::{route, BodyPatch, RouteDecision};
 pub use session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 
 /// The version reported by the CLI and logged by the filter at VM start.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use envoy_contract::VERSION;

@@ -428,7 +428,7 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: 
     });
     json!({
         "object": "llmroute.status",
-        "version": crate::VERSION,
+        "version": crate::envoy_contract::VERSION,
         "ready": readiness.is_ready(),
         "reason": readiness.reason(),
         "source": SOURCE,

@@ -4,11 +4,11 @@
 //! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
 //! `Option`s left to interpret.
 
-use crate::key_placement::MAX_SLOTS;
+use super::MAX_SLOTS;
 use std::collections::HashMap;
 
 use super::*;
-use crate::endpoint::Api;
+use crate::api_kind::Api;
 
 /// Longest backend (Envoy cluster) name. Envoy sets no limit of its own; Istio's names stay well below this.
 const NAME_MAX: usize = 255;
@@ -730,7 +730,7 @@ fn global_limits(errs: &mut Diagnostics, g: &RawGlobalLimits) -> Option<GlobalLi
             true
         }
     };
-    let default_max_tokens = g.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = g.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             "global_limits.default_max_tokens",
@@ -752,7 +752,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
     let raw = raw?;
     let mut parse = |f: &str, text: Option<&String>| match text {
         None => Vec::new(),
-        Some(t) => crate::limits::parse_rates(t).unwrap_or_else(|reason| {
+        Some(t) => super::rates::parse_rates(t).unwrap_or_else(|reason| {
             errs.push(
                 format!("{field}.{f}"),
                 t,
@@ -770,7 +770,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
             "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"",
         );
     }
-    let default_max_tokens = raw.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = raw.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             format!("{field}.default_max_tokens"),

@@ -41,13 +41,9 @@ pub mod views;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::BoundedKeys;
+pub use crate::config::MAX_SLOTS;
 pub use table::{Entry, KeyTable};
 pub use views::views;
-
-/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
-/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
-/// new key; 256 is well above any real `-np`.
-pub const MAX_SLOTS: u32 = 256;
 
 /// A host's placement weight, first found wins: the config's `slots` for it; the weight Envoy gives a
 /// discovered host (its EDS `load_balancing_weight`, which `llmroute discover` sets from the etcd registration's
