@@ -8,8 +8,9 @@
 //! worker's request contexts read that one snapshot. A failed poll keeps the previous snapshot, which ages
 //! until `/readyz` calls it stale. Whether polls fail, at which `admin:` address and why, is kept in shared data
 //! too (`admin_poll::AdminFailure`): the pages show it, and the root context whose write changes it from working to
-//! failing (or back) logs the one line, so a wrong admin address is named once, not once a poll or a worker. A good poll also rebuilds bounded-keys placement's in-flight counts from
-//! Envoy's per-host `rq_active` (see `key_placement::rebuild_in_flight`).
+//! failing (or back) logs the one line, so a wrong admin address is named once, not once a poll or a worker. A
+//! good poll also rebuilds bounded-keys placement's in-flight counts from Envoy's per-host `rq_active` (see
+//! `key_placement::rebuild_in_flight`).
 //!
 //! The status page names hosts by ids keyed with a secret of the process (`status::IdKey`), drawn from the VM's
 //! random source (WASI `random_get`, which Envoy serves from its CSPRNG) and the clock by the first root context
