@@ -14,8 +14,9 @@
 //! admin address that fails and why ([`AdminFailure`], see `admin_poll`).
 //!
 //! The bodies name backends, their kinds, host counts and aliases. They never carry endpoint addresses or host
-//! names, upstream model names, or credentials; the one address they may show is `admin:`, while polls of it fail. A host is shown by an id keyed with a secret of the Envoy process
-//! ([`IdKey`], [`shown_id`]): an unkeyed hash of `IP:PORT` could be inverted by trying every address of a subnet.
+//! names, upstream model names, or credentials; the one address they may show is `admin:`, while polls of it fail.
+//! A host is shown by an id keyed with a secret of the Envoy process ([`IdKey`], [`shown_id`]): an unkeyed hash of
+//! `IP:PORT` could be inverted by trying every address of a subnet.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
