@@ -2,6 +2,10 @@
 //! the answer is to be rebuilt into one JSON document; requests that already stream, and aliases without the
 //! option, go up untouched.
 
+// Tests may index, do plain arithmetic and unwrap; the code that ships may not.
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use llmroute_core::config::{load, Config};
 use llmroute_core::endpoint::Api;
 use llmroute_core::route::route;
