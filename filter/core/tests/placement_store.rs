@@ -7,8 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
 use llmroute_core::config::ShareKeys;
+use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
 use llmroute_core::key_placement::store::{
     self, Ask, CreateBudget, Decision, Fallback, InView, KeptLocal, Lease, Next, Outcome, Pending, Reply, Settled,
 };
@@ -443,7 +443,10 @@ fn a_stored_host_wins_over_the_bounds_and_over_a_local_first_placement() {
     let mut t = KeyTable::default();
     choose(&mut t, &h, 7, 0, &b).unwrap();
     let c = choose_stored(&mut t, &h, 7, Some(h[other].id()), 10, &b).unwrap();
-    assert_eq!((c.host, c.reason, c.table_changed), (other, PlacementReason::Placed, true));
+    assert_eq!(
+        (c.host, c.reason, c.table_changed),
+        (other, PlacementReason::Placed, true)
+    );
     let e = t.get(7).unwrap();
     assert_eq!((e.host, e.established, e.shared), (h[other].id(), true, true));
     let c = choose(&mut t, &h, 7, 20, &b).unwrap();
@@ -1083,9 +1086,15 @@ fn with_share_keys_returning_a_first_sighting_stays_local_and_a_key_that_comes_b
     let first = choose(&mut t, &h, 1, 1000, &b).unwrap().host;
     assert!(!t.get(1).unwrap().shared);
     // It comes back within its idle TTL: created, whatever its host's state.
-    assert_eq!(store::decide(&t, &h, 1, 2000, &b, returning), Decision::Send(Ask::Create));
+    assert_eq!(
+        store::decide(&t, &h, 1, 2000, &b, returning),
+        Decision::Send(Ask::Create)
+    );
     h[first].up = false;
-    assert_eq!(store::decide(&t, &h, 1, 2000, &b, returning), Decision::Send(Ask::Create));
+    assert_eq!(
+        store::decide(&t, &h, 1, 2000, &b, returning),
+        Decision::Send(Ask::Create)
+    );
     h[first].up = true;
     // Back only after its idle TTL: a first sighting again.
     assert_eq!(
@@ -1147,10 +1156,7 @@ fn the_create_budget_spends_up_to_its_max_each_second_and_moves_spend_none() {
 
     let create = Decision::Send(Ask::Create.in_view(4, 64));
     assert_eq!(create.clone().within_budget(|| true), create);
-    assert_eq!(
-        create.within_budget(|| false),
-        Decision::Keep(KeptLocal::OverBudget)
-    );
+    assert_eq!(create.within_budget(|| false), Decision::Keep(KeptLocal::OverBudget));
     assert_eq!(
         Decision::Send(Ask::Create).within_budget(|| false),
         Decision::Keep(KeptLocal::OverBudget)

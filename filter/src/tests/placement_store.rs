@@ -311,7 +311,10 @@ fn with_share_keys_returning_first_sightings_never_reach_etcd_and_a_key_that_com
 #[test]
 fn past_max_creates_per_s_a_new_key_is_placed_locally_counted_and_created_on_a_later_request() {
     let fake = FakeHost::install();
-    let root = super::root(&fake, &store_config_with(r#""share_keys": "all", "max_creates_per_s": 2"#));
+    let root = super::root(
+        &fake,
+        &store_config_with(r#""share_keys": "all", "max_creates_per_s": 2"#),
+    );
     let mut waiting = Vec::new();
     for i in 0..3u32 {
         let mut x = Exchange::new(&fake, &root, i + 1);

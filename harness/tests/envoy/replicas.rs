@@ -683,7 +683,13 @@ async fn kept_local(envoys: &[Envoy], reason: &str) -> u64 {
 /// One request with session id `session` to `envoy`: the engine that served it.
 async fn session_request(envoy: &Envoy, session: &str) -> String {
     let body = chat(None, "hi").to_string();
-    let r = post_json(&client(), envoy.url("/v1/chat/completions"), body, &[("x-session-id", session)]).await;
+    let r = post_json(
+        &client(),
+        envoy.url("/v1/chat/completions"),
+        body,
+        &[("x-session-id", session)],
+    )
+    .await;
     assert_eq!(r.status, 200, "session {session}: {:?}", r.body);
     r.header("x-emu-backend").unwrap_or("").to_string()
 }
@@ -721,11 +727,20 @@ async fn one_off_keys_never_reach_etcd_a_returning_key_does_and_creates_past_the
     }
     let first = kept_local(&envoys, KeptLocal::FirstSighting.as_str()).await;
     let (won, adopted) = (store_count(&envoys, "won").await, store_count(&envoys, "adopted").await);
-    println!("90 one-off keys: {first} kept local, {won} won, {adopted} adopted, {} in etcd", stored_keys(&etcd));
+    println!(
+        "90 one-off keys: {first} kept local, {won} won, {adopted} adopted, {} in etcd",
+        stored_keys(&etcd)
+    );
     assert_eq!(first, 90, "each one-off key's request is placed locally, counted");
-    assert_eq!((won, adopted, fallbacks(&envoys).await), (0, 0, 0), "no transaction was sent");
+    assert_eq!(
+        (won, adopted, fallbacks(&envoys).await),
+        (0, 0, 0),
+        "no transaction was sent"
+    );
     assert_eq!(stored_keys(&etcd), 0, "no one-off key reached etcd");
-    let marker = etcd.ctl(&["get", &store::marker_path("/e2e", BACKEND)]).unwrap_or_default();
+    let marker = etcd
+        .ctl(&["get", &store::marker_path("/e2e", BACKEND)])
+        .unwrap_or_default();
     assert!(marker.trim().is_empty(), "nothing was placed through etcd: {marker}");
 
     // A key that comes back to its replica: created once; every replica then sends it to etcd's host (a
@@ -736,7 +751,12 @@ async fn one_off_keys_never_reach_etcd_a_returning_key_does_and_creates_past_the
     assert_eq!(stored_keys(&etcd), 1, "the key that came back is in etcd");
     assert_eq!(store_count(&envoys, "won").await, 1);
     let stored = etcd
-        .ctl(&["get", &store::backend_prefix("/e2e", BACKEND), "--prefix", "--print-value-only"])
+        .ctl(&[
+            "get",
+            &store::backend_prefix("/e2e", BACKEND),
+            "--prefix",
+            "--print-value-only",
+        ])
         .unwrap();
     let engine = fleet.engines.iter().find(|e| e.name() == home).unwrap();
     assert_eq!(stored.trim(), engine.addr().to_string(), "served where etcd holds it");
@@ -775,7 +795,11 @@ async fn one_off_keys_never_reach_etcd_a_returning_key_does_and_creates_past_the
         stored_keys(&etcd) == 9
     })
     .await;
-    assert!(all_in.is_some(), "the keys over the budget never reached etcd: {}", stored_keys(&etcd));
+    assert!(
+        all_in.is_some(),
+        "the keys over the budget never reached etcd: {}",
+        stored_keys(&etcd)
+    );
     assert_eq!(fallbacks(&envoys).await, 0);
 }
 
