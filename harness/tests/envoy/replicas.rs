@@ -750,14 +750,7 @@ async fn one_off_keys_never_reach_etcd_a_returning_key_does_and_creates_past_the
     let home = session_request(&envoys[0], "returning").await;
     assert_eq!(stored_keys(&etcd), 1, "the key that came back is in etcd");
     assert_eq!(store_count(&envoys, "won").await, 1);
-    let stored = etcd
-        .ctl(&[
-            "get",
-            &store::backend_prefix("/e2e", BACKEND),
-            "--prefix",
-            "--print-value-only",
-        ])
-        .unwrap();
+    let stored = stored_values(&etcd);
     let engine = fleet.engines.iter().find(|e| e.name() == home).unwrap();
     assert_eq!(stored.trim(), engine.addr().to_string(), "served where etcd holds it");
     let agreed = wait_for(Duration::from_secs(10), || async {
@@ -816,16 +809,15 @@ fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path, client: Opt
     cfg
 }
 
+/// The `IP:PORT`s etcd stores for the backend's keys, one a line.
+fn stored_values(etcd: &Etcd) -> String {
+    let prefix = store::backend_prefix("/e2e", BACKEND);
+    etcd.ctl(&["get", &prefix, "--prefix", "--print-value-only"]).unwrap()
+}
+
 /// How many of the backend's keys etcd stores on each engine, by the engines' names (fewest first).
 fn stored_per_engine(etcd: &Etcd, fleet: &Fleet) -> Vec<usize> {
-    let values = etcd
-        .ctl(&[
-            "get",
-            &store::backend_prefix("/e2e", BACKEND),
-            "--prefix",
-            "--print-value-only",
-        ])
-        .unwrap();
+    let values = stored_values(etcd);
     let mut per: BTreeMap<String, usize> = fleet.engines.iter().map(|e| (e.name().to_string(), 0)).collect();
     for value in values.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let engine = fleet.engines.iter().find(|e| e.addr().to_string() == value);
