@@ -154,6 +154,9 @@ pub mod metrics {
     pub const FLEET_WARNINGS: &str = "llmroute_fleet_warnings_total";
     /// Fleet checks completed, with or without findings.
     pub const FLEET_CHECKS: &str = "llmroute_fleet_checks_total";
+    /// Keys the placement store would take but which were placed locally without asking it:
+    /// `{reason=first_sighting|over_budget}`.
+    pub const PLACEMENT_STORE_KEPT_LOCAL: &str = "llmroute_placement_store_kept_local_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
 
@@ -324,6 +327,8 @@ pub mod shared {
     pub const STORE_SYNC_LEASE: &str = "llmroute.store.sync";
     /// The etcd lease new keys are attached to (`key_placement::store::Lease`).
     pub const STORE_LEASE: &str = "llmroute.store.lease";
+    /// The keys this Envoy created in etcd in the current second (`key_placement::store::CreateBudget`).
+    pub const STORE_CREATES: &str = "llmroute.store.creates";
     /// The token etcd gave for the placement store's user (`affinity.placement_store.etcd.auth`); empty: none.
     pub const STORE_TOKEN: &str = "llmroute.store.token";
     /// A backend's keys placed locally while the placement store failed, to settle once it answers.

@@ -352,12 +352,47 @@ pub struct PlacementStore {
     pub tls: Option<UpstreamTls>,
     /// etcd's user authentication, when etcd has it on.
     pub auth: Option<EtcdAuth>,
+    /// Which keys are shared through etcd.
+    pub share_keys: ShareKeys,
+    /// Most keys this Envoy creates in etcd per second.
+    pub max_creates_per_s: u32,
 }
 
 impl PlacementStore {
     pub const DEFAULT_PREFIX: &'static str = "/llmroute";
     pub const DEFAULT_TIMEOUT_MS: u64 = 50;
     pub const MAX_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_MAX_CREATES_PER_S: u32 = 20;
+    pub const MAX_MAX_CREATES_PER_S: u32 = 10_000;
+}
+
+/// `affinity.placement_store.share_keys`: which keys a replica writes to etcd (see `key_placement::store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShareKeys {
+    /// A key seen again within its idle TTL; its first request is placed locally, as without a store.
+    #[default]
+    Returning,
+    /// Every new key, on its first request.
+    All,
+}
+
+impl ShareKeys {
+    pub const NAMES: &'static str = "returning, all";
+
+    pub fn parse(name: &str) -> Option<ShareKeys> {
+        match name {
+            "returning" => Some(ShareKeys::Returning),
+            "all" => Some(ShareKeys::All),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareKeys::Returning => "returning",
+            ShareKeys::All => "all",
+        }
+    }
 }
 
 /// How an affinity key finds its host inside a `chwbl` backend.

@@ -479,12 +479,40 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
             ),
         );
     }
+    let share_name = store.share_keys.as_deref().unwrap_or("returning");
+    let share_keys = ShareKeys::parse(share_name).unwrap_or_else(|| {
+        errs.push(
+            "affinity.placement_store.share_keys",
+            share_name,
+            format!(
+                "expected one of {}: returning writes a key to etcd once it comes back, all writes every new key",
+                ShareKeys::NAMES
+            ),
+        );
+        ShareKeys::default()
+    });
+    let max_creates_per_s = store
+        .max_creates_per_s
+        .unwrap_or(PlacementStore::DEFAULT_MAX_CREATES_PER_S);
+    if !(1..=PlacementStore::MAX_MAX_CREATES_PER_S).contains(&max_creates_per_s) {
+        errs.push(
+            "affinity.placement_store.max_creates_per_s",
+            max_creates_per_s,
+            format!(
+                "must be between 1 and {} (keys this Envoy creates in etcd per second; past it a key is placed \
+                 locally)",
+                PlacementStore::MAX_MAX_CREATES_PER_S
+            ),
+        );
+    }
     Some(PlacementStore {
         endpoints,
         prefix,
         timeout_ms,
         tls,
         auth,
+        share_keys,
+        max_creates_per_s,
     })
 }
 

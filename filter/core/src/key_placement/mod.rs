@@ -226,8 +226,11 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 }
 
 /// [`choose`], for a key whose host the shared placement store (see [`store`]) just settled as the host with id
-/// `stored`: a key the table does not know yet, or knows on a host that is down, goes there (if that host is up)
-/// instead of being placed by the bounds. A key the table knows, on an up host, stays put as in [`choose`].
+/// `stored`: the key goes there (if that host is up) instead of where the table or the bounds would put it, and
+/// is marked shared. A key the table knew on another up host (a key placed locally on its first sighting, which
+/// another replica stored first) moves there as [`PlacementReason::Placed`]; one whose host is down, as
+/// [`PlacementReason::Moved`]. A stored host that is down or not listed here is not used: the table decides as in
+/// [`choose`].
 pub fn choose_stored(
     table: &mut KeyTable,
     hosts: &[HostView],
@@ -247,12 +250,13 @@ pub fn choose_stored(
         .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
     let stored = stored.and_then(|id| hosts.iter().position(|h| h.id() == id && h.up));
     let (home, reason) = match (known, pinned, stored) {
-        (_, None, Some(home)) => {
+        (_, pinned, Some(home)) if pinned != Some(home) => {
             table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
+            table.mark_shared(key);
             changed = true;
-            let reason = match known {
-                Some(_) => PlacementReason::Moved,
-                None => PlacementReason::Placed,
+            let reason = match (known, pinned) {
+                (Some(_), None) => PlacementReason::Moved,
+                _ => PlacementReason::Placed,
             };
             (home, reason)
         }
@@ -261,6 +265,9 @@ pub fn choose_stored(
                 changed = true;
             } else if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
                 table.touch(key, now_ms);
+                changed = true;
+            }
+            if stored.is_some() && table.mark_shared(key) {
                 changed = true;
             }
             (home, PlacementReason::Pinned)
