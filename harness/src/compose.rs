@@ -7,7 +7,7 @@
 //! - The file's published ports are meant to be left to Docker (the check sets the port variables empty);
 //!   [`Stack::host_port`] reads the one Docker chose. Networks are Docker's choice too: containers are told apart
 //!   by service name, never by a fixed address.
-//! - Faults: [`Stack::kill`] and [`Stack::start`] a service's container, [`Stack::disconnect`] it from one of the
+//! - Faults: [`Stack::kill`] services' containers and [`Stack::start`] one again, [`Stack::disconnect`] it from one of the
 //!   file's networks and [`Stack::reconnect`] it with the aliases it had there (the service name among them, which
 //!   a plain `docker network connect` would not give back, so its peers could no longer resolve it).
 //! - [`Stack::down`] runs `down --volumes --remove-orphans` and then checks that no container, network or volume
@@ -200,9 +200,23 @@ impl Stack {
         docker(&all)
     }
 
-    /// Sends `service`'s container SIGKILL.
-    pub fn kill(&self, service: &str) -> Result<(), String> {
-        docker(&["kill", &self.container(service)?]).map(|_| ())
+    /// `docker exec` of `args` in `service`'s container, to spawn: for a command that runs on, such as a watch whose
+    /// output is read as it comes.
+    pub fn exec_command(&self, service: &str, args: &[&str]) -> Result<tokio::process::Command, String> {
+        let mut cmd = tokio::process::Command::new("docker");
+        cmd.arg("exec").arg(self.container(service)?).args(args);
+        Ok(cmd)
+    }
+
+    /// Sends the containers of `services` SIGKILL, all in one `docker kill`.
+    pub fn kill(&self, services: &[&str]) -> Result<(), String> {
+        let ids = services
+            .iter()
+            .map(|s| self.container(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut args = vec!["kill"];
+        args.extend(ids.iter().map(String::as_str));
+        docker(&args).map(|_| ())
     }
 
     /// Starts `service`'s stopped container again.

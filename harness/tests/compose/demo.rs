@@ -43,7 +43,7 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     let traffic = Traffic::start(std::slice::from_ref(&envoy), &keys("kill", 24), 2);
     traffic.more(Instant::now(), 10).await;
     let ip = stack.ip("llama-a-1", NETWORK).unwrap_or_else(|e| panic!("{e}"));
-    stack.kill("llama-a-1").unwrap_or_else(|e| panic!("{e}"));
+    stack.kill(&["llama-a-1"]).unwrap_or_else(|e| panic!("{e}"));
     let killed = Instant::now();
     let out = wait_for(Duration::from_secs(30), || async {
         !envoy.healthy(BACKEND).await.iter().any(|h| h.starts_with(&format!("{ip}:")))
