@@ -404,7 +404,10 @@ mod tests {
             Ok("[fd00::5]:8080".into())
         );
         let two = instance_address("e:8080", |_, _| Ok(vec![v4("172.19.0.4"), v4("172.18.0.3")])).unwrap_err();
-        assert!(two.starts_with("--addr \"e:8080\": e resolves to 2 addresses (172.18.0.3, 172.19.0.4)"), "{two}");
+        assert!(
+            two.starts_with("--addr \"e:8080\": e resolves to 2 addresses (172.18.0.3, 172.19.0.4)"),
+            "{two}"
+        );
         let none = instance_address("e:8080", |_, _| Ok(vec![])).unwrap_err();
         assert!(none.contains("resolves to no address"), "{none}");
         let failed = instance_address("e:8080", |_, _| Err(std::io::Error::other("no such host"))).unwrap_err();

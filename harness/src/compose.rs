@@ -115,7 +115,12 @@ impl Stack {
 
     fn compose_args(&self, args: &[&str]) -> Vec<String> {
         let mut all: Vec<String> = self.tool[1..].to_vec();
-        all.extend(["-p".into(), self.project.clone(), "-f".into(), self.file.display().to_string()]);
+        all.extend([
+            "-p".into(),
+            self.project.clone(),
+            "-f".into(),
+            self.file.display().to_string(),
+        ]);
         all.extend(args.iter().map(|a| a.to_string()));
         all
     }
@@ -142,7 +147,9 @@ impl Stack {
     pub fn up(&self) -> Result<(), String> {
         for image in self.images()? {
             docker(&["image", "inspect", "--format", "{{.Id}}", &image]).map_err(|_| {
-                format!("image {image} is not on this machine: `make images` builds the llmroute/* images from local files")
+                format!(
+                    "image {image} is not on this machine: `make images` builds the llmroute/* images from local files"
+                )
             })?;
         }
         self.compose(&["up", "-d"]).map(|_| ())
@@ -161,7 +168,16 @@ impl Stack {
     pub fn network(&self, network: &str) -> Result<String, String> {
         let project = format!("label={PROJECT_LABEL}={}", self.project);
         let net = format!("label=com.docker.compose.network={network}");
-        let name = docker(&["network", "ls", "--filter", &project, "--filter", &net, "--format", "{{.Name}}"])?;
+        let name = docker(&[
+            "network",
+            "ls",
+            "--filter",
+            &project,
+            "--filter",
+            &net,
+            "--format",
+            "{{.Name}}",
+        ])?;
         match name.lines().collect::<Vec<_>>().as_slice() {
             [one] => Ok(one.to_string()),
             other => Err(format!("network {network} of {}: found {other:?}", self.project)),
@@ -287,9 +303,18 @@ impl Stack {
         let filter = self.project_filter();
         let mut left = Vec::new();
         for (kind, args) in [
-            ("container", vec!["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"]),
-            ("network", vec!["network", "ls", "--filter", &filter, "--format", "{{.Name}}"]),
-            ("volume", vec!["volume", "ls", "--filter", &filter, "--format", "{{.Name}}"]),
+            (
+                "container",
+                vec!["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"],
+            ),
+            (
+                "network",
+                vec!["network", "ls", "--filter", &filter, "--format", "{{.Name}}"],
+            ),
+            (
+                "volume",
+                vec!["volume", "ls", "--filter", &filter, "--format", "{{.Name}}"],
+            ),
         ] {
             match docker(&args) {
                 Ok(out) => left.extend(out.split_whitespace().map(|n| format!("{kind} {n}"))),

@@ -46,7 +46,11 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     stack.kill(&["llama-a-1"]).unwrap_or_else(|e| panic!("{e}"));
     let killed = Instant::now();
     let out = wait_for(Duration::from_secs(30), || async {
-        !envoy.healthy(BACKEND).await.iter().any(|h| h.starts_with(&format!("{ip}:")))
+        !envoy
+            .healthy(BACKEND)
+            .await
+            .iter()
+            .any(|h| h.starts_with(&format!("{ip}:")))
     })
     .await
     .expect("the killed engine stayed in Envoy's rotation for 30 s");
@@ -77,7 +81,11 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     stack.disconnect("llama-a-2", NETWORK).unwrap_or_else(|e| panic!("{e}"));
     let cut = Instant::now();
     let ejected = wait_for(Duration::from_secs(30), || async {
-        !envoy.healthy(BACKEND).await.iter().any(|h| h.starts_with(&format!("{ip}:")))
+        !envoy
+            .healthy(BACKEND)
+            .await
+            .iter()
+            .any(|h| h.starts_with(&format!("{ip}:")))
     })
     .await
     .expect("the cut-off engine stayed in Envoy's rotation for 30 s");

@@ -39,7 +39,13 @@ const TTL_S: u64 = 4;
 
 /// `etcdctl ARGS` inside `member`'s container, against that member.
 fn etcdctl(stack: &Stack, member: &str, args: &[&str]) -> Result<String, String> {
-    let mut all = vec!["etcdctl", "--endpoints", "http://127.0.0.1:2379", "--command-timeout", "3s"];
+    let mut all = vec![
+        "etcdctl",
+        "--endpoints",
+        "http://127.0.0.1:2379",
+        "--command-timeout",
+        "3s",
+    ];
     all.extend_from_slice(args);
     stack.exec(member, &all)
 }
@@ -56,7 +62,10 @@ fn registrations(stack: &Stack, member: &str) -> BTreeMap<String, i64> {
                 .filter_map(|kv| {
                     let key = b64.decode(kv["key"].as_str()?).ok()?;
                     let key = String::from_utf8(key).ok()?;
-                    Some((key.strip_prefix(REGISTERED)?.to_string(), kv["lease"].as_i64().unwrap_or(0)))
+                    Some((
+                        key.strip_prefix(REGISTERED)?.to_string(),
+                        kv["lease"].as_i64().unwrap_or(0),
+                    ))
                 })
                 .collect()
         })
@@ -65,8 +74,12 @@ fn registrations(stack: &Stack, member: &str) -> BTreeMap<String, i64> {
 
 /// etcd's revision now, read through `member`.
 fn revision(stack: &Stack, member: &str) -> i64 {
-    let text = etcdctl(stack, member, &["get", "--prefix", REGISTERED, "-w", "json", "--keys-only"])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = etcdctl(
+        stack,
+        member,
+        &["get", "--prefix", REGISTERED, "-w", "json", "--keys-only"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     doc["header"]["revision"]
         .as_i64()
@@ -85,7 +98,14 @@ impl Deletions {
     fn watch(stack: &Stack, member: &str, from: i64) -> Deletions {
         let from = from.to_string();
         let args = [
-            "etcdctl", "--endpoints", "http://127.0.0.1:2379", "watch", "--prefix", REGISTERED, "--rev", &from,
+            "etcdctl",
+            "--endpoints",
+            "http://127.0.0.1:2379",
+            "watch",
+            "--prefix",
+            REGISTERED,
+            "--rev",
+            &from,
         ];
         let mut child = stack
             .exec_command(member, &args)
@@ -94,7 +114,10 @@ impl Deletions {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("etcdctl watch: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("etcdctl watch: no output"));
+        let stdout = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("etcdctl watch: no output"));
         Deletions {
             _child: child,
             lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
@@ -118,13 +141,17 @@ impl Deletions {
 fn leader(stack: &Stack, via: &str) -> String {
     let all = MEMBERS.map(|m| format!("http://{m}:2379")).join(",");
     let text = stack
-        .exec(via, &["etcdctl", "--endpoints", &all, "endpoint", "status", "-w", "json"])
+        .exec(
+            via,
+            &["etcdctl", "--endpoints", &all, "endpoint", "status", "-w", "json"],
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     doc.as_array()
         .and_then(|all| {
             all.iter().find(|s| {
-                s["Status"]["header"]["member_id"].as_u64().is_some() && s["Status"]["header"]["member_id"] == s["Status"]["leader"]
+                s["Status"]["header"]["member_id"].as_u64().is_some()
+                    && s["Status"]["header"]["member_id"] == s["Status"]["leader"]
             })
         })
         .and_then(|s| s["Endpoint"].as_str())
@@ -173,7 +200,9 @@ async fn wait_snapshot(envoy: &Envoy, n: u64) {
                 bs.iter().any(|b| {
                     b["name"] == BACKEND
                         && b["healthy_hosts"].as_u64() == Some(n)
-                        && b["hosts"].as_array().is_some_and(|hs| hs.iter().all(|h| h["up"] == true))
+                        && b["hosts"]
+                            .as_array()
+                            .is_some_and(|hs| hs.iter().all(|h| h["up"] == true))
                 })
             });
         if up {
@@ -285,13 +314,23 @@ async fn replicas_in_containers_agree_through_etcd_and_ride_out_partitions_and_a
     }
     let engine_ips: BTreeMap<String, &str> = ENGINES
         .iter()
-        .map(|s| (format!("{}:8080", stack.ip(s, "engines").unwrap_or_else(|e| panic!("{e}"))), *s))
+        .map(|s| {
+            (
+                format!("{}:8080", stack.ip(s, "engines").unwrap_or_else(|e| panic!("{e}"))),
+                *s,
+            )
+        })
         .collect();
     let want: BTreeSet<String> = engine_ips.keys().cloned().collect();
     for e in &envoys {
         let found = e.wait_healthy(BACKEND, 3, Duration::from_secs(120)).await;
-        assert_eq!(found, want, "{}: the engines, at their addresses on `engines`", e.service);
-        e.wait_healthy(PLACEMENT_STORE_CLUSTER, 3, Duration::from_secs(60)).await;
+        assert_eq!(
+            found, want,
+            "{}: the engines, at their addresses on `engines`",
+            e.service
+        );
+        e.wait_healthy(PLACEMENT_STORE_CLUSTER, 3, Duration::from_secs(60))
+            .await;
         wait_snapshot(e, 3).await;
     }
     let registered = registrations(&stack, "etcd-0");
@@ -324,7 +363,11 @@ async fn replicas_in_containers_agree_through_etcd_and_ride_out_partitions_and_a
         fallbacks(&envoys[1]).await - before[1],
     ];
     println!("envoy-1 cut off from etcd: every request served, fallbacks {counted:?}, {during:?}");
-    assert_eq!(counted, [0, 6], "each new key's first request on envoy-1, and only there, falls back");
+    assert_eq!(
+        counted,
+        [0, 6],
+        "each new key's first request on envoy-1, and only there, falls back"
+    );
     stack.reconnect(&cut).unwrap_or_else(|e| panic!("{e}"));
     let settled = converge(&envoys, &during_keys).await;
     let agreed = fresh_keys_agree(&envoys, "after-cut").await;
@@ -346,13 +389,30 @@ async fn replicas_in_containers_agree_through_etcd_and_ride_out_partitions_and_a
     ];
     println!("{led} (the leader) cut off: every request served; new keys {during:?}, fallbacks {counted:?}");
     let (known, still) = (owners(&known), owners(&still));
-    let moved: Vec<&String> = still.keys().filter(|k| known.get(*k).is_some_and(|e| *e != still[*k])).collect();
-    assert!(moved.is_empty(), "known keys stay on their engines: before {known:?}, during {still:?}");
+    let moved: Vec<&String> = still
+        .keys()
+        .filter(|k| known.get(*k).is_some_and(|e| *e != still[*k]))
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "known keys stay on their engines: before {known:?}, during {still:?}"
+    );
     stack.reconnect(&gone).unwrap_or_else(|e| panic!("{e}"));
     let all = MEMBERS.map(|m| format!("http://{m}:2379")).join(",");
     let healthy = wait_for(Duration::from_secs(30), || async {
         stack
-            .exec(via, &["etcdctl", "--endpoints", &all, "--command-timeout", "2s", "endpoint", "health"])
+            .exec(
+                via,
+                &[
+                    "etcdctl",
+                    "--endpoints",
+                    &all,
+                    "--command-timeout",
+                    "2s",
+                    "endpoint",
+                    "health",
+                ],
+            )
             .is_ok()
     })
     .await
@@ -374,7 +434,10 @@ async fn replicas_in_containers_agree_through_etcd_and_ride_out_partitions_and_a
         .find(|(_, s)| **s == victim)
         .map(|(a, _)| a.clone())
         .unwrap_or_default();
-    assert!(registrations(&stack, "etcd-0").contains_key(&addr), "{victim} is registered");
+    assert!(
+        registrations(&stack, "etcd-0").contains_key(&addr),
+        "{victim} is registered"
+    );
     let mut deletions = Deletions::watch(&stack, "etcd-0", revision(&stack, "etcd-0") + 1);
     // The engine's container and its registrar, in one `docker kill`: as when the engine's host is lost, nothing is
     // left to revoke the lease. (A registrar that outlives its engine revokes the lease at once; the etcd discovery
@@ -387,8 +450,16 @@ async fn replicas_in_containers_agree_through_etcd_and_ride_out_partitions_and_a
         .unwrap_or_else(|_| panic!("{victim}'s registration outlived its lease"));
     let expired = killed.elapsed();
     for e in &envoys {
-        let left = wait_for(Duration::from_secs(20), || async { !e.hosts(BACKEND).await.contains_key(&addr) }).await;
-        assert!(left.is_some(), "{}: {victim} never left the cluster: {:?}", e.service, e.hosts(BACKEND).await);
+        let left = wait_for(Duration::from_secs(20), || async {
+            !e.hosts(BACKEND).await.contains_key(&addr)
+        })
+        .await;
+        assert!(
+            left.is_some(),
+            "{}: {victim} never left the cluster: {:?}",
+            e.service,
+            e.hosts(BACKEND).await
+        );
     }
     let left = killed.elapsed();
     traffic.more(Instant::now(), 10).await;

@@ -130,7 +130,9 @@ impl Envoy {
     /// One counter from the admin `/stats`, by exact name (a labelled filter metric by its full name).
     pub async fn stat(&self, name: &str) -> u64 {
         let stem = name.split(';').next().unwrap_or(name);
-        let text = self.admin_text(&format!("/stats?filter=^{}", stem.replace('.', "\\."))).await;
+        let text = self
+            .admin_text(&format!("/stats?filter=^{}", stem.replace('.', "\\.")))
+            .await;
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())
