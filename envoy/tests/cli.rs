@@ -986,3 +986,25 @@ fn target_istio_reports_every_error_at_once_with_the_file_name() {
     assert!(stdout(&out).is_empty());
     assert!(!out_dir.exists(), "nothing is written");
 }
+
+#[test]
+fn the_compose_files_bootstraps_are_the_renders_of_their_configs() {
+    // The compose files mount these renders: one left stale after an edit of its llmroute.yaml would run a config
+    // nobody wrote. `make compose-render` writes them.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["compose", "compose/replicas"] {
+        let config = root.join(dir).join("llmroute.yaml");
+        let out = llmroute([
+            "render".as_ref(),
+            config.as_os_str(),
+            "--wasm".as_ref(),
+            "/etc/envoy/llmroute_filter.wasm".as_ref(),
+        ]);
+        assert!(out.status.success(), "{}: {}", config.display(), stderr(&out));
+        let committed = std::fs::read_to_string(root.join(dir).join("envoy.yaml")).unwrap();
+        assert!(
+            stdout(&out) == committed,
+            "envoy/{dir}/envoy.yaml is not the render of envoy/{dir}/llmroute.yaml: run `make compose-render`"
+        );
+    }
+}
