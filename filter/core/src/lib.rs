@@ -32,6 +32,7 @@ pub mod message_index;
 pub mod models;
 pub mod output_bound;
 pub mod patch;
+pub mod probe;
 pub mod request;
 pub mod response_plan;
 pub mod route;

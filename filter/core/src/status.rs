@@ -20,6 +20,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::load::poll::HostLoad;
 
 pub use crate::envoy_contract::ADMIN_CLUSTER;
 /// What the filter asks the admin API for.
@@ -388,22 +389,42 @@ const SOURCE: &str =
 /// The `GET /llmroute/status` body, its hosts shown by ids under `key`. Always answered with 200: readiness is in
 /// the body.
 pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: IdKey) -> Vec<u8> {
+    status_body_with_load(cfg, fleet, now_ms, key, &|_, _| None)
+}
+
+/// [`status_body`], where each host of a backend with `load` also shows its engine's load: `load(backend,
+/// address)` gives what is known of the host's (shown as [`HostLoad::to_json`] writes it), and the backend
+/// shows its `load` settings.
+pub fn status_body_with_load(
+    cfg: &Config,
+    fleet: Option<&FleetStatus>,
+    now_ms: u64,
+    key: IdKey,
+    load: &dyn Fn(&crate::config::Backend, &str) -> Option<HostLoad>,
+) -> Vec<u8> {
     let readiness = readiness(cfg, fleet, now_ms);
     let backends: Vec<Value> = cfg
         .backends
         .iter()
         .map(|b| {
             let h = fleet.and_then(|f| f.backend(&b.name));
-            json!({
+            let mut v = json!({
                 "name": b.name,
                 "kind": b.kind.as_str(),
                 "hosts_from": if b.discovered() { "envoy" } else { "config" },
-                "hosts": h.map(|h| host_list(h, key)),
+                "hosts": h.map(|h| host_list_with(h, key, &|a| {
+                    let poll_ms = b.load.map(|l| l.poll_ms)?;
+                    load(b, a).map(|l| l.to_json(b.kind, now_ms, poll_ms))
+                })),
                 "healthy_hosts": h.map(|h| h.healthy),
                 "degraded_hosts": h.map(|h| h.degraded),
                 "total_hosts": h.map(|h| h.total),
                 "in_flight": h.map(|h| h.in_flight),
-            })
+            });
+            if let Some(l) = b.load {
+                v["load"] = json!({ "poll_ms": l.poll_ms, "spill_queue": l.spill_queue });
+            }
+            v
         })
         .collect();
     let models: Vec<Value> = cfg
@@ -444,15 +465,29 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: 
 /// Each host of a backend as the status page shows it: its id under `key` ([`shown_id`]) and whether Envoy routes
 /// to it. The address itself stays out of the page.
 pub fn host_list(h: &BackendHealth, key: IdKey) -> Vec<Value> {
+    host_list_with(h, key, &|_| None)
+}
+
+/// [`host_list`], each host with the `load` object `load(address)` gives, if any.
+fn host_list_with(h: &BackendHealth, key: IdKey, load: &dyn Fn(&str) -> Option<Value>) -> Vec<Value> {
     h.hosts
         .iter()
         .map(|a| {
-            json!({
-                "id": format!("{:08x}", shown_id(key, a)),
+            let mut v = json!({
+                "id": shown_host(key, a),
                 "up": !h.down.contains(a),
-            })
+            });
+            if let Some(l) = load(a) {
+                v["load"] = l;
+            }
+            v
         })
         .collect()
+}
+
+/// A host's id as the status page and the engine-load metrics show it: [`shown_id`] in 8 hex digits.
+pub fn shown_host(key: IdKey, address: &str) -> String {
+    format!("{:08x}", shown_id(key, address))
 }
 
 /// The secret under which the status page names hosts: 128 bits drawn once per Envoy process (the filter keeps it

@@ -19,9 +19,10 @@
 //!   When the table is full, the least recently seen key *on probation* goes first, so a flood of one-off keys
 //!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
 //!   and `docs/placement-bounds.md`).
-//! - **Engine load**, when the caller gives readings ([`HostView::queued`], from [`crate::load`]): a host whose
-//!   engine reports queued requests takes no new key while another up host reports none (the key shares are then
-//!   computed over the hosts that can take keys); and a request for a known key whose host's queue is over
+//! - **Engine load**, when the backend polls it (`backends[].load`; [`HostView::queued`] holds the fresh readings
+//!   of [`crate::load`]): a host whose engine reports queued requests takes no new key while another up host
+//!   reports none (the key shares are then computed over the hosts that can take keys); and a request for a
+//!   known key whose host's queue is over
 //!   [`Bounds::spill_queue`] goes to the next host in the key's rendezvous order whose queue is within it
 //!   ([`PlacementReason::Queued`]), while the key stays. A host with no fresh reading counts as not queued, so a
 //!   stale poll falls back to the in-flight counts alone.
@@ -40,7 +41,7 @@ pub mod views;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::config::BoundedKeys;
+use crate::config::{Backend, BoundedKeys};
 pub use table::{Entry, KeyTable};
 pub use views::views;
 
@@ -161,8 +162,8 @@ pub struct Bounds {
     pub in_flight_factor: u32,
     pub idle_ttl_ms: u64,
     pub max_keys: usize,
-    /// The engine queue past which a known key's request goes to another host; `None` (today's only value from
-    /// the config) when no load is read.
+    /// The engine queue past which a known key's request goes to another host (`backends[].load.spill_queue`);
+    /// `None`: never.
     pub spill_queue: Option<u32>,
 }
 
@@ -174,6 +175,14 @@ impl Bounds {
             idle_ttl_ms: keys.idle_ttl_ms,
             max_keys: keys.max_keys,
             spill_queue: None,
+        }
+    }
+
+    /// The bounds of `backend`: its `balance_factor`, and its `load.spill_queue` when it polls engine load.
+    pub fn for_backend(keys: &BoundedKeys, backend: &Backend) -> Bounds {
+        Bounds {
+            spill_queue: backend.load.and_then(|l| l.spill_queue),
+            ..Bounds::new(keys, backend.balance_factor)
         }
     }
 }
