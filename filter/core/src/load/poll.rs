@@ -180,9 +180,17 @@ pub fn merge(stored: &[u8], readings: &[(String, EngineLoad)], now_ms: u64, poll
         .filter(|(a, l)| now_ms.saturating_sub(l.at_ms) <= keep && !readings.iter().any(|(r, _)| r == a))
         .collect();
     all.extend(readings.iter().cloned());
+    // Stable: of two entries for one address (a value written by hand), the later, the round's, stays.
     all.sort_by(|a, b| a.0.cmp(&b.0));
-    all.truncate(MAX_HOSTS);
-    encode(&all)
+    let mut once: Vec<(String, EngineLoad)> = Vec::with_capacity(all.len());
+    for (a, l) in all {
+        match once.last_mut() {
+            Some(last) if last.0 == a => last.1 = l,
+            _ => once.push((a, l)),
+        }
+    }
+    once.truncate(MAX_HOSTS);
+    encode(&once)
 }
 
 /// The stored value with the ORCA `report` of the host at `address`, received at `now_ms`, folded in
