@@ -229,6 +229,36 @@ mod tests {
         );
         assert_eq!(p1["transport_socket"]["typed_config"]["sni"], "llama.internal");
     }
+
+    #[test]
+    fn a_backend_with_load_gets_a_probe_cluster_per_endpoint_whatever_its_kind_and_size() {
+        // The engine load poll reads every endpoint of a backend with `load`: a single vLLM endpoint too, and a
+        // llama.cpp backend the `/props` check also reads gets its clusters once.
+        let doc = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    load: {}\n  - name: solo\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8090']\n    load: { poll_ms: 500 }\n  - name: v\n    kind: vllm\n    endpoints: ['127.0.0.1:9001', '127.0.0.1:9002']\n    load: {}\n  - name: d\n    kind: sglang\n    discovery: { eds_path: /etc/eds/d.yaml }\n    load: {}\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
+        let v = render(doc);
+        let names: Vec<String> = clusters(&v)
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "a",
+                "solo",
+                "v",
+                "d",
+                "llmroute-probe-a-0",
+                "llmroute-probe-a-1",
+                "llmroute-probe-solo-0",
+                "llmroute-probe-v-0",
+                "llmroute-probe-v-1",
+                "llmroute-dst-probe-d",
+                ADMIN_CLUSTER
+            ]
+        );
+        assert_eq!(named(&v, "llmroute-probe-v-1")["type"], "STATIC");
+    }
+
     #[test]
     fn a_discovered_llamacpp_backend_gets_one_original_destination_probe_cluster() {
         let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    tls: { sni: llama.internal, ca_file: /etc/ca.pem }\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";

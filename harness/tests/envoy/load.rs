@@ -96,12 +96,21 @@ fn set_queue(fleet: &Fleet, engine: usize, queued: u32) {
 }
 
 fn tenant_body(t: usize) -> Value {
-    chat(Some(&format!("You are the load-aware assistant of tenant {t}.")), "hello")
+    chat(
+        Some(&format!("You are the load-aware assistant of tenant {t}.")),
+        "hello",
+    )
 }
 
 /// One request for tenant `t`: (engine index, placement reason, the whole reply).
 async fn send(envoy: &Envoy, fleet: &Fleet, t: usize) -> (usize, String, Reply) {
-    let r = post_json(&client(), envoy.url("/v1/chat/completions"), tenant_body(t).to_string(), &[]).await;
+    let r = post_json(
+        &client(),
+        envoy.url("/v1/chat/completions"),
+        tenant_body(t).to_string(),
+        &[],
+    )
+    .await;
     assert_eq!(r.status, 200, "tenant {t}: {}", r.text);
     let name = r.header("x-emu-backend").unwrap_or_default().to_string();
     let engine = fleet
@@ -139,7 +148,11 @@ async fn a_queued_engine_takes_no_new_key_while_others_have_room_and_takes_keys_
         assert_eq!(reason, "placed", "tenant {t}");
         homes.push(engine);
     }
-    assert_eq!(homes, vec![0, 0, 0], "the idle engine, holding no key, takes the new ones");
+    assert_eq!(
+        homes,
+        vec![0, 0, 0],
+        "the idle engine, holding no key, takes the new ones"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +196,11 @@ async fn a_known_key_leaves_an_engine_over_spill_queue_per_request_and_a_stale_r
     .await;
     assert!(stale.is_some(), "never stale: {:#}", status(&envoy).await);
     let (engine, reason, _) = send(&envoy, &fleet, 0).await;
-    assert_eq!((engine, reason.as_str()), (home, "pinned"), "a stale queue counts as none");
+    assert_eq!(
+        (engine, reason.as_str()),
+        (home, "pinned"),
+        "a stale queue counts as none"
+    );
     let counted = envoy
         .stat(&stat_name(ENGINE_LOAD_STALE, &[("backend", &fleet.backend)]))
         .await;
@@ -203,7 +220,10 @@ async fn a_vllm_orca_report_refreshes_the_reading_between_polls_and_never_reache
         });
     }
     let (engine, _, reply) = send(&envoy, &fleet, 0).await;
-    assert!(reply.header("endpoint-load-metrics").is_none(), "the report reached the client");
+    assert!(
+        reply.header("endpoint-load-metrics").is_none(),
+        "the report reached the client"
+    );
     let asked = fleet.engines[engine].chat_requests().last().cloned().unwrap();
     assert_eq!(asked.header("endpoint-load-metrics-format"), Some("JSON"));
     let l = loads(&envoy, &fleet).await;
@@ -212,7 +232,10 @@ async fn a_vllm_orca_report_refreshes_the_reading_between_polls_and_never_reache
     for (i, other) in l.iter().enumerate().filter(|(i, _)| *i != engine) {
         assert_eq!(other["queued"], 0, "engine {i} was only polled");
     }
-    assert!(fleet.engines.iter().all(|e| e.metrics_reads() == 1), "one poll each so far");
+    assert!(
+        fleet.engines.iter().all(|e| e.metrics_reads() == 1),
+        "one poll each so far"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
