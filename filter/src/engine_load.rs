@@ -356,8 +356,15 @@ pub fn rebuild_work(cfg: &Config, health: &BackendHealth, now_ms: u64) {
 
 /// What the status page shows of the engine load of each backend that polls it, read once per page.
 pub struct StatusView {
-    /// Per backend with `load`: its name, readings, problems, and work in flight by address.
-    backends: Vec<(String, Vec<(String, EngineLoad)>, Vec<poll::Noted>, Vec<(String, u64)>)>,
+    backends: Vec<BackendView>,
+}
+
+/// One backend with `load`, as stored: its readings, its hosts' problems, and its work in flight by address.
+struct BackendView {
+    name: String,
+    readings: Vec<(String, EngineLoad)>,
+    problems: Vec<poll::Noted>,
+    work: Vec<(String, u64)>,
 }
 
 impl StatusView {
@@ -371,12 +378,12 @@ impl StatusView {
                         list.into_iter().zip(counts.into_iter().map(u64::from)).collect()
                     })
                     .unwrap_or_default();
-                (
-                    b.name.clone(),
-                    load::decode(&read(shared::load(&b.name))),
-                    poll::decode_problems(&read(shared::load_problems(&b.name))),
+                BackendView {
+                    name: b.name.clone(),
+                    readings: load::decode(&read(shared::load(&b.name))),
+                    problems: poll::decode_problems(&read(shared::load_problems(&b.name))),
                     work,
-                )
+                }
             })
             .collect();
         StatusView { backends }
@@ -384,11 +391,15 @@ impl StatusView {
 
     /// What is known of the load of the host at `address` of `backend`, when the backend polls engine load.
     pub fn host(&self, backend: &Backend, address: &str) -> Option<HostLoad> {
-        let (_, readings, problems, work) = self.backends.iter().find(|(n, ..)| *n == backend.name)?;
+        let b = self.backends.iter().find(|v| v.name == backend.name)?;
         Some(HostLoad {
-            reading: readings.iter().find(|(a, _)| a == address).map(|(_, r)| *r),
-            problem: problems.iter().find(|(a, ..)| a == address).map(|(_, p, at)| (*p, *at)),
-            work_tokens: work.iter().find(|(a, _)| a == address).map(|(_, w)| *w),
+            reading: b.readings.iter().find(|(a, _)| a == address).map(|(_, r)| *r),
+            problem: b
+                .problems
+                .iter()
+                .find(|(a, ..)| a == address)
+                .map(|(_, p, at)| (*p, *at)),
+            work_tokens: b.work.iter().find(|(a, _)| a == address).map(|(_, w)| *w),
         })
     }
 }

@@ -421,8 +421,11 @@ pub fn status_body_with_load(
                 "total_hosts": h.map(|h| h.total),
                 "in_flight": h.map(|h| h.in_flight),
             });
-            if let Some(l) = b.load {
-                v["load"] = json!({ "poll_ms": l.poll_ms, "spill_queue": l.spill_queue });
+            if let (Some(l), Some(o)) = (b.load, v.as_object_mut()) {
+                o.insert(
+                    "load".into(),
+                    json!({ "poll_ms": l.poll_ms, "spill_queue": l.spill_queue }),
+                );
             }
             v
         })
@@ -477,8 +480,8 @@ fn host_list_with(h: &BackendHealth, key: IdKey, load: &dyn Fn(&str) -> Option<V
                 "id": shown_host(key, a),
                 "up": !h.down.contains(a),
             });
-            if let Some(l) = load(a) {
-                v["load"] = l;
+            if let (Some(l), Some(o)) = (load(a), v.as_object_mut()) {
+                o.insert("load".into(), l);
             }
             v
         })

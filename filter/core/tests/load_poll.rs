@@ -1,7 +1,8 @@
 //! The engine load poll's pure part (`load::poll`): which hosts a round reads and through which cluster, when a
 //! round is due, how answers, problems and ORCA reports update what is stored, and the status page's view; and
 //! the probe clusters both the poll and the `/props` check need (`probe`).
-#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

@@ -313,12 +313,14 @@ impl HostLoad {
             }
             None => json!({ "stale": true }),
         };
-        if let Some((p, at)) = self.problem {
-            v["problem"] = Value::from(p.reason(kind));
-            v["problem_age_ms"] = Value::from(now_ms.saturating_sub(at));
-        }
-        if let Some(w) = self.work_tokens {
-            v["work_tokens"] = Value::from(w);
+        if let Some(o) = v.as_object_mut() {
+            if let Some((p, at)) = self.problem {
+                o.insert("problem".into(), Value::from(p.reason(kind)));
+                o.insert("problem_age_ms".into(), Value::from(now_ms.saturating_sub(at)));
+            }
+            if let Some(w) = self.work_tokens {
+                o.insert("work_tokens".into(), Value::from(w));
+            }
         }
         v
     }
