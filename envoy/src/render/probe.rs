@@ -132,6 +132,13 @@ mod tests {
         v["static_resources"]["clusters"].as_array().unwrap().clone()
     }
 
+    fn names(v: &Value) -> Vec<String> {
+        clusters(v)
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     fn named(v: &Value, name: &str) -> Value {
         clusters(v)
             .into_iter()
@@ -142,10 +149,7 @@ mod tests {
     #[test]
     fn one_single_host_cluster_per_endpoint_of_a_multi_server_llamacpp_backend() {
         let v = render(DOC);
-        let names: Vec<String> = clusters(&v)
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect();
+        let names = names(&v);
         assert_eq!(
             names,
             vec![
@@ -236,10 +240,7 @@ mod tests {
         // llama.cpp backend the `/props` check also reads gets its clusters once.
         let doc = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    load: {}\n  - name: solo\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8090']\n    load: { poll_ms: 500 }\n  - name: v\n    kind: vllm\n    endpoints: ['127.0.0.1:9001', '127.0.0.1:9002']\n    load: {}\n  - name: d\n    kind: sglang\n    discovery: { eds_path: /etc/eds/d.yaml }\n    load: {}\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
         let v = render(doc);
-        let names: Vec<String> = clusters(&v)
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect();
+        let names = names(&v);
         assert_eq!(
             names,
             vec![
@@ -263,10 +264,7 @@ mod tests {
     fn a_discovered_llamacpp_backend_gets_one_original_destination_probe_cluster() {
         let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    tls: { sni: llama.internal, ca_file: /etc/ca.pem }\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";
         let v = render(doc);
-        let names: Vec<String> = clusters(&v)
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect();
+        let names = names(&v);
         assert_eq!(
             names,
             vec![

@@ -58,16 +58,19 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
     cfg.backends
         .iter()
         .filter(|b| b.kind == EngineKind::LlamaCpp && b.endpoints.len() >= 2)
-        .flat_map(|b| {
-            b.endpoints.iter().enumerate().map(|(index, e)| ProbeTarget {
-                backend: b.name.clone(),
-                index,
-                endpoint: e.to_string(),
-                cluster: probe_cluster(&b.name, index),
-                original_dst: None,
-            })
-        })
+        .flat_map(endpoint_targets)
         .collect()
+}
+
+/// Each listed endpoint of `b`, through its probe cluster.
+pub fn endpoint_targets(b: &Backend) -> impl Iterator<Item = ProbeTarget> + '_ {
+    b.endpoints.iter().enumerate().map(|(index, e)| ProbeTarget {
+        backend: b.name.clone(),
+        index,
+        endpoint: e.to_string(),
+        cluster: probe_cluster(&b.name, index),
+        original_dst: None,
+    })
 }
 
 /// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a

@@ -9,7 +9,6 @@
 //! none is rendered twice.
 
 use crate::config::{Backend, Config};
-use crate::envoy_contract::probe_cluster;
 use crate::fleet_check::{self, ProbeTarget};
 
 /// Every listed endpoint either job reads, each once, in config order (backend, then endpoint).
@@ -17,21 +16,8 @@ pub fn endpoints(cfg: &Config) -> Vec<ProbeTarget> {
     let props = fleet_check::targets(cfg);
     cfg.backends
         .iter()
-        .flat_map(|b| {
-            let polled = b.load.is_some() && !b.discovered();
-            let checked = props.iter().any(|t| t.backend == b.name);
-            b.endpoints
-                .iter()
-                .enumerate()
-                .filter(move |_| polled || checked)
-                .map(|(index, e)| ProbeTarget {
-                    backend: b.name.clone(),
-                    index,
-                    endpoint: e.to_string(),
-                    cluster: probe_cluster(&b.name, index),
-                    original_dst: None,
-                })
-        })
+        .filter(|b| b.load.is_some() || props.iter().any(|t| t.backend == b.name))
+        .flat_map(fleet_check::endpoint_targets)
         .collect()
 }
 
