@@ -64,6 +64,10 @@ impl LoadPoller {
             self.cfg = None;
             return;
         };
+        // The stale counters read 0, not nothing, before the first stale reading.
+        for b in poll::polled_backends(&cfg) {
+            metrics.count(names::ENGINE_LOAD_STALE, &[("backend", &b.name)], 0);
+        }
         self.cfg = Some(cfg);
         self.metrics = metrics;
         host::set_tick_period(shortest.min(TICK_MS));

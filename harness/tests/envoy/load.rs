@@ -135,6 +135,14 @@ async fn a_queued_engine_takes_no_new_key_while_others_have_room_and_takes_keys_
     let id = page["backends"][0]["hosts"][at]["id"].as_str().unwrap().to_string();
     let gauge = stat_name(ENGINE_QUEUE, &[("backend", &fleet.backend), ("host", &id)]);
     assert_eq!(envoy.stat(&gauge).await, Some(5), "{gauge}");
+    let lines = crate::discovery::prometheus(&envoy, ENGINE_QUEUE).await;
+    let labelled = format!("backend=\"{}\"", fleet.backend);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&labelled) && l.contains(&format!("host=\"{id}\"")) && l.ends_with(" 5")),
+        "{lines:?}"
+    );
     for t in 0..6 {
         let (engine, reason, _) = send(&envoy, &fleet, t).await;
         assert_eq!(reason, "placed", "tenant {t}");
@@ -201,10 +209,10 @@ async fn a_known_key_leaves_an_engine_over_spill_queue_per_request_and_a_stale_r
         (home, "pinned"),
         "a stale queue counts as none"
     );
-    let counted = envoy
-        .stat(&stat_name(ENGINE_LOAD_STALE, &[("backend", &fleet.backend)]))
-        .await;
-    assert!(counted.is_some_and(|n| n >= 1), "{counted:?}");
+    // The next poll counts the stale reading.
+    let name = stat_name(ENGINE_LOAD_STALE, &[("backend", &fleet.backend)]);
+    let counted = wait_for(DEADLINE, || async { envoy.stat(&name).await.is_some_and(|n| n >= 1) }).await;
+    assert!(counted.is_some(), "{name}: {:?}", envoy.stat(&name).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
