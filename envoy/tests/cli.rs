@@ -635,7 +635,8 @@ fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
     }
     let err = stderr(&out);
     assert!(
-        err.contains("note: admin: the filter polls Envoy's admin API at 127.0.0.1:9901"),
+        err.contains("note: admin: the filter polls Envoy's admin API at 127.0.0.1:9901")
+            && err.contains("(127.0.0.1:9901) must be the address of your Envoy's own admin interface"),
         "{err}"
     );
 }
@@ -929,7 +930,8 @@ fn target_istio_writes_the_manifests_and_says_what_is_left_to_do() {
     let prefix = format!("{}: note: ", config.display());
     for want in [
         "kubectl -n llmroute create secret generic llmroute-keys --from-literal=LLMROUTE_KEYS=",
-        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000",
+        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000 for /readyz and /llmroute/status; it must \
+         be the address of the proxy's own admin interface",
         "denies every request not made as cluster.local/ns/llmroute/sa/llmroute",
     ] {
         assert!(

@@ -76,9 +76,18 @@ pub fn ecds_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
         ),
         None => String::new(),
     };
+    // The admin cluster is the bootstrap's too: a pushed `admin:` names it, but does not move it.
+    let admin = format!(
+        "# admin: {} must stay the address of the running Envoy's own admin interface, where its cluster `{}` \
+         points; otherwise /readyz stays 503 and names {}.\n",
+        cfg.admin,
+        llmroute_core::envoy_contract::ADMIN_CLUSTER,
+        cfg.admin
+    );
     Ok(format!(
         "# Rendered by `llmroute render --target ecds` {}: the llmroute filter's extension config (ECDS).\n\
-         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n{store}{body}",
+         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n\
+         {admin}{store}{body}",
         llmroute_core::VERSION
     ))
 }
@@ -101,6 +110,19 @@ mod tests {
         assert_eq!(r["typed_config"]["@type"], WASM_TYPE);
         let embedded = r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap();
         assert!(llmroute_core::load_config(embedded).is_ok());
+    }
+
+    #[test]
+    fn the_header_says_admin_must_stay_the_running_envoys_admin() {
+        let doc = format!("{DOC}admin: 127.0.0.1:9911\n");
+        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let text = ecds_yaml(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let line = text.lines().find(|l| l.starts_with("# admin:")).unwrap_or_default();
+        assert!(
+            line.contains("127.0.0.1:9911 must stay the address of the running Envoy's own admin interface")
+                && line.contains("llmroute_admin"),
+            "{text}"
+        );
     }
 
     #[test]

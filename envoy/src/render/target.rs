@@ -311,8 +311,9 @@ pub fn notes(cfg: &Config) -> Vec<String> {
     let to = admin::target(cfg.admin);
     let mut out = vec![format!(
         "admin: the filter polls Envoy's admin API at {to} through llmroute_admin for /readyz and /llmroute/status; \
-         `admin:` in llmroute.yaml ({}) must be your Envoy's admin address, or /readyz stays 503",
-        cfg.admin
+         `admin:` in llmroute.yaml ({}) must be the address of your Envoy's own admin interface, or /readyz stays \
+         503 (its reason, /llmroute/status and Envoy's log then name {})",
+        cfg.admin, cfg.admin
     )];
     for b in cfg
         .backends
@@ -539,7 +540,10 @@ static_resources:
         let doc = "version: 1\nadmin: 0.0.0.0:9911\nbackends:\n  - { name: d, kind: vllm, discovery: {} }\n  - { name: e, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: d, priority: 1 }, { backend: e, priority: 2 }] }\n";
         let notes = notes(&load(doc)).join("\n");
         assert!(
-            notes.contains("admin API at 127.0.0.1:9911") && notes.contains("`admin:` in llmroute.yaml (0.0.0.0:9911)"),
+            notes.contains("admin API at 127.0.0.1:9911")
+                && notes
+                    .contains("`admin:` in llmroute.yaml (0.0.0.0:9911) must be the address of your Envoy's own admin")
+                && notes.contains("/readyz stays 503"),
             "{notes}"
         );
         assert!(

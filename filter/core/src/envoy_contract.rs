@@ -302,6 +302,8 @@ pub mod shared {
     pub const STATUS_SNAPSHOT: &str = "llmroute.status.snapshot";
     /// The process's key of the host ids the status page shows (`status::IdKey`).
     pub const STATUS_ID_KEY: &str = "llmroute.status.idkey";
+    /// Whether the status polls of the admin API fail, and where (`admin_poll::AdminFailure`, or `null`).
+    pub const STATUS_ADMIN: &str = "llmroute.status.admin";
     /// The lease that lets one worker at a time run the `/props` check.
     pub const PROPS_LEASE: &str = "llmroute.props.lease";
     /// The lease that lets one worker at a time refresh the key tables from the placement store.

@@ -7,6 +7,7 @@
 // Tests may index and do plain arithmetic; the code that ships may not (see [lints.clippy] in Cargo.toml).
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
+pub mod admin_poll;
 pub mod affinity;
 pub mod anthropic;
 pub mod api;

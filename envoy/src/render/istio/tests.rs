@@ -290,7 +290,8 @@ fn the_embedded_admin_is_the_proxys_admin() {
     assert!(
         notes
             .iter()
-            .any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")),
+            .any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")
+                && n.contains("must be the address of the proxy's own admin interface")),
         "{notes:?}"
     );
 }
