@@ -80,11 +80,20 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
 /// request's placement (its alias' own, else the top-level one) is `hash`, placement does not apply, or no host is
 /// up (Envoy's ring decides).
 pub fn pin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
-    pin_stored(cfg, placement, cluster, key, None)
+    pin_stored(cfg, placement, cluster, key, None, false)
 }
 
-/// [`pin`], for a key the placement store just settled on the host with id `stored` (see `placement_store`).
-pub fn pin_stored(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
+/// [`pin`], for a key the placement store was `asked` about (see `placement_store`): it settled it on the host
+/// with id `stored`, or (`None`) the request fell back to local placement, the key waiting to be settled. Either
+/// way the table marks the key shared, so its next request does not ask again.
+pub fn pin_stored(
+    cfg: &Config,
+    placement: &KeyPlacement,
+    cluster: &str,
+    key: u64,
+    stored: Option<u32>,
+    asked: bool,
+) -> Option<Pin> {
     let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
@@ -97,7 +106,8 @@ pub fn pin_stored(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u6
         let mut t = KeyTable::decode(&bytes.unwrap_or_default());
         let c = key_placement::choose_stored(&mut t, &hosts, key, stored, now, &bounds)?;
         choice = Some(c);
-        if !c.table_changed || host::set_shared_data(&table_key, &t.encode(), cas) {
+        let marked = asked && t.mark_shared(key);
+        if !(c.table_changed || marked) || host::set_shared_data(&table_key, &t.encode(), cas) {
             break;
         }
     }

@@ -16,7 +16,7 @@ use std::rc::Rc;
 use foldhash::fast::FixedState;
 
 use llmroute_core::envoy_contract::metrics as names;
-use llmroute_core::key_placement::store::Outcome as StoreOutcome;
+use llmroute_core::key_placement::store::{KeptLocal, Outcome as StoreOutcome};
 use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
 use proxy_wasm::types::MetricType;
@@ -179,6 +179,9 @@ impl Metrics {
             for o in StoreOutcome::LABELS {
                 self.add(names::PLACEMENT_STORE, &[("outcome", o)], 0);
             }
+            for k in KeptLocal::ALL {
+                self.add(names::PLACEMENT_STORE_KEPT_LOCAL, &[("reason", k.as_str())], 0);
+            }
         }
     }
 
@@ -228,6 +231,11 @@ impl Metrics {
     /// A new key settled through the placement store, or placed locally when the store failed.
     pub fn placement_store(&self, o: StoreOutcome) {
         self.add(names::PLACEMENT_STORE, &[("outcome", o.as_str())], 1);
+    }
+
+    /// A key placed locally without asking the placement store, and why.
+    pub fn placement_store_kept_local(&self, k: KeptLocal) {
+        self.add(names::PLACEMENT_STORE_KEPT_LOCAL, &[("reason", k.as_str())], 1);
     }
 
     /// A new key's transaction sent again because the view it was proposed in was stale (`stale_view`).

@@ -33,7 +33,7 @@ use llmroute_core::config::{Backend, Config, EngineKind};
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
-use super::config_json;
+use super::json::config_json;
 
 /// The `VirtualService` route the `HTTP_ROUTE` patch finds by name.
 pub const ROUTE_NAME: &str = "llmroute";

@@ -28,7 +28,7 @@ use llmroute_core::envoy_contract::{discovered_probe_cluster, ORIGINAL_DST_HEADE
 use llmroute_core::fleet_check::ProbeTarget;
 use serde_json::{json, Value};
 
-use super::{duration_ms, socket};
+use super::json::{duration_ms, socket};
 
 /// What a probe cluster copies from its backend's rendered cluster.
 const COPIED: [&str; 2] = ["transport_socket", "typed_extension_protocol_options"];

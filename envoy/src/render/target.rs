@@ -34,10 +34,10 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Map, Value};
 
-use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, edge, failover, observe, probe, ratelimit,
-    stateful_session, store, tls, RenderOptions, BUFFER_SLACK,
-};
+use super::filters::stateful_session;
+use super::json::{config_json, duration_ms};
+use super::options::{RenderOptions, BUFFER_SLACK};
+use super::{admin, cluster, credentials, ecds, edge, failover, observe, probe, ratelimit, store, tls};
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,7 +93,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     if opts.with_filter {
         http_filters.push(match &opts.ecds_path {
             Some(path) => ecds::discovered_filter(path),
-            None => super::wasm_filter(plugin_config, opts),
+            None => super::filters::wasm_filter(plugin_config, opts),
         });
         if let Some(g) = &cfg.global_limits {
             // After the wasm filter: its descriptors read the headers the filter sets once the body is read.

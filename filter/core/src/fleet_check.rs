@@ -21,7 +21,7 @@
 //!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
-use crate::key_placement::MAX_SLOTS;
+use crate::config::MAX_SLOTS;
 use std::fmt;
 
 use serde_json::Value;

@@ -11,6 +11,7 @@ pub mod admin_poll;
 pub mod affinity;
 pub mod anthropic;
 pub mod api;
+pub mod api_kind;
 pub mod auth;
 pub mod config;
 pub mod content;
@@ -53,4 +54,4 @@ pub use route::{route, BodyPatch, RouteDecision};
 pub use session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 
 /// The version reported by the CLI and logged by the filter at VM start.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use envoy_contract::VERSION;

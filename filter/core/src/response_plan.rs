@@ -18,10 +18,11 @@
 //! host call, where a read per name made two or three, and a blind removal of the session header one more).
 
 use crate::affinity::AffinitySource;
+use crate::api_kind::Api;
 use crate::envoy_contract::SESSION_HEADER;
 use crate::key_placement::PlacementReason;
 use crate::load::orca;
-use crate::{anthropic, headers, Api};
+use crate::{anthropic, headers};
 
 /// The status of the reply Envoy sends for a request it shed, marked `x-envoy-overloaded: true`.
 pub const OVERLOADED_STATUS: u32 = 503;

@@ -501,7 +501,7 @@ pub fn status_body_with_load(
     });
     json!({
         "object": "llmroute.status",
-        "version": crate::VERSION,
+        "version": crate::envoy_contract::VERSION,
         "ready": readiness.is_ready(),
         "reason": readiness.reason(),
         "source": SOURCE,

@@ -218,10 +218,19 @@ fn malformed_tables_decode_empty() {
     let (a, b) = bytes[1..].split_at_mut(21);
     a.swap_with_slice(b);
     assert!(KeyTable::decode(&bytes).is_empty());
-    // A flag byte other than 0 or 1 is refused.
+    // The flag byte holds two bits, established and shared; any other bit is refused.
+    t.promote(5, 2, 10);
+    t.mark_shared(3);
+    let flags = t.encode();
+    assert_eq!((flags[21], flags[42]), (2, 1), "key 3 shared, key 5 established");
+    assert_eq!(KeyTable::decode(&flags), t);
     let mut odd = t.encode();
-    odd[21] = 2;
+    odd[21] = 4;
     assert!(KeyTable::decode(&odd).is_empty());
+    // A table of the encoding before the shared flag (version 3) starts afresh.
+    let mut old = t.encode();
+    old[0] = 3;
+    assert!(KeyTable::decode(&old).is_empty());
     assert_eq!(decode_in_flight(&encode_in_flight(&[3, 0, 7]), 3), vec![3, 0, 7]);
     assert_eq!(decode_in_flight(&[1, 2, 3], 3), vec![0, 0, 0]);
     assert_eq!(decode_in_flight(&encode_in_flight(&[1, 2]), 3), vec![0, 0, 0]);

@@ -24,7 +24,10 @@ use serde_json::{json, Value};
 
 use super::traffic::metadata;
 use super::{Deployment, IstioCluster, IstioOptions, WasmSource, PROXY_NAME, ROUTE_NAME};
-use crate::render::{admin, cluster, duration_ms, failover, probe, stateful_session, store, RenderOptions};
+use crate::render::filters::stateful_session;
+use crate::render::json::duration_ms;
+use crate::render::options::RenderOptions;
+use crate::render::{admin, cluster, failover, probe, store};
 
 /// Envoy's type URL of the wasm HTTP filter, for ECDS.
 pub(super) const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -49,7 +52,7 @@ pub fn envoy_filter(
     };
     let render = RenderOptions::new(local_path);
     let mut patches = Vec::new();
-    let mut filter = crate::render::wasm_filter(plugin_config.to_string(), &render);
+    let mut filter = crate::render::filters::wasm_filter(plugin_config.to_string(), &render);
     if let WasmSource::Remote { url, sha256 } = &opts.wasm {
         // istio-agent fetches remote modules only on ECDS: it rewrites this `remote` source to a local file before
         // Envoy sees it, for oci:// as for https://. The cluster name is required by Envoy's schema, unused here.
@@ -63,7 +66,7 @@ pub fn envoy_filter(
             "patch": { "operation": "ADD", "value": filter },
         }));
         filter = json!({
-            "name": "llmroute",
+            "name": contract::ROOT_ID,
             "config_discovery": {
                 "config_source": { "ads": {}, "initial_fetch_timeout": "0s" },
                 "type_urls": [WASM_TYPE_URL],
@@ -142,7 +145,7 @@ pub fn envoy_filter(
             None => json!({ "context": ctx }),
         },
         "patch": { "operation": "MERGE", "value": {
-            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::BUFFER_SLACK,
+            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::options::BUFFER_SLACK,
         } },
     }));
     let selector = match &opts.deployment {

@@ -8,6 +8,7 @@ mod address;
 mod diagnostics;
 mod env;
 mod etcd_trust;
+pub mod rates;
 mod raw;
 mod resilience;
 mod suggest;
@@ -29,8 +30,9 @@ pub use raw::{
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, UpstreamTls};
 
-use crate::endpoint::ApiSet;
-use crate::limits::RateLimits;
+use crate::api_kind::ApiSet;
+pub use crate::envoy_contract::stat_token;
+pub use rates::RateLimits;
 
 /// The only schema version.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -259,18 +261,10 @@ impl Backend {
     }
 }
 
-/// The name a backend takes inside metric names (`llmroute.backend.<token>.<metric>`). A name made only of
-/// `A-Z a-z 0-9 . _ - | :` is kept as is, so Istio's `outbound|8000||llama.ns.svc.cluster.local` reads the same
-/// in Prometheus as in Envoy's own cluster stats. Any other byte becomes `_`, and eight hex digits of the name's
-/// xxh3 are appended after `~`, so two names that differ only in such bytes still get distinct tokens.
-pub fn stat_token(name: &str) -> String {
-    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'|' | b':');
-    if !name.is_empty() && name.bytes().all(plain) {
-        return name.to_string();
-    }
-    let safe: String = name.bytes().map(|b| if plain(b) { b as char } else { '_' }).collect();
-    format!("{safe}~{:08x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32)
-}
+/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
+/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
+/// new key; 256 is well above any real `-np`.
+pub const MAX_SLOTS: u32 = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -375,12 +369,47 @@ pub struct PlacementStore {
     pub tls: Option<UpstreamTls>,
     /// etcd's user authentication, when etcd has it on.
     pub auth: Option<EtcdAuth>,
+    /// Which keys are shared through etcd.
+    pub share_keys: ShareKeys,
+    /// Most keys this Envoy creates in etcd per second.
+    pub max_creates_per_s: u32,
 }
 
 impl PlacementStore {
     pub const DEFAULT_PREFIX: &'static str = "/llmroute";
     pub const DEFAULT_TIMEOUT_MS: u64 = 50;
     pub const MAX_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_MAX_CREATES_PER_S: u32 = 20;
+    pub const MAX_MAX_CREATES_PER_S: u32 = 10_000;
+}
+
+/// `affinity.placement_store.share_keys`: which keys a replica writes to etcd (see `key_placement::store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShareKeys {
+    /// A key seen again within its idle TTL; its first request is placed locally, as without a store.
+    #[default]
+    Returning,
+    /// Every new key, on its first request.
+    All,
+}
+
+impl ShareKeys {
+    pub const NAMES: &'static str = "returning, all";
+
+    pub fn parse(name: &str) -> Option<ShareKeys> {
+        match name {
+            "returning" => Some(ShareKeys::Returning),
+            "all" => Some(ShareKeys::All),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareKeys::Returning => "returning",
+            ShareKeys::All => "all",
+        }
+    }
 }
 
 /// How an affinity key finds its host inside a `chwbl` backend.

@@ -394,6 +394,13 @@ pub struct RawAffinity {
 pub struct RawPlacementStore {
     /// etcd, reached through its HTTP/JSON gateway by the filter's HTTP callouts.
     pub etcd: RawStoreEtcd,
+    /// Which keys reach etcd: `returning` (the default: a key seen again within its idle TTL; a first sighting is
+    /// placed locally, as without a store) or `all` (every new key, on its first request).
+    #[serde(default)]
+    pub share_keys: Option<String>,
+    /// Most keys one Envoy creates in etcd per second; past it a key is placed locally. `1` to `10000`; default 20.
+    #[serde(default)]
+    pub max_creates_per_s: Option<u32>,
 }
 
 /// The etcd cluster that holds the shared key table.

@@ -4,11 +4,11 @@
 //! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
 //! `Option`s left to interpret.
 
-use crate::key_placement::MAX_SLOTS;
+use super::MAX_SLOTS;
 use std::collections::HashMap;
 
 use super::*;
-use crate::endpoint::Api;
+use crate::api_kind::Api;
 
 /// Longest backend (Envoy cluster) name. Envoy sets no limit of its own; Istio's names stay well below this.
 const NAME_MAX: usize = 255;
@@ -516,12 +516,40 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
             ),
         );
     }
+    let share_name = store.share_keys.as_deref().unwrap_or("returning");
+    let share_keys = ShareKeys::parse(share_name).unwrap_or_else(|| {
+        errs.push(
+            "affinity.placement_store.share_keys",
+            share_name,
+            format!(
+                "expected one of {}: returning writes a key to etcd once it comes back, all writes every new key",
+                ShareKeys::NAMES
+            ),
+        );
+        ShareKeys::default()
+    });
+    let max_creates_per_s = store
+        .max_creates_per_s
+        .unwrap_or(PlacementStore::DEFAULT_MAX_CREATES_PER_S);
+    if !(1..=PlacementStore::MAX_MAX_CREATES_PER_S).contains(&max_creates_per_s) {
+        errs.push(
+            "affinity.placement_store.max_creates_per_s",
+            max_creates_per_s,
+            format!(
+                "must be between 1 and {} (keys this Envoy creates in etcd per second; past it a key is placed \
+                 locally)",
+                PlacementStore::MAX_MAX_CREATES_PER_S
+            ),
+        );
+    }
     Some(PlacementStore {
         endpoints,
         prefix,
         timeout_ms,
         tls,
         auth,
+        share_keys,
+        max_creates_per_s,
     })
 }
 
@@ -767,7 +795,7 @@ fn global_limits(errs: &mut Diagnostics, g: &RawGlobalLimits) -> Option<GlobalLi
             true
         }
     };
-    let default_max_tokens = g.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = g.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             "global_limits.default_max_tokens",
@@ -789,7 +817,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
     let raw = raw?;
     let mut parse = |f: &str, text: Option<&String>| match text {
         None => Vec::new(),
-        Some(t) => crate::limits::parse_rates(t).unwrap_or_else(|reason| {
+        Some(t) => super::rates::parse_rates(t).unwrap_or_else(|reason| {
             errs.push(
                 format!("{field}.{f}"),
                 t,
@@ -807,7 +835,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
             "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"",
         );
     }
-    let default_max_tokens = raw.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = raw.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             format!("{field}.default_max_tokens"),

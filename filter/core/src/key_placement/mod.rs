@@ -42,13 +42,9 @@ pub mod views;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::{Backend, BoundedKeys};
+pub use crate::config::MAX_SLOTS;
 pub use table::{Entry, KeyTable};
 pub use views::views;
-
-/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
-/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
-/// new key; 256 is well above any real `-np`.
-pub const MAX_SLOTS: u32 = 256;
 
 /// A host's placement weight, first found wins: the config's `slots` for it; the weight Envoy gives a
 /// discovered host (its EDS `load_balancing_weight`, which `llmroute discover` sets from the etcd registration's
@@ -239,8 +235,11 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 }
 
 /// [`choose`], for a key whose host the shared placement store (see [`store`]) just settled as the host with id
-/// `stored`: a key the table does not know yet, or knows on a host that is down, goes there (if that host is up)
-/// instead of being placed by the bounds. A key the table knows, on an up host, stays put as in [`choose`].
+/// `stored`: the key goes there (if that host is up) instead of where the table or the bounds would put it, and
+/// is marked shared. A key the table knew on another up host (a key placed locally on its first sighting, which
+/// another replica stored first) moves there as [`PlacementReason::Placed`]; one whose host is down, as
+/// [`PlacementReason::Moved`]. A stored host that is down or not listed here is not used: the table decides as in
+/// [`choose`].
 pub fn choose_stored(
     table: &mut KeyTable,
     hosts: &[HostView],
@@ -260,12 +259,13 @@ pub fn choose_stored(
         .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
     let stored = stored.and_then(|id| hosts.iter().position(|h| h.id() == id && h.up));
     let (home, reason) = match (known, pinned, stored) {
-        (_, None, Some(home)) => {
+        (_, pinned, Some(home)) if pinned != Some(home) => {
             table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
+            table.mark_shared(key);
             changed = true;
-            let reason = match known {
-                Some(_) => PlacementReason::Moved,
-                None => PlacementReason::Placed,
+            let reason = match (known, pinned) {
+                (Some(_), None) => PlacementReason::Moved,
+                _ => PlacementReason::Placed,
             };
             (home, reason)
         }
@@ -274,6 +274,9 @@ pub fn choose_stored(
                 changed = true;
             } else if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
                 table.touch(key, now_ms);
+                changed = true;
+            }
+            if stored.is_some() && table.mark_shared(key) {
                 changed = true;
             }
             (home, PlacementReason::Pinned)
