@@ -26,6 +26,7 @@ pub mod fields;
 pub mod fleet_check;
 pub mod global_limits;
 pub mod headers;
+pub mod host_poll;
 pub mod json;
 pub mod key_placement;
 pub mod limits;

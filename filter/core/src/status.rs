@@ -26,17 +26,7 @@ use crate::config::Config;
 use crate::load::poll::HostLoad;
 
 pub use crate::envoy_contract::ADMIN_CLUSTER;
-/// What the filter asks the admin API for.
-pub const ADMIN_PATH: &str = "/clusters?format=json";
-/// How often the process polls the admin API.
-pub const POLL_INTERVAL_MS: u64 = 1000;
-/// How long one poll may take before it is abandoned.
-pub const POLL_TIMEOUT_MS: u64 = 900;
-/// How often each root context checks whether a poll is due: bounds the jitter of the interval.
-pub const TICK_MS: u64 = 250;
-/// A snapshot older than this no longer counts: `/readyz` answers 503 until a poll succeeds again.
-pub const STALE_AFTER_MS: u64 = 5000;
-
+pub use crate::host_poll::{ADMIN_PATH, MAX_HOSTS, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, STALE_AFTER_MS, TICK_MS};
 /// True when a poll is due at `now_ms`, given the time the last one was claimed (0 for never). A claim in the
 /// future (the clock stepped back) counts as expired, so polling never stalls.
 pub fn poll_due(last_claim_ms: u64, now_ms: u64) -> bool {
@@ -99,10 +89,6 @@ pub struct BackendHealth {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<(String, u32)>,
 }
-
-/// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
-/// ring (see `key_placement`). Counts are never cut.
-pub const MAX_HOSTS: usize = 1024;
 
 /// One poll's result: the configured backends found in the admin answer, in admin order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -104,6 +104,12 @@ pub enum EngineKind {
 impl EngineKind {
     pub const NAMES: &'static str = "llamacpp, vllm, sglang, ollama, openai";
 
+    /// True for the kinds whose engines report their queue on `/metrics` (the gauges are named in
+    /// `crate::load::signals`, whose tests keep the two in step).
+    pub fn reports_load(self) -> bool {
+        matches!(self, EngineKind::LlamaCpp | EngineKind::Vllm | EngineKind::Sglang)
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "llamacpp" => Self::LlamaCpp,

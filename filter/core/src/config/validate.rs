@@ -269,7 +269,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
 /// `backends[i].load`: the poll interval and the queue bound in range, on an engine kind that reports its load.
 fn load(errs: &mut Diagnostics, i: usize, kind: Option<EngineKind>, raw: &RawLoad) -> Load {
     let at = |f: &str| format!("backends[{i}].load{f}");
-    if let Some(k) = kind.filter(|k| crate::load::signals(*k).is_none()) {
+    if let Some(k) = kind.filter(|k| !k.reports_load()) {
         errs.push(
             at(""),
             k.as_str(),

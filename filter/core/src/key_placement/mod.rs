@@ -41,8 +41,8 @@ pub mod views;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::config::{Backend, BoundedKeys};
 pub use crate::config::MAX_SLOTS;
+use crate::config::{Backend, BoundedKeys};
 pub use table::{Entry, KeyTable};
 pub use views::views;
 

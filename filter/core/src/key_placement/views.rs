@@ -21,7 +21,7 @@ use super::{host_weight, table, weights_at, HostView};
 use crate::config::{Backend, LbPolicy};
 use crate::envoy_contract::shared;
 use crate::fleet_check;
-use crate::status::{MAX_HOSTS, STALE_AFTER_MS};
+use crate::host_poll::{MAX_HOSTS, STALE_AFTER_MS};
 
 /// The value stored under `key`, empty when absent.
 fn read(store: &impl SharedStore, key: &str) -> Vec<u8> {

@@ -84,7 +84,7 @@ pub fn targets(backend: &Backend, now_ms: u64, hosts: Option<(u64, Vec<String>)>
     let Some((taken_at_ms, list)) = hosts else {
         return Vec::new();
     };
-    if now_ms.saturating_sub(taken_at_ms) > crate::status::STALE_AFTER_MS {
+    if now_ms.saturating_sub(taken_at_ms) > crate::host_poll::STALE_AFTER_MS {
         return Vec::new();
     }
     let cluster = discovered_probe_cluster(&backend.name);
