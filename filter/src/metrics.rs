@@ -185,6 +185,16 @@ impl Metrics {
         }
     }
 
+    /// Adds `n` to the counter `metric` with `labels` (the engine load poll's counters).
+    pub fn count(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
+        self.add(metric, labels, n);
+    }
+
+    /// Sets the gauge `metric` with `labels` to `v` (the engine load poll's gauges).
+    pub fn gauge(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
+        host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
+    }
+
     /// A request the gateway answered itself with an error; `code` is the error body's `code` (a closed set).
     pub fn rejected(&self, code: &'static str) {
         self.add(names::REJECTIONS, &[("reason", code)], 1);

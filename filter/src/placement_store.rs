@@ -105,7 +105,7 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
-    let bounds = Bounds::new(keys, backend.balance_factor);
+    let bounds = Bounds::for_backend(keys, backend);
     // The revision first: the table is merged before the revision is written, so the table read after it holds
     // every key up to it.
     let view = read_revision(cluster);
@@ -231,7 +231,7 @@ fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, met
         false => store::Ask::Create,
     };
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
-    let bounds = Bounds::new(&w.keys, backend.balance_factor);
+    let bounds = Bounds::for_backend(&w.keys, backend);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
     let chosen = hosts.get(store::proposal(&table, &hosts, w.key, now, &bounds)?)?;
     w.proposed = chosen.id();

@@ -112,6 +112,7 @@ impl Poller {
                         crate::key_placement::store_weights(&b.name, &b.weights);
                     }
                     crate::key_placement::rebuild_in_flight(&cfg, b, fleet.taken_at_ms);
+                    crate::engine_load::rebuild_work(&cfg, b, fleet.taken_at_ms);
                 }
                 self.record(Ok(()));
             }
@@ -187,10 +188,14 @@ pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Actio
     let (code, body) = match page {
         StatusPage::Healthz => (200, status::healthz_body()),
         StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), admin_failure().as_ref(), now),
-        StatusPage::Status => (
-            200,
-            status::status_body(cfg, latest().as_ref(), admin_failure().as_ref(), now, id_key()),
-        ),
+        StatusPage::Status => {
+            let load = crate::engine_load::StatusView::read(cfg, now);
+            let admin = admin_failure();
+            let body = status::status_body_with_load(cfg, latest().as_ref(), admin.as_ref(), now, id_key(), &|b, a| {
+                load.host(b, a)
+            });
+            (200, body)
+        }
     };
     let mut hdrs = vec![("content-type", "application/json"), ("cache-control", "no-store")];
     if let Some(id) = request_id {

@@ -17,8 +17,9 @@
 //!   priority that moves on to the next backend.
 //! - `other_routes`: the per-route config that turns every one of those filters off, for the routes of other
 //!   applications on the same connection manager: the filter then runs on the inference routes only.
-//! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the `/props`
-//!   probe clusters (per endpoint, and original-destination ones for discovered llama.cpp backends), and
+//! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the probe
+//!   clusters of the `/props` check and the engine load poll (per endpoint, and original-destination ones for
+//!   discovered llama.cpp backends and discovered backends with `load`), and
 //!   `llmroute_admin`, and with `affinity.placement_store` the etcd cluster `llmroute_placement_store`. A
 //!   multi-route alias is routed to its aggregate; without it the request names a cluster that does not exist.
 //! - `backend_clusters`: one cluster per backend with listed endpoints or an EDS file, named after it, with its

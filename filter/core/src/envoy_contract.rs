@@ -159,9 +159,21 @@ pub mod metrics {
     pub const PLACEMENT_STORE_KEPT_LOCAL: &str = "llmroute_placement_store_kept_local_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
+    /// Gauge: requests waiting in an engine's own queue, at its last `/metrics` read: `{backend, host}` (the host
+    /// as the status page names it).
+    pub const ENGINE_QUEUE: &str = "llmroute_engine_queue";
+    /// Gauge: requests an engine is running, at its last read: `{backend, host}`.
+    pub const ENGINE_RUNNING: &str = "llmroute_engine_running";
+    /// Gauge: an engine's KV-cache use in thousandths, at its last read, when it reports one: `{backend, host}`.
+    pub const ENGINE_KV_PERMILLE: &str = "llmroute_engine_kv_cache_permille";
+    /// Engine `/metrics` reads, by how they ended: `{backend, outcome=ok|error|timeout|no_gauge}`.
+    pub const ENGINE_LOAD_READS: &str = "llmroute_engine_load_reads_total";
+    /// Hosts whose load reading was found stale at a poll (placement then counts their requests in flight only):
+    /// `{backend}`, one per host and poll for as long as it stays stale.
+    pub const ENGINE_LOAD_STALE: &str = "llmroute_engine_load_stale_total";
 
     /// Every label any filter metric carries. Each gets one stats tag.
-    pub const LABELS: [&str; 9] = [
+    pub const LABELS: [&str; 10] = [
         "alias",
         "backend",
         "api",
@@ -171,6 +183,7 @@ pub mod metrics {
         "key",
         "kind",
         "outcome",
+        "host",
     ];
 
     /// The Envoy stat name of `metric` with `labels`, in the order given. Values go through `stat_token`.
@@ -312,6 +325,22 @@ pub mod shared {
     /// Envoy's weight of each host of a discovered backend that weighs more than 1, by its `IP:PORT`.
     pub fn weights(backend: &str) -> String {
         format!("llmroute.weights.{backend}")
+    }
+    /// The engine load readings of a backend's hosts (`load::encode`).
+    pub fn load(backend: &str) -> String {
+        format!("llmroute.load.{backend}")
+    }
+    /// The lease that lets one worker at a time poll a backend's engine load.
+    pub fn load_lease(backend: &str) -> String {
+        format!("llmroute.loadlease.{backend}")
+    }
+    /// Why the last load read of each of a backend's hosts gave no reading (`load::poll::encode_problems`).
+    pub fn load_problems(backend: &str) -> String {
+        format!("llmroute.loadnote.{backend}")
+    }
+    /// A backend's work in flight per host: prompt tokens plus requested output of the requests placed there.
+    pub fn work(backend: &str) -> String {
+        format!("llmroute.work.{backend}")
     }
     /// The lease that lets one worker at a time run the status poll.
     pub const STATUS_LEASE: &str = "llmroute.status.lease";

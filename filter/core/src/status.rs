@@ -23,19 +23,10 @@ use serde_json::{json, Value};
 
 pub use crate::admin_poll::AdminFailure;
 use crate::config::Config;
+use crate::load::poll::HostLoad;
 
 pub use crate::envoy_contract::ADMIN_CLUSTER;
-/// What the filter asks the admin API for.
-pub const ADMIN_PATH: &str = "/clusters?format=json";
-/// How often the process polls the admin API.
-pub const POLL_INTERVAL_MS: u64 = 1000;
-/// How long one poll may take before it is abandoned.
-pub const POLL_TIMEOUT_MS: u64 = 900;
-/// How often each root context checks whether a poll is due: bounds the jitter of the interval.
-pub const TICK_MS: u64 = 250;
-/// A snapshot older than this no longer counts: `/readyz` answers 503 until a poll succeeds again.
-pub const STALE_AFTER_MS: u64 = 5000;
-
+pub use crate::host_poll::{ADMIN_PATH, MAX_HOSTS, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, STALE_AFTER_MS, TICK_MS};
 /// True when a poll is due at `now_ms`, given the time the last one was claimed (0 for never). A claim in the
 /// future (the clock stepped back) counts as expired, so polling never stalls.
 pub fn poll_due(last_claim_ms: u64, now_ms: u64) -> bool {
@@ -98,10 +89,6 @@ pub struct BackendHealth {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<(String, u32)>,
 }
-
-/// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
-/// ring (see `key_placement`). Counts are never cut.
-pub const MAX_HOSTS: usize = 1024;
 
 /// One poll's result: the configured backends found in the admin answer, in admin order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -436,22 +423,46 @@ pub fn status_body(
     now_ms: u64,
     key: IdKey,
 ) -> Vec<u8> {
+    status_body_with_load(cfg, fleet, admin, now_ms, key, &|_, _| None)
+}
+
+/// [`status_body`], where each host of a backend with `load` also shows its engine's load: `load(backend,
+/// address)` gives what is known of the host's (shown as [`HostLoad::to_json`] writes it), and the backend
+/// shows its `load` settings.
+pub fn status_body_with_load(
+    cfg: &Config,
+    fleet: Option<&FleetStatus>,
+    admin: Option<&AdminFailure>,
+    now_ms: u64,
+    key: IdKey,
+    load: &dyn Fn(&crate::config::Backend, &str) -> Option<HostLoad>,
+) -> Vec<u8> {
     let readiness = readiness(cfg, fleet, admin, now_ms);
     let backends: Vec<Value> = cfg
         .backends
         .iter()
         .map(|b| {
             let h = fleet.and_then(|f| f.backend(&b.name));
-            json!({
+            let mut v = json!({
                 "name": b.name,
                 "kind": b.kind.as_str(),
                 "hosts_from": if b.discovered() { "envoy" } else { "config" },
-                "hosts": h.map(|h| host_list(h, key)),
+                "hosts": h.map(|h| host_list_with(h, key, &|a| {
+                    let poll_ms = b.load.map(|l| l.poll_ms)?;
+                    load(b, a).map(|l| l.to_json(b.kind, now_ms, poll_ms))
+                })),
                 "healthy_hosts": h.map(|h| h.healthy),
                 "degraded_hosts": h.map(|h| h.degraded),
                 "total_hosts": h.map(|h| h.total),
                 "in_flight": h.map(|h| h.in_flight),
-            })
+            });
+            if let (Some(l), Some(o)) = (b.load, v.as_object_mut()) {
+                o.insert(
+                    "load".into(),
+                    json!({ "poll_ms": l.poll_ms, "spill_queue": l.spill_queue }),
+                );
+            }
+            v
         })
         .collect();
     let models: Vec<Value> = cfg
@@ -497,15 +508,29 @@ pub fn status_body(
 /// Each host of a backend as the status page shows it: its id under `key` ([`shown_id`]) and whether Envoy routes
 /// to it. The address itself stays out of the page.
 pub fn host_list(h: &BackendHealth, key: IdKey) -> Vec<Value> {
+    host_list_with(h, key, &|_| None)
+}
+
+/// [`host_list`], each host with the `load` object `load(address)` gives, if any.
+fn host_list_with(h: &BackendHealth, key: IdKey, load: &dyn Fn(&str) -> Option<Value>) -> Vec<Value> {
     h.hosts
         .iter()
         .map(|a| {
-            json!({
-                "id": format!("{:08x}", shown_id(key, a)),
+            let mut v = json!({
+                "id": shown_host(key, a),
                 "up": !h.down.contains(a),
-            })
+            });
+            if let (Some(l), Some(o)) = (load(a), v.as_object_mut()) {
+                o.insert("load".into(), l);
+            }
+            v
         })
         .collect()
+}
+
+/// A host's id as the status page and the engine-load metrics show it: [`shown_id`] in 8 hex digits.
+pub fn shown_host(key: IdKey, address: &str) -> String {
+    format!("{:08x}", shown_id(key, address))
 }
 
 /// The secret under which the status page names hosts: 128 bits drawn once per Envoy process (the filter keeps it

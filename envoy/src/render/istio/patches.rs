@@ -117,9 +117,10 @@ pub fn envoy_filter(
         // The etcd members the shared placement table's callouts go to (see `store`).
         patches.push(add_cluster(store::cluster(s)));
     }
-    // The `/props` fleet check reaches each pod of a llama.cpp backend through an original-destination cluster.
-    // Istio's own cluster is not copied (its mTLS socket matches endpoint metadata these hosts lack).
-    for b in llmroute_core::fleet_check::discovered_backends(cfg) {
+    // The `/props` fleet check and the engine load poll reach each pod of a llama.cpp backend, or of a backend
+    // with `load`, through an original-destination cluster. Istio's own cluster is not copied (its mTLS socket
+    // matches endpoint metadata these hosts lack).
+    for b in llmroute_core::probe::discovered_backends(cfg) {
         patches.push(add_cluster(probe::discovered_cluster(b, None)));
     }
     for (b, c) in backends {

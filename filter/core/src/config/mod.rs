@@ -25,7 +25,7 @@ pub use env::{env_problems, EnvHolds, EnvVar};
 pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
-    RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
+    RawLoad, RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, UpstreamTls};
@@ -103,6 +103,12 @@ pub enum EngineKind {
 
 impl EngineKind {
     pub const NAMES: &'static str = "llamacpp, vllm, sglang, ollama, openai";
+
+    /// True for the kinds whose engines report their queue on `/metrics` (the gauges are named in
+    /// `crate::load::signals`, whose tests keep the two in step).
+    pub fn reports_load(self) -> bool {
+        matches!(self, EngineKind::LlamaCpp | EngineKind::Vllm | EngineKind::Sglang)
+    }
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
@@ -230,6 +236,23 @@ pub struct Backend {
     pub credential_env: Option<String>,
     /// Cache slots per endpoint, in `endpoints` order; `None` when every endpoint counts the same.
     pub slots: Option<Vec<u32>>,
+    /// Engine-reported load polling; `None` when off.
+    pub load: Option<Load>,
+}
+
+/// A backend's engine-load polling (`backends[].load`, see `crate::load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Milliseconds between two reads of a host's `/metrics`.
+    pub poll_ms: u64,
+    /// The queue past which a known key's request goes to another host; `None`: never.
+    pub spill_queue: Option<u32>,
+}
+
+impl Load {
+    pub const DEFAULT_POLL_MS: u64 = 1000;
+    pub const POLL_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
+    pub const MAX_SPILL_QUEUE: u32 = 100_000;
 }
 
 impl Backend {

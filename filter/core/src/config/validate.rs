@@ -229,6 +229,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
         }
     }
     let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
+    let load = b.load.as_ref().map(|l| load(errs, i, kind, l));
     let mut check = resilience::Checker {
         diag: &mut *errs,
         at: format!("backends[{i}]"),
@@ -259,8 +260,44 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
             tls,
             credential_env,
             slots,
+            load,
         }),
         _ => None,
+    }
+}
+
+/// `backends[i].load`: the poll interval and the queue bound in range, on an engine kind that reports its load.
+fn load(errs: &mut Diagnostics, i: usize, kind: Option<EngineKind>, raw: &RawLoad) -> Load {
+    let at = |f: &str| format!("backends[{i}].load{f}");
+    if let Some(k) = kind.filter(|k| !k.reports_load()) {
+        errs.push(
+            at(""),
+            k.as_str(),
+            "this engine kind reports no load (only llamacpp, vllm and sglang do); remove `load`",
+        );
+    }
+    let poll_ms = raw.poll_ms.unwrap_or(Load::DEFAULT_POLL_MS);
+    if !Load::POLL_MS.contains(&poll_ms) {
+        errs.push(
+            at(".poll_ms"),
+            poll_ms,
+            format!(
+                "must be between {} and {} milliseconds",
+                Load::POLL_MS.start(),
+                Load::POLL_MS.end()
+            ),
+        );
+    }
+    if let Some(q) = raw.spill_queue.filter(|q| *q > Load::MAX_SPILL_QUEUE) {
+        errs.push(
+            at(".spill_queue"),
+            q,
+            format!("must be between 0 and {} queued requests", Load::MAX_SPILL_QUEUE),
+        );
+    }
+    Load {
+        poll_ms,
+        spill_queue: raw.spill_queue,
     }
 }
 
@@ -916,7 +953,8 @@ fn placement_name(errs: &mut Diagnostics, field: &str, name: &str) -> bool {
     bounded
 }
 
-/// Settings that load but would do nothing: `slots` on a backend no alias places keys on, and bounded-keys
+/// Settings that load but would do nothing: `slots` and `load.spill_queue` on a backend no alias places keys on,
+/// and bounded-keys
 /// placement on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
 /// addresses). A backend is placed on when the top-level placement is `bounded_keys`, or an alias whose own
 /// placement is routes to it.
@@ -938,6 +976,13 @@ fn placement_warnings(errs: &mut Diagnostics, affinity: &AffinityConfig, models:
                     .to_string();
             errs.warnings
                 .push(warn(format!("backends[{i}].slots"), format!("{slots:?}"), reason));
+        }
+        if let (Some(q), false) = (b.load.and_then(|l| l.spill_queue), bounded && b.lb == LbPolicy::Chwbl) {
+            let reason = "only used by affinity.placement: bounded_keys on an lb: chwbl backend (top-level, or an \
+                          alias' own on a route here); ignored"
+                .to_string();
+            errs.warnings
+                .push(warn(format!("backends[{i}].load.spill_queue"), q.to_string(), reason));
         }
         if bounded && b.lb != LbPolicy::Chwbl {
             let reason = format!("{setting}: bounded_keys applies only to lb: chwbl; this backend is not pinned");
