@@ -73,7 +73,7 @@ DEMO_ETCD := $(if $(filter etcd,$(DEMO_DISCOVERY)),etcd,)
 demo: build cli envoy $(DEMO_ENGINES) $(DEMO_ETCD) sdk-clients ## Three real llama-server engines behind Envoy + the filter on 127.0.0.1:10000 (DEMO_ENGINE=emulator: emulated ones, no llama-server build; DEMO_DISCOVERY=etcd: found through a local etcd; Ctrl-C stops it)
 	$(CARGO) run --release --quiet -p llmroute-harness --bin llmroute-demo
 
-test: build cli envoy etcd sdk-clients engines prometheus lint docs-check unit simd-check validate-configs istio-check oci-check rules-check e2e soak-short sdk real-engines ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines
+test: build cli envoy etcd sdk-clients engines prometheus lint docs-check unit simd-check validate-configs istio-check oci-check rules-check e2e soak-short sdk real-engines compose-check ## Everything CI runs: lints, unit tests, config checks, real-Envoy tests, real SDKs, real engines, the compose stacks
 
 simd-check: toolchain ## The wasm SIMD128 string skip against its byte-at-a-time definition, in node's V8 (filter/core/simd-check)
 	cd filter/core/simd-check && $(CARGO) build --release --target wasm32-wasip1 --target-dir $(CURDIR)/target/simd-check
@@ -275,14 +275,17 @@ rules-check: prometheus ## promtool: check the shipped rules and scrape config (
 	promtool check config envoy/prometheus/prometheus.yml
 	promtool test rules envoy/prometheus/llmroute-rules.test.yaml
 
-.PHONY: container-tools compose-render images compose-up compose-down
+.PHONY: container-tools compose-render images compose-up compose-down compose-replicas-up compose-replicas-down compose-check
 
 # The compose tool: `docker compose` (v2) where it exists, else `docker-compose` (v1).
 COMPOSE          ?= $(shell docker compose version >/dev/null 2>&1 && echo 'docker compose' || echo docker-compose)
 COMPOSE_FILE     := envoy/docker-compose.yaml
 COMPOSE_PROJECT  ?= llmroute
 HOST_TRIPLE      := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
-LOCAL_IMAGES     := ENVOY_IMAGE=llmroute/envoy:dev LLAMA_IMAGE=llmroute/llama-server:dev PROMETHEUS_IMAGE=llmroute/prometheus:dev
+LOCAL_IMAGES     := ENVOY_IMAGE=llmroute/envoy:dev LLAMA_IMAGE=llmroute/llama-server:dev PROMETHEUS_IMAGE=llmroute/prometheus:dev \
+                    ETCD_IMAGE=llmroute/etcd:dev LLMROUTE_IMAGE=llmroute/llmroute:dev
+REPLICAS_FILE    := envoy/docker-compose.replicas.yaml
+REPLICAS_PROJECT ?= llmroute-replicas
 
 container-tools: ## Static health-check probe and Envoy entry point for the images and the compose file (docker/tools): target/container/
 	CARGO_TARGET_$(shell echo $(HOST_TRIPLE) | tr a-z- A-Z_)_RUSTFLAGS="-C target-feature=+crt-static" \
@@ -290,10 +293,11 @@ container-tools: ## Static health-check probe and Envoy entry point for the imag
 	install -D -m 0755 target/$(HOST_TRIPLE)/release/llmroute-probe target/container/llmroute-probe
 	install -D -m 0755 target/$(HOST_TRIPLE)/release/llmroute-envoy-entrypoint target/container/llmroute-envoy-entrypoint
 
-compose-render: cli ## Render envoy/compose/envoy.yaml (for envoy/docker-compose.yaml) from envoy/compose/llmroute.yaml
+compose-render: cli ## Render envoy/compose/envoy.yaml and envoy/compose/replicas/envoy.yaml (for the compose files) from the llmroute.yaml beside each
 	$(CLI) render envoy/compose/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/compose/envoy.yaml
+	$(CLI) render envoy/compose/replicas/llmroute.yaml --wasm /etc/envoy/llmroute_filter.wasm -o envoy/compose/replicas/envoy.yaml
 
-images: build envoy engines prometheus container-tools ## Build llmroute/envoy:dev, llmroute/llama-server:dev and llmroute/prometheus:dev from local files only (FROM scratch; docker/build-images.py)
+images: build cli envoy engines prometheus etcd container-tools ## Build llmroute/envoy, llama-server, prometheus, etcd and llmroute (tag dev) from local files only (FROM scratch; docker/build-images.py)
 	python3 docker/build-images.py
 
 compose-up: images ## Start envoy/docker-compose.yaml with the local images (project llmroute): Envoy on 127.0.0.1:10000, admin :9901, Prometheus :9090
@@ -304,3 +308,17 @@ compose-up: images ## Start envoy/docker-compose.yaml with the local images (pro
 
 compose-down: ## Stop the compose stack and remove its containers and network
 	$(COMPOSE) -p $(COMPOSE_PROJECT) -f $(COMPOSE_FILE) down --volumes --remove-orphans
+
+compose-replicas-up: images ## Start envoy/docker-compose.replicas.yaml with the local images (project llmroute-replicas): 2 Envoy replicas on 127.0.0.1:10000 and :10001 (admin :9901, :9902), a 3-member etcd, 3 registered engines
+	$(LOCAL_IMAGES) $(COMPOSE) -p $(REPLICAS_PROJECT) -f $(REPLICAS_FILE) up -d
+	@for port in $${ENVOY_0_ADMIN_PORT:-9901} $${ENVOY_1_ADMIN_PORT:-9902}; do \
+		for i in $$(seq 240); do target/container/llmroute-probe http://127.0.0.1:$$port/ready >/dev/null && break; sleep 0.5; done; \
+		target/container/llmroute-probe http://127.0.0.1:$$port/ready || { $(COMPOSE) -p $(REPLICAS_PROJECT) -f $(REPLICAS_FILE) logs --tail=50; exit 1; }; \
+	done
+	@echo "up: the same chat to either replica lands on the same engine: curl -s 127.0.0.1:10000/v1/chat/completions (or :10001) -H content-type:application/json -H 'x-session-id: s1' -d '{\"model\":\"local-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8}'"
+
+compose-replicas-down: ## Stop the replicas stack and remove its containers, networks and volumes
+	$(COMPOSE) -p $(REPLICAS_PROJECT) -f $(REPLICAS_FILE) down --volumes --remove-orphans
+
+compose-check: images ## Both compose stacks with the local images, faults made with Docker (part of make test, ~4 min): the demo's engine killed and cut off; the replicas' Envoy and etcd leader cut off from etcd, an engine killed; nothing left after down (harness/tests/compose/)
+	COMPOSE="$(COMPOSE)" $(CARGO) test -p llmroute-harness --test compose -- --test-threads=1 --nocapture

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds the local images of envoy/docker-compose.yaml from this machine's files only (`make images`).
+"""Builds the local images of the compose files in envoy/ from this machine's files only (`make images`).
 
 No registry is reachable, so no image has a base to pull: each is `FROM scratch` plus one tar of a root file
 system that this script assembles from files already here. A dynamically linked binary brings the shared
@@ -11,12 +11,17 @@ libraries `ldd` names for it, at the same paths, and the dynamic loader.
                              for ghcr.io/ggml-org/llama.cpp:server.
   llmroute/prometheus:dev    prometheus and promtool from Debian's package (`make prometheus`) with the compose
                              scrape config and the shipped rules; stands in for prom/prometheus.
+  llmroute/etcd:dev          etcd and etcdctl from Debian's etcd-server and etcd-client (`make etcd`); stands in
+                             for gcr.io/etcd-development/etcd.
+  llmroute/llmroute:dev      the `llmroute` CLI (`make cli`), for `llmroute register` beside each engine and
+                             `llmroute discover` beside each Envoy; no upstream image exists.
 
 Each keeps the entry-point contract of the image it stands in for (entry point, default command, user, working
 directory, listen address), so the compose file runs unchanged with either. The tars have fixed owners, modes and
 times, so an unchanged input gives an unchanged layer.
 
-Usage: docker/build-images.py [--tag dev] [--only envoy,llama-server,prometheus] [--context-dir target/images]
+Usage: docker/build-images.py [--tag dev] [--only envoy,llama-server,prometheus,etcd,llmroute]
+                              [--context-dir target/images]
 """
 
 import argparse
@@ -72,6 +77,22 @@ def image_specs():
             "dirs": [("/prometheus", 65534, 65534, 0o755)],
             "version": [which("prometheus"), "--version"],
         },
+        "etcd": {
+            "binaries": [
+                (which("etcd"), "/usr/local/bin/etcd"),
+                (which("etcdctl"), "/usr/local/bin/etcdctl"),
+            ],
+            "files": [],
+            # The official image's data directories.
+            "dirs": [("/var/etcd", 0, 0, 0o700), ("/var/lib/etcd", 0, 0, 0o700)],
+            "version": [which("etcd"), "--version"],
+        },
+        "llmroute": {
+            "binaries": [(ROOT / "target/release/llmroute", "/usr/local/bin/llmroute")],
+            "files": [],
+            "dirs": [("/var/lib/llmroute", 0, 0, 0o755)],
+            "version": [ROOT / "target/release/llmroute", "--version"],
+        },
     }
 
 
@@ -123,7 +144,7 @@ class RootFs:
     def add_file(self, source, path, mode=None):
         source = Path(source)
         if not source.is_file():
-            fail(f"{source} is missing (see `make help`: build, envoy, engines, prometheus, container-tools)")
+            fail(f"{source} is missing (see `make help`: build, cli, envoy, engines, prometheus, etcd, container-tools)")
         self.add_dir(str(Path(path).parent))
         mode = mode if mode is not None else (0o755 if os.access(source, os.X_OK) else 0o644)
         self.entries[str(path)] = ("file", source.resolve(), 0, 0, mode)
@@ -180,7 +201,7 @@ def build(name, spec, tag, context_root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", default="dev")
-    parser.add_argument("--only", default="envoy,llama-server,prometheus")
+    parser.add_argument("--only", default=",".join(image_specs()))
     parser.add_argument("--context-dir", default=str(ROOT / "target/images"))
     args = parser.parse_args()
     specs = image_specs()

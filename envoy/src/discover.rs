@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmroute_core::config::{parse_endpoint, Backend, EtcdSource};
+use llmroute_core::envoy_contract as contract;
 use llmroute_core::Config;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -178,11 +179,11 @@ pub fn eds_document(cluster: &str, hosts: &[Host]) -> Value {
         .iter()
         .map(|h| {
             let mut meta: Map<String, Value> = h.metadata.clone().into_iter().collect();
-            meta.insert("backend".into(), Value::from(cluster));
+            meta.insert(contract::METADATA_BACKEND.into(), Value::from(cluster));
             json!({
                 "endpoint": { "address": { "socket_address": { "address": h.ip, "port_value": h.port } } },
                 "load_balancing_weight": h.weight,
-                "metadata": { "filter_metadata": { "llmroute": meta } },
+                "metadata": { "filter_metadata": { contract::METADATA_NAMESPACE: meta } },
             })
         })
         .collect();

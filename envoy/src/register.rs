@@ -8,7 +8,13 @@
 //! life by more than `ttl`. The process holds no other state, so restarting it is safe; when it stops, its lease
 //! expires after `ttl` (revoke it with `etcdctl lease revoke` to drain at once). With `--user` and
 //! `--password-env`, it authenticates to etcd as that user, the password read from that environment variable.
+//!
+//! The key names an IP, the address Envoy connects to. `--addr` may give a DNS name instead, for engines whose
+//! address is known only once they run (a container on a network whose addresses Docker assigns): the name is
+//! resolved at each registration and must resolve to exactly one address, so that the key cannot name an address
+//! the engine has on some other network ([`instance_address`]).
 
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use llmroute_core::config::{env_name_ok, parse_endpoint, upstream_tls, Diagnostics, RawUpstreamTls, UpstreamTls};
@@ -26,7 +32,7 @@ pub struct Registration {
     pub auth: Option<Credentials>,
     /// The key prefix, without a trailing `/`.
     pub prefix: String,
-    /// The engine's `IP:PORT` as Envoy should reach it.
+    /// The engine's `IP:PORT` as Envoy should reach it, or `HOST:PORT` whose name resolves to that one IP.
     pub addr: String,
     /// The engine's health URL (`http://`).
     pub health: String,
@@ -48,6 +54,8 @@ pub enum Step {
     StillDown,
     /// etcd did not answer; the lease (if any) runs down meanwhile.
     EtcdFailed(String),
+    /// `--addr` names a host that resolves to no address or to several: not registered.
+    Unresolved(String),
 }
 
 pub struct Registrar {
@@ -55,6 +63,8 @@ pub struct Registrar {
     client: Client,
     health: ureq::Agent,
     lease: Option<i64>,
+    /// The key of the current registration (`<prefix>/<IP:PORT>`, the address as resolved then).
+    key: Option<String>,
 }
 
 impl Registrar {
@@ -70,11 +80,15 @@ impl Registrar {
             client,
             health,
             lease: None,
+            key: None,
         })
     }
 
+    /// What the log calls the registration: its key, or `<prefix>/<--addr>` before the first one.
     fn key(&self) -> String {
-        format!("{}/{}", self.reg.prefix, self.reg.addr)
+        self.key
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", self.reg.prefix, self.reg.addr))
     }
 
     fn healthy(&self) -> Result<(), String> {
@@ -89,25 +103,13 @@ impl Registrar {
     /// One round: check the engine, then register, refresh or drop.
     pub fn step(&mut self) -> Step {
         match (self.healthy(), self.lease) {
-            (Ok(()), None) => match self.register() {
-                Ok(id) => {
-                    self.lease = Some(id);
-                    Step::Registered(id)
-                }
-                Err(e) => Step::EtcdFailed(e.0),
-            },
+            (Ok(()), None) => self.register(),
             (Ok(()), Some(id)) => match self.client.keepalive(id) {
                 Ok(ttl) if ttl > 0 => Step::Refreshed,
                 // The lease ran out (etcd unreachable for longer than the TTL): register again.
                 Ok(_) => {
                     self.lease = None;
-                    match self.register() {
-                        Ok(id) => {
-                            self.lease = Some(id);
-                            Step::Registered(id)
-                        }
-                        Err(e) => Step::EtcdFailed(e.0),
-                    }
+                    self.register()
                 }
                 Err(e) => Step::EtcdFailed(e.0),
             },
@@ -123,10 +125,26 @@ impl Registrar {
         }
     }
 
-    fn register(&mut self) -> Result<i64, EtcdError> {
+    /// Resolves `--addr`, grants a lease and puts the key on it.
+    fn register(&mut self) -> Step {
+        let addr = match instance_address(&self.reg.addr, resolve) {
+            Ok(a) => a,
+            Err(e) => return Step::Unresolved(e),
+        };
+        let key = format!("{}/{addr}", self.reg.prefix);
+        match self.grant_and_put(&key) {
+            Ok(id) => {
+                self.lease = Some(id);
+                self.key = Some(key);
+                Step::Registered(id)
+            }
+            Err(e) => Step::EtcdFailed(e.0),
+        }
+    }
+
+    fn grant_and_put(&mut self, key: &str) -> Result<i64, EtcdError> {
         let id = self.client.grant(self.reg.ttl_s)?;
-        let key = self.key();
-        if let Err(e) = self.client.put(&key, &self.reg.metadata, id) {
+        if let Err(e) = self.client.put(key, &self.reg.metadata, id) {
             let _ = self.client.revoke(id);
             return Err(e);
         }
@@ -135,17 +153,18 @@ impl Registrar {
 
     /// Runs forever, logging each change of state.
     pub fn run(mut self) -> ! {
-        let key = self.key();
         let mut last = String::new();
         loop {
             let started = Instant::now();
             let step = self.step();
+            let key = self.key();
             let line = match &step {
                 Step::Registered(id) => format!("registered {key} with lease {id:x} (ttl {}s)", self.reg.ttl_s),
                 Step::Refreshed => "refreshing".into(),
                 Step::Dropped(why) => format!("{why}: revoked the lease; {key} is gone"),
                 Step::StillDown => "engine still down; not registered".into(),
                 Step::EtcdFailed(e) => format!("etcd: {e}"),
+                Step::Unresolved(e) => format!("{e}; not registered"),
             };
             if line != last {
                 eprintln!("llmroute register: {line}");
@@ -153,6 +172,38 @@ impl Registrar {
             }
             std::thread::sleep(self.reg.interval.saturating_sub(started.elapsed()));
         }
+    }
+}
+
+/// The system resolver: every address `host` has, for `port`.
+fn resolve(host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+    Ok((host, port).to_socket_addrs()?.map(|a| a.ip()).collect())
+}
+
+/// The `IP:PORT` that the key of `addr` names: `addr` itself when it is an IP literal, else the one address its
+/// name resolves to through `resolve`. No address, or several, is an error naming `--addr` and what it resolved
+/// to: a key must name the address Envoy reaches, and a name with several cannot tell which.
+pub fn instance_address(
+    addr: &str,
+    resolve: impl FnOnce(&str, u16) -> std::io::Result<Vec<IpAddr>>,
+) -> Result<String, String> {
+    let ep = parse_endpoint(addr).map_err(|e| format!("--addr {addr:?}: {e}"))?;
+    if ep.is_ip {
+        return Ok(addr.to_string());
+    }
+    let mut ips = resolve(&ep.host, ep.port).map_err(|e| format!("--addr {addr:?}: resolving {}: {e}", ep.host))?;
+    ips.sort();
+    ips.dedup();
+    match ips.as_slice() {
+        [ip] => Ok(SocketAddr::new(*ip, ep.port).to_string()),
+        [] => Err(format!("--addr {addr:?}: {} resolves to no address", ep.host)),
+        many => Err(format!(
+            "--addr {addr:?}: {} resolves to {} addresses ({}); give a name that resolves to the engine's address \
+             on Envoy's network only, or that IP",
+            ep.host,
+            many.len(),
+            many.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -263,14 +314,12 @@ pub fn check(reg: &Registration) -> Result<(), String> {
             reg.prefix
         ));
     }
-    match parse_endpoint(&reg.addr) {
-        Ok(ep) if ep.is_ip => {}
-        _ => {
-            return Err(format!(
-                "--addr {:?}: must be the engine's IP:PORT, as Envoy reaches it",
-                reg.addr
-            ))
-        }
+    if parse_endpoint(&reg.addr).is_err() {
+        return Err(format!(
+            "--addr {:?}: must be the engine's IP:PORT as Envoy reaches it, or HOST:PORT whose name resolves to \
+             that IP",
+            reg.addr
+        ));
     }
     if !reg.health.starts_with("http://") {
         return Err(format!(
@@ -323,7 +372,7 @@ mod tests {
             (|r| r.etcd = vec!["https://x:1".into()], "--etcd"),
             (|r| r.etcd = vec!["x:1".into()], "--etcd"),
             (|r| r.prefix = "/a/".into(), "--prefix"),
-            (|r| r.addr = "llama.local:8080".into(), "--addr"),
+            (|r| r.addr = "llama.local".into(), "--addr"),
             (|r| r.health = "localhost/health".into(), "--health"),
             (|r| r.ttl_s = 0, "--ttl"),
             (|r| r.interval = Duration::from_secs(5), "--interval-ms"),
@@ -335,6 +384,37 @@ mod tests {
             let err = check(&r).unwrap_err();
             assert!(err.starts_with(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn a_named_addr_registers_the_one_address_it_resolves_to() {
+        let v4 = |s: &str| s.parse::<IpAddr>().unwrap();
+        let never = |_: &str, _: u16| -> std::io::Result<Vec<IpAddr>> { panic!("an IP is not resolved") };
+        assert_eq!(instance_address("10.0.0.5:8080", never), Ok("10.0.0.5:8080".into()));
+        assert_eq!(instance_address("[fd00::5]:8080", never), Ok("[fd00::5]:8080".into()));
+        let mut asked = None;
+        let got = instance_address("Llama-R-0.engines:8080", |h, p| {
+            asked = Some((h.to_string(), p));
+            Ok(vec![v4("172.18.0.3"), v4("172.18.0.3")])
+        });
+        assert_eq!(got, Ok("172.18.0.3:8080".into()));
+        assert_eq!(asked, Some(("llama-r-0.engines".into(), 8080)));
+        assert_eq!(
+            instance_address("e:8080", |_, _| Ok(vec![v4("fd00::5")])),
+            Ok("[fd00::5]:8080".into())
+        );
+        let two = instance_address("e:8080", |_, _| Ok(vec![v4("172.19.0.4"), v4("172.18.0.3")])).unwrap_err();
+        assert!(
+            two.starts_with("--addr \"e:8080\": e resolves to 2 addresses (172.18.0.3, 172.19.0.4)"),
+            "{two}"
+        );
+        let none = instance_address("e:8080", |_, _| Ok(vec![])).unwrap_err();
+        assert!(none.contains("resolves to no address"), "{none}");
+        let failed = instance_address("e:8080", |_, _| Err(std::io::Error::other("no such host"))).unwrap_err();
+        assert!(failed.contains("resolving e: no such host"), "{failed}");
+        let mut named = reg();
+        named.addr = "llama-r-0:8080".into();
+        assert_eq!(check(&named), Ok(()));
     }
 
     #[test]

@@ -20,8 +20,11 @@ mod credentials;
 pub mod ecds;
 mod edge;
 mod failover;
+pub(crate) mod filters;
 pub mod istio;
+pub(crate) mod json;
 pub mod observe;
+pub(crate) mod options;
 pub mod paste;
 mod probe;
 mod ratelimit;
@@ -30,59 +33,11 @@ pub mod target;
 mod tls;
 
 use llmroute_core::config::Config;
-use llmroute_core::envoy_contract as contract;
+
+pub use json::config_json;
+use json::socket;
+pub use options::RenderOptions;
 use serde_json::{json, Value};
-
-/// Slack above the filter's body limit, so Envoy's own 413 never fires first.
-pub(crate) const BUFFER_SLACK: usize = 1 << 20;
-
-/// Where the wasm module is, and how Envoy should load it.
-#[derive(Debug, Clone)]
-pub struct RenderOptions {
-    /// Path to `llmroute_filter.wasm`, as Envoy will see it.
-    pub wasm_path: String,
-    /// The wasm runtime. Default `envoy.wasm.runtime.v8`.
-    pub runtime: String,
-    /// Include the wasm filter. Default true. When false, the route sends everything to the first backend's
-    /// cluster: plain Envoy, the baseline of the overhead bench.
-    pub with_filter: bool,
-    /// Deliver the listener's wasm filter through ECDS from this watched file instead of inline (see
-    /// [`ecds`]). Default none.
-    pub ecds_path: Option<String>,
-}
-
-impl RenderOptions {
-    pub fn new(wasm_path: impl Into<String>) -> Self {
-        RenderOptions {
-            wasm_path: wasm_path.into(),
-            runtime: "envoy.wasm.runtime.v8".into(),
-            with_filter: true,
-            ecds_path: None,
-        }
-    }
-
-    /// The same options with the listener's wasm filter discovered from the watched file `path`.
-    pub fn with_ecds(mut self, path: impl Into<String>) -> Self {
-        self.ecds_path = Some(path.into());
-        self
-    }
-
-    /// The same options without the wasm filter.
-    pub fn without_filter(mut self) -> Self {
-        self.with_filter = false;
-        self
-    }
-}
-
-/// Converts a config document (YAML or JSON) to the compact JSON the filter reads.
-pub fn config_json(text: &str) -> Result<String, String> {
-    let value: Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| e.to_string())?
-    } else {
-        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
-    };
-    Ok(value.to_string())
-}
 
 /// Renders the bootstrap as a JSON value. `config_text` must be the document `cfg` was loaded from. It is
 /// assembled from the same [`target::pieces`] that `--target filter` prints.
@@ -123,43 +78,6 @@ pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> 
     ))
 }
 
-/// `affinity.placement: bounded_keys`: the filter names the chosen host (base64 `IP:PORT`) in this header and
-/// Envoy's stateful-session filter makes it the upstream host, if it is healthy; retries and unhealthy hosts
-/// fall back to the cluster's load balancer. Not strict, so a stale or odd value never fails a request.
-pub(crate) fn stateful_session() -> Value {
-    json!({
-        "name": "envoy.filters.http.stateful_session",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession",
-            "session_state": {
-                "name": "envoy.http.stateful_session.header",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState",
-                    "name": contract::SESSION_HEADER,
-                },
-            },
-        },
-    })
-}
-
-/// Appends `item` to the JSON list `list`, which becomes a list first if it is not one.
-pub(crate) fn push(list: &mut Value, item: Value) {
-    if !list.is_array() {
-        *list = json!([]);
-    }
-    if let Some(items) = list.as_array_mut() {
-        items.push(item);
-    }
-}
-
-pub(crate) fn socket(address: &str, port: u16) -> Value {
-    json!({ "socket_address": { "address": address, "port_value": port } })
-}
-
-pub(crate) fn duration_ms(ms: u64) -> String {
-    format!("{}.{:03}s", ms / 1000, ms % 1000)
-}
-
 fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &target::Pieces) -> Value {
     let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -190,49 +108,9 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &tar
     l
 }
 
-pub(crate) fn wasm_filter(plugin_config: String, opts: &RenderOptions) -> Value {
-    let mut filter = wasm_plugin(contract::ROOT_ID, contract::ROOT_ID, &plugin_config, opts);
-    admission::expose_keys(&mut filter, &plugin_config);
-    filter
-}
-
-/// How Envoy treats a VM that trapped: it is replaced by a fresh one (see `docs/failure-policy-and-tls.md`).
-pub(crate) const FAILURE_POLICY: &str = "FAIL_RELOAD";
-/// The first wait before a trapped VM is reloaded; Envoy backs off from there (jittered, up to 10 s).
-pub(crate) const RELOAD_BASE_INTERVAL: &str = "0.1s";
-
-/// The wasm HTTP filter, as a downstream filter or (with the upstream root id) an upstream one.
-///
-/// Each role runs in its own VM, named after its root id, so a trap in one role never takes the other down, and
-/// a trapped VM is reloaded ([`FAILURE_POLICY`]). Shared data is scoped by VM id; the upstream role reads none.
-pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: &RenderOptions) -> Value {
-    json!({
-        "name": name,
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": name,
-                "root_id": root_id,
-                "allow_on_headers_stop_iteration": true,
-                "failure_policy": FAILURE_POLICY,
-                // Envoy's default waits 1 s before a reload, and its worker answers 503 meanwhile.
-                "reload_config": { "backoff": { "base_interval": RELOAD_BASE_INTERVAL, "max_interval": "10s" } },
-                "configuration": {
-                    "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": plugin_config,
-                },
-                "vm_config": {
-                    "vm_id": root_id,
-                    "runtime": opts.runtime,
-                    "code": { "local": { "filename": opts.wasm_path } },
-                },
-            },
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::filters::wasm_plugin;
     use super::*;
 
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    balance_factor: 175\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\n    lb: least_request\nmodels:\n  - name: m\n    routes: [{ backend: a, upstream_model: up }]\nlimits: { max_body_bytes: 2097152, request_timeout_ms: 1500 }\n";

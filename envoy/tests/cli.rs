@@ -635,7 +635,8 @@ fn target_filter_includes_what_failover_needs_and_says_what_it_cannot_carry() {
     }
     let err = stderr(&out);
     assert!(
-        err.contains("note: admin: the filter polls Envoy's admin API at 127.0.0.1:9901"),
+        err.contains("note: admin: the filter polls Envoy's admin API at 127.0.0.1:9901")
+            && err.contains("(127.0.0.1:9901) must be the address of your Envoy's own admin interface"),
         "{err}"
     );
 }
@@ -929,7 +930,8 @@ fn target_istio_writes_the_manifests_and_says_what_is_left_to_do() {
     let prefix = format!("{}: note: ", config.display());
     for want in [
         "kubectl -n llmroute create secret generic llmroute-keys --from-literal=LLMROUTE_KEYS=",
-        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000",
+        "admin: the filter polls the Istio proxy's admin at 127.0.0.1:15000 for /readyz and /llmroute/status; it must \
+         be the address of the proxy's own admin interface",
         "denies every request not made as cluster.local/ns/llmroute/sa/llmroute",
     ] {
         assert!(
@@ -983,4 +985,26 @@ fn target_istio_reports_every_error_at_once_with_the_file_name() {
     }
     assert!(stdout(&out).is_empty());
     assert!(!out_dir.exists(), "nothing is written");
+}
+
+#[test]
+fn the_compose_files_bootstraps_are_the_renders_of_their_configs() {
+    // The compose files mount these renders: one left stale after an edit of its llmroute.yaml would run a config
+    // nobody wrote. `make compose-render` writes them.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["compose", "compose/replicas"] {
+        let config = root.join(dir).join("llmroute.yaml");
+        let out = llmroute([
+            "render".as_ref(),
+            config.as_os_str(),
+            "--wasm".as_ref(),
+            "/etc/envoy/llmroute_filter.wasm".as_ref(),
+        ]);
+        assert!(out.status.success(), "{}: {}", config.display(), stderr(&out));
+        let committed = std::fs::read_to_string(root.join(dir).join("envoy.yaml")).unwrap();
+        assert!(
+            stdout(&out) == committed,
+            "envoy/{dir}/envoy.yaml is not the render of envoy/{dir}/llmroute.yaml: run `make compose-render`"
+        );
+    }
 }

@@ -14,7 +14,7 @@
 
 use std::rc::Rc;
 
-use llmroute_core::envoy_contract::ORIGINAL_DST_HEADER;
+use llmroute_core::envoy_contract::{metrics, ORIGINAL_DST_HEADER};
 use llmroute_core::fleet_check::{self, ProbeTarget, ServerProps};
 use llmroute_core::key_placement::table;
 use llmroute_core::status::TICK_MS;
@@ -59,8 +59,8 @@ impl FleetCheck {
             return;
         }
         self.cfg = Some(cfg);
-        self.warnings = host::define_counter("llmroute_fleet_warnings_total");
-        self.checks = host::define_counter("llmroute_fleet_checks_total");
+        self.warnings = host::define_counter(metrics::FLEET_WARNINGS);
+        self.checks = host::define_counter(metrics::FLEET_CHECKS);
         host::set_tick_period(TICK_MS);
     }
 

@@ -24,6 +24,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use llmroute_core::envoy_contract::log_fields;
+use llmroute_core::load::orca;
 use llmroute_core::stream::Usage;
 
 use crate::fair_queue::Gate;
@@ -61,6 +62,10 @@ pub struct Http {
     watch: Option<ResponseWatch>,
     /// The host bounded-keys placement pinned the request to.
     pin: Option<Pin>,
+    /// The request's estimated prompt tokens and requested output, which its pin adds to its host's work in
+    /// flight (with `load`), and that work, released in the log phase.
+    estimate: (u64, Option<u64>),
+    work: Option<crate::engine_load::Work>,
     /// The placement store's answer the paused request waits for.
     store_wait: Option<crate::placement_store::Waiting>,
     /// When the request started, and when the first response body byte came (host clock, ms).
@@ -99,6 +104,8 @@ impl Http {
             routed: None,
             watch: None,
             pin: None,
+            estimate: (0, None),
+            work: None,
             store_wait: None,
             started_ms: 0,
             first_byte_ms: None,
@@ -291,6 +298,8 @@ impl Http {
         host::set_request_header(headers::CLUSTER, Some(&decision.cluster));
         // The filter reads usage and stream ends from the engine's bytes: ask for them uncompressed.
         host::set_request_header("accept-encoding", Some("identity"));
+        crate::engine_load::ask_report(cfg, &decision);
+        self.estimate = (decision.input_tokens, decision.max_output_tokens);
         if let Some(a) = &decision.affinity {
             host::set_request_header(headers::AFFINITY, Some(&a.header_value()));
             if !decision.failover {
@@ -333,6 +342,9 @@ impl Http {
         if let Some(p) = &self.pin {
             self.metrics.placement(p.choice.reason);
             host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
+            if let Some(cfg) = &self.cfg {
+                self.work = crate::engine_load::Work::hold(cfg, p, self.estimate.0, self.estimate.1);
+            }
         }
     }
 
@@ -583,6 +595,9 @@ impl HttpContext for Http {
             None => host::upstream_backend().unwrap_or_else(|| d.cluster.clone()),
         };
         host::set_log_field(log_fields::BACKEND, &backend);
+        if let (Some(report), Some(cfg)) = (response_headers.get(orca::RESPONSE_HEADER), &self.cfg) {
+            crate::engine_load::fold_report(cfg, &backend, &report);
+        }
         self.backend = Some(backend);
         match plan.body {
             BodyPlan::Relay => {}
@@ -677,6 +692,9 @@ impl Http {
     fn log_exchange(&mut self) {
         if let Some(p) = self.pin.take() {
             p.release();
+        }
+        if let Some(w) = self.work.take() {
+            w.release();
         }
         if !self.charges.is_empty() {
             // Without reported usage (a cut stream, an error) the reservation stands.

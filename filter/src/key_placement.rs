@@ -80,16 +80,25 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
 /// request's placement (its alias' own, else the top-level one) is `hash`, placement does not apply, or no host is
 /// up (Envoy's ring decides).
 pub fn pin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
-    pin_stored(cfg, placement, cluster, key, None)
+    pin_stored(cfg, placement, cluster, key, None, false)
 }
 
-/// [`pin`], for a key the placement store just settled on the host with id `stored` (see `placement_store`).
-pub fn pin_stored(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, stored: Option<u32>) -> Option<Pin> {
+/// [`pin`], for a key the placement store was `asked` about (see `placement_store`): it settled it on the host
+/// with id `stored`, or (`None`) the request fell back to local placement, the key waiting to be settled. Either
+/// way the table marks the key shared, so its next request does not ask again.
+pub fn pin_stored(
+    cfg: &Config,
+    placement: &KeyPlacement,
+    cluster: &str,
+    key: u64,
+    stored: Option<u32>,
+    asked: bool,
+) -> Option<Pin> {
     let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = key_placement::views(backend, now, &host::SharedData)?;
-    let bounds = Bounds::new(keys, backend.balance_factor);
+    let bounds = Bounds::for_backend(keys, backend);
     let table_key = shared::keys(cluster);
     let mut choice = None;
     for _ in 0..CAS_ATTEMPTS {
@@ -97,7 +106,8 @@ pub fn pin_stored(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u6
         let mut t = KeyTable::decode(&bytes.unwrap_or_default());
         let c = key_placement::choose_stored(&mut t, &hosts, key, stored, now, &bounds)?;
         choice = Some(c);
-        if !c.table_changed || host::set_shared_data(&table_key, &t.encode(), cas) {
+        let marked = asked && t.mark_shared(key);
+        if !(c.table_changed || marked) || host::set_shared_data(&table_key, &t.encode(), cas) {
             break;
         }
     }
@@ -118,17 +128,27 @@ impl Pin {
     pub fn release(&self) {
         adjust_in_flight(&self.backend, self.hosts, self.host, false);
     }
+
+    /// The backend, the chosen host's index and the number of hosts it was chosen among.
+    pub fn place(&self) -> (&str, usize, usize) {
+        (&self.backend, self.host, self.hosts)
+    }
+}
+
+/// Adds `delta` to host `i` (of `hosts`) in the per-host counts kept under the shared-data `key`, through this
+/// worker's ledger, as the in-flight counts are (see `llmroute_core::key_placement::in_flight`).
+pub fn add_through_ledger(key: &str, hosts: usize, i: usize, delta: i64) {
+    let settled = LEDGER.with(|l| {
+        l.try_borrow_mut()
+            .map(|mut l| l.add(&mut host::SharedData, key, hosts, i, delta))
+    });
+    if matches!(settled, Ok(false)) {
+        log::debug!("llmroute: count {key} owed until the next tick");
+    }
 }
 
 fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
-    let key = shared::in_flight(backend);
-    let settled = LEDGER.with(|l| {
-        l.try_borrow_mut()
-            .map(|mut l| l.adjust(&mut host::SharedData, &key, hosts, i, up))
-    });
-    if matches!(settled, Ok(false)) {
-        log::debug!("llmroute: in-flight count of {backend} owed until the next tick");
-    }
+    add_through_ledger(&shared::in_flight(backend), hosts, i, if up { 1 } else { -1 });
 }
 
 /// Writes whatever in-flight updates this worker still owes; the root calls it on every tick.

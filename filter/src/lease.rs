@@ -6,7 +6,7 @@ use crate::host;
 
 /// Claims the job stored under `key` at `now` if `due(last, now)` says it is due and no other root context claimed
 /// it first. A missing or malformed value counts as never claimed.
-pub fn claim(key: &str, now: u64, due: fn(u64, u64) -> bool) -> bool {
+pub fn claim(key: &str, now: u64, due: impl Fn(u64, u64) -> bool) -> bool {
     let (value, cas) = host::shared_data(key);
     let last = value
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())

@@ -7,6 +7,7 @@
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
 mod admission;
+mod engine_load;
 mod fair_queue;
 mod fleet_check;
 mod global_limits;

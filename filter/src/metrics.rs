@@ -16,7 +16,7 @@ use std::rc::Rc;
 use foldhash::fast::FixedState;
 
 use llmroute_core::envoy_contract::metrics as names;
-use llmroute_core::key_placement::store::Outcome as StoreOutcome;
+use llmroute_core::key_placement::store::{KeptLocal, Outcome as StoreOutcome};
 use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
 use proxy_wasm::types::MetricType;
@@ -190,7 +190,20 @@ impl Metrics {
             for o in StoreOutcome::LABELS {
                 self.add(names::PLACEMENT_STORE, &[("outcome", o)], 0);
             }
+            for k in KeptLocal::ALL {
+                self.add(names::PLACEMENT_STORE_KEPT_LOCAL, &[("reason", k.as_str())], 0);
+            }
         }
+    }
+
+    /// Adds `n` to the counter `metric` with `labels` (the engine load poll's counters).
+    pub fn count(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
+        self.add(metric, labels, n);
+    }
+
+    /// Sets the gauge `metric` with `labels` to `v` (the engine load poll's gauges).
+    pub fn gauge(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
+        host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
     }
 
     /// A request the gateway answered itself with an error; `code` is the error body's `code` (a closed set).
@@ -229,6 +242,11 @@ impl Metrics {
     /// A new key settled through the placement store, or placed locally when the store failed.
     pub fn placement_store(&self, o: StoreOutcome) {
         self.add(names::PLACEMENT_STORE, &[("outcome", o.as_str())], 1);
+    }
+
+    /// A key placed locally without asking the placement store, and why.
+    pub fn placement_store_kept_local(&self, k: KeptLocal) {
+        self.add(names::PLACEMENT_STORE_KEPT_LOCAL, &[("reason", k.as_str())], 1);
     }
 
     /// A new key's transaction sent again because the view it was proposed in was stale (`stale_view`).

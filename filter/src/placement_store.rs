@@ -2,7 +2,10 @@
 //! gateway through the `llmroute_placement_store` cluster. What to send and what an answer means is decided by
 //! `llmroute_core::key_placement::store`; this module only sends and hands back.
 //!
-//! - **Request side.** For a key the local table lacks, [`begin`] sends the create-if-absent transaction with the
+//! - **Request side.** For a key to share ([`store::decide`]: with `share_keys: returning` a key the local
+//!   table holds but has not shared, a first sighting being placed locally; with `all` also a key it lacks), within
+//!   this Envoy's create budget ([`take_create`]; keys kept local are counted in
+//!   `llmroute_placement_store_kept_local_total{reason}`), [`begin`] sends the create-if-absent transaction with the
 //!   host the local table would choose, conditional on the backend's keys being unchanged since the revision the
 //!   table is known complete up to (shared data, written by the root's refresh and by won creates), and the
 //!   request context pauses; an answer that finds that view stale is merged into the table, and the key chosen
@@ -10,7 +13,7 @@
 //!   compare-and-swap that moves it off that host for the whole fleet. [`finish`] reads the answer (or Envoy's
 //!   "no answer" after `timeout_ms`), counts the outcome in `llmroute_placement_store_total{outcome}`, and pins the
 //!   request where the store says, or locally on a fallback. A swap that finds the key gone from etcd is sent
-//!   again as a create-if-absent. Known keys on up hosts never reach this module.
+//!   again as a create-if-absent. Known shared keys on up hosts never reach this module.
 //! - **Root side.** [`Syncer`]: once a second one root context per Envoy (a compare-and-swap lease in shared data)
 //!   reads each backend's keys modified since the last revision it saw and merges them into the shared key table;
 //!   once an epoch it grants a new etcd lease for new keys and re-attaches the keys its requests used; and it
@@ -27,7 +30,9 @@ use llmroute_core::config::{BoundedKeys, KeyPlacement, PlacementStore};
 use llmroute_core::envoy_contract::{shared, PLACEMENT_STORE_CLUSTER};
 use llmroute_core::etcd_json;
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
-use llmroute_core::key_placement::store::{self, InView, Lease, Next, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::store::{
+    self, CreateBudget, Decision, InView, Lease, Next, Outcome, Pending, Reply, Settled,
+};
 use llmroute_core::key_placement::{Bounds, HostView, KeyTable};
 use llmroute_core::status::POLL_INTERVAL_MS;
 use llmroute_core::Config;
@@ -90,21 +95,31 @@ impl Waiting {
     }
 }
 
-/// Sends the transaction for `key` in `cluster` when the store is configured and the local table lacks the key,
-/// or holds it on a host that is down. `None`: nothing to wait for; pin as usual (a transaction that could not be
-/// sent is counted here).
+/// Sends the transaction for `key` in `cluster` when the store is configured and the key is to be shared
+/// ([`store::decide`]: new, or come back unshared, within the create budget) or is held on a host that is down.
+/// `None`: nothing to wait for; pin as usual (a key kept local, and a transaction that could not be sent, are
+/// counted here).
 pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
     let store = cfg.affinity.placement_store.as_ref()?;
     let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
     let now = host::now_ms();
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
-    let bounds = Bounds::new(keys, backend.balance_factor);
+    let bounds = Bounds::for_backend(keys, backend);
     // The revision first: the table is merged before the revision is written, so the table read after it holds
     // every key up to it.
     let view = read_revision(cluster);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(cluster)).0.unwrap_or_default());
-    let ask = store::ask(&table, &hosts, key, now, &bounds)?.in_view(view, keys.max_keys);
+    let decision = store::decide(&table, &hosts, key, now, &bounds, store.share_keys)
+        .within_budget(|| take_create(now, store.max_creates_per_s));
+    let ask = match decision {
+        Decision::Send(ask) => ask.in_view(view, keys.max_keys),
+        Decision::Keep(why) => {
+            metrics.placement_store_kept_local(why);
+            return None;
+        }
+        Decision::Table => return None,
+    };
     let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
     let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
     let body = store::ask_request(&ask, &store.prefix, cluster, key, &host.address, lease.id);
@@ -188,6 +203,7 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
         &w.cluster,
         w.key,
         outcome.stored(w.proposed),
+        true,
     );
     if outcome == Outcome::Won && won_at > 0 && pin.is_some() {
         // The table now holds this key, and no other placement of the backend was written between the view and it.
@@ -215,7 +231,7 @@ fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, met
         false => store::Ask::Create,
     };
     let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
-    let bounds = Bounds::new(&w.keys, backend.balance_factor);
+    let bounds = Bounds::for_backend(&w.keys, backend);
     let table = KeyTable::decode(&host::shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
     let chosen = hosts.get(store::proposal(&table, &hosts, w.key, now, &bounds)?)?;
     w.proposed = chosen.id();
@@ -224,6 +240,23 @@ fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, met
     w.ask = ask;
     w.stale_retries = w.stale_retries.saturating_add(1);
     w.send_again().then_some(Step::Retrying)
+}
+
+/// Spends one of this Envoy's `max` creates of the second at `now` (shared by its workers, with compare-and-swap).
+/// False when they are spent, and when every try lost its race to other workers' creates (the key then waits for
+/// a later request).
+fn take_create(now: u64, max: u32) -> bool {
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host::shared_data(shared::STORE_CREATES);
+        let mut budget = CreateBudget::decode(&bytes.unwrap_or_default());
+        if !budget.take(now, max) {
+            return false;
+        }
+        if host::set_shared_data(shared::STORE_CREATES, &budget.encode(), cas) {
+            return true;
+        }
+    }
+    false
 }
 
 /// POSTs `body` to the store's `path`, with etcd's token when the store has `auth`. `None` when it was not sent,

@@ -1,6 +1,7 @@
 //! The root context: loads and validates the plugin configuration, and hands it to each request. The main
-//! role's root context also polls Envoy's admin API for the status endpoints (see `status`), and checks that the
-//! llama.cpp servers of each backend agree in `/props` (see `fleet_check`).
+//! role's root context also polls Envoy's admin API for the status endpoints (see `status`), checks that the
+//! llama.cpp servers of each backend agree in `/props` (see `fleet_check`), and polls the engines' own load
+//! (see `engine_load`).
 //!
 //! With `fairness`, the root context also releases its worker's requests waiting in the fair queue, on a shorter
 //! tick (see `fair_queue`).
@@ -15,6 +16,7 @@ use llmroute_core::Config;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use crate::engine_load::LoadPoller;
 use crate::fleet_check::FleetCheck;
 use crate::host;
 use crate::http::Http;
@@ -38,6 +40,8 @@ pub struct Root {
     fleet_check: FleetCheck,
     /// The shared placement store's refresh (see `placement_store`).
     store: Syncer,
+    /// The engine load poll of the backends with `load` (see `engine_load`).
+    load: LoadPoller,
 }
 
 impl Context for Root {
@@ -45,6 +49,7 @@ impl Context for Root {
         self.poller.on_response(token_id, body_size);
         self.fleet_check.on_response(token_id, body_size);
         self.store.on_response(token_id, body_size);
+        self.load.on_response(token_id, body_size);
     }
 }
 
@@ -98,6 +103,7 @@ impl RootContext for Root {
                         self.poller.start(cfg.clone());
                         self.fleet_check.start(cfg.clone());
                         self.store.start(cfg.clone(), credentials);
+                        self.load.start(cfg.clone(), self.metrics.clone());
                         // Last: with `fairness`, it sets the shorter tick.
                         crate::fair_queue::start(cfg, &self.metrics);
                     }
@@ -118,6 +124,7 @@ impl RootContext for Root {
         self.poller.on_tick();
         self.fleet_check.on_tick();
         self.store.on_tick();
+        self.load.on_tick();
         self.metrics.vm_memory_tick();
         if let (Some(cfg), false) = (&self.config, self.upstream) {
             crate::fair_queue::tick(cfg, &self.metrics);

@@ -6,8 +6,11 @@
 //! one process polls `GET /clusters?format=json` about once per [`status::POLL_INTERVAL_MS`] whatever its
 //! worker count. The answer is parsed by the core into a `FleetStatus`, stored in shared data, and every
 //! worker's request contexts read that one snapshot. A failed poll keeps the previous snapshot, which ages
-//! until `/readyz` calls it stale. A good poll also rebuilds bounded-keys placement's in-flight counts from
-//! Envoy's per-host `rq_active` (see `key_placement::rebuild_in_flight`).
+//! until `/readyz` calls it stale. Whether polls fail, at which `admin:` address and why, is kept in shared data
+//! too (`admin_poll::AdminFailure`): the pages show it, and the root context whose write changes it from working to
+//! failing (or back) logs the one line, so a wrong admin address is named once, not once a poll or a worker. A
+//! good poll also rebuilds bounded-keys placement's in-flight counts from Envoy's per-host `rq_active` (see
+//! `key_placement::rebuild_in_flight`).
 //!
 //! The status page names hosts by ids keyed with a secret of the process (`status::IdKey`), drawn from the VM's
 //! random source (WASI `random_get`, which Envoy serves from its CSPRNG) and the clock by the first root context
@@ -15,6 +18,7 @@
 
 use std::rc::Rc;
 
+use llmroute_core::admin_poll::{self, AdminFailure, Change, PollError};
 use llmroute_core::status::{self, FleetStatus, IdKey, StatusPage};
 use llmroute_core::{headers, Config};
 use proxy_wasm::types::Action;
@@ -29,6 +33,8 @@ const LEASE_KEY: &str = shared::STATUS_LEASE;
 const SNAPSHOT_KEY: &str = shared::STATUS_SNAPSHOT;
 /// The process's `IdKey`.
 const ID_KEY: &str = shared::STATUS_ID_KEY;
+/// The admin polls' `AdminFailure`, or `null`.
+const ADMIN_KEY: &str = shared::STATUS_ADMIN;
 
 /// One root context's side of the polling.
 #[derive(Default)]
@@ -36,8 +42,6 @@ pub struct Poller {
     cfg: Option<Rc<Config>>,
     /// This root context's poll in progress: its call token and when it started.
     pending: Option<(u32, u64)>,
-    /// The last poll failed; logged once per failure streak.
-    failing: bool,
 }
 
 impl Poller {
@@ -56,6 +60,9 @@ impl Poller {
             }
             // The host never answered in time; forget the call (a late answer is ignored).
             self.pending = None;
+            self.record(Err(PollError::NoAnswer {
+                timeout_ms: status::POLL_TIMEOUT_MS,
+            }));
         }
         if self.cfg.is_none() || !claim_poll(now) {
             return;
@@ -65,7 +72,7 @@ impl Poller {
             None => {
                 // Let another root context take the next tick's poll.
                 host::set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
-                self.failed("the admin cluster could not be called");
+                self.record(Err(PollError::NotCalled));
             }
         }
     }
@@ -80,11 +87,19 @@ impl Poller {
         };
         match host::http_call_status() {
             Some(200) => {}
-            Some(code) => return self.failed(&format!("the admin API answered {code}")),
-            None => return self.failed("the admin API did not answer in time"),
+            Some(code) => {
+                // Only Envoy's own short local reply is quoted; read no more than that could be.
+                let head = host::http_call_body(body_size.min(admin_poll::MAX_ERROR_LEN)).unwrap_or_default();
+                return self.record(Err(admin_poll::answered(code, &head)));
+            }
+            None => {
+                return self.record(Err(PollError::NoAnswer {
+                    timeout_ms: status::POLL_TIMEOUT_MS,
+                }))
+            }
         }
         let Some(body) = host::http_call_body(body_size) else {
-            return self.failed("its body could not be read");
+            return self.record(Err(PollError::Unreadable("its body could not be read".into())));
         };
         match status::parse_clusters(&body, &cfg, host::now_ms()) {
             Ok(fleet) => {
@@ -97,22 +112,40 @@ impl Poller {
                         crate::key_placement::store_weights(&b.name, &b.weights);
                     }
                     crate::key_placement::rebuild_in_flight(&cfg, b, fleet.taken_at_ms);
+                    crate::engine_load::rebuild_work(&cfg, b, fleet.taken_at_ms);
                 }
-                if self.failing {
-                    log::info!("llmroute: polling Envoy's admin /clusters works again");
-                }
-                self.failing = false;
+                self.record(Ok(()));
             }
-            Err(e) => self.failed(&e.to_string()),
+            Err(e) => self.record(Err(PollError::Unreadable(e.0))),
         }
     }
 
-    fn failed(&mut self, why: &str) {
-        if !self.failing {
-            log::warn!("llmroute: status poll of Envoy's admin /clusters failed: {why}; keeping the last snapshot");
+    /// Stores what a poll's `outcome` makes of the process's admin state, and logs the change if this write made
+    /// it. A write that loses the compare-and-swap to another root context's logs nothing: that one's stands.
+    fn record(&self, outcome: Result<(), PollError>) {
+        let Some(cfg) = &self.cfg else {
+            return;
+        };
+        let (stored, cas) = host::shared_data(ADMIN_KEY);
+        let prev = stored.as_deref().and_then(AdminFailure::decode);
+        let (next, change) = admin_poll::after_poll(prev.as_ref(), outcome, &cfg.admin.to_string(), host::now_ms());
+        if stored.is_some() && next == prev {
+            return;
         }
-        self.failing = true;
+        if !host::set_shared_data(ADMIN_KEY, &AdminFailure::encode(next.as_ref()), cas) {
+            return;
+        }
+        match change {
+            Some(Change::Failing(line)) => log::warn!("{line}"),
+            Some(Change::Recovered(line)) => log::info!("{line}"),
+            None => {}
+        }
     }
+}
+
+/// Whether the admin polls fail, as the last poll of any root context left it.
+pub(crate) fn admin_failure() -> Option<AdminFailure> {
+    host::shared_data(ADMIN_KEY).0.and_then(|b| AdminFailure::decode(&b))
 }
 
 /// Claims the poll due at `now`, if one is due and no other root context claimed it first.
@@ -154,9 +187,13 @@ pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Actio
     let now = host::now_ms();
     let (code, body) = match page {
         StatusPage::Healthz => (200, status::healthz_body()),
-        StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), now),
+        StatusPage::Readyz => status::readyz(cfg, latest().as_ref(), admin_failure().as_ref(), now),
         StatusPage::Status => {
-            let body = status::status_body(cfg, latest().as_ref(), now, id_key());
+            let load = crate::engine_load::StatusView::read(cfg, now);
+            let admin = admin_failure();
+            let body = status::status_body_with_load(cfg, latest().as_ref(), admin.as_ref(), now, id_key(), &|b, a| {
+                load.host(b, a)
+            });
             (200, crate::fair_queue::with_queues(cfg, body))
         }
     };

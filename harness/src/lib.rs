@@ -1,10 +1,12 @@
 //! llmroute's test side: the real-Envoy launcher (rendering through `llmroute-envoy`), the engine emulators,
-//! the fleet set-up shared by tests and the demo, real llama.cpp servers (`llama`), and the benches (`bench`,
-//! run by `llmroute-bench`), and the chaos and soak runs (`chaos`).
+//! the fleet set-up shared by tests and the demo, real llama.cpp servers (`llama`), Docker Compose stacks for the
+//! container checks (`compose`), and the benches (`bench`, run by `llmroute-bench`), and the chaos and soak runs
+//! (`chaos`).
 
 pub mod bench;
 pub mod certs;
 pub mod chaos;
+pub mod compose;
 pub mod demo;
 pub mod emulator;
 pub mod envoy;

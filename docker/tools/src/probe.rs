@@ -1,9 +1,16 @@
-//! What `llmroute-probe` sends and how it reads the answer.
+//! What `llmroute-probe` checks: an HTTP URL (what it sends and how it reads the answer), or a file.
 //!
 //! The URL is `http://IP:PORT/PATH` with an IP literal: the binary is linked statically, and a static glibc
 //! cannot resolve names reliably, while a health check only ever asks its own container (`127.0.0.1`). The
 //! request is HTTP/1.1 (Envoy refuses 1.0) with `Connection: close`; only the status line of the answer is read,
 //! so a body of any length or framing does not matter. A 2xx is healthy; anything else, or no answer, is not.
+//!
+//! `file:///PATH` checks a file instead: healthy when it exists, is a regular file and is not empty. A sidecar
+//! that writes a file another container must find at start (`llmroute discover` writes the EDS file that Envoy
+//! refuses to start without) is healthy once the file is there, so the reader can wait for it
+//! (`depends_on: condition: service_healthy`).
+
+use std::path::PathBuf;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -15,11 +22,42 @@ pub struct Target {
     pub path: String,
 }
 
+/// What to check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    Http(Target),
+    /// An absolute path: healthy when it names a non-empty regular file.
+    File(PathBuf),
+}
+
+/// Parses `http://IP:PORT[/PATH]` or `file:///PATH`. The error says what is wrong and what is accepted.
+pub fn parse(arg: &str) -> Result<Check, String> {
+    match arg.strip_prefix("file://") {
+        Some(path) if path.starts_with('/') && !path.chars().any(char::is_control) => {
+            Ok(Check::File(PathBuf::from(path)))
+        }
+        Some(_) => Err(format!(
+            "{arg:?}: a file:// URL takes an absolute path without control characters, such as \
+             file:///var/lib/llmroute/llama-a.eds.json"
+        )),
+        None => parse_url(arg).map(Check::Http),
+    }
+}
+
+/// Whether a file of `len` bytes, regular or not, counts as healthy: a regular file with something in it.
+pub fn file_healthy(is_file: bool, len: u64) -> Result<(), String> {
+    match (is_file, len) {
+        (false, _) => Err("not a regular file".into()),
+        (true, 0) => Err("empty".into()),
+        (true, _) => Ok(()),
+    }
+}
+
 /// Parses `http://IP:PORT[/PATH]`. The error says what is wrong and what is accepted.
 pub fn parse_url(url: &str) -> Result<Target, String> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?}: only http://IP:PORT/PATH URLs are accepted"))?;
+        .ok_or_else(|| format!("{url:?}: only http://IP:PORT/PATH and file:///PATH URLs are accepted"))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, "/"),
@@ -109,6 +147,22 @@ mod tests {
             let e = parse_url(url).unwrap_err();
             assert!(e.contains(says), "{url}: {e}");
         }
+    }
+
+    #[test]
+    fn a_file_url_is_an_absolute_path_checked_for_content() {
+        assert_eq!(
+            parse("file:///var/lib/llmroute/a.eds.json"),
+            Ok(Check::File(PathBuf::from("/var/lib/llmroute/a.eds.json")))
+        );
+        assert!(matches!(parse("http://127.0.0.1:8080/health"), Ok(Check::Http(_))));
+        for bad in ["file://relative/x", "file:///a\nb", "ftp://x"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert!(parse("file://x").unwrap_err().contains("absolute path"));
+        assert_eq!(file_healthy(true, 10), Ok(()));
+        assert_eq!(file_healthy(true, 0), Err("empty".into()));
+        assert_eq!(file_healthy(false, 10), Err("not a regular file".into()));
     }
 
     #[test]

@@ -104,7 +104,8 @@ enum Command {
         /// The backend's `discovery.etcd.prefix`.
         #[arg(long)]
         prefix: String,
-        /// The engine's IP:PORT, as Envoy reaches it.
+        /// The engine's IP:PORT, as Envoy reaches it; or HOST:PORT, whose name is resolved at each registration and
+        /// must resolve to that one IP.
         #[arg(long)]
         addr: String,
         /// The engine's health URL, such as http://10.0.0.5:8080/health.

@@ -15,7 +15,7 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract::ADMIN_CLUSTER;
 use serde_json::{json, Value};
 
-use super::{push, socket};
+use super::json::{push, socket};
 
 /// Appends the admin cluster to the bootstrap's clusters.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {

@@ -15,7 +15,7 @@ use llmroute_core::config::{circuit_breaker_limit, Backend, Config, Health, LbPo
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
-use super::{duration_ms, socket};
+use super::json::{duration_ms, socket};
 
 /// Every backend's cluster, except a discovered backend without an EDS file: that cluster is defined outside
 /// the bootstrap (CDS, Istio), and the route reaches it by name.

@@ -26,7 +26,7 @@ use llmroute_core::config::{Backend, Config};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
-use super::push;
+use super::json::push;
 
 /// The SDS secret that holds a backend's token.
 pub fn secret_name(backend: &str) -> String {

@@ -1,26 +1,26 @@
 //! Live reconfiguration through Envoy's extension config discovery (ECDS).
 //!
 //! With [`RenderOptions::ecds_path`](super::RenderOptions) set, the listener's wasm filter entry carries no
-//! configuration: it names the extension config [`FILTER_NAME`] and a `path_config_source` watching a file. That
+//! configuration: it names the extension config [`contract::ROOT_ID`] and a `path_config_source` watching a file. That
 //! file holds a `DiscoveryResponse` whose one resource is the filter's `TypedExtensionConfig`: the same wasm
 //! filter, with the validated llmroute document embedded, that the static bootstrap would inline
 //! (`llmroute render --target ecds`). Envoy reloads it when the file is replaced by a rename; any xDS server can
 //! serve the same resource instead.
 //!
 //! A pushed configuration the filter refuses (`on_configure` returns false) is rejected by Envoy: the previous
-//! one stays in force, `extension_config_discovery.<FILTER_NAME>.config_fail` counts the refusal, and the filter
+//! one stays in force, `extension_config_discovery.llmroute.config_fail` counts the refusal, and the filter
 //! logs each validation error.
 //!
 //! What ECDS carries is the downstream filter only. Backends and the failover aggregates (with the filter's
 //! upstream role) are clusters: a change to them needs a new bootstrap or CDS.
 
 use llmroute_core::config::Config;
+use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
-use super::{config_json, wasm_filter, RenderOptions};
-
-/// The extension config's name, shared by the listener's entry and the discovery resource.
-pub const FILTER_NAME: &str = "llmroute";
+use super::filters::wasm_filter;
+use super::json::config_json;
+use super::options::RenderOptions;
 
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const TYPED_EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
@@ -28,7 +28,7 @@ const TYPED_EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.T
 /// The listener's filter entry: the config comes from the discovery file at `path`.
 pub fn discovered_filter(path: &str) -> Value {
     json!({
-        "name": FILTER_NAME,
+        "name": contract::ROOT_ID,
         "config_discovery": {
             "config_source": {
                 "path_config_source": { "path": path },
@@ -57,7 +57,7 @@ pub fn discovery_response_raw(plugin_config: &str, opts: &RenderOptions) -> Resu
         "version_info": version,
         "resources": [{
             "@type": TYPED_EXTENSION_CONFIG,
-            "name": FILTER_NAME,
+            "name": contract::ROOT_ID,
             "typed_config": filter["typed_config"],
         }],
     }))
@@ -76,9 +76,18 @@ pub fn ecds_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
         ),
         None => String::new(),
     };
+    // The admin cluster is the bootstrap's too: a pushed `admin:` names it, but does not move it.
+    let admin = format!(
+        "# admin: {} must stay the address of the running Envoy's own admin interface, where its cluster `{}` \
+         points; otherwise /readyz stays 503 and names {}.\n",
+        cfg.admin,
+        llmroute_core::envoy_contract::ADMIN_CLUSTER,
+        cfg.admin
+    );
     Ok(format!(
         "# Rendered by `llmroute render --target ecds` {}: the llmroute filter's extension config (ECDS).\n\
-         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n{store}{body}",
+         # Write it to a temporary file in the watched directory, then rename it over the watched path.\n\
+         {admin}{store}{body}",
         llmroute_core::VERSION
     ))
 }
@@ -101,6 +110,19 @@ mod tests {
         assert_eq!(r["typed_config"]["@type"], WASM_TYPE);
         let embedded = r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap();
         assert!(llmroute_core::load_config(embedded).is_ok());
+    }
+
+    #[test]
+    fn the_header_says_admin_must_stay_the_running_envoys_admin() {
+        let doc = format!("{DOC}admin: 127.0.0.1:9911\n");
+        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let text = ecds_yaml(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
+        let line = text.lines().find(|l| l.starts_with("# admin:")).unwrap_or_default();
+        assert!(
+            line.contains("127.0.0.1:9911 must stay the address of the running Envoy's own admin interface")
+                && line.contains("llmroute_admin"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use llmroute_core::envoy_contract as contract;
 use llmroute_core::error::{envoy_fallback, system_one, EnvoyReply, ENVOY_REPLIES};
 use serde_json::{json, Map, Value};
 
-use super::duration_ms;
+use super::json::duration_ms;
 
 /// HTTP/2 windows: Envoy's recommended edge values.
 pub const STREAM_WINDOW: u32 = 64 * 1024;

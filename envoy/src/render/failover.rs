@@ -15,7 +15,9 @@ use llmroute_core::envoy_contract::{self as contract, failover_cluster};
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
-use super::{duration_ms, wasm_plugin, RenderOptions};
+use super::filters::wasm_plugin;
+use super::json::duration_ms;
+use super::options::RenderOptions;
 
 pub use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 

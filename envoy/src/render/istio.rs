@@ -33,7 +33,7 @@ use llmroute_core::config::{Backend, Config, EngineKind};
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
-use super::config_json;
+use super::json::config_json;
 
 /// The `VirtualService` route the `HTTP_ROUTE` patch finds by name.
 pub const ROUTE_NAME: &str = "llmroute";
@@ -328,12 +328,15 @@ pub fn notes(cfg: &Config, config_text: &str, opts: &IstioOptions) -> Vec<String
         .ok()
         .and_then(|j| serde_json::from_str::<Value>(&j).ok())
         .and_then(|v| v.get("admin").and_then(Value::as_str).map(str::to_string));
+    let must = format!(
+        "it must be the address of the proxy's own admin interface (Istio's default), or /readyz stays 503 and names {admin}"
+    );
     match written {
         Some(a) if a != admin => out.push(format!(
-            "admin: {a} is replaced by {admin}, the Istio proxy's admin address, which the filter polls for /readyz and /llmroute/status"
+            "admin: {a} is replaced by {admin}, the Istio proxy's admin address, which the filter polls for /readyz and /llmroute/status; {must}"
         )),
         _ => out.push(format!(
-            "admin: the filter polls the Istio proxy's admin at {admin} for /readyz and /llmroute/status"
+            "admin: the filter polls the Istio proxy's admin at {admin} for /readyz and /llmroute/status; {must}"
         )),
     }
     let gateway = match &opts.deployment {

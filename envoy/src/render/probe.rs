@@ -1,8 +1,10 @@
-//! The probe clusters of the `/props` fleet check: one single-host cluster per endpoint of each `llamacpp`
-//! backend with two or more endpoints (see `llmroute_core::fleet_check`).
+//! The probe clusters of the `/props` fleet check and the engine load poll: one single-host cluster per endpoint
+//! of each `llamacpp` backend with two or more endpoints (see `llmroute_core::fleet_check`) and of each backend
+//! with `load` (see `llmroute_core::load::poll`); `llmroute_core::probe` lists them.
 //!
 //! The filter's root context reads `GET /props` from each llama.cpp server every few seconds to check that the
-//! servers of a backend agree on their context size and slot count. A wasm `dispatch_http_call` targets a
+//! servers of a backend agree on their context size and slot count, and `GET /metrics` from each engine of a
+//! backend with `load` every `poll_ms`. A wasm `dispatch_http_call` targets a
 //! cluster, and the backend's own cluster would let its load balancer pick the host, so each endpoint gets its
 //! own cluster, named by [`probe_cluster`](llmroute_core::envoy_contract::probe_cluster): STATIC for an IP,
 //! STRICT_DNS for a name. It reaches the server the way the backend's cluster does: the same connect timeout,
@@ -10,7 +12,8 @@
 //! credential injector).
 //! It has no health check, no outlier detection and no load balancer settings, and no route names it.
 //!
-//! A discovered `llamacpp` backend has no endpoint list to render. It gets one `ORIGINAL_DST` cluster instead,
+//! A discovered `llamacpp` backend, or a discovered backend with `load`, has no endpoint list to render. It gets
+//! one `ORIGINAL_DST` cluster instead,
 //! named by [`discovered_probe_cluster`], with `lb_policy: CLUSTER_PROVIDED` and
 //! `original_dst_lb_config.use_http_header`: each of the filter's calls names its host (`IP:PORT`) in
 //! [`ORIGINAL_DST_HEADER`], and Envoy connects there. Envoy cannot limit such a cluster to a set of hosts; what
@@ -22,10 +25,10 @@
 
 use llmroute_core::config::{Backend, Config};
 use llmroute_core::envoy_contract::{discovered_probe_cluster, ORIGINAL_DST_HEADER};
-use llmroute_core::fleet_check::{self, ProbeTarget};
+use llmroute_core::fleet_check::ProbeTarget;
 use serde_json::{json, Value};
 
-use super::{duration_ms, socket};
+use super::json::{duration_ms, socket};
 
 /// What a probe cluster copies from its backend's rendered cluster.
 const COPIED: [&str; 2] = ["transport_socket", "typed_extension_protocol_options"];
@@ -36,7 +39,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
     let Some(clusters) = bootstrap["static_resources"]["clusters"].as_array_mut() else {
         return;
     };
-    let probes: Vec<Value> = fleet_check::targets(cfg)
+    let probes: Vec<Value> = llmroute_core::probe::endpoints(cfg)
         .iter()
         .filter_map(|t| {
             let backend = cfg.backends.iter().find(|b| b.name == t.backend)?;
@@ -57,7 +60,7 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
             Some(c)
         })
         .collect();
-    let discovered: Vec<Value> = fleet_check::discovered_backends(cfg)
+    let discovered: Vec<Value> = llmroute_core::probe::discovered_backends(cfg)
         .map(|b| discovered_cluster(b, clusters.iter().find(|c| c["name"] == b.name.as_str())))
         .collect();
     clusters.extend(probes);
@@ -129,6 +132,13 @@ mod tests {
         v["static_resources"]["clusters"].as_array().unwrap().clone()
     }
 
+    fn names(v: &Value) -> Vec<String> {
+        clusters(v)
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     fn named(v: &Value, name: &str) -> Value {
         clusters(v)
             .into_iter()
@@ -139,10 +149,7 @@ mod tests {
     #[test]
     fn one_single_host_cluster_per_endpoint_of_a_multi_server_llamacpp_backend() {
         let v = render(DOC);
-        let names: Vec<String> = clusters(&v)
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect();
+        let names = names(&v);
         assert_eq!(
             names,
             vec![
@@ -226,14 +233,38 @@ mod tests {
         );
         assert_eq!(p1["transport_socket"]["typed_config"]["sni"], "llama.internal");
     }
+
+    #[test]
+    fn a_backend_with_load_gets_a_probe_cluster_per_endpoint_whatever_its_kind_and_size() {
+        // The engine load poll reads every endpoint of a backend with `load`: a single vLLM endpoint too, and a
+        // llama.cpp backend the `/props` check also reads gets its clusters once.
+        let doc = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    load: {}\n  - name: solo\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8090']\n    load: { poll_ms: 500 }\n  - name: v\n    kind: vllm\n    endpoints: ['127.0.0.1:9001', '127.0.0.1:9002']\n    load: {}\n  - name: d\n    kind: sglang\n    discovery: { eds_path: /etc/eds/d.yaml }\n    load: {}\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
+        let v = render(doc);
+        let names = names(&v);
+        assert_eq!(
+            names,
+            vec![
+                "a",
+                "solo",
+                "v",
+                "d",
+                "llmroute-probe-a-0",
+                "llmroute-probe-a-1",
+                "llmroute-probe-solo-0",
+                "llmroute-probe-v-0",
+                "llmroute-probe-v-1",
+                "llmroute-dst-probe-d",
+                ADMIN_CLUSTER
+            ]
+        );
+        assert_eq!(named(&v, "llmroute-probe-v-1")["type"], "STATIC");
+    }
+
     #[test]
     fn a_discovered_llamacpp_backend_gets_one_original_destination_probe_cluster() {
         let doc = "version: 1\nbackends:\n  - name: d\n    kind: llamacpp\n    discovery: { eds_path: /etc/eds/d.yaml }\n    connect_timeout_ms: 600\n    tls: { sni: llama.internal, ca_file: /etc/ca.pem }\n    credential_env: LLAMA_TOKEN\n  - name: dv\n    kind: vllm\n    discovery: { eds_path: /etc/eds/dv.yaml }\n  - name: ext\n    kind: llamacpp\n    discovery: {}\nmodels:\n  - name: m\n    routes: [{ backend: d }]\n";
         let v = render(doc);
-        let names: Vec<String> = clusters(&v)
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect();
+        let names = names(&v);
         assert_eq!(
             names,
             vec![

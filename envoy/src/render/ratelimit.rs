@@ -21,7 +21,7 @@ use llmroute_core::config::GlobalLimits;
 use llmroute_core::envoy_contract::{global, log_fields};
 use serde_json::{json, Value};
 
-use super::{duration_ms, socket};
+use super::json::{duration_ms, socket};
 
 /// The rate-limit filter, for the http filters before the router (after the wasm filter).
 pub fn filter(g: &GlobalLimits) -> Value {

@@ -18,7 +18,7 @@ use llmroute_core::config::{Config, PlacementStore};
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use serde_json::{json, Value};
 
-use super::{duration_ms, push, socket};
+use super::json::{duration_ms, push, socket};
 
 /// Appends the store's cluster when the config has a placement store.
 pub fn apply(cfg: &Config, bootstrap: &mut Value) {

@@ -17,8 +17,9 @@
 //!   priority that moves on to the next backend.
 //! - `other_routes`: the per-route config that turns every one of those filters off, for the routes of other
 //!   applications on the same connection manager: the filter then runs on the inference routes only.
-//! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the `/props`
-//!   probe clusters (per endpoint, and original-destination ones for discovered llama.cpp backends), and
+//! - `clusters`: the extra clusters: the failover aggregates (with the filter's upstream role), the probe
+//!   clusters of the `/props` check and the engine load poll (per endpoint, and original-destination ones for
+//!   discovered llama.cpp backends and discovered backends with `load`), and
 //!   `llmroute_admin`, and with `affinity.placement_store` the etcd cluster `llmroute_placement_store`. A
 //!   multi-route alias is routed to its aggregate; without it the request names a cluster that does not exist.
 //! - `backend_clusters`: one cluster per backend with listed endpoints or an EDS file, named after it, with its
@@ -33,10 +34,10 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Map, Value};
 
-use super::{
-    admin, cluster, config_json, credentials, duration_ms, ecds, edge, failover, observe, probe, ratelimit,
-    stateful_session, store, tls, RenderOptions, BUFFER_SLACK,
-};
+use super::filters::stateful_session;
+use super::json::{config_json, duration_ms};
+use super::options::{RenderOptions, BUFFER_SLACK};
+use super::{admin, cluster, credentials, ecds, edge, failover, observe, probe, ratelimit, store, tls};
 
 /// Everything llmroute adds to an Envoy, split by where it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,7 +93,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     if opts.with_filter {
         http_filters.push(match &opts.ecds_path {
             Some(path) => ecds::discovered_filter(path),
-            None => super::wasm_filter(plugin_config, opts),
+            None => super::filters::wasm_filter(plugin_config, opts),
         });
         if let Some(g) = &cfg.global_limits {
             // After the wasm filter: its descriptors read the headers the filter sets once the body is read.
@@ -310,8 +311,9 @@ pub fn notes(cfg: &Config) -> Vec<String> {
     let to = admin::target(cfg.admin);
     let mut out = vec![format!(
         "admin: the filter polls Envoy's admin API at {to} through llmroute_admin for /readyz and /llmroute/status; \
-         `admin:` in llmroute.yaml ({}) must be your Envoy's admin address, or /readyz stays 503",
-        cfg.admin
+         `admin:` in llmroute.yaml ({}) must be the address of your Envoy's own admin interface, or /readyz stays \
+         503 (its reason, /llmroute/status and Envoy's log then name {})",
+        cfg.admin, cfg.admin
     )];
     for b in cfg
         .backends
@@ -538,7 +540,10 @@ static_resources:
         let doc = "version: 1\nadmin: 0.0.0.0:9911\nbackends:\n  - { name: d, kind: vllm, discovery: {} }\n  - { name: e, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: d, priority: 1 }, { backend: e, priority: 2 }] }\n";
         let notes = notes(&load(doc)).join("\n");
         assert!(
-            notes.contains("admin API at 127.0.0.1:9911") && notes.contains("`admin:` in llmroute.yaml (0.0.0.0:9911)"),
+            notes.contains("admin API at 127.0.0.1:9911")
+                && notes
+                    .contains("`admin:` in llmroute.yaml (0.0.0.0:9911) must be the address of your Envoy's own admin")
+                && notes.contains("/readyz stays 503"),
             "{notes}"
         );
         assert!(

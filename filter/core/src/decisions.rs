@@ -23,8 +23,10 @@ use crate::error::GatewayError;
 use crate::estimate::Estimator;
 use crate::fields::folds_to;
 use crate::json::{nav, scan_object_with, Kind, Member, MAX_DEPTH};
-use crate::route::{body_patch, output_count, resolve_alias, RouteDecision, SessionSource};
+use crate::patch::{body_patch, output_count};
 use crate::route_choice;
+use crate::route_choice::{resolve_alias, RouteDecision};
+use crate::session::SessionSource;
 
 /// Decides a decision-route request.
 pub fn route(cfg: &Config, api: Api, body: &[u8], session: impl SessionSource) -> Result<RouteDecision, GatewayError> {

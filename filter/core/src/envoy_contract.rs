@@ -11,10 +11,49 @@
 //! the filter's metric names and the stats tag that labels them, and the shared-data keys the filter's VMs share
 //! (one VM per worker, so these are a contract between workers of the same module).
 
-pub use crate::headers::{
-    AFFINITY, AFFINITY_SOURCE, ALIAS, CLUSTER, ERROR, INPUT_TOKENS, LOCAL_REPLY, PLACEMENT, REQUEST_ID, SESSION_ECHO,
-    TOKEN_ESTIMATE, UPSTREAM,
-};
+/// Headers the route, Envoy's own filters and the access log read or write.
+/// The route's `hash_policy` header: the affinity hash, 16 hex digits.
+pub const AFFINITY: &str = "x-llmroute-affinity";
+/// Debug response header: where the affinity key came from.
+pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
+/// Upstream request header naming the alias, for the failover cluster's upstream filter.
+pub const ALIAS: &str = "x-llmroute-alias";
+/// The route's `cluster_header`: the backend (Envoy cluster) chosen for the request.
+pub const CLUSTER: &str = "x-llmroute-cluster";
+/// Local replies name their reason code here.
+pub const ERROR: &str = "x-llmroute-error";
+/// Upstream request headers with the gateway's input-token estimate (both carry the same value).
+pub const INPUT_TOKENS: &str = "x-input-tokens";
+/// Request header the filter sets just before it answers a request itself. Envoy's `local_reply_config` rewrites
+/// every other local reply into the JSON envelope, and skips those that carry this header, whose bodies are
+/// already the gateway's own. Client copies are stripped with the rest of the `x-llmroute-` namespace.
+pub const LOCAL_REPLY: &str = "x-llmroute-local-reply";
+/// Debug response header: why bounded-keys placement chose the host (`pinned`, `placed`, `moved`, `spilled`).
+pub const PLACEMENT: &str = "x-llmroute-placement";
+/// Envoy's request id, kept on every response and in every error body.
+pub const REQUEST_ID: &str = "x-request-id";
+/// Response header echoing an explicit session key, so clients can pin later turns.
+pub const SESSION_ECHO: &str = "x-multi-turn-session-id";
+pub const TOKEN_ESTIMATE: &str = "x-token-estimate";
+/// Debug response header: the upstream host that answered.
+pub const UPSTREAM: &str = "x-llmroute-upstream";
+
+/// The release both sides were built from: the renderer stamps it on what it writes, the filter reports it on its
+/// status page.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The name a backend takes inside metric names (`llmroute.backend.<token>.<metric>`). A name made only of
+/// `A-Z a-z 0-9 . _ - | :` is kept as is, so Istio's `outbound|8000||llama.ns.svc.cluster.local` reads the same
+/// in Prometheus as in Envoy's own cluster stats. Any other byte becomes `_`, and eight hex digits of the name's
+/// xxh3 are appended after `~`, so two names that differ only in such bytes still get distinct tokens.
+pub fn stat_token(name: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'|' | b':');
+    if !name.is_empty() && name.bytes().all(plain) {
+        return name.to_string();
+    }
+    let safe: String = name.bytes().map(|b| if plain(b) { b as char } else { '_' }).collect();
+    format!("{safe}~{:08x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32)
+}
 
 /// The downstream role's root id, which is also its plugin name and `vm_id`.
 pub const ROOT_ID: &str = "llmroute";
@@ -78,11 +117,11 @@ pub const METRIC_PREFIX: &str = "llmroute";
 /// `<metric>;<label>=<value>;<label>=<value>...` (for example `llmroute_rejections_total;reason=model_not_found`).
 /// The renderer adds one `stats_tags` regex per label ([`metrics::stats_tags`]); Envoy cuts each `;label=value`
 /// out of the name and turns it into a tag, so `/stats/prometheus` shows `llmroute_rejections_total{reason="..."}`.
-/// Values never contain `;` or `=`: each goes through [`crate::config::stat_token`], and they are either names
+/// Values never contain `;` or `=`: each goes through [`stat_token`], and they are either names
 /// from the config or members of closed sets, so the regexes cannot be fooled and the number of series is bounded
 /// by the config (see `docs/observability.md`).
 pub mod metrics {
-    use crate::config::stat_token;
+    use crate::envoy_contract::stat_token;
 
     /// Routed requests, once each, when the exchange is over: `{alias, backend, api, code_class, affinity_source}`.
     pub const REQUESTS: &str = "llmroute_requests_total";
@@ -111,6 +150,13 @@ pub mod metrics {
     /// New keys settled through the shared placement store, by how: `{outcome=won|adopted|timeout|not_sent|error}`;
     /// the last three are fallbacks to local placement.
     pub const PLACEMENT_STORE: &str = "llmroute_placement_store_total";
+    /// Fleet-check findings logged (a served model or a slot count that does not match the config).
+    pub const FLEET_WARNINGS: &str = "llmroute_fleet_warnings_total";
+    /// Fleet checks completed, with or without findings.
+    pub const FLEET_CHECKS: &str = "llmroute_fleet_checks_total";
+    /// Keys the placement store would take but which were placed locally without asking it:
+    /// `{reason=first_sighting|over_budget}`.
+    pub const PLACEMENT_STORE_KEPT_LOCAL: &str = "llmroute_placement_store_kept_local_total";
     /// Gauge: the largest wasm linear memory among the filter's VMs, in bytes (the soak watches it).
     pub const VM_MEMORY_BYTES: &str = "llmroute_vm_memory_bytes";
     /// Gauge: requests waiting in a backend's fair queue (`fairness`): `{backend}`.
@@ -124,9 +170,21 @@ pub mod metrics {
     pub const QUEUE_REFUSALS: &str = "llmroute_queue_refusals_total";
     /// Requests whose client left while they waited (removed, charged nothing): `{backend}`.
     pub const QUEUE_ABANDONED: &str = "llmroute_queue_abandoned_total";
+    /// Gauge: requests waiting in an engine's own queue, at its last `/metrics` read: `{backend, host}` (the host
+    /// as the status page names it).
+    pub const ENGINE_QUEUE: &str = "llmroute_engine_queue";
+    /// Gauge: requests an engine is running, at its last read: `{backend, host}`.
+    pub const ENGINE_RUNNING: &str = "llmroute_engine_running";
+    /// Gauge: an engine's KV-cache use in thousandths, at its last read, when it reports one: `{backend, host}`.
+    pub const ENGINE_KV_PERMILLE: &str = "llmroute_engine_kv_cache_permille";
+    /// Engine `/metrics` reads, by how they ended: `{backend, outcome=ok|error|timeout|no_gauge}`.
+    pub const ENGINE_LOAD_READS: &str = "llmroute_engine_load_reads_total";
+    /// Hosts whose load reading was found stale at a poll (placement then counts their requests in flight only):
+    /// `{backend}`, one per host and poll for as long as it stays stale.
+    pub const ENGINE_LOAD_STALE: &str = "llmroute_engine_load_stale_total";
 
     /// Every label any filter metric carries. Each gets one stats tag.
-    pub const LABELS: [&str; 9] = [
+    pub const LABELS: [&str; 10] = [
         "alias",
         "backend",
         "api",
@@ -136,6 +194,7 @@ pub mod metrics {
         "key",
         "kind",
         "outcome",
+        "host",
     ];
 
     /// The Envoy stat name of `metric` with `labels`, in the order given. Values go through `stat_token`.
@@ -281,18 +340,38 @@ pub mod shared {
     pub fn weights(backend: &str) -> String {
         format!("llmroute.weights.{backend}")
     }
+    /// The engine load readings of a backend's hosts (`load::encode`).
+    pub fn load(backend: &str) -> String {
+        format!("llmroute.load.{backend}")
+    }
+    /// The lease that lets one worker at a time poll a backend's engine load.
+    pub fn load_lease(backend: &str) -> String {
+        format!("llmroute.loadlease.{backend}")
+    }
+    /// Why the last load read of each of a backend's hosts gave no reading (`load::poll::encode_problems`).
+    pub fn load_problems(backend: &str) -> String {
+        format!("llmroute.loadnote.{backend}")
+    }
+    /// A backend's work in flight per host: prompt tokens plus requested output of the requests placed there.
+    pub fn work(backend: &str) -> String {
+        format!("llmroute.work.{backend}")
+    }
     /// The lease that lets one worker at a time run the status poll.
     pub const STATUS_LEASE: &str = "llmroute.status.lease";
     /// The status poll's latest snapshot.
     pub const STATUS_SNAPSHOT: &str = "llmroute.status.snapshot";
     /// The process's key of the host ids the status page shows (`status::IdKey`).
     pub const STATUS_ID_KEY: &str = "llmroute.status.idkey";
+    /// Whether the status polls of the admin API fail, and where (`admin_poll::AdminFailure`, or `null`).
+    pub const STATUS_ADMIN: &str = "llmroute.status.admin";
     /// The lease that lets one worker at a time run the `/props` check.
     pub const PROPS_LEASE: &str = "llmroute.props.lease";
     /// The lease that lets one worker at a time refresh the key tables from the placement store.
     pub const STORE_SYNC_LEASE: &str = "llmroute.store.sync";
     /// The etcd lease new keys are attached to (`key_placement::store::Lease`).
     pub const STORE_LEASE: &str = "llmroute.store.lease";
+    /// The keys this Envoy created in etcd in the current second (`key_placement::store::CreateBudget`).
+    pub const STORE_CREATES: &str = "llmroute.store.creates";
     /// The token etcd gave for the placement store's user (`affinity.placement_store.etcd.auth`); empty: none.
     pub const STORE_TOKEN: &str = "llmroute.store.token";
     /// A backend's keys placed locally while the placement store failed, to settle once it answers.

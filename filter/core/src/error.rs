@@ -8,8 +8,8 @@ use std::fmt;
 
 use serde_json::json;
 
+use crate::api_kind::{Api, Envelope};
 use crate::auth::AuthRefusal;
-use crate::endpoint::{Api, Envelope};
 use crate::json::JsonError;
 use crate::limits::{Kind, Scope};
 

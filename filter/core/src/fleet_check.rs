@@ -6,7 +6,7 @@
 //! `default_generation_settings.n_ctx` (the context of one slot: `-c` divided by `-np`) and `total_slots`.
 //!
 //! The filter's root context reads `/props` from every endpoint of each `llamacpp` backend with two or more
-//! endpoints, first about [`TICK_MS`](crate::status::TICK_MS) after Envoy loads the filter and then every
+//! endpoints, first about [`TICK_MS`](crate::host_poll::TICK_MS) after Envoy loads the filter and then every
 //! [`CHECK_INTERVAL_MS`]. One root context per Envoy process does it (a lease in shared data, as for the status
 //! poll), and requests never wait for it. Since Envoy's HTTP calls target a cluster, not a host, `llmroute
 //! render` adds one single-host cluster per probed endpoint, named by [`probe_cluster`]. An endpoint that does
@@ -21,7 +21,7 @@
 //!
 //! This module is the pure part: which endpoints are probed, parsing `/props`, and comparing the answers.
 
-use crate::key_placement::MAX_SLOTS;
+use crate::config::MAX_SLOTS;
 use std::fmt;
 
 use serde_json::Value;
@@ -58,16 +58,19 @@ pub fn targets(cfg: &Config) -> Vec<ProbeTarget> {
     cfg.backends
         .iter()
         .filter(|b| b.kind == EngineKind::LlamaCpp && b.endpoints.len() >= 2)
-        .flat_map(|b| {
-            b.endpoints.iter().enumerate().map(|(index, e)| ProbeTarget {
-                backend: b.name.clone(),
-                index,
-                endpoint: e.to_string(),
-                cluster: probe_cluster(&b.name, index),
-                original_dst: None,
-            })
-        })
+        .flat_map(endpoint_targets)
         .collect()
+}
+
+/// Each listed endpoint of `b`, through its probe cluster.
+pub fn endpoint_targets(b: &Backend) -> impl Iterator<Item = ProbeTarget> + '_ {
+    b.endpoints.iter().enumerate().map(|(index, e)| ProbeTarget {
+        backend: b.name.clone(),
+        index,
+        endpoint: e.to_string(),
+        cluster: probe_cluster(&b.name, index),
+        original_dst: None,
+    })
 }
 
 /// The `total_slots` each server of a backend reported in one round, per backend, in endpoint order (0 where a
@@ -121,7 +124,7 @@ pub fn checks_anything(cfg: &Config) -> bool {
 /// The targets of one check at `now_ms`: those of [`targets`], then the hosts of each discovered llama.cpp
 /// backend. `hosts(backend)` gives the latest host list the status poll stored, `(taken_at_ms, sorted IP:PORTs)`.
 /// A discovered backend is checked only when that list is fresh (at most
-/// [`STALE_AFTER_MS`](crate::status::STALE_AFTER_MS) old, so a host Envoy dropped is not called) and has two
+/// [`STALE_AFTER_MS`](crate::host_poll::STALE_AFTER_MS) old, so a host Envoy dropped is not called) and has two
 /// or more hosts; at most [`MAX_PROBED_HOSTS`] of them. The filter never names an address the poll did not list.
 pub fn round_targets(
     cfg: &Config,
@@ -133,7 +136,7 @@ pub fn round_targets(
         let Some((taken_at_ms, list)) = hosts(&b.name) else {
             continue;
         };
-        if now_ms.saturating_sub(taken_at_ms) > crate::status::STALE_AFTER_MS || list.len() < 2 {
+        if now_ms.saturating_sub(taken_at_ms) > crate::host_poll::STALE_AFTER_MS || list.len() < 2 {
             continue;
         }
         let cluster = discovered_probe_cluster(&b.name);
@@ -184,11 +187,11 @@ pub fn encode_slots_by_address(slots: &[(String, u32)]) -> Vec<u8> {
 }
 
 /// Reads [`encode_slots_by_address`]'s bytes; anything malformed reads as empty, and at most
-/// [`MAX_HOSTS`](crate::status::MAX_HOSTS) entries are kept, each capped at [`MAX_SLOTS`].
+/// [`MAX_HOSTS`](crate::host_poll::MAX_HOSTS) entries are kept, each capped at [`MAX_SLOTS`].
 pub fn decode_slots_by_address(bytes: &[u8]) -> Vec<(String, u32)> {
     let list: Vec<(String, u32)> = serde_json::from_slice(bytes).unwrap_or_default();
     list.into_iter()
-        .take(crate::status::MAX_HOSTS)
+        .take(crate::host_poll::MAX_HOSTS)
         .map(|(a, n)| (a, n.min(MAX_SLOTS)))
         .collect()
 }
@@ -616,7 +619,7 @@ mod tests {
     fn a_stale_or_missing_host_list_is_not_probed() {
         let cfg = config(DISCOVERED);
         let now = 1_000_000;
-        let stale = crate::status::STALE_AFTER_MS + 1;
+        let stale = crate::host_poll::STALE_AFTER_MS + 1;
         for hosts in [
             None,
             listed(now - stale, &["10.0.0.1:8080", "10.0.0.2:8080"]),
@@ -628,7 +631,12 @@ mod tests {
         // At the freshness limit it is still probed.
         let edge = round_targets(&cfg, now, |b| {
             (b == "d")
-                .then(|| listed(now - crate::status::STALE_AFTER_MS, &["10.0.0.1:8080", "10.0.0.2:8080"]))
+                .then(|| {
+                    listed(
+                        now - crate::host_poll::STALE_AFTER_MS,
+                        &["10.0.0.1:8080", "10.0.0.2:8080"],
+                    )
+                })
                 .flatten()
         });
         assert_eq!(edge.iter().filter(|t| t.backend == "d").count(), 2);
@@ -723,12 +731,12 @@ mod tests {
             decode_slots_by_address(br#"[["10.0.0.1:1",4294967295]]"#),
             vec![("10.0.0.1:1".to_string(), MAX_SLOTS)]
         );
-        let many: Vec<(String, u32)> = (0..crate::status::MAX_HOSTS + 5)
+        let many: Vec<(String, u32)> = (0..crate::host_poll::MAX_HOSTS + 5)
             .map(|i| (format!("h{i}"), 1))
             .collect();
         assert_eq!(
             decode_slots_by_address(&encode_slots_by_address(&many)).len(),
-            crate::status::MAX_HOSTS
+            crate::host_poll::MAX_HOSTS
         );
     }
 

@@ -6,35 +6,15 @@
 //! gets the gateway's own. Everything else, `anthropic-version`, `anthropic-beta` and W3C trace headers
 //! included, passes through.
 
-/// The route's `cluster_header`: the backend (Envoy cluster) chosen for the request.
-pub const CLUSTER: &str = "x-llmroute-cluster";
-/// The route's `hash_policy` header: the affinity hash, 16 hex digits.
-pub const AFFINITY: &str = "x-llmroute-affinity";
-/// Debug response header: where the affinity key came from.
-pub const AFFINITY_SOURCE: &str = "x-llmroute-affinity-source";
-/// Debug response header: why bounded-keys placement chose the host (`pinned`, `placed`, `moved`, `spilled`).
-pub const PLACEMENT: &str = "x-llmroute-placement";
+pub use crate::envoy_contract::{
+    AFFINITY, AFFINITY_SOURCE, ALIAS, CLUSTER, ERROR, INPUT_TOKENS, LOCAL_REPLY, PLACEMENT, REQUEST_ID, SESSION_ECHO,
+    TOKEN_ESTIMATE, UPSTREAM,
+};
+
 /// Debug response headers: the fewest requests and tokens left, right after admission, in the limit buckets
 /// the request was charged to.
 pub const REQUESTS_REMAINING: &str = "x-llmroute-requests-remaining";
 pub const TOKENS_REMAINING: &str = "x-llmroute-tokens-remaining";
-/// Debug response header: the upstream host that answered.
-pub const UPSTREAM: &str = "x-llmroute-upstream";
-/// Upstream request header naming the alias, for the failover cluster's upstream filter.
-pub const ALIAS: &str = "x-llmroute-alias";
-/// Local replies name their reason code here.
-pub const ERROR: &str = "x-llmroute-error";
-/// Request header the filter sets just before it answers a request itself. Envoy's `local_reply_config` rewrites
-/// every other local reply into the JSON envelope, and skips those that carry this header, whose bodies are
-/// already the gateway's own. Client copies are stripped with the rest of the `x-llmroute-` namespace.
-pub const LOCAL_REPLY: &str = "x-llmroute-local-reply";
-/// Upstream request headers with the gateway's input-token estimate (both carry the same value).
-pub const INPUT_TOKENS: &str = "x-input-tokens";
-pub const TOKEN_ESTIMATE: &str = "x-token-estimate";
-/// Response header echoing an explicit session key, so clients can pin later turns.
-pub const SESSION_ECHO: &str = "x-multi-turn-session-id";
-/// Envoy's request id, kept on every response and in every error body.
-pub const REQUEST_ID: &str = "x-request-id";
 /// Upstream request header with the hash of the client's explicit session key (16 hex digits, never the raw
 /// value), for a cache-aware router behind the gateway. The NVCF gateway seed sets the same header.
 pub const CACHE_AFFINITY_KEY: &str = "x-cache-affinity-key";

@@ -7,9 +7,11 @@
 // Tests may index and do plain arithmetic; the code that ships may not (see [lints.clippy] in Cargo.toml).
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
+pub mod admin_poll;
 pub mod affinity;
 pub mod anthropic;
 pub mod api;
+pub mod api_kind;
 pub mod auth;
 pub mod config;
 pub mod content;
@@ -24,6 +26,7 @@ pub mod fields;
 pub mod fleet_check;
 pub mod global_limits;
 pub mod headers;
+pub mod host_poll;
 pub mod json;
 pub mod key_placement;
 pub mod limits;
@@ -32,6 +35,7 @@ pub mod message_index;
 pub mod models;
 pub mod output_bound;
 pub mod patch;
+pub mod probe;
 pub mod request;
 pub mod response_plan;
 pub mod route;
@@ -51,4 +55,4 @@ pub use route::{route, BodyPatch, RouteDecision};
 pub use session::{session_from_headers, SessionHeaders, SessionKey, SessionSource};
 
 /// The version reported by the CLI and logged by the filter at VM start.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use envoy_contract::VERSION;

@@ -34,92 +34,11 @@
 //! is admitted until refill has repaid it, and the refusal's `retry_after_ms` counts the repayment. Without usage
 //! (a cut stream) the reservation stays.
 
+pub use crate::config::rates::{parse_rates, Rate, RateLimits, Unit, AMOUNT_MAX, DEFAULT_MAX_TOKENS};
 use crate::config::Config;
 
 /// Compare-and-swap tries for one bucket step before the request is refused as contention.
 pub const CAS_ATTEMPTS: usize = 1000;
-/// The largest amount one rate may name: 10^10, so `amount × period` fits in 64 bits for a day.
-pub const AMOUNT_MAX: u64 = 10_000_000_000;
-
-/// The period of a rate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    S,
-    M,
-    H,
-    D,
-}
-
-impl Unit {
-    pub fn period_ms(self) -> u64 {
-        match self {
-            Unit::S => 1_000,
-            Unit::M => 60_000,
-            Unit::H => 3_600_000,
-            Unit::D => 86_400_000,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unit::S => "S",
-            Unit::M => "M",
-            Unit::H => "H",
-            Unit::D => "D",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Unit> {
-        Some(match s {
-            "S" => Unit::S,
-            "M" => Unit::M,
-            "H" => Unit::H,
-            "D" => Unit::D,
-            _ => return None,
-        })
-    }
-}
-
-/// `amount` per `unit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    pub amount: u64,
-    pub unit: Unit,
-}
-
-impl Rate {
-    fn capacity(self) -> u64 {
-        self.amount.saturating_mul(self.unit.period_ms())
-    }
-}
-
-impl std::fmt::Display for Rate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-{}", self.amount, self.unit.as_str())
-    }
-}
-
-/// Parses `"10-S,600-M"`. The error says what is wrong with which part.
-pub fn parse_rates(text: &str) -> Result<Vec<Rate>, String> {
-    let mut rates: Vec<Rate> = Vec::new();
-    for part in text.split(',').map(str::trim) {
-        let Some((n, u)) = part.split_once('-') else {
-            return Err(format!("`{part}` is not AMOUNT-UNIT, such as 10-S or 600-M"));
-        };
-        let unit = Unit::parse(u.trim()).ok_or_else(|| format!("`{part}`: the unit must be S, M, H or D"))?;
-        let amount = n
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|a| (1..=AMOUNT_MAX).contains(a))
-            .ok_or_else(|| format!("`{part}`: the amount must be a whole number from 1 to {AMOUNT_MAX}"))?;
-        if rates.iter().any(|r| r.unit == unit) {
-            return Err(format!("the unit {} appears twice", unit.as_str()));
-        }
-        rates.push(Rate { amount, unit });
-    }
-    Ok(rates)
-}
 
 /// One bucket's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,20 +313,6 @@ pub fn settle(store: &mut impl BucketStore, charges: &[Charge], used: u64, now_m
         }
     }
 }
-
-/// A request's limits, as configured on an alias or for every key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateLimits {
-    pub requests: Vec<Rate>,
-    pub tokens: Vec<Rate>,
-    /// Output tokens reserved for a request that names no `max_tokens`.
-    pub default_max_tokens: u64,
-    /// Write the output bound into a request that names none (see [`output_to_inject`]).
-    pub inject_max_tokens: bool,
-}
-
-/// Default `default_max_tokens`.
-pub const DEFAULT_MAX_TOKENS: u64 = 1024;
 
 /// The charges `limits` puts on a request for `name` in `scope` that reserves `tokens`.
 pub fn charges(limits: &RateLimits, scope: Scope, name: &str, input: u64, max_output: Option<u64>) -> Vec<Charge> {

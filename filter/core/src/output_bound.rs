@@ -15,7 +15,7 @@ use crate::config::{Config, ModelAlias};
 use crate::endpoint::Api;
 use crate::fields::folds_to;
 use crate::json::{nav, Kind, Member, Span};
-use crate::route::Edit;
+use crate::patch::Edit;
 use crate::route_choice::RouteChoice;
 
 /// The API's output-bound field, if it takes one.

@@ -9,7 +9,7 @@
 //! a few dozen when `model` comes first, most of the body when it comes last (as the OpenAI SDKs send it, after
 //! `messages`), which Envoy's API cannot avoid: it has no call that cuts a buffer's tail.
 
-use crate::json::Span;
+use crate::json::{Member, Span};
 
 /// Replace the bytes in `span` with `replacement`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,5 +79,125 @@ impl Prepend<'_> {
     /// True when the call would change nothing.
     pub fn is_noop(&self) -> bool {
         self.drain == 0 && self.bytes.is_empty()
+    }
+}
+
+/// The text the gateway adds to ask a stream for its usage.
+pub const INCLUDE_USAGE: &str = ",\"stream_options\":{\"include_usage\":true}";
+
+/// One splice of the request body: the bytes in `span` become `text` (an insert when `span` is empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub span: Span,
+    pub text: String,
+}
+
+impl Edit {
+    pub fn insert(at: usize, text: &str) -> Edit {
+        Edit {
+            span: Span { start: at, end: at },
+            text: text.to_string(),
+        }
+    }
+}
+
+/// The body's edits as one patch: one span from the first edit's start to the last one's end, the bytes between
+/// edits kept, so the body is copied once. Edits must not overlap; `None` when there are none.
+fn merge(body: &[u8], mut edits: Vec<Edit>) -> Option<BodyPatch> {
+    edits.sort_by_key(|e| (e.span.start, e.span.end));
+    let start = edits.first()?.span.start;
+    let end = edits.last()?.span.end;
+    let mut replacement = String::new();
+    let mut at = start;
+    for e in &edits {
+        replacement.push_str(&String::from_utf8_lossy(body.get(at..e.span.start).unwrap_or_default()));
+        replacement.push_str(&e.text);
+        at = e.span.end;
+    }
+    Some(BodyPatch {
+        span: Span { start, end },
+        replacement,
+    })
+}
+
+/// The edits to the body as one patch: `model` set to `upstream` (when the bytes differ), and `extra` (the
+/// include-usage option, the stream-always edits).
+pub fn body_patch(body: &[u8], model: Member, upstream: &str, mut extra: Vec<Edit>) -> Option<BodyPatch> {
+    let model_edit = (!is_json_string_of(model.value.of(body), upstream)).then(|| Edit {
+        span: model.value,
+        text: json_string(upstream),
+    });
+    match (model_edit, extra.is_empty()) {
+        // The common case of an alias named after its model and nothing else to change: nothing built or sent.
+        (None, true) => None,
+        // Only `model` changes: its new value is the whole patch, with no list and no second copy.
+        (Some(e), true) => Some(BodyPatch {
+            span: e.span,
+            replacement: e.text,
+        }),
+        (model_edit, false) => {
+            extra.extend(model_edit);
+            merge(body, extra)
+        }
+    }
+}
+
+/// `s` as a JSON string, the way serde_json writes it (only `"`, `\\` and control characters are escaped).
+fn json_string(s: &str) -> String {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return serde_json::Value::from(s).to_string();
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(2));
+    out.push('"');
+    out.push_str(s);
+    out.push('"');
+    out
+}
+
+/// True when `raw` is exactly the bytes [`json_string`] writes for `s`, without building them when `s` needs no
+/// escape.
+fn is_json_string_of(raw: &[u8], s: &str) -> bool {
+    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
+        return raw == json_string(s).as_bytes();
+    }
+    raw.strip_prefix(b"\"")
+        .and_then(|r| r.strip_suffix(b"\""))
+        .is_some_and(|inner| inner == s.as_bytes())
+}
+
+/// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).
+pub fn output_count(raw: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    if let Ok(n) = text.parse::<u64>() {
+        return Some(n);
+    }
+    let f = text.parse::<f64>().ok()?;
+    // `as` saturates: 1e30 becomes u64::MAX.
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "qwen3",
+            "",
+            "é/ü<>",
+            "a\u{7f}b",
+            "we\"ird",
+            "back\\slash",
+            "tab\there",
+            "nul\u{0}",
+        ] {
+            let serde = serde_json::Value::from(s).to_string();
+            assert_eq!(json_string(s), serde, "{s:?}");
+            assert!(is_json_string_of(serde.as_bytes(), s), "{s:?}");
+            assert!(!is_json_string_of(format!("{serde} ").as_bytes(), s), "{s:?}");
+        }
+        assert!(!is_json_string_of(br#""qwen\u0033""#, "qwen3"));
+        assert!(!is_json_string_of(b"\"", ""));
     }
 }

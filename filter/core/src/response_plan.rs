@@ -4,6 +4,7 @@
 //!
 //! - Every response: without `debug_headers`, the stateful-session header Envoy's session filter adds with
 //!   `bounded_keys` placement (the upstream host, base64) is removed when present; clients need not know it.
+//!   A vLLM engine's ORCA load report (`endpoint-load-metrics`) is removed when present, always.
 //! - A routed response: the affinity source, the echoed explicit session key, Anthropic's `request-id` on
 //!   `/v1/messages`, and with `debug_headers` the placement reason, cluster, limits left and upstream address.
 //! - Then the body: Envoy's circuit breaker shed the request (a 503 with `x-envoy-overloaded: true`, the marker
@@ -17,9 +18,11 @@
 //! host call, where a read per name made two or three, and a blind removal of the session header one more).
 
 use crate::affinity::AffinitySource;
+use crate::api_kind::Api;
 use crate::envoy_contract::SESSION_HEADER;
 use crate::key_placement::PlacementReason;
-use crate::{anthropic, headers, Api};
+use crate::load::orca;
+use crate::{anthropic, headers};
 
 /// The status of the reply Envoy sends for a request it shed, marked `x-envoy-overloaded: true`.
 pub const OVERLOADED_STATUS: u32 = 503;
@@ -117,6 +120,11 @@ pub fn plan(
     // may have turned every alias to `hash` while the bootstrap still has that filter), when it is there.
     if !s.debug_headers && response_header(SESSION_HEADER).is_some() {
         p.remove.push(SESSION_HEADER);
+    }
+    // A vLLM engine's ORCA load report is the gateway's (it folds it into the host's load reading), never the
+    // client's, debug headers or not.
+    if response_header(orca::RESPONSE_HEADER).is_some() {
+        p.remove.push(orca::RESPONSE_HEADER);
     }
     let Some(r) = routed else {
         return p;

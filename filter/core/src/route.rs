@@ -9,12 +9,12 @@
 
 use crate::affinity::{self, Affinity, AffinitySource};
 use crate::api::{self, string_value};
-use crate::config::{Config, KeyPlacement, ModelAlias, StreamUpstream};
+use crate::config::{Config, StreamUpstream};
 use crate::endpoint::Api;
 use crate::error::GatewayError;
 use crate::estimate::Estimator;
 use crate::fields::{read_fields, Fields};
-use crate::json::{nav, scan_object_with, Kind, Member, Span, MAX_DEPTH};
+use crate::json::{nav, scan_object_with, Kind, Member, MAX_DEPTH};
 use crate::message_index::MessageIndex;
 use crate::output_bound;
 use crate::route_choice;
@@ -23,67 +23,9 @@ pub use crate::session::{session_from_headers, SessionHeaders, SessionKey, Sessi
 use crate::stream_always;
 
 pub use crate::patch::BodyPatch;
-
-/// Where a request goes and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteDecision {
-    pub api: Api,
-    /// The alias the request resolved to.
-    pub alias: String,
-    /// The backend name, which is the Envoy cluster.
-    pub cluster: String,
-    pub upstream_model: String,
-    pub affinity: Option<Affinity>,
-    /// How the key finds its host: the alias' own placement, else the top-level one.
-    pub placement: KeyPlacement,
-    /// The explicit key the client chose, echoed in `x-multi-turn-session-id` so later turns can pin to it.
-    pub echo_session: Option<String>,
-    /// True when `cluster` is the alias's failover cluster.
-    pub failover: bool,
-    /// The client named the upstream model itself (`<alias>/<model>` prefix routing): no later step, the failover
-    /// cluster's upstream filter included, may replace it.
-    pub model_from_client: bool,
-    /// The gateway's estimate of input tokens.
-    pub input_tokens: u64,
-    /// The output tokens the request asks for at most, when it names a bound.
-    pub max_output_tokens: Option<u64>,
-    /// `None` when the body goes upstream untouched.
-    pub patch: Option<BodyPatch>,
-    /// The gateway added `stream_options.include_usage`, so the stream's usage chunk is not the client's.
-    pub strip_usage_chunk: bool,
-    /// The gateway sent a non-streamed request upstream as a stream (`stream_upstream: always`): the response
-    /// must be rebuilt into one JSON answer (see `stream::assemble`).
-    pub assemble: bool,
-}
-
-impl RouteDecision {
-    /// The alias to name to the failover cluster's upstream filter, which then sets each backend's own
-    /// `upstream_model`; `None` when the request is not on a failover cluster or its model came from the client.
-    pub fn failover_alias(&self) -> Option<&str> {
-        (self.failover && !self.model_from_client).then_some(self.alias.as_str())
-    }
-
-    /// The backend that serves the request when the decision already knows it: the cluster, which is the
-    /// backend's name, unless it is a failover cluster, whose pick only Envoy knows (the picked host's
-    /// `llmroute.backend` metadata). Reading that metadata costs a host call per request.
-    pub fn known_backend(&self) -> Option<&str> {
-        (!self.failover).then_some(self.cluster.as_str())
-    }
-
-    /// The `x-cache-affinity-key` value for the upstream: the hash of the client's explicit session key, in the
-    /// hex of the affinity header. `None` when the key came from the content, or when there is none.
-    pub fn cache_affinity_key(&self) -> Option<String> {
-        self.affinity
-            .filter(|a| a.source.is_explicit())
-            .map(|a| a.header_value())
-    }
-
-    /// The body length after the decision's patch, `old_len` when it has none; `None` when the patch does not fit
-    /// the body (see [`BodyPatch::new_len`]).
-    pub fn body_len(&self, old_len: usize) -> Option<usize> {
-        self.patch.as_ref().map_or(Some(old_len), |p| p.new_len(old_len))
-    }
-}
+use crate::patch::{body_patch, output_count, Edit, INCLUDE_USAGE};
+use crate::route_choice::resolve_alias;
+pub use crate::route_choice::RouteDecision;
 
 /// Decides an inference request. `session` gives the explicit key from the headers, for the alias' own
 /// `session_headers`.
@@ -180,25 +122,6 @@ pub fn route_bounded(
     })
 }
 
-/// The alias `model` names, and the client's own upstream model after an `<alias>/` prefix; refused when no alias
-/// has that name or the alias does not serve `api`. Shared by every route that reads `model`.
-pub(crate) fn resolve_alias<'c, 'm>(
-    cfg: &'c Config,
-    api: Api,
-    model: &'m str,
-) -> Result<(&'c ModelAlias, Option<&'m str>), GatewayError> {
-    let (alias, prefix_rest) = cfg.resolve(model).ok_or_else(|| GatewayError::UnknownModel {
-        model: model.to_string(),
-    })?;
-    if !alias.endpoints.contains(api) {
-        return Err(GatewayError::EndpointNotServed {
-            model: model.to_string(),
-            api,
-        });
-    }
-    Ok((alias, prefix_rest))
-}
-
 /// The body's `prompt_cache_key`: 1 to 256 bytes without control characters; empty or null is ignored.
 fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<(String, Affinity)>, GatewayError> {
     let Some(m) = fields.get("prompt_cache_key") else {
@@ -218,9 +141,6 @@ fn prompt_cache_key(body: &[u8], fields: &Fields) -> Result<Option<(String, Affi
     let a = affinity::explicit(key.as_bytes(), AffinitySource::PromptCacheKey);
     Ok(Some((key.into_owned(), a)))
 }
-
-/// The text the gateway adds to ask a stream for its usage.
-pub(crate) const INCLUDE_USAGE: &str = ",\"stream_options\":{\"include_usage\":true}";
 
 /// Where to add `stream_options.include_usage`: the offset of the body's closing brace, when the config asks for
 /// it and the request is a streamed chat or completions request without `stream_options` of its own.
@@ -244,86 +164,6 @@ fn has_stream_options(body: &[u8], members: &[Member]) -> bool {
         .any(|m| nav::str_value(body, m.key).is_some_and(|k| crate::fields::folds_to(&k, "stream_options")))
 }
 
-/// One splice of the request body: the bytes in `span` become `text` (an insert when `span` is empty).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Edit {
-    pub span: Span,
-    pub text: String,
-}
-
-impl Edit {
-    pub(crate) fn insert(at: usize, text: &str) -> Edit {
-        Edit {
-            span: Span { start: at, end: at },
-            text: text.to_string(),
-        }
-    }
-}
-
-/// The body's edits as one patch: one span from the first edit's start to the last one's end, the bytes between
-/// edits kept, so the body is copied once. Edits must not overlap; `None` when there are none.
-fn merge(body: &[u8], mut edits: Vec<Edit>) -> Option<BodyPatch> {
-    edits.sort_by_key(|e| (e.span.start, e.span.end));
-    let start = edits.first()?.span.start;
-    let end = edits.last()?.span.end;
-    let mut replacement = String::new();
-    let mut at = start;
-    for e in &edits {
-        replacement.push_str(&String::from_utf8_lossy(body.get(at..e.span.start).unwrap_or_default()));
-        replacement.push_str(&e.text);
-        at = e.span.end;
-    }
-    Some(BodyPatch {
-        span: Span { start, end },
-        replacement,
-    })
-}
-
-/// The edits to the body as one patch: `model` set to `upstream` (when the bytes differ), and `extra` (the
-/// include-usage option, the stream-always edits).
-pub(crate) fn body_patch(body: &[u8], model: Member, upstream: &str, mut extra: Vec<Edit>) -> Option<BodyPatch> {
-    let model_edit = (!is_json_string_of(model.value.of(body), upstream)).then(|| Edit {
-        span: model.value,
-        text: json_string(upstream),
-    });
-    match (model_edit, extra.is_empty()) {
-        // The common case of an alias named after its model and nothing else to change: nothing built or sent.
-        (None, true) => None,
-        // Only `model` changes: its new value is the whole patch, with no list and no second copy.
-        (Some(e), true) => Some(BodyPatch {
-            span: e.span,
-            replacement: e.text,
-        }),
-        (model_edit, false) => {
-            extra.extend(model_edit);
-            merge(body, extra)
-        }
-    }
-}
-
-/// `s` as a JSON string, the way serde_json writes it (only `"`, `\\` and control characters are escaped).
-fn json_string(s: &str) -> String {
-    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
-        return serde_json::Value::from(s).to_string();
-    }
-    let mut out = String::with_capacity(s.len().saturating_add(2));
-    out.push('"');
-    out.push_str(s);
-    out.push('"');
-    out
-}
-
-/// True when `raw` is exactly the bytes [`json_string`] writes for `s`, without building them when `s` needs no
-/// escape.
-fn is_json_string_of(raw: &[u8], s: &str) -> bool {
-    if crate::json::skip::string_stop(s.as_bytes()).is_some() {
-        return raw == json_string(s).as_bytes();
-    }
-    raw.strip_prefix(b"\"")
-        .and_then(|r| r.strip_suffix(b"\""))
-        .is_some_and(|inner| inner == s.as_bytes())
-}
-
 /// The output tokens a request asks for: `max_completion_tokens`, `max_output_tokens` or `max_tokens`, if any.
 ///
 /// Each must be `null` or a non-negative whole number: engines coerce `"4096"` or `4096.0` to 4096, so reading
@@ -345,17 +185,6 @@ fn requested_output(body: &[u8], fields: &Fields) -> Result<Option<u64>, Gateway
         asked = asked.or(Some(n));
     }
     Ok(asked)
-}
-
-/// A JSON number as a token count: an integer, or a float with no fraction (saturating at `u64::MAX`).
-pub(crate) fn output_count(raw: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(raw).ok()?;
-    if let Ok(n) = text.parse::<u64>() {
-        return Some(n);
-    }
-    let f = text.parse::<f64>().ok()?;
-    // `as` saturates: 1e30 becomes u64::MAX.
-    (f.is_finite() && f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
 }
 
 #[cfg(test)]
@@ -411,27 +240,6 @@ mod tests {
         let d = route(&c, Api::Chat, body.as_bytes(), None).unwrap();
         assert_eq!(d.affinity.map(|a| a.source), Some(AffinitySource::SystemPrompt));
         assert_eq!(d.cache_affinity_key(), None);
-    }
-
-    #[test]
-    fn model_strings_are_written_as_serde_json_writes_them() {
-        for s in [
-            "qwen3",
-            "",
-            "é/ü<>",
-            "a\u{7f}b",
-            "we\"ird",
-            "back\\slash",
-            "tab\there",
-            "nul\u{0}",
-        ] {
-            let serde = serde_json::Value::from(s).to_string();
-            assert_eq!(json_string(s), serde, "{s:?}");
-            assert!(is_json_string_of(serde.as_bytes(), s), "{s:?}");
-            assert!(!is_json_string_of(format!("{serde} ").as_bytes(), s), "{s:?}");
-        }
-        assert!(!is_json_string_of(br#""qwen\u0033""#, "qwen3"));
-        assert!(!is_json_string_of(b"\"", ""));
     }
 
     #[test]

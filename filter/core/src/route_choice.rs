@@ -8,8 +8,11 @@
 //! failover cluster (an Envoy aggregate of the routes' backends in priority order), so Envoy itself moves to
 //! the next priority when a backend is down. When only some fit, the first that fits is used alone.
 
-use crate::config::{Backend, Config, ModelAlias, Route};
+use crate::affinity::Affinity;
+use crate::api_kind::Api;
+use crate::config::{Backend, Config, KeyPlacement, ModelAlias, Route};
 use crate::error::GatewayError;
+use crate::patch::BodyPatch;
 
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,4 +69,84 @@ pub fn choose<'c>(cfg: &'c Config, alias: &'c ModelAlias, needed: u64) -> Result
             failover: false,
         }),
     }
+}
+
+/// Where a request goes and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteDecision {
+    pub api: Api,
+    /// The alias the request resolved to.
+    pub alias: String,
+    /// The backend name, which is the Envoy cluster.
+    pub cluster: String,
+    pub upstream_model: String,
+    pub affinity: Option<Affinity>,
+    /// How the key finds its host: the alias' own placement, else the top-level one.
+    pub placement: KeyPlacement,
+    /// The explicit key the client chose, echoed in `x-multi-turn-session-id` so later turns can pin to it.
+    pub echo_session: Option<String>,
+    /// True when `cluster` is the alias's failover cluster.
+    pub failover: bool,
+    /// The client named the upstream model itself (`<alias>/<model>` prefix routing): no later step, the failover
+    /// cluster's upstream filter included, may replace it.
+    pub model_from_client: bool,
+    /// The gateway's estimate of input tokens.
+    pub input_tokens: u64,
+    /// The output tokens the request asks for at most, when it names a bound.
+    pub max_output_tokens: Option<u64>,
+    /// `None` when the body goes upstream untouched.
+    pub patch: Option<BodyPatch>,
+    /// The gateway added `stream_options.include_usage`, so the stream's usage chunk is not the client's.
+    pub strip_usage_chunk: bool,
+    /// The gateway sent a non-streamed request upstream as a stream (`stream_upstream: always`): the response
+    /// must be rebuilt into one JSON answer (see `stream::assemble`).
+    pub assemble: bool,
+}
+
+impl RouteDecision {
+    /// The alias to name to the failover cluster's upstream filter, which then sets each backend's own
+    /// `upstream_model`; `None` when the request is not on a failover cluster or its model came from the client.
+    pub fn failover_alias(&self) -> Option<&str> {
+        (self.failover && !self.model_from_client).then_some(self.alias.as_str())
+    }
+
+    /// The backend that serves the request when the decision already knows it: the cluster, which is the
+    /// backend's name, unless it is a failover cluster, whose pick only Envoy knows (the picked host's
+    /// `llmroute.backend` metadata). Reading that metadata costs a host call per request.
+    pub fn known_backend(&self) -> Option<&str> {
+        (!self.failover).then_some(self.cluster.as_str())
+    }
+
+    /// The `x-cache-affinity-key` value for the upstream: the hash of the client's explicit session key, in the
+    /// hex of the affinity header. `None` when the key came from the content, or when there is none.
+    pub fn cache_affinity_key(&self) -> Option<String> {
+        self.affinity
+            .filter(|a| a.source.is_explicit())
+            .map(|a| a.header_value())
+    }
+
+    /// The body length after the decision's patch, `old_len` when it has none; `None` when the patch does not fit
+    /// the body (see [`BodyPatch::new_len`]).
+    pub fn body_len(&self, old_len: usize) -> Option<usize> {
+        self.patch.as_ref().map_or(Some(old_len), |p| p.new_len(old_len))
+    }
+}
+
+/// The alias `model` names, and the client's own upstream model after an `<alias>/` prefix; refused when no alias
+/// has that name or the alias does not serve `api`. Shared by every route that reads `model`.
+pub fn resolve_alias<'c, 'm>(
+    cfg: &'c Config,
+    api: Api,
+    model: &'m str,
+) -> Result<(&'c ModelAlias, Option<&'m str>), GatewayError> {
+    let (alias, prefix_rest) = cfg.resolve(model).ok_or_else(|| GatewayError::UnknownModel {
+        model: model.to_string(),
+    })?;
+    if !alias.endpoints.contains(api) {
+        return Err(GatewayError::EndpointNotServed {
+            model: model.to_string(),
+            api,
+        });
+    }
+    Ok((alias, prefix_rest))
 }

@@ -10,29 +10,23 @@
 //! A host counts as healthy when Envoy would route to it: no failed active health check, not ejected by outlier
 //! detection, not excluded, not waiting for its first check, and an EDS status of healthy (or none). A degraded
 //! host is counted apart. An alias is ready when a backend of one of its routes has a healthy host; the gateway is
-//! ready when every alias is, on a snapshot no older than [`STALE_AFTER_MS`].
+//! ready when every alias is, on a snapshot no older than [`STALE_AFTER_MS`]. When polls fail, the pages name the
+//! admin address that fails and why ([`AdminFailure`], see `admin_poll`).
 //!
 //! The bodies name backends, their kinds, host counts and aliases. They never carry endpoint addresses or host
-//! names, upstream model names, or credentials. A host is shown by an id keyed with a secret of the Envoy process
-//! ([`IdKey`], [`shown_id`]): an unkeyed hash of `IP:PORT` could be inverted by trying every address of a subnet.
+//! names, upstream model names, or credentials; the one address they may show is `admin:`, while polls of it fail.
+//! A host is shown by an id keyed with a secret of the Envoy process ([`IdKey`], [`shown_id`]): an unkeyed hash of
+//! `IP:PORT` could be inverted by trying every address of a subnet.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
 
+pub use crate::admin_poll::AdminFailure;
 use crate::config::Config;
+use crate::load::poll::HostLoad;
 
 pub use crate::envoy_contract::ADMIN_CLUSTER;
-/// What the filter asks the admin API for.
-pub const ADMIN_PATH: &str = "/clusters?format=json";
-/// How often the process polls the admin API.
-pub const POLL_INTERVAL_MS: u64 = 1000;
-/// How long one poll may take before it is abandoned.
-pub const POLL_TIMEOUT_MS: u64 = 900;
-/// How often each root context checks whether a poll is due: bounds the jitter of the interval.
-pub const TICK_MS: u64 = 250;
-/// A snapshot older than this no longer counts: `/readyz` answers 503 until a poll succeeds again.
-pub const STALE_AFTER_MS: u64 = 5000;
-
+pub use crate::host_poll::{ADMIN_PATH, MAX_HOSTS, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, STALE_AFTER_MS, TICK_MS};
 /// True when a poll is due at `now_ms`, given the time the last one was claimed (0 for never). A claim in the
 /// future (the clock stepped back) counts as expired, so polling never stalls.
 pub fn poll_due(last_claim_ms: u64, now_ms: u64) -> bool {
@@ -95,10 +89,6 @@ pub struct BackendHealth {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<(String, u32)>,
 }
-
-/// Most hosts of one backend the snapshot keeps by address; beyond it a discovered backend is left to Envoy's
-/// ring (see `key_placement`). Counts are never cut.
-pub const MAX_HOSTS: usize = 1024;
 
 /// One poll's result: the configured backends found in the admin answer, in admin order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,7 +254,7 @@ impl HostHealth {
 
 /// Reads Envoy's `/clusters?format=json` answer, keeping the clusters of `cfg`'s backends. `now_ms` stamps it.
 pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<FleetStatus, ParseError> {
-    let doc: AdminClusters = serde_json::from_slice(admin_json).map_err(|e| ParseError(e.to_string()))?;
+    let doc: AdminClusters = serde_json::from_slice(admin_json).map_err(|e| ParseError(where_unreadable(&e)))?;
     let backends = doc
         .cluster_statuses
         .into_iter()
@@ -312,6 +302,19 @@ pub fn parse_clusters(admin_json: &[u8], cfg: &Config, now_ms: u64) -> Result<Fl
     })
 }
 
+/// What is wrong with an unreadable answer and where, without quoting it: the answer may come from another server
+/// than Envoy's admin when `admin:` is wrong.
+fn where_unreadable(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Syntax => "not JSON",
+        Category::Data => "JSON of another shape",
+        Category::Eof => "cut short",
+        Category::Io => "unreadable",
+    };
+    format!("{what} (line {}, column {})", e.line(), e.column())
+}
+
 /// True when a backend of one of `alias`'s routes has a healthy host in `fleet`.
 pub fn alias_ready(cfg: &Config, fleet: &FleetStatus, alias: &crate::config::ModelAlias) -> bool {
     alias.routes.iter().any(|r| {
@@ -333,6 +336,12 @@ pub enum Readiness {
     },
     /// These aliases have no route with a healthy host.
     AliasesDown(Vec<String>),
+    /// Polls of the admin API fail, and no snapshot younger than [`STALE_AFTER_MS`] is left (`snapshot_age_ms`:
+    /// the last one's age, if there is one).
+    AdminFailing {
+        failure: AdminFailure,
+        snapshot_age_ms: Option<u64>,
+    },
 }
 
 impl Readiness {
@@ -350,16 +359,36 @@ impl Readiness {
                 "the health snapshot is {age_ms} ms old (polls of Envoy's admin API are failing); figures are stale"
             )),
             Readiness::AliasesDown(names) => Some(format!("no healthy host on any route of: {}", names.join(", "))),
+            Readiness::AdminFailing {
+                failure,
+                snapshot_age_ms,
+            } => Some(format!(
+                "{} ({})",
+                failure.describe(),
+                match snapshot_age_ms {
+                    Some(age_ms) => format!("the last health snapshot is {age_ms} ms old"),
+                    None => "no health snapshot yet".into(),
+                }
+            )),
         }
     }
 }
 
-/// Decides readiness: a fresh snapshot in which every alias is ready.
-pub fn readiness(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Readiness {
-    let Some(fleet) = fleet else {
+/// Decides readiness: a fresh snapshot in which every alias is ready. Without one, `admin` (polls failing, if they
+/// are) says why.
+pub fn readiness(cfg: &Config, fleet: Option<&FleetStatus>, admin: Option<&AdminFailure>, now_ms: u64) -> Readiness {
+    let age_ms = fleet.map(|f| f.age_ms(now_ms));
+    if age_ms.is_none_or(|a| a > STALE_AFTER_MS) {
+        if let Some(failure) = admin {
+            return Readiness::AdminFailing {
+                failure: failure.clone(),
+                snapshot_age_ms: age_ms,
+            };
+        }
+    }
+    let (Some(fleet), Some(age_ms)) = (fleet, age_ms) else {
         return Readiness::NoSnapshot;
     };
-    let age_ms = fleet.age_ms(now_ms);
     if age_ms > STALE_AFTER_MS {
         return Readiness::Stale { age_ms };
     }
@@ -377,8 +406,8 @@ pub fn readiness(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> Read
 }
 
 /// True when `/readyz` answers 200.
-pub fn ready(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> bool {
-    readiness(cfg, fleet, now_ms).is_ready()
+pub fn ready(cfg: &Config, fleet: Option<&FleetStatus>, admin: Option<&AdminFailure>, now_ms: u64) -> bool {
+    readiness(cfg, fleet, admin, now_ms).is_ready()
 }
 
 /// Where the figures come from, as the status body says it.
@@ -386,24 +415,54 @@ const SOURCE: &str =
     "Envoy admin /clusters, polled once a second; host health is Envoy's active health checks and outlier ejection";
 
 /// The `GET /llmroute/status` body, its hosts shown by ids under `key`. Always answered with 200: readiness is in
-/// the body.
-pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: IdKey) -> Vec<u8> {
-    let readiness = readiness(cfg, fleet, now_ms);
+/// the body. `admin` is `null` while polls work, else the address that fails, why, and for how long.
+pub fn status_body(
+    cfg: &Config,
+    fleet: Option<&FleetStatus>,
+    admin: Option<&AdminFailure>,
+    now_ms: u64,
+    key: IdKey,
+) -> Vec<u8> {
+    status_body_with_load(cfg, fleet, admin, now_ms, key, &|_, _| None)
+}
+
+/// [`status_body`], where each host of a backend with `load` also shows its engine's load: `load(backend,
+/// address)` gives what is known of the host's (shown as [`HostLoad::to_json`] writes it), and the backend
+/// shows its `load` settings.
+pub fn status_body_with_load(
+    cfg: &Config,
+    fleet: Option<&FleetStatus>,
+    admin: Option<&AdminFailure>,
+    now_ms: u64,
+    key: IdKey,
+    load: &dyn Fn(&crate::config::Backend, &str) -> Option<HostLoad>,
+) -> Vec<u8> {
+    let readiness = readiness(cfg, fleet, admin, now_ms);
     let backends: Vec<Value> = cfg
         .backends
         .iter()
         .map(|b| {
             let h = fleet.and_then(|f| f.backend(&b.name));
-            json!({
+            let mut v = json!({
                 "name": b.name,
                 "kind": b.kind.as_str(),
                 "hosts_from": if b.discovered() { "envoy" } else { "config" },
-                "hosts": h.map(|h| host_list(h, key)),
+                "hosts": h.map(|h| host_list_with(h, key, &|a| {
+                    let poll_ms = b.load.map(|l| l.poll_ms)?;
+                    load(b, a).map(|l| l.to_json(b.kind, now_ms, poll_ms))
+                })),
                 "healthy_hosts": h.map(|h| h.healthy),
                 "degraded_hosts": h.map(|h| h.degraded),
                 "total_hosts": h.map(|h| h.total),
                 "in_flight": h.map(|h| h.in_flight),
-            })
+            });
+            if let (Some(l), Some(o)) = (b.load, v.as_object_mut()) {
+                o.insert(
+                    "load".into(),
+                    json!({ "poll_ms": l.poll_ms, "spill_queue": l.spill_queue }),
+                );
+            }
+            v
         })
         .collect();
     let models: Vec<Value> = cfg
@@ -428,12 +487,17 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: 
     });
     json!({
         "object": "llmroute.status",
-        "version": crate::VERSION,
+        "version": crate::envoy_contract::VERSION,
         "ready": readiness.is_ready(),
         "reason": readiness.reason(),
         "source": SOURCE,
         "poll_interval_ms": POLL_INTERVAL_MS,
         "snapshot": snapshot,
+        "admin": admin.map(|a| json!({
+            "address": a.address,
+            "error": a.error,
+            "failing_for_ms": a.failing_for_ms(now_ms),
+        })),
         "backends": backends,
         "models": models,
     })
@@ -444,15 +508,29 @@ pub fn status_body(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64, key: 
 /// Each host of a backend as the status page shows it: its id under `key` ([`shown_id`]) and whether Envoy routes
 /// to it. The address itself stays out of the page.
 pub fn host_list(h: &BackendHealth, key: IdKey) -> Vec<Value> {
+    host_list_with(h, key, &|_| None)
+}
+
+/// [`host_list`], each host with the `load` object `load(address)` gives, if any.
+fn host_list_with(h: &BackendHealth, key: IdKey, load: &dyn Fn(&str) -> Option<Value>) -> Vec<Value> {
     h.hosts
         .iter()
         .map(|a| {
-            json!({
-                "id": format!("{:08x}", shown_id(key, a)),
+            let mut v = json!({
+                "id": shown_host(key, a),
                 "up": !h.down.contains(a),
-            })
+            });
+            if let (Some(l), Some(o)) = (load(a), v.as_object_mut()) {
+                o.insert("load".into(), l);
+            }
+            v
         })
         .collect()
+}
+
+/// A host's id as the status page and the engine-load metrics show it: [`shown_id`] in 8 hex digits.
+pub fn shown_host(key: IdKey, address: &str) -> String {
+    format!("{:08x}", shown_id(key, address))
 }
 
 /// The secret under which the status page names hosts: 128 bits drawn once per Envoy process (the filter keeps it
@@ -490,8 +568,8 @@ pub fn shown_id(key: IdKey, address: &str) -> u32 {
 }
 
 /// The `GET /readyz` answer: 200 when ready, else 503, with a one-line reason.
-pub fn readyz(cfg: &Config, fleet: Option<&FleetStatus>, now_ms: u64) -> (u32, Vec<u8>) {
-    let r = readiness(cfg, fleet, now_ms);
+pub fn readyz(cfg: &Config, fleet: Option<&FleetStatus>, admin: Option<&AdminFailure>, now_ms: u64) -> (u32, Vec<u8>) {
+    let r = readiness(cfg, fleet, admin, now_ms);
     let status = if r.is_ready() { 200 } else { 503 };
     let body = json!({ "ready": r.is_ready(), "reason": r.reason() });
     (status, body.to_string().into_bytes())

@@ -860,6 +860,86 @@ fn slots_above_the_cap_are_refused() {
 }
 
 #[test]
+fn load_is_read_with_its_defaults_and_checked() {
+    let with = |l: Value| edit(minimal(), |v| v["backends"][0]["load"] = l);
+    let b = &loads(&with(json!({}))).backends[0];
+    assert_eq!(
+        b.load,
+        Some(llmroute_core::config::Load {
+            poll_ms: 1000,
+            spill_queue: None
+        })
+    );
+    assert_eq!(loads(&minimal()).backends[0].load, None);
+    let b = &loads(&with(json!({ "poll_ms": 50, "spill_queue": 0 }))).backends[0];
+    assert_eq!(b.load.map(|l| (l.poll_ms, l.spill_queue)), Some((50, Some(0))));
+    refused(
+        &with(json!({ "poll_ms": 49 })),
+        "backends[0].load.poll_ms",
+        "49",
+        "must be between 50 and 60000",
+    );
+    refused(
+        &with(json!({ "poll_ms": 60001 })),
+        "backends[0].load.poll_ms",
+        "60001",
+        "must be between 50 and 60000",
+    );
+    refused(
+        &with(json!({ "spill_queue": 100001 })),
+        "backends[0].load.spill_queue",
+        "100001",
+        "between 0 and 100000",
+    );
+    let unknown = errors(&with(json!({ "poll": 5 })));
+    assert!(unknown[0].reason.contains("unknown field"), "{unknown:?}");
+}
+
+#[test]
+fn load_on_an_engine_that_reports_none_is_refused() {
+    for kind in ["ollama", "openai"] {
+        let v = edit(minimal(), |v| {
+            v["backends"][0]["kind"] = json!(kind);
+            v["backends"][0]["load"] = json!({});
+            if kind == "openai" {
+                v["backends"][0]["endpoints"] = json!(["127.0.0.1:8443"]);
+            }
+        });
+        let list = errors(&v);
+        let e = list
+            .iter()
+            .find(|e| e.field == "backends[0].load")
+            .unwrap_or_else(|| panic!("{list:?}"));
+        assert_eq!(e.value, kind);
+        assert!(e.reason.contains("reports no load"), "{e:?}");
+    }
+    for kind in ["llamacpp", "vllm", "sglang"] {
+        loads(&edit(minimal(), |v| {
+            v["backends"][0]["kind"] = json!(kind);
+            v["backends"][0]["load"] = json!({});
+        }));
+    }
+}
+
+#[test]
+fn a_spill_queue_nothing_places_on_is_a_warning() {
+    let v = edit(minimal(), |v| v["backends"][0]["load"] = json!({ "spill_queue": 3 }));
+    let warnings = loads(&v).warnings;
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.field == "backends[0].load.spill_queue" && w.reason.contains("bounded_keys")),
+        "{warnings:?}"
+    );
+    let placed = edit(v, |v| v["affinity"] = json!({ "placement": "bounded_keys" }));
+    let warnings = loads(&placed).warnings;
+    assert!(
+        warnings.iter().all(|w| !w.field.contains("spill_queue")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
 fn zero_request_timeout_is_refused() {
     refused(
         &edit(minimal(), |v| v["limits"] = json!({ "request_timeout_ms": 0 })),

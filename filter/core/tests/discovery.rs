@@ -203,6 +203,7 @@ fn the_status_page_says_where_hosts_come_from() {
     let body: Value = serde_json::from_slice(&llmroute_core::status::status_body(
         &cfg,
         Some(&fleet),
+        None,
         7,
         IdKey([1, 2]),
     ))

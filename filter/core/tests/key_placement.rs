@@ -9,7 +9,7 @@ use llmroute_core::key_placement::table::established_cap;
 use llmroute_core::key_placement::table::{decode_down, decode_in_flight, encode_down, encode_in_flight};
 use llmroute_core::key_placement::{
     bound, choose, host_id, host_weight, key_bound, live_keys, rendezvous_order, session_header_value, weights_at,
-    Bounds, HostView, KeyTable, PlacementReason, MAX_SLOTS,
+    Bounds, HostView, KeyTable, PlacementReason, MAX_SLOTS, TOUCH_GRANULARITY_MS,
 };
 use proptest::prelude::*;
 
@@ -218,10 +218,19 @@ fn malformed_tables_decode_empty() {
     let (a, b) = bytes[1..].split_at_mut(21);
     a.swap_with_slice(b);
     assert!(KeyTable::decode(&bytes).is_empty());
-    // A flag byte other than 0 or 1 is refused.
+    // The flag byte holds two bits, established and shared; any other bit is refused.
+    t.promote(5, 2, 10);
+    t.mark_shared(3);
+    let flags = t.encode();
+    assert_eq!((flags[21], flags[42]), (2, 1), "key 3 shared, key 5 established");
+    assert_eq!(KeyTable::decode(&flags), t);
     let mut odd = t.encode();
-    odd[21] = 2;
+    odd[21] = 4;
     assert!(KeyTable::decode(&odd).is_empty());
+    // A table of the encoding before the shared flag (version 3) starts afresh.
+    let mut old = t.encode();
+    old[0] = 3;
+    assert!(KeyTable::decode(&old).is_empty());
     assert_eq!(decode_in_flight(&encode_in_flight(&[3, 0, 7]), 3), vec![3, 0, 7]);
     assert_eq!(decode_in_flight(&[1, 2, 3], 3), vec![0, 0, 0]);
     assert_eq!(decode_in_flight(&encode_in_flight(&[1, 2]), 3), vec![0, 0, 0]);
@@ -484,20 +493,28 @@ proptest! {
         let b = bounds(factor);
         let mut t = KeyTable::default();
         let mut home = std::collections::HashMap::new();
-        let mut last_seen = std::collections::HashMap::new();
+        // When the table last wrote each key's time, and whether the key is established: the table writes the time
+        // when it places or promotes a key, and otherwise only once it has moved by TOUCH_GRANULARITY_MS, so a key
+        // expires TTL after that write, not after its latest request.
+        let mut written: std::collections::HashMap<u64, (u64, bool)> = std::collections::HashMap::new();
         let mut now = 0;
         for (key, step) in reqs {
             now += step;
             let c = choose(&mut t, &h, key, now, &b).unwrap();
-            let fresh = last_seen.get(&key).is_none_or(|&l| now - l >= TTL);
-            if fresh {
-                prop_assert_eq!(c.reason, PlacementReason::Placed);
-                home.insert(key, c.host);
-            } else {
-                prop_assert_eq!(c.reason, PlacementReason::Pinned);
-                prop_assert_eq!(Some(&c.host), home.get(&key));
+            match written.get(&key).copied().filter(|&(at, _)| now - at < TTL) {
+                None => {
+                    prop_assert_eq!(c.reason, PlacementReason::Placed);
+                    home.insert(key, c.host);
+                    written.insert(key, (now, false));
+                }
+                Some((at, established)) => {
+                    prop_assert_eq!(c.reason, PlacementReason::Pinned);
+                    prop_assert_eq!(Some(&c.host), home.get(&key));
+                    if !established || now - at >= TOUCH_GRANULARITY_MS {
+                        written.insert(key, (now, true));
+                    }
+                }
             }
-            last_seen.insert(key, now);
         }
     }
 

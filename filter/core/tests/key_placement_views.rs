@@ -163,3 +163,68 @@ fn placement_does_not_apply_to_dns_endpoints_or_other_policies() {
         "nothing is read for a backend placement skips"
     );
 }
+
+fn reading(queued: u32, at_ms: u64) -> llmroute_core::load::EngineLoad {
+    llmroute_core::load::EngineLoad {
+        running: 1,
+        queued,
+        kv_permille: None,
+        at_ms,
+    }
+}
+
+#[test]
+fn with_load_the_fresh_readings_queues_are_read_by_address_and_a_stale_one_reads_as_none() {
+    let c = fixed(r#", "load": { "poll_ms": 100, "spill_queue": 2 }"#);
+    let readings = vec![
+        ("10.0.0.1:80".to_string(), reading(4, NOW - 300)),
+        ("10.0.0.3:80".to_string(), reading(9, NOW - 301)),
+        ("10.9.9.9:80".to_string(), reading(7, NOW)),
+    ];
+    let store = Store::default().with(shared::load("b"), llmroute_core::load::encode(&readings));
+    let v = views(&c.backends[0], NOW, &store).unwrap();
+    assert_eq!(
+        v.iter().map(|h| h.queued).collect::<Vec<_>>(),
+        vec![Some(4), None, None],
+        "3 polls old is fresh, a moment more is stale; no reading, none"
+    );
+    assert!(store.read.borrow().contains(&shared::load("b")));
+}
+
+#[test]
+fn without_load_no_reading_is_read_and_no_host_is_queued() {
+    let c = fixed("");
+    let readings = vec![("10.0.0.1:80".to_string(), reading(4, NOW))];
+    let store = Store::default().with(shared::load("b"), llmroute_core::load::encode(&readings));
+    let v = views(&c.backends[0], NOW, &store).unwrap();
+    assert!(v.iter().all(|h| h.queued.is_none()));
+    assert!(
+        !store.read.borrow().contains(&shared::load("b")),
+        "one read fewer per request"
+    );
+}
+
+#[test]
+fn the_backends_spill_queue_reaches_the_bounds() {
+    use llmroute_core::config::BoundedKeys;
+    use llmroute_core::key_placement::{self, Bounds, KeyTable, PlacementReason};
+    let c = fixed(r#", "load": { "poll_ms": 100, "spill_queue": 2 }"#);
+    let b = Bounds::for_backend(&BoundedKeys::default(), &c.backends[0]);
+    assert_eq!(b.spill_queue, Some(2));
+    assert_eq!(
+        Bounds::for_backend(&BoundedKeys::default(), &fixed("").backends[0]).spill_queue,
+        None
+    );
+    // A known key's host reports 3 queued, over the bound: this request goes elsewhere, counted as queued.
+    let mut t = KeyTable::default();
+    let idle = Store::default();
+    let hosts = views(&c.backends[0], NOW, &idle).unwrap();
+    let home = key_placement::choose(&mut t, &hosts, 42, NOW, &b).unwrap().host;
+    let readings = vec![(hosts[home].address.clone(), reading(3, NOW))];
+    let busy = Store::default().with(shared::load("b"), llmroute_core::load::encode(&readings));
+    let hosts = views(&c.backends[0], NOW, &busy).unwrap();
+    let c2 = key_placement::choose(&mut t, &hosts, 42, NOW, &b).unwrap();
+    assert_eq!(c2.reason, PlacementReason::Queued);
+    assert_ne!(c2.host, home);
+    assert_eq!(t.get(42).unwrap().host, hosts[home].id(), "the key stays");
+}

@@ -147,3 +147,22 @@ proptest! {
         let _ = load::decode(&page);
     }
 }
+
+/// The config's rule for which kinds may have `load` follows the gauges this module knows.
+#[test]
+fn the_kinds_that_report_load_are_those_with_signals() {
+    use llmroute_core::config::EngineKind;
+    for kind in [
+        EngineKind::LlamaCpp,
+        EngineKind::Vllm,
+        EngineKind::Sglang,
+        EngineKind::Ollama,
+        EngineKind::OpenAi,
+    ] {
+        assert_eq!(
+            kind.reports_load(),
+            llmroute_core::load::signals(kind).is_some(),
+            "{kind:?}"
+        );
+    }
+}

@@ -7,8 +7,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use llmroute_core::config::ShareKeys;
 use llmroute_core::etcd_json::{self, b64, int, prefix_end, EtcdJsonError, Kv, RangeAnswer, TxnAnswer};
-use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, Lease, Next, Outcome, Pending, Reply, Settled};
+use llmroute_core::key_placement::store::{
+    self, Ask, CreateBudget, Decision, Fallback, InView, KeptLocal, Lease, Next, Outcome, Pending, Reply, Settled,
+};
 use llmroute_core::key_placement::{choose, choose_stored, host_id, Bounds, HostView, KeyTable, PlacementReason};
 use llmroute_core::{load_config, ConfigErrors};
 use proptest::prelude::*;
@@ -396,24 +399,30 @@ fn keys_live_under_the_backend_prefix_as_sixteen_hex_digits() {
 }
 
 #[test]
-fn only_keys_the_local_table_lacks_go_to_the_store() {
+fn only_keys_the_local_table_lacks_or_has_not_shared_go_to_the_store() {
     let h = hosts(3);
     let b = bounds();
     let mut t = KeyTable::default();
     assert!(store::needs_store(&t, 1, 1000, &b));
     let proposed = store::proposal(&t, &h, 1, 1000, &b).unwrap();
     assert!(t.is_empty(), "a proposal leaves the table alone");
+    // Placed locally (a first sighting, or over the budget): held, but not shared, so still for the store.
     choose(&mut t, &h, 1, 1000, &b).unwrap();
     assert_eq!(t.get(1).unwrap().host, h[proposed].id());
+    assert!(!t.get(1).unwrap().shared);
+    assert!(store::needs_store(&t, 1, 2000, &b));
+    // Settled by the store: shared, and known.
+    choose_stored(&mut t, &h, 1, Some(h[proposed].id()), 2000, &b).unwrap();
+    assert!(t.get(1).unwrap().shared);
     assert!(!store::needs_store(&t, 1, 2000, &b));
     assert!(
-        store::needs_store(&t, 1, 1000 + TTL, &b),
+        store::needs_store(&t, 1, 2000 + TTL, &b),
         "an idled-out key is new again"
     );
 }
 
 #[test]
-fn a_stored_host_wins_for_a_new_key_and_a_known_key_stays() {
+fn a_stored_host_wins_over_the_bounds_and_over_a_local_first_placement() {
     let h = hosts(3);
     let b = bounds();
     let mut t = KeyTable::default();
@@ -425,8 +434,22 @@ fn a_stored_host_wins_for_a_new_key_and_a_known_key_stays() {
         (other, PlacementReason::Placed, true)
     );
     assert!(!t.get(7).unwrap().established, "a new key enters on probation");
-    // Known now: the table decides, whatever a later answer says.
-    let c = choose_stored(&mut t, &h, 7, Some(h[local].id()), 10, &b).unwrap();
+    assert!(t.get(7).unwrap().shared);
+    // The same answer again: pinned where it is.
+    let c = choose_stored(&mut t, &h, 7, Some(h[other].id()), 10, &b).unwrap();
+    assert_eq!((c.host, c.reason), (other, PlacementReason::Pinned));
+    // A key placed locally on its first sighting, which another replica stored elsewhere: it follows the store,
+    // once, established and shared.
+    let mut t = KeyTable::default();
+    choose(&mut t, &h, 7, 0, &b).unwrap();
+    let c = choose_stored(&mut t, &h, 7, Some(h[other].id()), 10, &b).unwrap();
+    assert_eq!(
+        (c.host, c.reason, c.table_changed),
+        (other, PlacementReason::Placed, true)
+    );
+    let e = t.get(7).unwrap();
+    assert_eq!((e.host, e.established, e.shared), (h[other].id(), true, true));
+    let c = choose(&mut t, &h, 7, 20, &b).unwrap();
     assert_eq!((c.host, c.reason), (other, PlacementReason::Pinned));
     // A stored host that is down (or unknown here) is not used: the bounds place the key.
     let mut down = h.clone();
@@ -540,10 +563,15 @@ fn refreshes_re_attach_only_keys_this_replica_used_in_batches_etcd_accepts() {
     for k in 0..300u64 {
         t.insert(k, h[(k % 2) as usize].id(), 1000, 4096);
         t.promote(k, 5000 + k, 4096);
+        t.mark_shared(k);
     }
     t.insert(1000, h[0].id(), 9000, 4096); // seen once: not refreshed
+    t.mark_shared(1000);
     t.insert(1001, 42, 9000, 4096);
     t.promote(1001, 9000, 4096); // on a host not in the list: skipped
+    t.mark_shared(1001);
+    t.insert(1002, h[0].id(), 9000, 4096);
+    t.promote(1002, 9000, 4096); // never shared (placed locally): a refresh must not create it
     let bodies = store::refresh_batches(&t, &h, 5100, "/l", "a", 99);
     let ops: Vec<Value> = bodies
         .iter()
@@ -682,30 +710,39 @@ fn run(replicas: usize, picks: &[(usize, u64)], shared: bool) -> Vec<(u64, usize
 
 /// [`run`], with host 0 down from request `down_at` on; also returns how many swaps moved a key.
 fn run_down(replicas: usize, picks: &[(usize, u64)], shared: bool, down_at: usize) -> (Vec<(u64, usize)>, usize) {
-    let (out, moved, _) = run_in(replicas, picks, shared, down_at);
-    (out, moved)
+    let r = run_in(replicas, picks, shared.then_some(ShareKeys::All), down_at);
+    (r.placed, r.moved)
 }
 
-/// [`run_down`], also returning the store.
-fn run_in(
-    replicas: usize,
-    picks: &[(usize, u64)],
-    shared: bool,
-    down_at: usize,
-) -> (Vec<(u64, usize)>, usize, MemEtcd) {
+/// What [`run_in`] saw.
+struct Run {
+    /// Each request's key and the host it went to.
+    placed: Vec<(u64, usize)>,
+    /// Per request: placed locally without asking the store (a first sighting).
+    kept: Vec<bool>,
+    /// Swaps that moved a key.
+    moved: usize,
+    etcd: MemEtcd,
+}
+
+/// [`run_down`], with a store that shares keys as `share` says (`None`: no store), returning what it saw.
+fn run_in(replicas: usize, picks: &[(usize, u64)], share: Option<ShareKeys>, down_at: usize) -> Run {
     let mut h = hosts(3);
     let b = bounds();
     let mut fleet = vec![Replica::default(); replicas];
     let mut etcd = MemEtcd::default();
     let mut out = Vec::new();
+    let mut kept = Vec::new();
     let mut moved = 0;
     for (i, &(r, key)) in picks.iter().enumerate() {
         h[0].up = i < down_at;
         let now = i as u64 * 10;
         let rep = &mut fleet[r % replicas];
-        let mut ask = match shared {
-            true => store::ask(&rep.table, &h, key, now, &b).map(|a| a.in_view(rep.view, MODEL_LIMIT)),
-            false => None,
+        let decision = share.map_or(Decision::Table, |s| store::decide(&rep.table, &h, key, now, &b, s));
+        kept.push(matches!(decision, Decision::Keep(_)));
+        let mut ask = match decision {
+            Decision::Send(a) => Some(a.in_view(rep.view, MODEL_LIMIT)),
+            Decision::Keep(_) | Decision::Table => None,
         };
         let mut stored = None;
         let (mut sends, mut stale_retries, mut won_at) = (0, 0, 0);
@@ -743,7 +780,12 @@ fn run_in(
         }
         out.push((key, c.host));
     }
-    (out, moved, etcd)
+    Run {
+        placed: out,
+        kept,
+        moved,
+        etcd,
+    }
 }
 
 /// One new key's request on its way through the store, in [`burst`].
@@ -898,6 +940,40 @@ proptest! {
     }
 
     #[test]
+    fn with_share_keys_returning_keys_seen_once_per_replica_never_reach_etcd(
+        picks in proptest::collection::vec((0usize..3, 1u64..1000), 1..120),
+    ) {
+        // Each (replica, key) once: every request is a first sighting on its replica.
+        let mut seen = BTreeSet::new();
+        let once: Vec<(usize, u64)> = picks.into_iter().filter(|p| seen.insert(*p)).collect();
+        let r = run_in(3, &once, Some(ShareKeys::Returning), usize::MAX);
+        prop_assert!(r.etcd.created.is_empty());
+        prop_assert!(r.kept.iter().all(|k| *k));
+    }
+
+    #[test]
+    fn with_share_keys_returning_replicas_agree_on_every_key_once_it_is_shared(
+        picks in proptest::collection::vec((0usize..3, 1u64..13), 1..200),
+    ) {
+        let r = run_in(3, &picks, Some(ShareKeys::Returning), usize::MAX);
+        // Every request that was not a first sighting on its replica went where etcd holds the key.
+        for ((key, host), kept) in r.placed.iter().zip(&r.kept) {
+            if !kept {
+                let (stored, _) = r.etcd.keys[key];
+                prop_assert_eq!(hosts(3)[*host].id(), stored, "key {}", key);
+            }
+        }
+        // A key is created once it came back to some replica, and only then.
+        let mut counts: BTreeMap<(usize, u64), usize> = BTreeMap::new();
+        for p in &picks {
+            *counts.entry((p.0 % 3, p.1)).or_default() += 1;
+        }
+        let returned: BTreeSet<u64> = counts.iter().filter(|(_, n)| **n > 1).map(|((_, k), _)| *k).collect();
+        let created: BTreeSet<u64> = r.etcd.created.iter().copied().collect();
+        prop_assert_eq!(created, returned);
+    }
+
+    #[test]
     fn new_keys_in_any_interleaving_are_placed_as_one_table_places_them_in_commit_order(
         picks in proptest::collection::vec((0usize..3, 1u64..8), 1..40),
         steps in proptest::collection::vec((any::<bool>(), 0usize..64), 0..120),
@@ -959,7 +1035,8 @@ fn a_known_key_asks_the_store_only_when_its_listed_host_is_down() {
     let b = bounds();
     let mut t = KeyTable::default();
     assert_eq!(store::ask(&t, &h, 1, 1000, &b), Some(Ask::Create));
-    let c = choose(&mut t, &h, 1, 1000, &b).unwrap();
+    let stored = h[store::proposal(&t, &h, 1, 1000, &b).unwrap()].id();
+    let c = choose_stored(&mut t, &h, 1, Some(stored), 1000, &b).unwrap();
     assert_eq!(store::ask(&t, &h, 1, 2000, &b), None, "a known key on an up host");
     h[c.host].up = false;
     assert_eq!(
@@ -988,6 +1065,115 @@ fn a_known_key_asks_the_store_only_when_its_listed_host_is_down() {
         })
         .collect();
     assert_eq!(store::ask(&t, &none_up, 1, 2000, &b), None, "Envoy's ring decides");
+}
+
+#[test]
+fn with_share_keys_returning_a_first_sighting_stays_local_and_a_key_that_comes_back_is_created() {
+    let mut h = hosts(3);
+    let b = bounds();
+    let returning = ShareKeys::Returning;
+    let mut t = KeyTable::default();
+    assert_eq!(
+        store::decide(&t, &h, 1, 1000, &b, returning),
+        Decision::Keep(KeptLocal::FirstSighting)
+    );
+    assert_eq!(
+        store::decide(&t, &h, 1, 1000, &b, ShareKeys::All),
+        Decision::Send(Ask::Create),
+        "share_keys: all creates every new key"
+    );
+    // The first sighting is placed as without a store, and remembered unshared.
+    let first = choose(&mut t, &h, 1, 1000, &b).unwrap().host;
+    assert!(!t.get(1).unwrap().shared);
+    // It comes back within its idle TTL: created, whatever its host's state.
+    assert_eq!(
+        store::decide(&t, &h, 1, 2000, &b, returning),
+        Decision::Send(Ask::Create)
+    );
+    h[first].up = false;
+    assert_eq!(
+        store::decide(&t, &h, 1, 2000, &b, returning),
+        Decision::Send(Ask::Create)
+    );
+    h[first].up = true;
+    // Back only after its idle TTL: a first sighting again.
+    assert_eq!(
+        store::decide(&t, &h, 1, 1000 + TTL, &b, returning),
+        Decision::Keep(KeptLocal::FirstSighting)
+    );
+    // Once shared: the table places it, and a down host moves it through the store, under either setting.
+    let stored = h[store::proposal(&t, &h, 1, 2000, &b).unwrap()].id();
+    choose_stored(&mut t, &h, 1, Some(stored), 2000, &b).unwrap();
+    for share in [ShareKeys::Returning, ShareKeys::All] {
+        assert_eq!(store::decide(&t, &h, 1, 3000, &b, share), Decision::Table);
+    }
+    let at = h.iter().position(|x| x.id() == stored).unwrap();
+    h[at].up = false;
+    assert_eq!(
+        store::decide(&t, &h, 1, 3000, &b, returning),
+        Decision::Send(Ask::Move {
+            from: h[at].address.clone()
+        })
+    );
+    // A key another replica shared, read by the refresh: known, no transaction.
+    let mut t = KeyTable::default();
+    store::merge(&mut t, MODEL_PREFIX, &[kv(MODEL_PREFIX, 9, &h[0].address)], 1000, 64);
+    assert_eq!(store::decide(&t, &hosts(3), 9, 1500, &b, returning), Decision::Table);
+}
+
+#[test]
+fn the_proposal_counts_only_shared_keys_so_every_replica_proposes_alike() {
+    let h = hosts(3);
+    let b = bounds();
+    // Two replicas hold the same shared keys; one of them also placed many one-off keys alone.
+    let mut quiet = KeyTable::default();
+    for k in 100..104u64 {
+        quiet.insert(k, h[(k % 3) as usize].id(), 0, 4096);
+        quiet.mark_shared(k);
+    }
+    let mut flooded = quiet.clone();
+    for k in 1000..1060u64 {
+        choose(&mut flooded, &h, k, 0, &b).unwrap();
+    }
+    for key in 1..40u64 {
+        assert_eq!(
+            store::proposal(&quiet, &h, key, 0, &b),
+            store::proposal(&flooded, &h, key, 0, &b),
+            "key {key}"
+        );
+    }
+}
+
+#[test]
+fn the_create_budget_spends_up_to_its_max_each_second_and_moves_spend_none() {
+    let mut budget = CreateBudget::default();
+    assert!((0..3).all(|_| budget.take(5_000, 3)));
+    assert!(!budget.take(5_999, 3), "the fourth create of second 5");
+    assert!(budget.take(6_000, 3), "a new second");
+    assert_eq!(budget, CreateBudget { second: 6, used: 1 });
+    assert_eq!(CreateBudget::decode(&budget.encode()), budget);
+    assert_eq!(CreateBudget::decode(b"odd"), CreateBudget::default());
+
+    let create = Decision::Send(Ask::Create.in_view(4, 64));
+    assert_eq!(create.clone().within_budget(|| true), create);
+    assert_eq!(create.within_budget(|| false), Decision::Keep(KeptLocal::OverBudget));
+    assert_eq!(
+        Decision::Send(Ask::Create).within_budget(|| false),
+        Decision::Keep(KeptLocal::OverBudget)
+    );
+    let spent = std::cell::Cell::new(0);
+    let take = || {
+        spent.set(spent.get() + 1);
+        false
+    };
+    let moving = Decision::Send(Ask::Move { from: "x:1".into() });
+    assert_eq!(moving.clone().within_budget(take), moving);
+    for d in [Decision::Table, Decision::Keep(KeptLocal::FirstSighting)] {
+        assert_eq!(d.clone().within_budget(take), d);
+    }
+    assert_eq!(spent.get(), 0, "only a create spends the budget");
+    assert_eq!(KeptLocal::OverBudget.as_str(), "over_budget");
+    assert_eq!(KeptLocal::FirstSighting.as_str(), "first_sighting");
 }
 
 #[test]
@@ -1137,6 +1323,7 @@ fn the_store_config_is_normalised_with_defaults() {
     let s = cfg.affinity.placement_store.unwrap();
     assert_eq!(s.prefix, "/llmroute");
     assert_eq!(s.timeout_ms, 50);
+    assert_eq!((s.share_keys, s.max_creates_per_s), (ShareKeys::Returning, 20));
     let eps: Vec<String> = s.endpoints.iter().map(|e| e.to_string()).collect();
     assert_eq!(eps, ["127.0.0.1:2379", "10.0.0.2:2379"]);
     let cfg = load_config(
@@ -1149,6 +1336,16 @@ fn the_store_config_is_normalised_with_defaults() {
     .unwrap();
     let s = cfg.affinity.placement_store.unwrap();
     assert_eq!((s.prefix.as_str(), s.timeout_ms), ("/p", 200));
+    let cfg = load_config(
+        &config(
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"]}, "share_keys": "all", "max_creates_per_s": 10000}),
+            "bounded_keys",
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let s = cfg.affinity.placement_store.unwrap();
+    assert_eq!((s.share_keys, s.max_creates_per_s), (ShareKeys::All, 10000));
     assert_eq!(s.tls, None);
     // TLS: `https://` or bare members, the backends' `tls` block.
     let cfg = load_config(
@@ -1258,6 +1455,21 @@ fn bad_store_configs_name_the_field_the_value_and_the_fix() {
             "missing field `ca_file`",
         ),
         (json!({"redis": {}}), "bounded_keys", "unknown field `redis`"),
+        (
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"]}, "share_keys": "some"}),
+            "bounded_keys",
+            "affinity.placement_store.share_keys = some: expected one of returning, all",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"]}, "max_creates_per_s": 0}),
+            "bounded_keys",
+            "affinity.placement_store.max_creates_per_s = 0: must be between 1 and 10000",
+        ),
+        (
+            json!({"etcd": {"endpoints": ["127.0.0.1:2379"]}, "max_creates_per_s": 10001}),
+            "bounded_keys",
+            "affinity.placement_store.max_creates_per_s = 10001",
+        ),
     ];
     for (store, placement, want) in cases {
         let errs = refused(&config(store.clone(), placement)).join("\n");

@@ -8,6 +8,7 @@ use std::cell::RefCell;
 
 use llmroute_core::envoy_contract::SESSION_HEADER;
 use llmroute_core::key_placement::PlacementReason;
+use llmroute_core::load::orca::RESPONSE_HEADER as ORCA;
 use llmroute_core::response_plan::{plan, BodyPlan, Media, ResponsePlan, Routed, Settings};
 use llmroute_core::{AffinitySource, Api};
 
@@ -77,7 +78,7 @@ fn an_unrouted_response_reads_only_the_session_header_and_loses_it_when_present(
             0,
             vec![SESSION_HEADER],
             BodyPlan::Relay,
-            vec![SESSION_HEADER.to_string()]
+            vec![SESSION_HEADER.to_string(), ORCA.to_string()]
         )
     );
     // Without the session filter (hash placement) there is nothing to remove, and no removal is asked for.
@@ -88,6 +89,25 @@ fn an_unrouted_response_reads_only_the_session_header_and_loses_it_when_present(
         ..Settings::default()
     };
     assert!(run(&debug, None, &[SESSION]).0.remove.is_empty());
+}
+
+#[test]
+fn an_engines_orca_load_report_never_reaches_the_client_debug_headers_or_not() {
+    let report = (ORCA, r#"JSON {"named_metrics": {"num_requests_waiting": 2.0}}"#);
+    let r = routed(Api::Chat);
+    let debug = Settings {
+        debug_headers: true,
+        ..Settings::default()
+    };
+    for s in [Settings::default(), debug] {
+        let (p, _) = run(
+            &s,
+            Some(&r),
+            &[(":status", "200"), ("content-type", "application/json"), report],
+        );
+        assert_eq!(p.remove, vec![ORCA], "debug_headers {}", s.debug_headers);
+        assert_eq!(run(&s, None, &[report]).0.remove, vec![ORCA]);
+    }
 }
 
 #[test]
@@ -123,7 +143,7 @@ fn an_overloaded_response_is_replaced_in_json_with_retry_after() {
     assert_eq!(p.remove, vec![SESSION_HEADER, "content-length"]);
     assert_eq!(
         read,
-        vec![SESSION_HEADER, ":status", "x-envoy-overloaded"],
+        vec![SESSION_HEADER, ORCA, ":status", "x-envoy-overloaded"],
         "nothing else is read once Envoy shed the request"
     );
 }
@@ -135,13 +155,13 @@ fn the_overload_marker_is_read_only_on_a_503() {
     let ok = [(":status", "200"), ("content-type", "application/json")];
     let (p, read) = run(&Settings::default(), Some(&r), &ok);
     assert_eq!(p.body, BodyPlan::Watch(Media::Json));
-    assert_eq!(read, vec![SESSION_HEADER, ":status", "content-type"]);
+    assert_eq!(read, vec![SESSION_HEADER, ORCA, ":status", "content-type"]);
     // A 503 that Envoy did not mark is the backend's own answer: planned like any other error.
     let (p, read) = run(&Settings::default(), Some(&r), &[(":status", "503"), ok[1]]);
     assert_eq!(p.body, BodyPlan::Relay);
     assert_eq!(
         read,
-        vec![SESSION_HEADER, ":status", "x-envoy-overloaded", "content-type"]
+        vec![SESSION_HEADER, ORCA, ":status", "x-envoy-overloaded", "content-type"]
     );
 }
 

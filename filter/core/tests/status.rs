@@ -15,7 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use llmroute_core::status::{
-    self, parse_clusters, readiness, BackendHealth, FleetStatus, Readiness, ADMIN_CLUSTER, STALE_AFTER_MS,
+    self, parse_clusters, readiness, AdminFailure, BackendHealth, FleetStatus, Readiness, ADMIN_CLUSTER, STALE_AFTER_MS,
 };
 use llmroute_core::{load_config, Config};
 use serde_json::Value;
@@ -64,7 +64,7 @@ fn figures(f: &FleetStatus, name: &str) -> (u32, u32, u32, u64) {
 const KEY: status::IdKey = status::IdKey([0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908]);
 
 fn body(cfg: &Config, fleet: Option<&FleetStatus>, now: u64) -> Value {
-    serde_json::from_slice(&status::status_body(cfg, fleet, now, KEY)).unwrap()
+    serde_json::from_slice(&status::status_body(cfg, fleet, None, now, KEY)).unwrap()
 }
 
 fn backend_entry<'v>(v: &'v Value, name: &str) -> &'v Value {
@@ -141,7 +141,11 @@ fn unreadable_answers_are_errors() {
     ] {
         let e = parse_clusters(bad, &cfg, NOW).unwrap_err();
         assert!(e.to_string().starts_with("unreadable admin /clusters answer"), "{e}");
+        assert!(e.0.contains("line 1, column"), "where, not what: {e}");
     }
+    // The answer is never quoted: it may come from another server than Envoy's admin.
+    let e = parse_clusters(br#"{"cluster_statuses": "secret words"}"#, &cfg, NOW).unwrap_err();
+    assert!(!e.to_string().contains("secret"), "{e}");
     let truncated = &MIXED[..MIXED.len() / 2];
     assert!(parse_clusters(truncated, &cfg, NOW).is_err());
 }
@@ -206,7 +210,7 @@ fn host_weights_above_one_are_kept_by_address_and_never_shown() {
     let b = f.backend("llama-a").unwrap();
     assert_eq!(b.weights, [("127.0.0.1:18001".to_string(), 4)]);
     assert_eq!(FleetStatus::decode(&f.encode()).unwrap(), f);
-    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW, KEY)).unwrap();
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), None, NOW, KEY)).unwrap();
     assert!(!page.contains("18001") && !page.contains("weight"), "{page}");
 }
 
@@ -215,9 +219,9 @@ fn host_weights_above_one_are_kept_by_address_and_never_shown() {
 #[test]
 fn not_ready_before_the_first_poll() {
     let cfg = config();
-    assert_eq!(readiness(&cfg, None, NOW), Readiness::NoSnapshot);
-    assert!(!status::ready(&cfg, None, NOW));
-    let (code, body) = status::readyz(&cfg, None, NOW);
+    assert_eq!(readiness(&cfg, None, None, NOW), Readiness::NoSnapshot);
+    assert!(!status::ready(&cfg, None, None, NOW));
+    let (code, body) = status::readyz(&cfg, None, None, NOW);
     assert_eq!(code, 503);
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["ready"], false);
@@ -228,8 +232,8 @@ fn not_ready_before_the_first_poll() {
 fn ready_when_every_alias_has_a_healthy_route() {
     let cfg = config();
     let f = parse(MIXED);
-    assert_eq!(readiness(&cfg, Some(&f), NOW + 10), Readiness::Ready);
-    let (code, body) = status::readyz(&cfg, Some(&f), NOW + 10);
+    assert_eq!(readiness(&cfg, Some(&f), None, NOW + 10), Readiness::Ready);
+    let (code, body) = status::readyz(&cfg, Some(&f), None, NOW + 10);
     assert_eq!(code, 200);
     assert_eq!(
         serde_json::from_slice::<Value>(&body).unwrap(),
@@ -243,7 +247,7 @@ fn an_alias_with_no_healthy_route_makes_the_gateway_unready() {
     let mut f = parse(STARTING);
     // Before the health checks pass, `chat` (llama-a only) is down; `big` still has vllm-b.
     assert_eq!(
-        readiness(&cfg, Some(&f), NOW),
+        readiness(&cfg, Some(&f), None, NOW),
         Readiness::AliasesDown(vec!["chat".into()])
     );
     // vllm-b down too: `big` and `only-b` follow.
@@ -251,10 +255,10 @@ fn an_alias_with_no_healthy_route_makes_the_gateway_unready() {
         b.healthy = 0;
     }
     assert_eq!(
-        readiness(&cfg, Some(&f), NOW),
+        readiness(&cfg, Some(&f), None, NOW),
         Readiness::AliasesDown(vec!["chat".into(), "big".into(), "only-b".into()])
     );
-    let (code, body) = status::readyz(&cfg, Some(&f), NOW);
+    let (code, body) = status::readyz(&cfg, Some(&f), None, NOW);
     assert_eq!(code, 503);
     let reason = serde_json::from_slice::<Value>(&body).unwrap()["reason"]
         .as_str()
@@ -269,7 +273,7 @@ fn a_lower_priority_route_keeps_an_alias_ready() {
     let mut f = parse(MIXED);
     f.backends.iter_mut().find(|b| b.name == "vllm-b").unwrap().healthy = 0;
     assert_eq!(
-        readiness(&cfg, Some(&f), NOW),
+        readiness(&cfg, Some(&f), None, NOW),
         Readiness::AliasesDown(vec!["only-b".into()]),
         "big falls back to llama-a"
     );
@@ -306,7 +310,7 @@ fn degraded_only_is_not_ready() {
         ],
     };
     assert_eq!(
-        readiness(&cfg, Some(&f), NOW),
+        readiness(&cfg, Some(&f), None, NOW),
         Readiness::AliasesDown(vec!["chat".into()])
     );
 }
@@ -317,7 +321,7 @@ fn a_backend_missing_from_the_answer_is_not_healthy() {
     let f = parse_clusters(MIXED, &cfg, NOW).unwrap();
     assert!(f.backend("sglang-c").is_none());
     assert_eq!(
-        readiness(&cfg, Some(&f), NOW),
+        readiness(&cfg, Some(&f), None, NOW),
         Readiness::AliasesDown(vec!["only-c".into()])
     );
     let v = body(&cfg, Some(&f), NOW);
@@ -333,15 +337,15 @@ fn a_backend_missing_from_the_answer_is_not_healthy() {
 fn a_stale_snapshot_is_not_ready() {
     let cfg = config();
     let f = parse(MIXED);
-    assert!(status::ready(&cfg, Some(&f), NOW + STALE_AFTER_MS));
+    assert!(status::ready(&cfg, Some(&f), None, NOW + STALE_AFTER_MS));
     let late = NOW + STALE_AFTER_MS + 1;
     assert_eq!(
-        readiness(&cfg, Some(&f), late),
+        readiness(&cfg, Some(&f), None, late),
         Readiness::Stale {
             age_ms: STALE_AFTER_MS + 1
         }
     );
-    let (code, _) = status::readyz(&cfg, Some(&f), late);
+    let (code, _) = status::readyz(&cfg, Some(&f), None, late);
     assert_eq!(code, 503);
     let v = body(&cfg, Some(&f), late);
     assert_eq!(v["ready"], false);
@@ -349,11 +353,76 @@ fn a_stale_snapshot_is_not_ready() {
     assert!(v["reason"].as_str().unwrap().contains("stale"));
 }
 
+/// Polls of a wrong `admin:` address: `/readyz` and the status page name it and say why, once no fresh snapshot
+/// is left; while one is, readiness stands and only the page's `admin` shows the failing polls.
+#[test]
+fn failing_admin_polls_are_named_by_readyz_and_the_status_page() {
+    let cfg = config();
+    let failure = AdminFailure {
+        address: "127.0.0.1:9911".into(),
+        error: "Envoy answered 503 in its place: upstream connect error or disconnect/reset before headers".into(),
+        since_ms: NOW - 3000,
+    };
+    let names_it = |text: &str| {
+        text.contains("127.0.0.1:9911")
+            && text.contains("`admin:` in llmroute.yaml")
+            && text.contains("upstream connect error")
+            && text.contains("own admin interface")
+    };
+
+    // Never a good poll.
+    assert!(matches!(
+        readiness(&cfg, None, Some(&failure), NOW),
+        Readiness::AdminFailing {
+            snapshot_age_ms: None,
+            ..
+        }
+    ));
+    let (code, readyz) = status::readyz(&cfg, None, Some(&failure), NOW);
+    let readyz: Value = serde_json::from_slice(&readyz).unwrap();
+    assert_eq!((code, &readyz["ready"]), (503, &Value::Bool(false)));
+    let reason = readyz["reason"].as_str().unwrap();
+    assert!(
+        names_it(reason) && reason.contains("no health snapshot yet"),
+        "{reason}"
+    );
+    let page: Value = serde_json::from_slice(&status::status_body(&cfg, None, Some(&failure), NOW, KEY)).unwrap();
+    assert_eq!(
+        page["admin"],
+        serde_json::json!({"address": "127.0.0.1:9911", "error": failure.error, "failing_for_ms": 3000})
+    );
+    assert!(names_it(page["reason"].as_str().unwrap()), "{page}");
+
+    // A snapshot that went stale while polls fail.
+    let f = parse(MIXED);
+    let late = NOW + STALE_AFTER_MS + 1;
+    let (code, readyz) = status::readyz(&cfg, Some(&f), Some(&failure), late);
+    let reason = serde_json::from_slice::<Value>(&readyz).unwrap()["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(code, 503);
+    assert!(
+        names_it(&reason) && reason.contains(&format!("{} ms old", STALE_AFTER_MS + 1)),
+        "{reason}"
+    );
+
+    // A fresh snapshot still stands; the page shows the failing polls, ready or not.
+    assert_eq!(readiness(&cfg, Some(&f), Some(&failure), NOW), Readiness::Ready);
+    let page = body(&cfg, Some(&f), NOW);
+    assert_eq!(page["admin"], Value::Null, "polls that work show no admin");
+    let page: Value = serde_json::from_slice(&status::status_body(&cfg, Some(&f), Some(&failure), NOW, KEY)).unwrap();
+    assert_eq!(
+        (&page["ready"], &page["admin"]["address"]),
+        (&Value::Bool(true), &Value::from("127.0.0.1:9911"))
+    );
+}
+
 #[test]
 fn a_clock_step_back_does_not_make_a_snapshot_stale() {
     let cfg = config();
     let f = parse(MIXED);
-    assert!(status::ready(&cfg, Some(&f), NOW - 60_000));
+    assert!(status::ready(&cfg, Some(&f), None, NOW - 60_000));
     assert_eq!(body(&cfg, Some(&f), NOW - 60_000)["snapshot"]["age_ms"], 0);
 }
 
@@ -441,11 +510,11 @@ fn status_shows_aliases_down() {
 #[test]
 fn no_body_leaks_addresses_hostnames_or_upstream_models() {
     let cfg = config();
-    let mut bodies = vec![status::status_body(&cfg, None, NOW, KEY), status::healthz_body()];
+    let mut bodies = vec![status::status_body(&cfg, None, None, NOW, KEY), status::healthz_body()];
     for capture in [STARTING, BUSY, MIXED] {
         let f = parse(capture);
-        bodies.push(status::status_body(&cfg, Some(&f), NOW, KEY));
-        bodies.push(status::readyz(&cfg, Some(&f), NOW).1);
+        bodies.push(status::status_body(&cfg, Some(&f), None, NOW, KEY));
+        bodies.push(status::readyz(&cfg, Some(&f), None, NOW).1);
     }
     for b in bodies {
         let text = String::from_utf8(b).unwrap();
@@ -573,6 +642,6 @@ fn each_hosts_requests_in_flight_are_kept_by_address_for_placement_and_never_sho
         llmroute_core::key_placement::in_flight::from_envoy(&addresses, &a.active),
         [0, 3, 3]
     );
-    let page = String::from_utf8(status::status_body(&config(), Some(&f), NOW, KEY)).unwrap();
+    let page = String::from_utf8(status::status_body(&config(), Some(&f), None, NOW, KEY)).unwrap();
     assert!(!page.contains("21081") && !page.contains("\"active\""), "{page}");
 }

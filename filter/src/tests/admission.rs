@@ -7,6 +7,14 @@ use super::*;
 
 /// The variable the keys come from; only this test module sets it.
 const KEYS_ENV: &str = "LLMROUTE_TEST_GLUE_KEYS";
+/// A second team's key, for the per-key budget test.
+const OTHER: &str = "sk-glue-team-b-0123456789abcdef";
+
+/// Sets the keys every test here reads. Tests run in parallel threads of one process and share its environment,
+/// so all of them set the same value: a test that set fewer keys would refuse another test's key mid-run.
+fn set_keys() {
+    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN},team-b:{OTHER}"));
+}
 const TOKEN: &str = "sk-glue-0123456789abcdef0123";
 
 fn admission_config() -> String {
@@ -41,7 +49,7 @@ fn send(fake: &Rc<FakeHost>, root: &Root, token: &str) -> (Vec<Action>, Option<u
 
 #[test]
 fn keys_and_request_limits_are_applied_in_order() {
-    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    set_keys();
     let fake = FakeHost::install();
     let root = root(&fake, &admission_config());
     assert_eq!(send(&fake, &root, "sk-wrong-0123456789abcdef0123").1, Some(401));
@@ -102,7 +110,7 @@ fn a_token_reservation_is_settled_on_the_usage_the_engine_reported() {
 fn a_failed_shared_data_read_fails_closed_and_never_refills_a_bucket() {
     use crate::host::fake::Kind;
     use crate::host::HostStatus;
-    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    set_keys();
     let fake = FakeHost::install();
     let config = admission_config();
     let root = root(&fake, &config);
@@ -272,7 +280,7 @@ fn key_limits_config(limits: &str) -> String {
 
 #[test]
 fn a_key_over_its_request_limit_is_refused_at_the_headers() {
-    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    set_keys();
     let fake = FakeHost::install();
     let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
     assert_eq!(send(&fake, &root, TOKEN), (vec![Action::Pause, Action::Continue], None));
@@ -295,7 +303,7 @@ fn a_key_over_its_request_limit_is_refused_at_the_headers() {
 
 #[test]
 fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
-    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN}"));
+    set_keys();
     let fake = FakeHost::install();
     let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
     let headers = with_key(TOKEN);
@@ -315,8 +323,7 @@ fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
 
 #[test]
 fn a_key_named_in_key_limits_has_its_own_budget() {
-    const OTHER: &str = "sk-glue-team-b-0123456789abcdef";
-    std::env::set_var(KEYS_ENV, format!("team-a:{TOKEN},team-b:{OTHER}"));
+    set_keys();
     let config = key_limits_config(r#"{ "requests": "3-M" }, "key_limits": { "team-a": { "requests": "1-M" } }"#);
     let fake = FakeHost::install();
     let root = root(&fake, &config);

@@ -204,3 +204,27 @@ fn the_session_header_costs_a_removal_only_on_a_response_that_carries_it() {
         "the affinity source, and the removal only when carried"
     );
 }
+
+#[test]
+fn engine_load_costs_a_placed_request_one_read_and_its_work_one_write_each_way() {
+    // With `load`, placement reads the backend's readings once (the poll itself runs in the root context, never
+    // on the request path), and the work in flight goes through the ledger at the pin and at the log phase.
+    let bounded = bounded_config();
+    let with_load = bounded.replace(
+        r#""endpoints": ["127.0.0.1:8081", "127.0.0.1:8082"]"#,
+        r#""endpoints": ["127.0.0.1:8081", "127.0.0.1:8082"], "load": { "poll_ms": 250 }"#,
+    );
+    let count = |c: &[(Kind, usize)], k: Kind| c.iter().find(|(x, _)| *x == k).map_or(0, |(_, n)| *n);
+    let base = warm_counts(&bounded, false);
+    let load = warm_counts(&with_load, false);
+    let kinds: Vec<Kind> = base.iter().chain(&load).map(|(k, _)| *k).collect();
+    for k in kinds {
+        let want = count(&base, k)
+            + match k {
+                GetShared => 3, // the readings; the work counts' read at the pin and at the log phase
+                SetShared => 2, // the work counts' write at the pin and at the log phase
+                _ => 0,
+            };
+        assert_eq!(count(&load, k), want, "{k:?}: {base:?} -> {load:?}");
+    }
+}

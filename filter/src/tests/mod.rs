@@ -10,6 +10,7 @@
 mod admission;
 mod assemble;
 mod budget;
+mod engine_load;
 mod fair_queue;
 mod fleet_check;
 mod global_limits;

@@ -1,4 +1,6 @@
-//! The shared placement store, host side (`placement_store.rs`): a request whose key is new pauses for etcd's
+//! The shared placement store, host side (`placement_store.rs`): with `share_keys: returning` one-off keys are
+//! placed at once and never reach etcd, a key that comes back does; past `max_creates_per_s` a new key is placed
+//! locally, counted, and created on a later request; a request whose key is to be shared pauses for etcd's
 //! answer (won, adopted, timeout, an error, a 503 sent once more to another member) and resumes pinned where the
 //! store says; the root side's lease grant, range read, and settling of keys placed during an outage; and a host
 //! error at any call of these paths.
@@ -24,10 +26,18 @@ const LEASE_GONE: &str =
     r#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#;
 const GRANTED: &str = r#"{"header":{"cluster_id":"1","member_id":"2","revision":"2","raft_term":"2"},"ID":"2324035746352910857","TTL":"5"}"#;
 
+/// A store that shares every new key on its first request (`share_keys: all`), as most cases here need.
 fn store_config() -> String {
+    store_config_with(r#""share_keys": "all""#)
+}
+
+/// A store with `fields` besides `etcd` (`share_keys`, `max_creates_per_s`).
+fn store_config_with(fields: &str) -> String {
     bounded_config().replace(
         r#""placement": "bounded_keys" }"#,
-        r#""placement": "bounded_keys", "placement_store": { "etcd": { "endpoints": ["127.0.0.1:2379", "127.0.0.1:22379"], "prefix": "/llmroute", "timeout_ms": 50 } } }"#,
+        &format!(
+            r#""placement": "bounded_keys", "placement_store": {{ {fields}, "etcd": {{ "endpoints": ["127.0.0.1:2379", "127.0.0.1:22379"], "prefix": "/llmroute", "timeout_ms": 50 }} }} }}"#
+        ),
     )
 }
 
@@ -242,6 +252,96 @@ fn a_transaction_that_cannot_be_sent_routes_at_once_and_is_settled_later() {
     assert!(pending(&fake).is_empty());
 }
 
+fn kept_local(fake: &FakeHost, reason: &str) -> Option<u64> {
+    fake.metric(&format!("llmroute_placement_store_kept_local_total;reason={reason}"))
+}
+
+/// A chat request with session id `session` up to the end of its body: the body's action, and the affinity key.
+fn send_session(x: &mut Exchange, session: &str) -> (Action, u64) {
+    let mut headers = REQUEST_HEADERS.to_vec();
+    headers.push(("x-session-id", session));
+    assert_eq!(x.request_headers(&headers, false), Action::Pause);
+    let a = x.request_body(chat(false).as_bytes(), true);
+    let key = x.request_header("x-llmroute-affinity").unwrap_or_default();
+    (a, u64::from_str_radix(&key, 16).unwrap_or(0))
+}
+
+#[test]
+fn with_share_keys_returning_first_sightings_never_reach_etcd_and_a_key_that_comes_back_does() {
+    // `share_keys` left out: returning.
+    let fake = FakeHost::install();
+    let root = super::root(&fake, &store_config_with(r#""max_creates_per_s": 20"#));
+    assert_eq!(kept_local(&fake, "first_sighting"), Some(0), "primed at 0");
+    assert_eq!(kept_local(&fake, "over_budget"), Some(0), "primed at 0");
+    // A stream of one-off session ids: each placed at once, locally, and no call to etcd.
+    for i in 0..50u32 {
+        let mut x = Exchange::new(&fake, &root, i + 1);
+        let (action, key) = send_session(&mut x, &format!("one-off-{i}"));
+        assert_eq!(action, Action::Continue, "request {i} does not wait");
+        assert!(x.request_header(SESSION_HEADER).is_some(), "request {i} is pinned");
+        assert!(table(&fake).get(key).is_some_and(|e| !e.shared), "request {i}");
+    }
+    assert!(store_calls(&fake).is_empty(), "no first sighting reaches etcd");
+    assert_eq!(kept_local(&fake, "first_sighting"), Some(50));
+    // One of them comes back: created in etcd, and pinned where etcd says (another replica stored it on B).
+    let mut x = Exchange::new(&fake, &root, 100);
+    let (action, key) = send_session(&mut x, "one-off-7");
+    assert_eq!(action, Action::Pause, "the key that came back waits for etcd");
+    let calls = store_calls(&fake);
+    assert_eq!(calls.len(), 1);
+    assert!(body_of(&calls[0]).contains(&b64(store::key_path("/llmroute", "llama-a", key))));
+    answer(&mut x, calls[0].token, Some(("200", &exists(key, B))));
+    assert_eq!(outcome(&fake, "adopted"), Some(1));
+    assert_eq!(x.request_header(SESSION_HEADER), Some(session_header_value(B)));
+    let e = table(&fake).get(key).unwrap();
+    assert_eq!((e.host, e.established, e.shared), (host_id(B), true, true));
+    // Shared now: known, no more calls.
+    let mut y = Exchange::new(&fake, &root, 101);
+    assert_eq!(send_session(&mut y, "one-off-7").0, Action::Continue);
+    assert_eq!(store_calls(&fake).len(), 1);
+    assert_eq!(kept_local(&fake, "first_sighting"), Some(50));
+    // Back only after its idle TTL: a first sighting again.
+    fake.advance_ms(300_000);
+    let mut z = Exchange::new(&fake, &root, 102);
+    assert_eq!(send_session(&mut z, "one-off-7").0, Action::Continue);
+    assert_eq!(kept_local(&fake, "first_sighting"), Some(51));
+    assert_eq!(store_calls(&fake).len(), 1);
+}
+
+#[test]
+fn past_max_creates_per_s_a_new_key_is_placed_locally_counted_and_created_on_a_later_request() {
+    let fake = FakeHost::install();
+    let root = super::root(
+        &fake,
+        &store_config_with(r#""share_keys": "all", "max_creates_per_s": 2"#),
+    );
+    let mut waiting = Vec::new();
+    for i in 0..3u32 {
+        let mut x = Exchange::new(&fake, &root, i + 1);
+        let (action, _) = send_session(&mut x, &format!("tenant-{i}"));
+        waiting.push((x, action));
+    }
+    let actions: Vec<Action> = waiting.iter().map(|(_, a)| *a).collect();
+    assert_eq!(actions, [Action::Pause, Action::Pause, Action::Continue]);
+    assert_eq!(store_calls(&fake).len(), 2, "two creates this second");
+    assert_eq!(kept_local(&fake, "over_budget"), Some(1));
+    assert!(waiting[2].0.request_header(SESSION_HEADER).is_some(), "placed locally");
+    // The next second: the key kept local comes back and is created.
+    fake.advance_ms(1000);
+    let mut x = Exchange::new(&fake, &root, 10);
+    let (action, key) = send_session(&mut x, "tenant-2");
+    assert_eq!(action, Action::Pause);
+    let calls = store_calls(&fake);
+    assert_eq!(calls.len(), 3);
+    assert!(body_of(&calls[2]).contains(&b64(store::key_path("/llmroute", "llama-a", key))));
+    answer(&mut x, calls[2].token, Some(("200", CREATED)));
+    assert_eq!(outcome(&fake, "won"), Some(1));
+    assert!(table(&fake).get(key).is_some_and(|e| e.shared));
+    // The budget is the Envoy's, shared by its workers: the shared-data counter holds this second's creates.
+    let budget = store::CreateBudget::decode(&fake.shared(shared::STORE_CREATES).unwrap().0);
+    assert_eq!(budget.used, 1);
+}
+
 #[test]
 fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
     let fake = FakeHost::install();
@@ -398,13 +498,20 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
         }
     };
     round(&mut syncer, GRANTED);
-    // A key this replica's requests use (twice: established) during the first epoch.
+    // A key this replica's requests use (twice: established) during the first epoch, settled through the store;
+    // and one it placed alone (never shared), which a refresh must not create.
     let key = 0x0fed_cba9_8765_4321_u64;
+    let alone = 0x0123_4567_89ab_cdef_u64;
     for _ in 0..2 {
-        if let Some(p) = crate::key_placement::pin(&cfg, &cfg.affinity.placement, "llama-a", key) {
+        let placement = &cfg.affinity.placement;
+        if let Some(p) = crate::key_placement::pin_stored(&cfg, placement, "llama-a", key, None, true) {
+            p.release();
+        }
+        if let Some(p) = crate::key_placement::pin(&cfg, placement, "llama-a", alone) {
             p.release();
         }
     }
+    assert!(table(&fake).get(alone).is_some_and(|e| e.established && !e.shared));
     fake.advance_ms(store::epoch_ms(300_000));
     let seen = store_calls(&fake).len();
     round(&mut syncer, &GRANTED.replace("2324035746352910857", "77"));
@@ -422,6 +529,10 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
     let body = String::from_utf8(refresh[0].body.clone().unwrap()).unwrap();
     assert!(
         body.contains(&b64(store::key_path("/llmroute", "llama-a", key))),
+        "{body}"
+    );
+    assert!(
+        !body.contains(&b64(store::key_path("/llmroute", "llama-a", alone))),
         "{body}"
     );
     // Its answer (or a bad one) is read and changes nothing.

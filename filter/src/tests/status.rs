@@ -4,7 +4,7 @@
 
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::key_placement::table::decode_down;
-use llmroute_core::status::{ADMIN_CLUSTER, ADMIN_PATH, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, TICK_MS};
+use llmroute_core::status::{self, ADMIN_CLUSTER, ADMIN_PATH, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, TICK_MS};
 use llmroute_core::{load_config, Config};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
@@ -67,25 +67,88 @@ fn one_root_context_polls_per_interval_and_stores_the_snapshot() {
     assert_eq!(fake.callouts().len(), 2);
 }
 
+/// Envoy's answer in the admin's place when nothing listens at the admin cluster's address.
+const REFUSED: &[u8] = b"upstream connect error or disconnect/reset before headers. reset reason: remote connection \
+failure, transport failure reason: delayed connect error: Connection refused";
+
+/// The one page `root`'s worker answers on `GET path`: its status and body.
+fn page(fake: &Rc<FakeHost>, root: &Root, path: &str) -> (u32, serde_json::Value) {
+    let before = fake.replies().len();
+    let mut x = Exchange::new(fake, root, 9);
+    x.request_headers(&[(":method", "GET"), (":path", path), (":authority", "gw")], true);
+    let reply = fake.replies().get(before).cloned().expect("the page");
+    (reply.status, serde_json::from_slice(&reply.body).unwrap())
+}
+
+fn logged(fake: &FakeHost, level: LogLevel, part: &str) -> Vec<String> {
+    fake.logs()
+        .into_iter()
+        .filter(|(l, m)| *l == level && m.contains(part))
+        .map(|(_, m)| m)
+        .collect()
+}
+
 #[test]
-fn a_failed_poll_keeps_the_last_snapshot_and_warns_once() {
+fn a_failed_poll_keeps_the_last_snapshot_and_names_the_admin_address_once() {
     let (fake, _, mut poller) = started();
     poller.on_tick();
     poller.on_response(fake.callouts()[0].token, answer(&fake, "200", MIXED));
     let stored = fake.shared(shared::STATUS_SNAPSHOT).unwrap();
-    for (status, body) in [("503", &b"no"[..]), ("200", &b"{\"cluster_statuses\": 3}"[..])] {
+    // Another worker's root context takes some of the polls: the failure is the process's, logged once.
+    let mut other = Poller::default();
+    other.start(Rc::new(load_config(FLEET).unwrap()));
+    let failures = [
+        ("503", REFUSED),
+        ("200", &b"{\"cluster_statuses\": 3}"[..]),
+        ("404", &b"<html>not here</html>"[..]),
+        ("503", REFUSED),
+    ];
+    for (i, (status, body)) in failures.into_iter().enumerate() {
         fake.advance_ms(POLL_INTERVAL_MS + 1);
-        poller.on_tick();
+        let p = if i % 2 == 0 { &mut other } else { &mut poller };
+        p.on_tick();
         let token = fake.callouts().last().unwrap().token;
-        poller.on_response(token, answer(&fake, status, body));
+        p.on_response(token, answer(&fake, status, body));
         assert_eq!(fake.shared(shared::STATUS_SNAPSHOT).unwrap().0, stored.0, "{status}");
     }
-    let warnings = fake
-        .logs()
-        .into_iter()
-        .filter(|(l, m)| *l == LogLevel::Warn && m.contains("status poll"))
-        .count();
-    assert_eq!(warnings, 1, "one warning per failure streak");
+    let warnings = logged(&fake, LogLevel::Warn, "admin");
+    assert_eq!(warnings.len(), 1, "one line per change of state: {warnings:?}");
+    assert!(
+        warnings[0].contains("127.0.0.1:9901") && warnings[0].contains("Connection refused"),
+        "{warnings:?}"
+    );
+    assert!(!warnings[0].contains("not here"), "another server's body is not quoted");
+
+    // The pages name it: /readyz once the last snapshot is stale.
+    let root = root(&fake, FLEET);
+    let (_, st) = page(&fake, &root, "/llmroute/status");
+    assert_eq!(st["admin"]["address"], "127.0.0.1:9901");
+    assert!(
+        st["admin"]["error"].as_str().unwrap().contains("Connection refused"),
+        "{st}"
+    );
+    assert_eq!(st["admin"]["failing_for_ms"], 3 * (POLL_INTERVAL_MS + 1));
+    fake.advance_ms(status::STALE_AFTER_MS);
+    let (code, readyz) = page(&fake, &root, "/readyz");
+    assert_eq!(code, 503);
+    assert!(
+        readyz["reason"].as_str().unwrap().contains("127.0.0.1:9901"),
+        "{readyz}"
+    );
+
+    // A good poll clears it, with one line.
+    fake.advance_ms(POLL_INTERVAL_MS + 1);
+    poller.on_tick();
+    poller.on_response(fake.callouts().last().unwrap().token, answer(&fake, "200", MIXED));
+    assert_eq!(
+        page(&fake, &root, "/llmroute/status").1["admin"],
+        serde_json::Value::Null
+    );
+    let infos = logged(&fake, LogLevel::Info, "work again");
+    assert_eq!(
+        infos,
+        vec!["llmroute: polls of Envoy's admin API at 127.0.0.1:9901 work again".to_string()]
+    );
 }
 
 #[test]
@@ -94,6 +157,11 @@ fn an_admin_cluster_that_cannot_be_called_hands_the_lease_back() {
     fake.fail_kind(crate::host::fake::Kind::HttpCall, HostStatus::BadArgument);
     poller.on_tick();
     assert_eq!(fake.shared(shared::STATUS_LEASE).unwrap().0, 0u64.to_le_bytes());
+    let failure = crate::status::admin_failure().expect("named on the pages");
+    assert!(
+        failure.error.contains("llmroute_admin could not be called"),
+        "{failure:?}"
+    );
     fake.heal();
     let mut other = Poller::default();
     other.start(Rc::new(load_config(FLEET).unwrap()));
@@ -111,6 +179,8 @@ fn an_answer_that_never_comes_is_forgotten_after_the_timeout() {
     fake.advance_ms(POLL_INTERVAL_MS);
     poller.on_tick();
     assert_eq!(fake.callouts().len(), 2, "a new poll once the old one timed out");
+    let failure = crate::status::admin_failure().expect("named on the pages");
+    assert_eq!(failure.error, format!("no answer within {POLL_TIMEOUT_MS} ms"));
     let late = fake.callouts()[0].token;
     poller.on_response(late, answer(&fake, "200", MIXED));
     assert!(latest().is_none(), "a late answer is ignored");

@@ -3,10 +3,11 @@
 //!
 //! One fleet of instant emulated engines, one 3-member etcd cluster on loopback ([`EtcdCluster`]), and two Envoys
 //! with `placement: bounded_keys` in front of the same engines: one with `affinity.placement_store.etcd` (default
-//! `timeout_ms` 50), one without. For each of `keys` fresh keys (a system prompt never sent before), the client
-//! sends the key's first request to one Envoy and then a second request for the same key (now known), then both
-//! to the other Envoy; which Envoy goes first alternates from key to key, so drift of the machine hits both
-//! alike. Each request is a small non-streamed chat completion, timed from send to the last byte of the answer.
+//! `timeout_ms` 50, and `share_keys: all`, so that each new key's first request goes to etcd), one without. For
+//! each of `keys` fresh keys (a system prompt never sent before), the client sends the key's first request to one
+//! Envoy and then a second request for the same key (now known), then both to the other Envoy; which Envoy goes
+//! first alternates from key to key, so drift of the machine hits both alike. Each request is a small
+//! non-streamed chat completion, timed from send to the last byte of the answer.
 //! The figures are the p50 and p99 of each group, and the added latency is the store's percentile minus the
 //! plain one's. With the store, a known key reads the local table, so its row is the control: it should add
 //! nothing. etcd's own status (`/v3/maintenance/status`: database size and revision) before and after gives the
@@ -103,12 +104,15 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     let endpoints = fleet.endpoints();
     let members = etcd.urls();
     let plain_config = llmroute_config(Policy::BoundedKeys(150), &endpoints, 2, None);
-    let store_config = llmroute_config(
+    let mut store_config = llmroute_config(
         Policy::Replicas(Placement::Store, 150, 1),
         &endpoints,
         2,
         Some(&members),
     );
+    // Every new key goes to etcd on its first request, which is what this measures (with the default
+    // `share_keys: returning` a first request never waits for etcd).
+    store_config["affinity"]["placement_store"]["share_keys"] = json!("all");
     let plain = policy::start_envoy(&plain_config, endpoints.len(), 0).await?;
     let store = policy::start_envoy(&store_config, endpoints.len(), members.len()).await?;
     progress(
@@ -229,8 +233,8 @@ pub fn markdown(o: &Outcome, m: &Machine) -> String {
         md,
         "Written by `llmroute-bench new-key` on {}, {} (seed {}{}, {:.0} s). Two Envoys with `placement: \
          bounded_keys` in front of the same 3 instant emulated engines, one with `affinity.placement_store.etcd` \
-         (a 3-member etcd cluster on loopback, `timeout_ms` 50) and one without. Per Envoy, {} fresh keys: each \
-         key's first request, then a second request for it (known, read from the local table); the Envoy that goes \
+         (a 3-member etcd cluster on loopback, `timeout_ms` 50, `share_keys: all`) and one without. Per Envoy, {} \
+         fresh keys: each key's first request, then a second request for it (known, read from the local table); the Envoy that goes \
          first alternates per key. A small non-streamed chat completion, timed at the client from send to the \
          last byte. *Added* is the store's percentile minus the plain one's. {} CPU(s) shared with other work \
          (load average {} before, {} after): on this loaded machine the milliseconds are indicative, the \

@@ -87,12 +87,28 @@ pub struct System {
     process: Process,
 }
 
-enum Process {
-    /// An Envoy, and the etcd cluster of its placement store (dropped after it).
-    Envoy(Envoy, #[allow(dead_code)] Option<EtcdCluster>),
+/// What keeps a system under test running; dropping it stops everything.
+pub(crate) enum Process {
+    /// The Envoys (one, or each replica), then the etcd cluster of their placement store (dropped after them).
+    Envoy(Vec<Envoy>, Option<EtcdCluster>),
     /// Held only so that dropping the system kills the router.
     #[allow(dead_code)]
     Peer(Peer),
+}
+
+impl Process {
+    /// Every Envoy (none for a peer router).
+    pub(crate) fn envoys(&self) -> &[Envoy] {
+        match self {
+            Process::Envoy(e, _) => e,
+            Process::Peer(_) => &[],
+        }
+    }
+
+    /// True for Envoys that share a placement store.
+    pub(crate) fn has_store(&self) -> bool {
+        matches!(self, Process::Envoy(_, Some(_)))
+    }
 }
 
 impl System {
@@ -108,10 +124,7 @@ impl System {
 
     /// The Envoy behind this system, if it is one.
     pub fn envoy(&self) -> Option<&Envoy> {
-        match &self.process {
-            Process::Envoy(e, _) => Some(e),
-            Process::Peer(_) => None,
-        }
+        self.process.envoys().first()
     }
 }
 
@@ -164,7 +177,7 @@ async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> R
         kind,
         url: envoy.url(CHAT_PATH),
         pid: envoy.pid(),
-        process: Process::Envoy(envoy, etcd),
+        process: Process::Envoy(vec![envoy], etcd),
     })
 }
 

@@ -12,6 +12,10 @@
 //! `POST /v1/decisions` and `/v1/systemone` (the NVCF seed's decision routes) answer 200 with the `model` their
 //! body carried and its byte count, whatever else it holds.
 //!
+//! `GET /metrics` reports the load a test sets ([`Emulator::set_load`]) in the dialect of llama.cpp, vLLM or
+//! SGLang, and with the `orca` option an inference request that asks for it gets vLLM's ORCA load report in
+//! a response header (see [`load`]).
+//!
 //! Tests steer each inference request with `x-emu-*` headers: delays, error statuses, chunk counts, stream
 //! faults, and self-checks of the model and backend the request was routed to. Every response names its
 //! backend in `x-emu-backend`.
@@ -51,6 +55,7 @@ mod cache;
 pub mod chaos;
 pub mod cost;
 mod dialect;
+pub mod load;
 mod serve;
 mod sse;
 #[cfg(test)]
@@ -101,6 +106,12 @@ pub struct EmulatorOptions {
     /// The journal inference attempts are recorded in; `None` (the default) gives the emulator its own. Share one
     /// across a fleet, and across restarts, to check retries fleet-wide.
     pub journal: Option<Arc<chaos::Journal>>,
+    /// The dialect of `GET /metrics` (see [`load`]); `None` answers 501, as llama-server without `--metrics`.
+    /// Default llama.cpp's.
+    pub load_format: Option<load::LoadFormat>,
+    /// Answer a request that carries `endpoint-load-metrics-format: JSON` with vLLM's ORCA report in
+    /// `endpoint-load-metrics`. Default false.
+    pub orca: bool,
 }
 
 impl EmulatorOptions {
@@ -117,6 +128,8 @@ impl EmulatorOptions {
             cost: None,
             faults: None,
             journal: None,
+            load_format: Some(load::LoadFormat::LlamaCpp),
+            orca: false,
         }
     }
 }
@@ -282,6 +295,22 @@ impl Emulator {
         opts
     }
 
+    /// The load `GET /metrics` and ORCA reports show from now on.
+    pub fn set_load(&self, reported: load::ReportedLoad) {
+        *self.shared.load.reported.lock().unwrap_or_else(|p| p.into_inner()) = reported;
+    }
+
+    /// Makes `GET /metrics` answer `status` (an error) from now on; `None` heals.
+    pub fn set_metrics_status(&self, status: Option<u16>) {
+        self.shared.load.status.store(status.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// How many times `GET /metrics` was asked for.
+    pub fn metrics_reads(&self) -> usize {
+        self.requests_where(|r| r.method == "GET" && path_only(&r.path) == "/metrics")
+            .len()
+    }
+
     /// Status that `GET /health` answers from now on.
     pub fn set_health_status(&self, status: u16) {
         self.shared.health.store(status, Ordering::SeqCst);
@@ -351,6 +380,8 @@ struct Shared {
     burst_left: AtomicU32,
     burst_status: AtomicU16,
     journal: Arc<chaos::Journal>,
+    /// What `/metrics` and ORCA reports show.
+    load: load::LoadState,
     inflight: AtomicUsize,
     max_inflight: AtomicUsize,
     next_id: AtomicU64,
@@ -386,6 +417,7 @@ impl Shared {
             burst_left: AtomicU32::new(0),
             burst_status: AtomicU16::new(503),
             journal,
+            load: load::LoadState::default(),
             inflight: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::chaos::EngineFault;
 use super::dialect::{self, Answer, Dialect, Envelope, LineEnding, Stop, StreamFaults};
-use super::{cache, cost, pause, sse, InflightGuard, RecordedRequest, Shared};
+use super::{cache, cost, load, pause, sse, InflightGuard, RecordedRequest, Shared};
 
 /// Largest request body the emulator reads.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -34,7 +34,9 @@ pub(super) async fn serve_request(State(shared): State<Arc<Shared>>, request: Re
         Ok(body) => {
             let recorded = RecordedRequest::from_parts(&parts, body.clone(), &shared.opts.name);
             shared.requests().push(recorded);
-            route(&shared, &parts, body).await
+            let mut response = route(&shared, &parts, body).await;
+            orca(&shared, &parts, &mut response);
+            response
         }
         Err(err) => error_response(parts.uri.path(), 400, &format!("could not read request body: {err}")),
     };
@@ -53,6 +55,7 @@ async fn route(shared: &Arc<Shared>, parts: &Parts, body: Bytes) -> Response {
     match (parts.method.as_str(), parts.uri.path()) {
         ("GET", "/health") => health(shared),
         ("GET", "/props") => json_response(200, &dialect::props_body(&opts.model, opts.n_ctx, opts.total_slots)),
+        ("GET", "/metrics") => metrics(shared),
         ("GET", "/v1/models") => json_response(200, &dialect::models_body(&opts.model, opts.n_ctx)),
         ("POST", "/v1/decisions" | "/v1/systemone") => decision_echo(&body),
         (method, path) => error_response(path, 404, &format!("no route for {method} {path}")),
@@ -68,6 +71,33 @@ fn decision_echo(body: &[u8]) -> Response {
         .unwrap_or(Value::Null);
     let answer = serde_json::json!({"object": "decision", "model": model, "received_bytes": body.len()});
     json_response(200, &answer)
+}
+
+/// `GET /metrics`: the reported load in the emulator's dialect, 501 without one (llama-server without
+/// `--metrics`), or the status `set_metrics_status` set.
+fn metrics(shared: &Shared) -> Response {
+    let fault = shared.load.status.load(Ordering::SeqCst);
+    let Some(format) = shared.opts.load_format.filter(|_| fault == 0) else {
+        let status = if fault == 0 { 501 } else { fault };
+        return error_response("/metrics", status, "This server does not support metrics endpoint.");
+    };
+    let reported = shared.load.reported();
+    let running = reported
+        .running
+        .unwrap_or_else(|| u32::try_from(shared.inflight.load(Ordering::SeqCst)).unwrap_or(u32::MAX));
+    let page = load::metrics_page(format, &shared.opts.model, reported, running);
+    (StatusCode::OK, [(CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
+}
+
+/// With the `orca` option, answers an inference request that asks for it with vLLM's ORCA load report.
+fn orca(shared: &Shared, parts: &Parts, response: &mut Response) {
+    let asked = parts.headers.get(load::ORCA_REQUEST).and_then(|v| v.to_str().ok()) == Some("JSON");
+    if !(shared.opts.orca && asked && Dialect::from_path(parts.uri.path()).is_some()) {
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(&load::orca_report(shared.load.reported())) {
+        response.headers_mut().insert(load::ORCA_RESPONSE, v);
+    }
 }
 
 fn health(shared: &Shared) -> Response {

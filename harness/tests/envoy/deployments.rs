@@ -362,7 +362,7 @@ async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
         .text()
         .await
         .ok()?;
-    let suffix = format!(".{}.{name}: ", ecds::FILTER_NAME);
+    let suffix = format!(".{}.{name}: ", llmroute_core::envoy_contract::ROOT_ID);
     text.lines()
         .find_map(|l| l.split_once(&suffix).map(|(_, v)| v))
         .and_then(|v| v.trim().parse().ok())

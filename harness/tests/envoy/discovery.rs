@@ -252,7 +252,7 @@ async fn discovered_hosts_join_and_leave_under_load() {
 }
 
 /// The Prometheus lines of `/stats/prometheus` whose name starts with `metric`.
-async fn prometheus(envoy: &Envoy, metric: &str) -> Vec<String> {
+pub(crate) async fn prometheus(envoy: &Envoy, metric: &str) -> Vec<String> {
     let text = reqwest::get(envoy.admin_url("/stats/prometheus"))
         .await
         .unwrap()

@@ -19,6 +19,7 @@ mod fairness;
 mod fleet_check;
 mod global_limits;
 mod istio;
+mod load;
 mod nvcf;
 mod observability;
 mod placement;

@@ -15,15 +15,19 @@
 //! - a host killed: the first replica to see each of its keys moves it with a compare-and-swap in etcd, every other
 //!   replica adopts that move, so all of them send the key to one new host, and nothing fails.
 //!
+//! - the default `share_keys: returning`: 90 one-off session ids put nothing in etcd; a key that comes back is
+//!   created once, and every replica follows it; past `max_creates_per_s` returning keys are placed locally,
+//!   counted, and created on later requests.
+//!
 //! The bench setup has a 3-member etcd cluster; these tests use one member (`harness/src/etcd.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use llmroute_core::envoy_contract::metrics::PLACEMENT_STORE;
+use llmroute_core::envoy_contract::metrics::{PLACEMENT_STORE, PLACEMENT_STORE_KEPT_LOCAL};
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use llmroute_core::etcd_json;
-use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, Outcome, Reply};
+use llmroute_core::key_placement::store::{self, Ask, Fallback, InView, KeptLocal, Outcome, Reply};
 use llmroute_core::key_placement::{host_id, KeyTable};
 use llmroute_harness::certs::{PkiFiles, TestPki};
 use llmroute_harness::envoy::Envoy;
@@ -243,13 +247,18 @@ fn config(fleet: &Fleet, etcd: Option<&Etcd>, timeout_ms: u64) -> Value {
     config_with(fleet, etcd.map(|e| vec![e.url()]), timeout_ms)
 }
 
+/// Three replicas' config. With a store, every new key is shared on its first request (`share_keys: all`), so
+/// that these tests see each key through etcd from its first request on; the default, `returning`, has its own
+/// test.
 fn config_with(fleet: &Fleet, etcd: Option<Vec<String>>, timeout_ms: u64) -> Value {
     let mut backend = fleet.backend_entry(150);
     backend["health"] = json!({"interval_ms": 300, "timeout_ms": 250, "unhealthy": 2, "healthy": 1});
     let mut affinity = json!({"placement": "bounded_keys"});
     if let Some(endpoints) = etcd {
-        affinity["placement_store"] =
-            json!({"etcd": {"endpoints": endpoints, "prefix": "/e2e", "timeout_ms": timeout_ms}});
+        affinity["placement_store"] = json!({
+            "share_keys": "all",
+            "etcd": {"endpoints": endpoints, "prefix": "/e2e", "timeout_ms": timeout_ms},
+        });
     }
     json!({
         "version": 1,
@@ -662,6 +671,131 @@ async fn a_key_whose_host_dies_moves_once_for_every_replica_through_etcd() {
     }
 }
 
+async fn kept_local(envoys: &[Envoy], reason: &str) -> u64 {
+    let name = stat_name(PLACEMENT_STORE_KEPT_LOCAL, &[("reason", reason)]);
+    let mut sum = 0;
+    for e in envoys {
+        sum += e.stat(&name).await.unwrap_or(0);
+    }
+    sum
+}
+
+/// One request with session id `session` to `envoy`: the engine that served it.
+async fn session_request(envoy: &Envoy, session: &str) -> String {
+    let body = chat(None, "hi").to_string();
+    let r = post_json(
+        &client(),
+        envoy.url("/v1/chat/completions"),
+        body,
+        &[("x-session-id", session)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "session {session}: {:?}", r.body);
+    r.header("x-emu-backend").unwrap_or("").to_string()
+}
+
+/// The default `share_keys: returning`, against a flood of one-off keys: a stream of distinct session ids, each
+/// seen once by its replica, writes nothing to etcd and waits for nothing; a key that comes back is created once
+/// and every replica then follows etcd's host; past `max_creates_per_s` a returning key is placed locally, counted
+/// `over_budget`, and created on a later request.
+#[tokio::test]
+async fn one_off_keys_never_reach_etcd_a_returning_key_does_and_creates_past_the_budget_wait() {
+    let etcd = Etcd::start().await.unwrap();
+    let fleet = Fleet::start(BACKEND, 3).await.unwrap();
+    let mut cfg = config(&fleet, Some(&etcd), 1000);
+    let store = &mut cfg["affinity"]["placement_store"];
+    store.as_object_mut().unwrap().remove("share_keys");
+    store["max_creates_per_s"] = json!(2);
+    let envoys = replicas_of(&fleet, cfg).await;
+
+    // 90 one-off session ids, 30 per replica, 10 at a time.
+    let c = client();
+    for batch in 0..9 {
+        let sends = (0..10).map(|i| {
+            let n = batch * 10 + i;
+            let url = envoys[n % REPLICAS].url("/v1/chat/completions");
+            let c = c.clone();
+            async move {
+                let session = format!("one-off-{n}");
+                let body = chat(None, "hi").to_string();
+                (n, post_json(&c, url, body, &[("x-session-id", session.as_str())]).await)
+            }
+        });
+        for (n, r) in futures_util::future::join_all(sends).await {
+            assert_eq!(r.status, 200, "one-off {n}: {:?}", r.body);
+        }
+    }
+    let first = kept_local(&envoys, KeptLocal::FirstSighting.as_str()).await;
+    let (won, adopted) = (store_count(&envoys, "won").await, store_count(&envoys, "adopted").await);
+    println!(
+        "90 one-off keys: {first} kept local, {won} won, {adopted} adopted, {} in etcd",
+        stored_keys(&etcd)
+    );
+    assert_eq!(first, 90, "each one-off key's request is placed locally, counted");
+    assert_eq!(
+        (won, adopted, fallbacks(&envoys).await),
+        (0, 0, 0),
+        "no transaction was sent"
+    );
+    assert_eq!(stored_keys(&etcd), 0, "no one-off key reached etcd");
+    let marker = etcd
+        .ctl(&["get", &store::marker_path("/e2e", BACKEND)])
+        .unwrap_or_default();
+    assert!(marker.trim().is_empty(), "nothing was placed through etcd: {marker}");
+
+    // A key that comes back to its replica: created once; every replica then sends it to etcd's host (a
+    // replica that had not seen it reads it at its next refresh, within a second or two).
+    session_request(&envoys[0], "returning").await;
+    assert_eq!(stored_keys(&etcd), 0);
+    let home = session_request(&envoys[0], "returning").await;
+    assert_eq!(stored_keys(&etcd), 1, "the key that came back is in etcd");
+    assert_eq!(store_count(&envoys, "won").await, 1);
+    let stored = stored_values(&etcd);
+    let engine = fleet.engines.iter().find(|e| e.name() == home).unwrap();
+    assert_eq!(stored.trim(), engine.addr().to_string(), "served where etcd holds it");
+    let agreed = wait_for(Duration::from_secs(10), || async {
+        let mut all = true;
+        for e in &envoys {
+            all &= session_request(e, "returning").await == home;
+        }
+        all
+    })
+    .await;
+    assert!(agreed.is_some(), "the replicas never all followed etcd's host {home}");
+    assert_eq!(stored_keys(&etcd), 1, "created once");
+
+    // 8 keys come back at once on one replica, with 2 creates a second: the rest are placed locally, counted.
+    let keys: Vec<String> = (0..8).map(|k| format!("burst-{k}")).collect();
+    for k in &keys {
+        session_request(&envoys[1], k).await;
+    }
+    let started = std::time::Instant::now();
+    futures_util::future::join_all(keys.iter().map(|k| session_request(&envoys[1], k))).await;
+    let took = started.elapsed();
+    let created = stored_keys(&etcd) - 1;
+    let over = kept_local(&envoys, KeptLocal::OverBudget.as_str()).await;
+    println!("8 returning keys at once in {took:?}: {created} created, {over} over the budget");
+    assert_eq!(created as u64 + over, 8, "each one created or counted over the budget");
+    if took < Duration::from_secs(1) {
+        assert!(created <= 4, "at most 2 a second, over at most 2 seconds: {created}");
+    }
+    assert!(over >= 1, "the budget refused some: {over}");
+    // The keys kept local are created on later requests, as the budget allows.
+    let all_in = wait_for(Duration::from_secs(15), || async {
+        for k in &keys {
+            session_request(&envoys[1], k).await;
+        }
+        stored_keys(&etcd) == 9
+    })
+    .await;
+    assert!(
+        all_in.is_some(),
+        "the keys over the budget never reached etcd: {}",
+        stored_keys(&etcd)
+    );
+    assert_eq!(fallbacks(&envoys).await, 0);
+}
+
 /// [`config_with`] for one etcd reached over TLS, trusting `ca_file`, presenting `client`'s client certificate when
 /// given.
 fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path, client: Option<&PkiFiles>) -> Value {
@@ -675,16 +809,15 @@ fn tls_config(fleet: &Fleet, url: String, ca_file: &std::path::Path, client: Opt
     cfg
 }
 
+/// The `IP:PORT`s etcd stores for the backend's keys, one a line.
+fn stored_values(etcd: &Etcd) -> String {
+    let prefix = store::backend_prefix("/e2e", BACKEND);
+    etcd.ctl(&["get", &prefix, "--prefix", "--print-value-only"]).unwrap()
+}
+
 /// How many of the backend's keys etcd stores on each engine, by the engines' names (fewest first).
 fn stored_per_engine(etcd: &Etcd, fleet: &Fleet) -> Vec<usize> {
-    let values = etcd
-        .ctl(&[
-            "get",
-            &store::backend_prefix("/e2e", BACKEND),
-            "--prefix",
-            "--print-value-only",
-        ])
-        .unwrap();
+    let values = stored_values(etcd);
     let mut per: BTreeMap<String, usize> = fleet.engines.iter().map(|e| (e.name().to_string(), 0)).collect();
     for value in values.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let engine = fleet.engines.iter().find(|e| e.addr().to_string() == value);

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use llmroute_harness::envoy::{Envoy, EnvoyOptions};
+use llmroute_harness::envoy::{wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
+use llmroute_harness::render::{bootstrap, RenderOptions};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -271,4 +272,68 @@ async fn one_process_polls_the_admin_api_about_once_a_second_whatever_its_worker
         let age = st["snapshot"]["age_ms"].as_u64().unwrap();
         assert!(age < 3000, "snapshot age {age} ms: {st}");
     }
+}
+
+/// `admin:` in llmroute.yaml names a port where nothing listens, while the Envoy's own admin interface is elsewhere
+/// (as when the rendered pieces go into an Envoy whose admin listens on another port). `/readyz` stays 503 and says
+/// which address fails and why, `/llmroute/status` shows it, and Envoy's log names it in one line, not one per poll
+/// or worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_admin_address_is_named_by_readyz_the_status_page_and_one_log_line() {
+    let fleet = Fleet::start("llama-a", 1).await.unwrap();
+    // Bound but never listening: held for the test, so every connection to it is refused.
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let wrong = closed.local_addr().unwrap().to_string();
+    let mut doc = llmroute_harness::fleet::single_backend_config(&fleet, ALIAS, UPSTREAM, 150);
+    doc["admin"] = json!(wrong);
+    let wasm = wasm_module().display().to_string();
+    let envoy = Envoy::start_bootstrap(
+        |listen, admin| {
+            let mut doc = doc.clone();
+            doc["listen"] = json!(format!("127.0.0.1:{listen}"));
+            let text = doc.to_string();
+            let cfg = llmroute_core::load_config(&text).unwrap();
+            let mut v = bootstrap(&cfg, &text, &RenderOptions::new(wasm.clone())).unwrap();
+            v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
+            v.to_string()
+        },
+        EnvoyOptions::default(),
+    )
+    .await
+    .unwrap();
+    let c = client();
+
+    let (_, st) = poll_page(&c, &envoy, "/llmroute/status", "the admin named", |_, v| {
+        v["admin"]["failing_for_ms"].as_u64().is_some_and(|ms| ms >= 3000)
+    })
+    .await;
+    assert_eq!(st["admin"]["address"], wrong.as_str(), "{st}");
+    let error = st["admin"]["error"].as_str().unwrap();
+    assert!(
+        error.contains("upstream connect error"),
+        "Envoy's own reply is quoted: {st}"
+    );
+    assert_eq!(st["ready"], false);
+    assert!(st["reason"].as_str().unwrap().contains(&wrong), "{st}");
+
+    let (status, readyz) = get(&c, &envoy, "/readyz").await;
+    let reason = readyz["reason"].as_str().unwrap_or_default();
+    assert_eq!(status, 503, "{readyz}");
+    assert!(
+        reason.contains(&format!("admin API at {wrong} (`admin:` in llmroute.yaml)")) && reason.contains(error),
+        "{readyz}"
+    );
+    assert_eq!(get(&c, &envoy, "/healthz").await.0, 200);
+
+    // Three polls or more have failed by now, on any of the three root contexts: one line names the address.
+    let log = envoy.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&wrong)).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("polls of Envoy's admin API at") && lines[0].contains("must be the address"),
+        "{}",
+        lines[0]
+    );
+    assert!(!log.contains("work again"), "{log}");
 }

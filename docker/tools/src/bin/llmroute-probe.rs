@@ -1,5 +1,6 @@
 //! `llmroute-probe http://IP:PORT/PATH`: exits 0 when the URL answers a 2xx within 2 s, else 1, printing one
-//! line either way (Docker keeps it as the health check's output). Usage errors exit 2.
+//! line either way (Docker keeps it as the health check's output). `llmroute-probe file:///PATH`: exits 0 when
+//! the file exists and is not empty. Usage errors exit 2.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,11 +14,15 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [url] = args.as_slice() else {
-        eprintln!("usage: llmroute-probe http://IP:PORT/PATH (exit 0 on a 2xx answer within 2 s)");
+        eprintln!(
+            "usage: llmroute-probe http://IP:PORT/PATH (exit 0 on a 2xx answer within 2 s) | file:///PATH (exit 0 \
+             when the file is there and not empty)"
+        );
         return ExitCode::from(2);
     };
-    let target = match probe::parse_url(url) {
-        Ok(t) => t,
+    let target = match probe::parse(url) {
+        Ok(probe::Check::Http(t)) => t,
+        Ok(probe::Check::File(path)) => return check_file(url, &path),
         Err(e) => {
             eprintln!("llmroute-probe: {e}");
             return ExitCode::from(2);
@@ -31,6 +36,22 @@ fn main() -> ExitCode {
         Ok(status) => {
             println!("{url}: {status}, not 2xx");
             ExitCode::FAILURE
+        }
+        Err(e) => {
+            println!("{url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check_file(url: &str, path: &std::path::Path) -> ExitCode {
+    let found = std::fs::metadata(path)
+        .map_err(|e| e.to_string())
+        .and_then(|m| probe::file_healthy(m.is_file(), m.len()));
+    match found {
+        Ok(()) => {
+            println!("{url}: there");
+            ExitCode::SUCCESS
         }
         Err(e) => {
             println!("{url}: {e}");

@@ -24,7 +24,10 @@ use serde_json::{json, Value};
 
 use super::traffic::metadata;
 use super::{Deployment, IstioCluster, IstioOptions, WasmSource, PROXY_NAME, ROUTE_NAME};
-use crate::render::{admin, cluster, duration_ms, failover, probe, stateful_session, store, RenderOptions};
+use crate::render::filters::stateful_session;
+use crate::render::json::duration_ms;
+use crate::render::options::RenderOptions;
+use crate::render::{admin, cluster, failover, probe, store};
 
 /// Envoy's type URL of the wasm HTTP filter, for ECDS.
 pub(super) const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -49,7 +52,7 @@ pub fn envoy_filter(
     };
     let render = RenderOptions::new(local_path);
     let mut patches = Vec::new();
-    let mut filter = crate::render::wasm_filter(plugin_config.to_string(), &render);
+    let mut filter = crate::render::filters::wasm_filter(plugin_config.to_string(), &render);
     if let WasmSource::Remote { url, sha256 } = &opts.wasm {
         // istio-agent fetches remote modules only on ECDS: it rewrites this `remote` source to a local file before
         // Envoy sees it, for oci:// as for https://. The cluster name is required by Envoy's schema, unused here.
@@ -63,7 +66,7 @@ pub fn envoy_filter(
             "patch": { "operation": "ADD", "value": filter },
         }));
         filter = json!({
-            "name": "llmroute",
+            "name": contract::ROOT_ID,
             "config_discovery": {
                 "config_source": { "ads": {}, "initial_fetch_timeout": "0s" },
                 "type_urls": [WASM_TYPE_URL],
@@ -114,9 +117,10 @@ pub fn envoy_filter(
         // The etcd members the shared placement table's callouts go to (see `store`).
         patches.push(add_cluster(store::cluster(s)));
     }
-    // The `/props` fleet check reaches each pod of a llama.cpp backend through an original-destination cluster.
-    // Istio's own cluster is not copied (its mTLS socket matches endpoint metadata these hosts lack).
-    for b in llmroute_core::fleet_check::discovered_backends(cfg) {
+    // The `/props` fleet check and the engine load poll reach each pod of a llama.cpp backend, or of a backend
+    // with `load`, through an original-destination cluster. Istio's own cluster is not copied (its mTLS socket
+    // matches endpoint metadata these hosts lack).
+    for b in llmroute_core::probe::discovered_backends(cfg) {
         patches.push(add_cluster(probe::discovered_cluster(b, None)));
     }
     for (b, c) in backends {
@@ -141,7 +145,7 @@ pub fn envoy_filter(
             None => json!({ "context": ctx }),
         },
         "patch": { "operation": "MERGE", "value": {
-            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::BUFFER_SLACK,
+            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::options::BUFFER_SLACK,
         } },
     }));
     let selector = match &opts.deployment {

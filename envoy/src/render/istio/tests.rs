@@ -114,6 +114,27 @@ fn the_filter_patch_pauses_and_the_cluster_patch_bounds_the_load() {
     );
 }
 
+#[test]
+fn a_backend_with_load_gets_its_pods_original_destination_cluster_whatever_its_kind() {
+    let doc = DOC.replace(
+        "    lb: least_request\n",
+        "    lb: least_request\n    load: { poll_ms: 500 }\n",
+    );
+    let p = patches(&render_with(&doc, &IstioOptions::proxy(local(), NS)));
+    let probes: Vec<&str> = p
+        .iter()
+        .filter_map(|x| x["patch"]["value"]["name"].as_str())
+        .filter(|n| n.starts_with(contract::DISCOVERED_PROBE_CLUSTER_PREFIX))
+        .collect();
+    assert_eq!(
+        probes,
+        vec![
+            "llmroute-dst-probe-outbound|8080||llama.models.svc.cluster.local",
+            "llmroute-dst-probe-outbound|8000||vllm.models.svc.cluster.local"
+        ]
+    );
+}
+
 /// The filter runs on llmroute's own workloads, on every HTTP listener they have, and the route clients use binds
 /// to those workloads only: no sidecar of the mesh gets a route to the engines from these manifests.
 #[test]
@@ -269,7 +290,8 @@ fn the_embedded_admin_is_the_proxys_admin() {
     assert!(
         notes
             .iter()
-            .any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")),
+            .any(|n| n.contains("127.0.0.1:9901 is replaced by 127.0.0.1:15000")
+                && n.contains("must be the address of the proxy's own admin interface")),
         "{notes:?}"
     );
 }

@@ -10,7 +10,8 @@ use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
 use super::{Deployment, IstioCluster, IstioOptions, PROXY_NAME, ROUTE_NAME};
-use crate::render::{cluster, duration_ms};
+use crate::render::cluster;
+use crate::render::json::duration_ms;
 
 pub(super) fn metadata(name: &str, opts: &IstioOptions) -> Value {
     json!({ "name": name, "namespace": opts.namespace, "labels": { "app.kubernetes.io/managed-by": "llmroute" } })

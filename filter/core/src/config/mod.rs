@@ -8,6 +8,7 @@ mod address;
 mod diagnostics;
 mod env;
 mod etcd_trust;
+pub mod rates;
 mod fairness;
 mod raw;
 mod resilience;
@@ -26,13 +27,14 @@ pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
 pub use fairness::{circuit_breaker_limit, Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
-    RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
+    RawLoad, RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
 };
 pub use resilience::{default_health_path, Health, Outlier, Retries};
 pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, UpstreamTls};
 
-use crate::endpoint::ApiSet;
-use crate::limits::RateLimits;
+use crate::api_kind::ApiSet;
+pub use crate::envoy_contract::stat_token;
+pub use rates::RateLimits;
 
 /// The only schema version.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -103,6 +105,12 @@ pub enum EngineKind {
 
 impl EngineKind {
     pub const NAMES: &'static str = "llamacpp, vllm, sglang, ollama, openai";
+
+    /// True for the kinds whose engines report their queue on `/metrics` (the gauges are named in
+    /// `crate::load::signals`, whose tests keep the two in step).
+    pub fn reports_load(self) -> bool {
+        matches!(self, EngineKind::LlamaCpp | EngineKind::Vllm | EngineKind::Sglang)
+    }
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
@@ -230,6 +238,23 @@ pub struct Backend {
     pub credential_env: Option<String>,
     /// Cache slots per endpoint, in `endpoints` order; `None` when every endpoint counts the same.
     pub slots: Option<Vec<u32>>,
+    /// Engine-reported load polling; `None` when off.
+    pub load: Option<Load>,
+}
+
+/// A backend's engine-load polling (`backends[].load`, see `crate::load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Milliseconds between two reads of a host's `/metrics`.
+    pub poll_ms: u64,
+    /// The queue past which a known key's request goes to another host; `None`: never.
+    pub spill_queue: Option<u32>,
+}
+
+impl Load {
+    pub const DEFAULT_POLL_MS: u64 = 1000;
+    pub const POLL_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
+    pub const MAX_SPILL_QUEUE: u32 = 100_000;
 }
 
 impl Backend {
@@ -244,18 +269,10 @@ impl Backend {
     }
 }
 
-/// The name a backend takes inside metric names (`llmroute.backend.<token>.<metric>`). A name made only of
-/// `A-Z a-z 0-9 . _ - | :` is kept as is, so Istio's `outbound|8000||llama.ns.svc.cluster.local` reads the same
-/// in Prometheus as in Envoy's own cluster stats. Any other byte becomes `_`, and eight hex digits of the name's
-/// xxh3 are appended after `~`, so two names that differ only in such bytes still get distinct tokens.
-pub fn stat_token(name: &str) -> String {
-    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'|' | b':');
-    if !name.is_empty() && name.bytes().all(plain) {
-        return name.to_string();
-    }
-    let safe: String = name.bytes().map(|b| if plain(b) { b as char } else { '_' }).collect();
-    format!("{safe}~{:08x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32)
-}
+/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
+/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
+/// new key; 256 is well above any real `-np`.
+pub const MAX_SLOTS: u32 = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -360,12 +377,47 @@ pub struct PlacementStore {
     pub tls: Option<UpstreamTls>,
     /// etcd's user authentication, when etcd has it on.
     pub auth: Option<EtcdAuth>,
+    /// Which keys are shared through etcd.
+    pub share_keys: ShareKeys,
+    /// Most keys this Envoy creates in etcd per second.
+    pub max_creates_per_s: u32,
 }
 
 impl PlacementStore {
     pub const DEFAULT_PREFIX: &'static str = "/llmroute";
     pub const DEFAULT_TIMEOUT_MS: u64 = 50;
     pub const MAX_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_MAX_CREATES_PER_S: u32 = 20;
+    pub const MAX_MAX_CREATES_PER_S: u32 = 10_000;
+}
+
+/// `affinity.placement_store.share_keys`: which keys a replica writes to etcd (see `key_placement::store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShareKeys {
+    /// A key seen again within its idle TTL; its first request is placed locally, as without a store.
+    #[default]
+    Returning,
+    /// Every new key, on its first request.
+    All,
+}
+
+impl ShareKeys {
+    pub const NAMES: &'static str = "returning, all";
+
+    pub fn parse(name: &str) -> Option<ShareKeys> {
+        match name {
+            "returning" => Some(ShareKeys::Returning),
+            "all" => Some(ShareKeys::All),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareKeys::Returning => "returning",
+            ShareKeys::All => "all",
+        }
+    }
 }
 
 /// How an affinity key finds its host inside a `chwbl` backend.

@@ -227,12 +227,30 @@ pub struct RawBackend {
     /// of keys is proportional to its slots. `1` to `256`; default: every endpoint counts the same.
     #[serde(default)]
     pub slots: Option<Vec<u32>>,
+    /// Engine-reported load, polled from each host's `/metrics` through Envoy: `{ poll_ms, spill_queue }`. Only
+    /// for `llamacpp` (started with `--metrics`), `vllm` and `sglang`. Off without it.
+    #[serde(default)]
+    pub load: Option<RawLoad>,
     /// Reserved: routing on engine KV-cache events (refused for llamacpp).
     #[serde(default)]
     pub kv_events: Option<bool>,
     /// Reserved: prefill/decode disaggregation (refused for llamacpp).
     #[serde(default)]
     pub disaggregation: Option<String>,
+}
+
+/// Engine-reported load of a backend (`backends[].load`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLoad {
+    /// How often each host's `/metrics` is read, in milliseconds. `50` to `60000`; default 1000. A reading older
+    /// than three polls is stale, and placement then counts that host's requests in flight only.
+    #[serde(default)]
+    pub poll_ms: Option<u64>,
+    /// With `bounded_keys` placement: a request for a known key whose host reports more queued requests than this
+    /// goes to the next host in the key's order (the key stays). `0` to `100000`; default: never.
+    #[serde(default)]
+    pub spill_queue: Option<u32>,
 }
 
 /// Where a backend's hosts come from when they are not listed in `endpoints`.
@@ -388,6 +406,13 @@ pub struct RawAffinity {
 pub struct RawPlacementStore {
     /// etcd, reached through its HTTP/JSON gateway by the filter's HTTP callouts.
     pub etcd: RawStoreEtcd,
+    /// Which keys reach etcd: `returning` (the default: a key seen again within its idle TTL; a first sighting is
+    /// placed locally, as without a store) or `all` (every new key, on its first request).
+    #[serde(default)]
+    pub share_keys: Option<String>,
+    /// Most keys one Envoy creates in etcd per second; past it a key is placed locally. `1` to `10000`; default 20.
+    #[serde(default)]
+    pub max_creates_per_s: Option<u32>,
 }
 
 /// The etcd cluster that holds the shared key table.

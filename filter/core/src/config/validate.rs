@@ -4,11 +4,11 @@
 //! the field path, the value as written and the reason. Defaults are applied here, so the runtime config has no
 //! `Option`s left to interpret.
 
-use crate::key_placement::MAX_SLOTS;
+use super::MAX_SLOTS;
 use std::collections::HashMap;
 
 use super::*;
-use crate::endpoint::Api;
+use crate::api_kind::Api;
 
 /// Longest backend (Envoy cluster) name. Envoy sets no limit of its own; Istio's names stay well below this.
 const NAME_MAX: usize = 255;
@@ -234,6 +234,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
         }
     }
     let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
+    let load = b.load.as_ref().map(|l| load(errs, i, kind, l));
     let mut check = resilience::Checker {
         diag: &mut *errs,
         at: format!("backends[{i}]"),
@@ -264,8 +265,44 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
             tls,
             credential_env,
             slots,
+            load,
         }),
         _ => None,
+    }
+}
+
+/// `backends[i].load`: the poll interval and the queue bound in range, on an engine kind that reports its load.
+fn load(errs: &mut Diagnostics, i: usize, kind: Option<EngineKind>, raw: &RawLoad) -> Load {
+    let at = |f: &str| format!("backends[{i}].load{f}");
+    if let Some(k) = kind.filter(|k| !k.reports_load()) {
+        errs.push(
+            at(""),
+            k.as_str(),
+            "this engine kind reports no load (only llamacpp, vllm and sglang do); remove `load`",
+        );
+    }
+    let poll_ms = raw.poll_ms.unwrap_or(Load::DEFAULT_POLL_MS);
+    if !Load::POLL_MS.contains(&poll_ms) {
+        errs.push(
+            at(".poll_ms"),
+            poll_ms,
+            format!(
+                "must be between {} and {} milliseconds",
+                Load::POLL_MS.start(),
+                Load::POLL_MS.end()
+            ),
+        );
+    }
+    if let Some(q) = raw.spill_queue.filter(|q| *q > Load::MAX_SPILL_QUEUE) {
+        errs.push(
+            at(".spill_queue"),
+            q,
+            format!("must be between 0 and {} queued requests", Load::MAX_SPILL_QUEUE),
+        );
+    }
+    Load {
+        poll_ms,
+        spill_queue: raw.spill_queue,
     }
 }
 
@@ -484,12 +521,40 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
             ),
         );
     }
+    let share_name = store.share_keys.as_deref().unwrap_or("returning");
+    let share_keys = ShareKeys::parse(share_name).unwrap_or_else(|| {
+        errs.push(
+            "affinity.placement_store.share_keys",
+            share_name,
+            format!(
+                "expected one of {}: returning writes a key to etcd once it comes back, all writes every new key",
+                ShareKeys::NAMES
+            ),
+        );
+        ShareKeys::default()
+    });
+    let max_creates_per_s = store
+        .max_creates_per_s
+        .unwrap_or(PlacementStore::DEFAULT_MAX_CREATES_PER_S);
+    if !(1..=PlacementStore::MAX_MAX_CREATES_PER_S).contains(&max_creates_per_s) {
+        errs.push(
+            "affinity.placement_store.max_creates_per_s",
+            max_creates_per_s,
+            format!(
+                "must be between 1 and {} (keys this Envoy creates in etcd per second; past it a key is placed \
+                 locally)",
+                PlacementStore::MAX_MAX_CREATES_PER_S
+            ),
+        );
+    }
     Some(PlacementStore {
         endpoints,
         prefix,
         timeout_ms,
         tls,
         auth,
+        share_keys,
+        max_creates_per_s,
     })
 }
 
@@ -735,7 +800,7 @@ fn global_limits(errs: &mut Diagnostics, g: &RawGlobalLimits) -> Option<GlobalLi
             true
         }
     };
-    let default_max_tokens = g.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = g.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             "global_limits.default_max_tokens",
@@ -757,7 +822,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
     let raw = raw?;
     let mut parse = |f: &str, text: Option<&String>| match text {
         None => Vec::new(),
-        Some(t) => crate::limits::parse_rates(t).unwrap_or_else(|reason| {
+        Some(t) => super::rates::parse_rates(t).unwrap_or_else(|reason| {
             errs.push(
                 format!("{field}.{f}"),
                 t,
@@ -775,7 +840,7 @@ fn rate_limits(errs: &mut Diagnostics, field: &str, raw: Option<&RawRateLimits>)
             "set `requests`, `tokens` or both, such as requests: \"10-S,600-M\"",
         );
     }
-    let default_max_tokens = raw.default_max_tokens.unwrap_or(crate::limits::DEFAULT_MAX_TOKENS);
+    let default_max_tokens = raw.default_max_tokens.unwrap_or(super::rates::DEFAULT_MAX_TOKENS);
     if !(1..=10_000_000).contains(&default_max_tokens) {
         errs.push(
             format!("{field}.default_max_tokens"),
@@ -893,7 +958,8 @@ fn placement_name(errs: &mut Diagnostics, field: &str, name: &str) -> bool {
     bounded
 }
 
-/// Settings that load but would do nothing: `slots` on a backend no alias places keys on, and bounded-keys
+/// Settings that load but would do nothing: `slots` and `load.spill_queue` on a backend no alias places keys on,
+/// and bounded-keys
 /// placement on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
 /// addresses). A backend is placed on when the top-level placement is `bounded_keys`, or an alias whose own
 /// placement is routes to it.
@@ -915,6 +981,13 @@ fn placement_warnings(errs: &mut Diagnostics, affinity: &AffinityConfig, models:
                     .to_string();
             errs.warnings
                 .push(warn(format!("backends[{i}].slots"), format!("{slots:?}"), reason));
+        }
+        if let (Some(q), false) = (b.load.and_then(|l| l.spill_queue), bounded && b.lb == LbPolicy::Chwbl) {
+            let reason = "only used by affinity.placement: bounded_keys on an lb: chwbl backend (top-level, or an \
+                          alias' own on a route here); ignored"
+                .to_string();
+            errs.warnings
+                .push(warn(format!("backends[{i}].load.spill_queue"), q.to_string(), reason));
         }
         if bounded && b.lb != LbPolicy::Chwbl {
             let reason = format!("{setting}: bounded_keys applies only to lb: chwbl; this backend is not pinned");

@@ -49,6 +49,11 @@ impl Ledger {
     /// Records one request more (`up`) or less on host `i` of the `hosts` endpoints counted under `key`, then tries
     /// to write everything owed under `key`. True when nothing is owed there any more.
     pub fn adjust(&mut self, store: &mut impl SharedStore, key: &str, hosts: usize, i: usize, up: bool) -> bool {
+        self.add(store, key, hosts, i, if up { 1 } else { -1 })
+    }
+
+    /// [`Ledger::adjust`] by `delta` (a request's tokens, for the work in flight kept the same way).
+    pub fn add(&mut self, store: &mut impl SharedStore, key: &str, hosts: usize, i: usize, delta: i64) -> bool {
         if i >= hosts {
             return self.settle_key(store, key, hosts);
         }
@@ -62,7 +67,7 @@ impl Ledger {
         if let Some((_, deltas)) = self.owed.get_mut(pos) {
             deltas.resize(hosts, 0);
             if let Some(d) = deltas.get_mut(i) {
-                *d = d.saturating_add(if up { 1 } else { -1 });
+                *d = d.saturating_add(delta);
             }
         }
         self.settle_key(store, key, hosts)

@@ -19,9 +19,10 @@
 //!   When the table is full, the least recently seen key *on probation* goes first, so a flood of one-off keys
 //!   (random session ids) only ever displaces other one-off keys, never an established tenant (see [`table`]
 //!   and `docs/placement-bounds.md`).
-//! - **Engine load**, when the caller gives readings ([`HostView::queued`], from [`crate::load`]): a host whose
-//!   engine reports queued requests takes no new key while another up host reports none (the key shares are then
-//!   computed over the hosts that can take keys); and a request for a known key whose host's queue is over
+//! - **Engine load**, when the backend polls it (`backends[].load`; [`HostView::queued`] holds the fresh readings
+//!   of [`crate::load`]): a host whose engine reports queued requests takes no new key while another up host
+//!   reports none (the key shares are then computed over the hosts that can take keys); and a request for a
+//!   known key whose host's queue is over
 //!   [`Bounds::spill_queue`] goes to the next host in the key's rendezvous order whose queue is within it
 //!   ([`PlacementReason::Queued`]), while the key stays. A host with no fresh reading counts as not queued, so a
 //!   stale poll falls back to the in-flight counts alone.
@@ -34,20 +35,18 @@
 //! checks, outlier ejection and retries still pick another host when the pinned one fails.
 
 pub mod in_flight;
+pub mod policy;
 pub mod store;
 pub mod table;
 pub mod views;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::config::BoundedKeys;
+pub use crate::config::MAX_SLOTS;
+use crate::config::{Backend, BoundedKeys};
+pub use policy::{BoundedKeysPolicy, Policy, Signal};
 pub use table::{Entry, KeyTable};
 pub use views::views;
-
-/// The most slots one host can weigh, whether from the config's `slots` or a server's `/props` `total_slots`.
-/// Placement shares keys in proportion to slots, so a server that reported `u32::MAX` would otherwise take every
-/// new key; 256 is well above any real `-np`.
-pub const MAX_SLOTS: u32 = 256;
 
 /// A host's placement weight, first found wins: the config's `slots` for it; the weight Envoy gives a
 /// discovered host (its EDS `load_balancing_weight`, which `llmroute discover` sets from the etcd registration's
@@ -161,8 +160,8 @@ pub struct Bounds {
     pub in_flight_factor: u32,
     pub idle_ttl_ms: u64,
     pub max_keys: usize,
-    /// The engine queue past which a known key's request goes to another host; `None` (today's only value from
-    /// the config) when no load is read.
+    /// The engine queue past which a known key's request goes to another host (`backends[].load.spill_queue`);
+    /// `None`: never.
     pub spill_queue: Option<u32>,
 }
 
@@ -174,6 +173,14 @@ impl Bounds {
             idle_ttl_ms: keys.idle_ttl_ms,
             max_keys: keys.max_keys,
             spill_queue: None,
+        }
+    }
+
+    /// The bounds of `backend`: its `balance_factor`, and its `load.spill_queue` when it polls engine load.
+    pub fn for_backend(keys: &BoundedKeys, backend: &Backend) -> Bounds {
+        Bounds {
+            spill_queue: backend.load.and_then(|l| l.spill_queue),
+            ..Bounds::new(keys, backend.balance_factor)
         }
     }
 }
@@ -230,8 +237,11 @@ pub fn choose(table: &mut KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b
 }
 
 /// [`choose`], for a key whose host the shared placement store (see [`store`]) just settled as the host with id
-/// `stored`: a key the table does not know yet, or knows on a host that is down, goes there (if that host is up)
-/// instead of being placed by the bounds. A key the table knows, on an up host, stays put as in [`choose`].
+/// `stored`: the key goes there (if that host is up) instead of where the table or the bounds would put it, and
+/// is marked shared. A key the table knew on another up host (a key placed locally on its first sighting, which
+/// another replica stored first) moves there as [`PlacementReason::Placed`]; one whose host is down, as
+/// [`PlacementReason::Moved`]. A stored host that is down or not listed here is not used: the table decides as in
+/// [`choose`]. This is the [`policy::BoundedKeysPolicy`].
 pub fn choose_stored(
     table: &mut KeyTable,
     hosts: &[HostView],
@@ -240,115 +250,7 @@ pub fn choose_stored(
     now_ms: u64,
     b: &Bounds,
 ) -> Option<HostChoice> {
-    let mut changed = table.expire(now_ms, b.idle_ttl_ms);
-    if !hosts.iter().any(|h| h.up) {
-        return None;
-    }
-    let order = rendezvous_order(key, hosts);
-    let known = table.get(key);
-    let pinned = known
-        .and_then(|e| hosts.iter().position(|h| h.id() == e.host))
-        .filter(|&i| hosts.get(i).is_some_and(|h| h.up));
-    let stored = stored.and_then(|id| hosts.iter().position(|h| h.id() == id && h.up));
-    let (home, reason) = match (known, pinned, stored) {
-        (_, None, Some(home)) => {
-            table.insert(key, hosts.get(home)?.id(), now_ms, b.max_keys);
-            changed = true;
-            let reason = match known {
-                Some(_) => PlacementReason::Moved,
-                None => PlacementReason::Placed,
-            };
-            (home, reason)
-        }
-        (Some(e), Some(home), _) => {
-            if table.promote(key, now_ms, b.max_keys) {
-                changed = true;
-            } else if now_ms.saturating_sub(e.last_ms) >= TOUCH_GRANULARITY_MS {
-                table.touch(key, now_ms);
-                changed = true;
-            }
-            (home, PlacementReason::Pinned)
-        }
-        _ => {
-            // Some host is up, so `place_new` finds one; `None` (leave it to Envoy's ring) only guards the index.
-            let home = place_new(table, hosts, &order, b.key_factor)?;
-            let home_id = hosts.get(home)?.id();
-            table.insert(key, home_id, now_ms, b.max_keys);
-            let reason = if known.is_some() {
-                PlacementReason::Moved
-            } else {
-                PlacementReason::Placed
-            };
-            changed = true;
-            (home, reason)
-        }
-    };
-    let over_queue = |i: usize| {
-        b.spill_queue
-            .is_some_and(|bound| hosts.get(i).and_then(|h| h.queued).unwrap_or(0) > bound)
-    };
-    let can_serve = |i: usize| {
-        hosts.get(i).is_some_and(|h| h.up) && within_in_flight(hosts, i, b.in_flight_factor) && !over_queue(i)
-    };
-    let (host, reason) = match can_serve(home) {
-        true => (home, reason),
-        false => {
-            let why = if over_queue(home) {
-                PlacementReason::Queued
-            } else {
-                PlacementReason::Spilled
-            };
-            order
-                .iter()
-                .copied()
-                .find(|&i| i != home && can_serve(i))
-                .map_or((home, reason), |i| (i, why))
-        }
-    };
-    Some(HostChoice {
-        host,
-        reason,
-        table_changed: changed,
-    })
-}
-
-/// The first host in `order` that can take keys (up, and reporting no queue while any up host reports none)
-/// under its live-key bound, the bound computed over those hosts; failing that (only possible when weights or the
-/// table are odd), such a host with the fewest keys per weight. `None` only when no host in `order` is up.
-fn place_new(table: &KeyTable, hosts: &[HostView], order: &[usize], factor: u32) -> Option<usize> {
-    let counts = live_keys(table, hosts);
-    let up = |i: &usize| hosts.get(*i).is_some_and(|h| h.up);
-    // The hosts that can take keys: the up hosts whose engine reports an empty queue, or all up hosts when every
-    // one of them is queued (a host with no fresh reading counts as not queued).
-    let idle = |i: &usize| hosts.get(*i).is_some_and(|h| h.up && h.queued.unwrap_or(0) == 0);
-    let any_idle = (0..hosts.len()).any(|i| idle(&i));
-    let taker = |i: &usize| if any_idle { idle(i) } else { up(i) };
-    let count = |i: usize| counts.get(i).copied().unwrap_or(0);
-    let weight = |i: usize| hosts.get(i).map_or(1, |h| h.weight.max(1));
-    let takers: Vec<usize> = (0..hosts.len()).filter(taker).collect();
-    let total: u64 = takers.iter().map(|&i| count(i)).sum();
-    let total_weight: u64 = takers.iter().map(|&i| u64::from(weight(i))).sum();
-    let under = |i: &usize| count(*i) < key_bound(factor, total, weight(*i), total_weight);
-    order.iter().copied().filter(taker).find(under).or_else(|| {
-        // Weights are at least 1, so the division never fails; counts are bounded by the table size.
-        let per_weight = |i: usize| {
-            count(i)
-                .saturating_mul(1_000_000)
-                .checked_div(u64::from(weight(i)))
-                .unwrap_or(u64::MAX)
-        };
-        order.iter().copied().filter(taker).min_by_key(|&i| per_weight(i))
-    })
-}
-
-/// True when host `i` may take one more request in flight: it carries no more than its [`bound`].
-fn within_in_flight(hosts: &[HostView], i: usize, factor: u32) -> bool {
-    let total: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.in_flight)).sum();
-    let total_weight: u64 = hosts.iter().filter(|h| h.up).map(|h| u64::from(h.weight.max(1))).sum();
-    let Some(h) = hosts.get(i) else {
-        return false;
-    };
-    u64::from(h.in_flight) <= bound(factor, total, h.weight.max(1), total_weight)
+    BoundedKeysPolicy::new(*b).choose(table, hosts, key, stored, now_ms)
 }
 
 /// The value of the stateful-session header that pins a request to `address`: Envoy's header-based session

@@ -4,22 +4,33 @@
 //! Without it each replica's table lives in its own shared data, and two replicas that see different traffic place
 //! the same new key on different hosts. With it:
 //!
-//! - **A known key** is read from the local table, as before: no extra latency.
-//! - **A new key** (unknown to the local table, or idled out of it) costs one etcd transaction,
-//!   [`etcd_json::create_in_view_body`] ([`Ask::CreateInView`]): create `<prefix>/keys/<backend>/<key as 16 hex
+//! - **Which keys reach etcd** ([`decide`]). With `share_keys: returning` (the default) a key's first request
+//!   on a replica ([`KeptLocal::FirstSighting`]) is placed by the local table alone, as without a store, and the
+//!   table remembers it as not shared; only when it comes back within its idle TTL is it created in etcd. So a
+//!   stream of one-off keys (random session ids, `prompt_cache_key` values, prompts) writes nothing to etcd and
+//!   pauses no request. With `share_keys: all` every new key is created on its first request. Either way each
+//!   Envoy creates at most `max_creates_per_s` keys a second ([`CreateBudget`], [`Decision::within_budget`]);
+//!   past it a key is placed locally ([`KeptLocal::OverBudget`]) and created on a later request.
+//! - **A known key** (shared) is read from the local table, as before: no extra latency.
+//! - **A key to share** (unknown to the local table, idled out of it, or held but not shared yet) costs one etcd
+//!   transaction, [`etcd_json::create_in_view_body`] ([`Ask::CreateInView`]): create `<prefix>/keys/<backend>/<key as 16 hex
 //!   digits>` = the local choice's `IP:PORT`, unless it exists, in which case read it; and only if no placement
 //!   of the backend was written in etcd after the revision the replica's local view is known complete up to (its
 //!   last refresh, or its own last create). Every create and move of the backend also puts its marker key
 //!   ([`marker_path`]), so the condition reads one key, however many the backend holds, and a lease's refresh of
 //!   the keys (which moves nothing) does not make other views stale. The replica that created it uses its own choice ([`Outcome::Won`]); one
-//!   that lost the race adopts the stored host ([`Outcome::Adopted`]). Only a key's first request on a replica
-//!   waits for etcd.
+//!   that lost the race adopts the stored host ([`Outcome::Adopted`]). Only the request that shares a key
+//!   waits for etcd: its first on a replica with `share_keys: all`, the one it comes back with otherwise.
 //! - **A stale view** ([`InView::Stale`]): the same answer brings the backend's keys changed since the view; the
 //!   replica [`merge`]s them, chooses again, and sends the create in the new view ([`after_stale`], at most
 //!   [`MAX_STALE_RETRIES`] times, then a plain [`etcd_json::create_if_absent_body`]). So every key is created
 //!   from a view that holds every key etcd held at that moment: replicas place new keys as one table placing
 //!   them in etcd's commit order would, however many arrive at once. Each retry follows another key's write to
-//!   the backend, so a burst of new keys costs its last one a retry per key committed before it.
+//!   the backend, so a burst of new keys costs its last one a retry per key committed before it. The
+//!   proposal counts the shared keys only ([`proposal`]): those are etcd's, the same on every replica, while the
+//!   keys a replica placed alone differ from one replica to the next. A key placed locally on its first sighting
+//!   may so be proposed on another host when it comes back; wherever etcd settles it, every replica follows
+//!   ([`super::choose_stored`]).
 //! - **When etcd is slow or gone** (no answer within `timeout_ms`, an error, an unreadable answer), the request is
 //!   placed locally and proceeds ([`Outcome::Fallback`], counted by reason). When etcd is back and holds another
 //!   host for that key, the stored placement wins at the next refresh ([`merge`]): the key moves once.
@@ -29,7 +40,8 @@
 //!   So a key moves at most once, and replicas agree again without waiting for the key to idle out.
 //! - **The local view**: every second one root context per replica reads the keys modified since the revision it
 //!   last saw ([`range_request`], [`next_revision`]) and [`merge`]s them into the local table, so the key-count
-//!   bounds of new placements see the whole fleet's keys, and a new key's create is rarely stale.
+//!   bounds of new placements see the whole fleet's keys, and a new key's create is rarely stale. A key this
+//!   replica placed alone on its first sighting, and another replica shared, moves to the stored host then.
 //! - **Idle expiry**: keys are attached to a lease that one root context per replica grants every [`epoch_ms`],
 //!   with a TTL of `key_idle_ttl_s` plus one epoch ([`lease_ttl_s`]). At each new lease the replica re-attaches
 //!   the keys its own requests touched during the last epoch ([`refresh_batches`]). A key no replica uses is
@@ -49,6 +61,7 @@
 //! filter's `placement_store` module sends the bodies and hands the answers back.
 
 use super::{host_id, Bounds, HostView, KeyTable};
+use crate::config::ShareKeys;
 use crate::etcd_json::{self, EtcdJsonError, InViewAnswer, Kv, RangeAnswer, TxnAnswer};
 
 /// The gateway path of a transaction.
@@ -95,12 +108,18 @@ pub fn create_request(prefix: &str, backend: &str, key: u64, address: &str, leas
     etcd_json::create_if_absent_body(&key_path(prefix, backend, key), address, lease, Some(&marker))
 }
 
-/// True when `key` must be settled with the store before it is placed: the local table does not hold it, or
-/// holds it past its idle TTL (the placement would forget it and place it afresh).
+/// True when `key` must be settled with the store before it is placed: the local table does not hold it, holds
+/// it past its idle TTL (the placement would forget it and place it afresh), or holds it without having shared
+/// it (placed locally on its first sighting, or over the create budget).
 pub fn needs_store(table: &KeyTable, key: u64, now_ms: u64, b: &Bounds) -> bool {
+    live(table, key, now_ms, b).is_none_or(|e| !e.shared)
+}
+
+/// The table's entry for `key`, unless it idled out by `now_ms`.
+fn live(table: &KeyTable, key: u64, now_ms: u64, b: &Bounds) -> Option<super::Entry> {
     table
         .get(key)
-        .is_none_or(|e| now_ms.saturating_sub(e.last_ms) >= b.idle_ttl_ms)
+        .filter(|e| now_ms.saturating_sub(e.last_ms) < b.idle_ttl_ms)
 }
 
 /// The body of a new key's create-if-absent transaction that also requires `backend`'s keys unchanged since
@@ -150,8 +169,9 @@ impl Ask {
     }
 }
 
-/// What `key` asks of the store at `now_ms`: `None` when the local table places it alone (a known key on an up
-/// host, or on a host no longer listed, whose address the swap could not name), and when no host is up.
+/// What `key` asks of the store at `now_ms`, every key being shared (`share_keys: all`; [`decide`] applies the
+/// setting): `None` when the local table places it alone (a known shared key on an up host, or on a host no
+/// longer listed, whose address the swap could not name), and when no host is up.
 pub fn ask(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<Ask> {
     if !hosts.iter().any(|h| h.up) {
         return None;
@@ -183,10 +203,110 @@ pub fn ask_request(ask: &Ask, prefix: &str, backend: &str, key: u64, address: &s
     }
 }
 
-/// Where the local table alone would place `key`, without changing the table: the host this replica proposes in
-/// its transaction. `None` when no host is up.
+/// Why a key that the store would take is placed locally instead, without asking it (counted per reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptLocal {
+    /// `share_keys: returning`, and the local table does not hold the key: its first request, placed as without
+    /// a store. It reaches etcd if it comes back within its idle TTL.
+    FirstSighting,
+    /// The key would be created in etcd, but this Envoy already created `max_creates_per_s` keys this second.
+    OverBudget,
+}
+
+impl KeptLocal {
+    pub const ALL: [KeptLocal; 2] = [KeptLocal::FirstSighting, KeptLocal::OverBudget];
+
+    /// The metric label (`reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeptLocal::FirstSighting => "first_sighting",
+            KeptLocal::OverBudget => "over_budget",
+        }
+    }
+}
+
+/// What a request's key does with the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Send this transaction first, then place the key where the store says.
+    Send(Ask),
+    /// Placed locally without asking the store, for this reason.
+    Keep(KeptLocal),
+    /// Placed by the local table alone, as ever: a known shared key on an up host, or no host up ([`ask`]).
+    Table,
+}
+
+impl Decision {
+    /// This decision once the create budget is consulted: a create ([`Ask::Create`], [`Ask::CreateInView`])
+    /// spends one through `take`, and stays local ([`KeptLocal::OverBudget`]) when `take` finds none left. Moves
+    /// and local placements spend nothing (a move follows a key already in etcd whose host went down).
+    pub fn within_budget(self, take: impl FnOnce() -> bool) -> Decision {
+        let creates = matches!(self, Decision::Send(Ask::Create | Ask::CreateInView { .. }));
+        match creates && !take() {
+            true => Decision::Keep(KeptLocal::OverBudget),
+            false => self,
+        }
+    }
+}
+
+/// What `key` does with the store at `now_ms` under `share` ([`ShareKeys`]): [`ask`]'s answer, except that with
+/// `share_keys: returning` a key the local table does not hold (live) is a first sighting, placed locally. A key
+/// the table holds but has not shared (its first sighting, or a create over budget) came back: it is created.
+pub fn decide(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds, share: ShareKeys) -> Decision {
+    match ask(table, hosts, key, now_ms, b) {
+        None => Decision::Table,
+        Some(Ask::Create) if share == ShareKeys::Returning && live(table, key, now_ms, b).is_none() => {
+            Decision::Keep(KeptLocal::FirstSighting)
+        }
+        Some(a) => Decision::Send(a),
+    }
+}
+
+/// Keys created in etcd this second, per Envoy (shared by its workers): the `max_creates_per_s` budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CreateBudget {
+    /// The second (`now_ms / 1000`) `used` counts.
+    pub second: u64,
+    pub used: u32,
+}
+
+impl CreateBudget {
+    /// Spends one create at `now_ms` if fewer than `max` were spent this second. True when spent.
+    pub fn take(&mut self, now_ms: u64, max: u32) -> bool {
+        let second = now_ms / 1000;
+        if second != self.second {
+            *self = CreateBudget { second, used: 0 };
+        }
+        if self.used >= max {
+            return false;
+        }
+        self.used = self.used.saturating_add(1);
+        true
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.second.to_le_bytes().to_vec();
+        out.extend_from_slice(&self.used.to_le_bytes());
+        out
+    }
+
+    /// Reads [`CreateBudget::encode`]'s bytes; anything else is an unspent budget.
+    pub fn decode(bytes: &[u8]) -> CreateBudget {
+        let (Some(second), Some(used)) = (bytes.get(..8), bytes.get(8..12)) else {
+            return CreateBudget::default();
+        };
+        CreateBudget {
+            second: u64::from_le_bytes(second.try_into().unwrap_or_default()),
+            used: u32::from_le_bytes(used.try_into().unwrap_or_default()),
+        }
+    }
+}
+
+/// Where the local table would place `key` if its view held only the shared keys, without changing the table:
+/// the host this replica proposes in its transaction. Every replica's shared keys are etcd's (up to its view), so
+/// replicas propose from the same view whatever keys each placed alone. `None` when no host is up.
 pub fn proposal(table: &KeyTable, hosts: &[HostView], key: u64, now_ms: u64, b: &Bounds) -> Option<usize> {
-    let mut scratch = table.clone();
+    let mut scratch = table.shared_only();
     super::choose(&mut scratch, hosts, key, now_ms, b).map(|c| c.host)
 }
 
@@ -456,10 +576,10 @@ pub fn next_revision(seen: i64, answer: &RangeAnswer) -> i64 {
     }
 }
 
-/// Brings the stored placements of `kvs` (read under `backend_prefix`) into the local table: a key the table
-/// lacks is added (on probation, seen at `now_ms`); a key it holds on another host moves to the stored host (the
-/// stored placement wins). A key the table holds on the same host is left alone, so its `last_ms` still says
-/// when this replica's own requests last used it. True when the table changed.
+/// Brings the stored placements of `kvs` (read under `backend_prefix`) into the local table, each marked shared:
+/// a key the table lacks is added (on probation, seen at `now_ms`); a key it holds on another host moves to the
+/// stored host (the stored placement wins). A key the table holds on the same host keeps its `last_ms`, which
+/// still says when this replica's own requests last used it. True when the table changed.
 pub fn merge(table: &mut KeyTable, backend_prefix: &str, kvs: &[Kv], now_ms: u64, max_keys: usize) -> bool {
     let mut changed = false;
     for kv in kvs {
@@ -473,6 +593,7 @@ pub fn merge(table: &mut KeyTable, backend_prefix: &str, kvs: &[Kv], now_ms: u64
                 changed = true;
             }
         }
+        changed |= table.mark_shared(key);
     }
     changed
 }
@@ -521,8 +642,8 @@ impl Lease {
 }
 
 /// The transactions that re-attach, to a new lease, the keys of the table that this replica's own requests used
-/// since `since_ms` (established keys seen at or after it), each stored as its host's `IP:PORT`. Keys on hosts not
-/// in `hosts` are skipped. At most [`MAX_REFRESH_BATCHES`] bodies of [`etcd_json::MAX_TXN_OPS`] keys.
+/// since `since_ms` (established shared keys seen at or after it), each stored as its host's `IP:PORT`. Keys on
+/// hosts not in `hosts` are skipped, and so are keys never shared: a refresh creates no key. At most [`MAX_REFRESH_BATCHES`] bodies of [`etcd_json::MAX_TXN_OPS`] keys.
 pub fn refresh_batches(
     table: &KeyTable,
     hosts: &[HostView],
@@ -534,7 +655,7 @@ pub fn refresh_batches(
     let pairs: Vec<(String, String)> = table
         .entries()
         .iter()
-        .filter(|e| e.established && e.last_ms >= since_ms)
+        .filter(|e| e.established && e.shared && e.last_ms >= since_ms)
         .filter_map(|e| {
             let host = hosts.iter().find(|h| h.id() == e.host)?;
             Some((key_path(prefix, backend, e.key), host.address.clone()))

@@ -2,7 +2,7 @@
 //!
 //! Every worker VM reads and writes the same bytes (with compare-and-swap), so the encoding is fixed and
 //! little-endian: the table is a version byte, then entries sorted by key, each `key: u64, host: u32,
-//! last_ms: u64, established: u8` (21 bytes).
+//! last_ms: u64, flags: u8` (21 bytes; flag bit 0: established, bit 1: shared).
 //!
 //! The table has two segments, so that a flood of one-off keys (a client looping over random session ids)
 //! cannot push out the keys of real tenants. A key enters *on probation*; the second time it is seen it becomes
@@ -11,12 +11,19 @@
 //! probation. When the table is over `max_keys`, the least recently seen key *on probation* is forgotten, never
 //! an established one. So a key seen once can only ever displace another key seen once: an established key
 //! leaves the table only by idling past the TTL, or by being demoted to make room for a newer established key
-//! and then aging out of probation. A host is named by a hash of its address, not by its place in the config, so adding,
+//! and then aging out of probation.
+//!
+//! With a placement store, an entry also says whether the key is *shared*: its placement went through etcd (or
+//! came from it), or is waiting to be settled with it. A key placed locally and not shared is one the store has
+//! not seen: under `share_keys: returning` a first sighting, or a key over the create budget (see
+//! [`super::store`]). A host is named by a hash of its address, not by its place in the config, so adding,
 //! removing or reordering endpoints leaves every other key where it was. The in-flight counts are one `u32` per endpoint. Anything malformed decodes to an
 //! empty table (or zero counts): placement then starts afresh instead of trusting odd bytes.
 
 /// The encoding's version byte.
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
+const ESTABLISHED: u8 = 1;
+const SHARED: u8 = 2;
 const ENTRY_BYTES: usize = 21;
 
 /// How many of `max_keys` established keys may hold: all but a fifth (at least one place), which stays room
@@ -37,6 +44,8 @@ pub struct Entry {
     pub last_ms: u64,
     /// Seen on more than one request: out of reach of keys seen once.
     pub established: bool,
+    /// Placed through the placement store (or read from it, or waiting to be settled with it).
+    pub shared: bool,
 }
 
 /// The remembered keys, sorted by key.
@@ -75,9 +84,9 @@ impl KeyTable {
         }
     }
 
-    /// Puts `key` on `host` at `now_ms`. A key new to the table enters on probation; a key it already had (seen
-    /// again, and moved) is established. Then the segments are brought back within `max_keys` (see the module
-    /// doc); `key` itself is never the one forgotten.
+    /// Puts `key` on `host` at `now_ms`. A key new to the table enters on probation, not shared; a key it
+    /// already had (seen again, and moved) is established, and stays shared if it was. Then the segments are
+    /// brought back within `max_keys` (see the module doc); `key` itself is never the one forgotten.
     pub fn insert(&mut self, key: u64, host: u32, now_ms: u64, max_keys: usize) {
         match self.find(key) {
             Ok(i) => {
@@ -87,6 +96,7 @@ impl KeyTable {
                         host,
                         last_ms: now_ms,
                         established: true,
+                        shared: e.shared,
                     };
                 }
             }
@@ -97,6 +107,7 @@ impl KeyTable {
                     host,
                     last_ms: now_ms,
                     established: false,
+                    shared: false,
                 },
             ),
         }
@@ -112,6 +123,25 @@ impl KeyTable {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Marks `key` as shared through the placement store. True when it was not (the table changed).
+    pub fn mark_shared(&mut self, key: u64) -> bool {
+        let Ok(i) = self.find(key) else { return false };
+        match self.entries.get_mut(i) {
+            Some(e) if !e.shared => {
+                e.shared = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The same table with only its shared keys: what the placement store knows of (see [`super::store`]).
+    pub fn shared_only(&self) -> KeyTable {
+        KeyTable {
+            entries: self.entries.iter().filter(|e| e.shared).copied().collect(),
         }
     }
 
@@ -199,13 +229,14 @@ impl KeyTable {
             out.extend_from_slice(&e.key.to_le_bytes());
             out.extend_from_slice(&e.host.to_le_bytes());
             out.extend_from_slice(&e.last_ms.to_le_bytes());
-            out.push(u8::from(e.established));
+            let shared = if e.shared { SHARED } else { 0 };
+            out.push(u8::from(e.established) | shared);
         }
         out
     }
 
     /// Reads [`KeyTable::encode`]'s bytes; anything malformed (wrong version, ragged length, unsorted or
-    /// repeated keys, a flag byte other than 0 or 1) gives an empty table.
+    /// repeated keys, a flag byte with a bit other than the two flags) gives an empty table.
     pub fn decode(bytes: &[u8]) -> KeyTable {
         let Some((&VERSION, body)) = bytes.split_first() else {
             return KeyTable::default();
@@ -218,16 +249,16 @@ impl KeyTable {
             let (key, rest) = chunk.split_at(8);
             let (host, rest) = rest.split_at(4);
             let (last, flag) = rest.split_at(8);
-            let established = match flag {
-                [0] => false,
-                [1] => true,
+            let flags = match flag {
+                [f] if f & !(ESTABLISHED | SHARED) == 0 => *f,
                 _ => return KeyTable::default(),
             };
             let entry = Entry {
                 key: u64::from_le_bytes(key.try_into().unwrap_or_default()),
                 host: u32::from_le_bytes(host.try_into().unwrap_or_default()),
                 last_ms: u64::from_le_bytes(last.try_into().unwrap_or_default()),
-                established,
+                established: flags & ESTABLISHED != 0,
+                shared: flags & SHARED != 0,
             };
             if entries.last().is_some_and(|p: &Entry| p.key >= entry.key) {
                 return KeyTable::default();

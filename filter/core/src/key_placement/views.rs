@@ -1,11 +1,13 @@
 //! The hosts of one backend as bounded-keys placement sees them ([`HostView`]s): which addresses it places keys
 //! on, which of them the status poll found down, their weights (config `slots`, else a discovered host's Envoy
-//! weight, else `/props`) and their requests in flight, all decoded from
-//! the values the filter keeps in Envoy shared data (see `envoy_contract::shared`).
+//! weight, else `/props`), their requests in flight and, with `load`, their engines' fresh queues, all decoded
+//! from the values the filter keeps in Envoy shared data (see `envoy_contract::shared`).
 //!
 //! The values are read through a [`SharedStore`], so only the ones this backend needs are read (each read is a
 //! host call per request): the host list only for a discovered backend, reported slots only when the config
-//! names none. Everything else is a pure function of those values and the clock, tested natively.
+//! names none, load readings only when the backend polls them. Everything else is a pure function of those
+//! values and the clock, tested natively. The load view is an input like the down hosts: replicas sharing a
+//! placement store propose new keys from it, and etcd's commit order settles them (see [`super::store`]).
 //!
 //! A discovered backend's list changes as hosts join and leave. Keys follow addresses (the key table names a
 //! host by the hash of its `IP:PORT`, and the rendezvous order depends only on the key and the addresses), so a
@@ -19,7 +21,7 @@ use super::{host_weight, table, weights_at, HostView};
 use crate::config::{Backend, LbPolicy};
 use crate::envoy_contract::shared;
 use crate::fleet_check;
-use crate::status::{MAX_HOSTS, STALE_AFTER_MS};
+use crate::host_poll::{MAX_HOSTS, STALE_AFTER_MS};
 
 /// The value stored under `key`, empty when absent.
 fn read(store: &impl SharedStore, key: &str) -> Vec<u8> {
@@ -68,6 +70,17 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
             table::decode_in_flight(&read(store, &shared::slots(&backend.name)), backend.endpoints.len()),
         ),
     };
+    // Engine load, when the backend polls it: the fresh readings' queues (a stale or missing one reads as none).
+    let queued: Vec<Option<u32>> = match backend.load {
+        Some(l) => {
+            let readings = crate::load::decode(&read(store, &shared::load(&backend.name)));
+            crate::load::fresh_at(&addresses, &readings, now_ms, l.poll_ms)
+                .into_iter()
+                .map(|r| r.map(|l| l.queued))
+                .collect()
+        }
+        None => Vec::new(),
+    };
     Some(
         addresses
             .into_iter()
@@ -80,7 +93,7 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
                     reported.get(i).copied().unwrap_or(0),
                 ),
                 in_flight: in_flight.get(i).copied().unwrap_or(0),
-                queued: None,
+                queued: queued.get(i).copied().flatten(),
                 address,
             })
             .collect(),

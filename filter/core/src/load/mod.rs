@@ -14,12 +14,14 @@
 //! requests in flight. A reading older than [`STALE_POLLS`] polls is stale ([`EngineLoad::is_fresh`]): placement
 //! then falls back to request counts for that host, as if it had no reading.
 //!
-//! The readings of one backend travel as one shared-data value ([`encode`], [`decode`]): the form a poller (one per
-//! Envoy) writes and each request reads back. Both are a pure function of bytes, so the writer and every reader
-//! agree however many workers read them. The poller itself, and the `load:` config that turns it on, are not part
-//! of the filter yet: today placement gets `HostView::queued` only from its callers.
+//! The readings of one backend travel as one shared-data value ([`encode`], [`decode`]): the form the poller (one
+//! per Envoy, see [`poll`]) writes and each request reads back. Both are a pure function of bytes, so the writer
+//! and every reader agree however many workers read them. A backend's `load: { poll_ms, spill_queue }` turns the
+//! poll on; bounded-keys placement then reads the fresh readings into `HostView::queued`
+//! (`key_placement::views`).
 
 pub mod orca;
+pub mod poll;
 pub mod prometheus;
 
 use crate::config::EngineKind;

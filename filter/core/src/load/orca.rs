@@ -12,6 +12,12 @@ use serde::Deserialize;
 /// The longest header value read; a report is a few dozen bytes.
 pub const MAX_HEADER_BYTES: usize = 4096;
 
+/// The request header that asks the engine for a report, and its value.
+pub const REQUEST_HEADER: &str = "endpoint-load-metrics-format";
+pub const REQUEST_FORMAT: &str = "JSON";
+/// The response header the report comes in.
+pub const RESPONSE_HEADER: &str = "endpoint-load-metrics";
+
 /// What one report says. Fields the engine did not report are `None`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OrcaReport {

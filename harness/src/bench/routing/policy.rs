@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::bench::body::{ALIAS, UPSTREAM_MODEL};
-use crate::bench::systems::{self, Kind, Peer, CHAT_PATH};
+use crate::bench::systems::{self, Kind, Peer, Process, CHAT_PATH};
 use crate::envoy::{random_ports, Envoy, EnvoyOptions};
 use crate::etcd::EtcdCluster;
 use llmroute_core::envoy_contract::{metrics::PLACEMENT_STORE, PLACEMENT_STORE_CLUSTER};
@@ -247,14 +247,6 @@ pub struct Running {
     _process: Process,
 }
 
-enum Process {
-    /// The Envoys, then the etcd cluster they share (dropped after them).
-    Envoy(Vec<Envoy>, Option<EtcdCluster>),
-    /// Held only so that dropping the system kills the router.
-    #[allow(dead_code)]
-    Peer(Peer),
-}
-
 impl Running {
     /// Starts `policy`'s system in front of `endpoints` (`HOST:PORT`), engines of `slots` slots each, and waits
     /// until it routes.
@@ -272,15 +264,12 @@ impl Running {
 
     /// Every Envoy replica (none for a peer).
     pub fn envoys(&self) -> &[Envoy] {
-        match &self._process {
-            Process::Envoy(e, _) => e,
-            Process::Peer(_) => &[],
-        }
+        self._process.envoys()
     }
 
     /// What the replicas' new keys met in etcd, summed over them: `None` without a store.
     pub async fn store_counts(&self) -> Option<StoreCounts> {
-        if !matches!(&self._process, Process::Envoy(_, Some(_))) {
+        if !self._process.has_store() {
             return None;
         }
         Some(store_counts(self.envoys()).await)
