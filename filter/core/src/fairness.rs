@@ -33,9 +33,7 @@ pub const MAX_WAIT_HEADER: &str = "x-max-wait-ms";
 /// token.
 pub const SCALE: u64 = 1000;
 
-/// The most tenants remembered. Past this, the idle tenants with the least service are forgotten first (a
-/// forgotten tenant that returns starts level with the others, as any returning tenant does).
-pub const MAX_TENANTS: usize = 4096;
+pub use crate::config::MAX_TENANTS;
 
 /// One tenant's standing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

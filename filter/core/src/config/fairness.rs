@@ -28,8 +28,11 @@ pub const MAX_MAX_QUEUE: usize = 4096;
 /// The largest weight. The queue counts service in thousandths of a token per unit of weight
 /// ([`crate::fairness::SCALE`]), so a tenant of this weight is still charged one unit per token.
 pub const MAX_WEIGHT: u32 = 1000;
-/// Most tenants `weights` may name (as many as the queue remembers, [`crate::fairness::MAX_TENANTS`]).
-pub const MAX_WEIGHTS: usize = crate::fairness::MAX_TENANTS;
+/// The most tenants remembered. Past this, the idle tenants with the least service are forgotten first (a
+/// forgotten tenant that returns starts level with the others, as any returning tenant does).
+pub const MAX_TENANTS: usize = 4096;
+/// Most tenants `weights` may name: as many as the queue remembers.
+pub const MAX_WEIGHTS: usize = MAX_TENANTS;
 /// The longest tenant header value a weight may name.
 pub const TENANT_VALUE_MAX: usize = 256;
 /// The longest tenant header name.

@@ -8,8 +8,8 @@ mod address;
 mod diagnostics;
 mod env;
 mod etcd_trust;
-pub mod rates;
 mod fairness;
+pub mod rates;
 mod raw;
 mod resilience;
 mod suggest;
@@ -24,7 +24,7 @@ pub use address::{parse_endpoint, parse_listen, with_port, Endpoint};
 pub use diagnostics::Diagnostics;
 pub use env::{env_problems, EnvHolds, EnvVar};
 pub use etcd_trust::{env_name_ok, EtcdAuth, RawEtcdAuth};
-pub use fairness::{circuit_breaker_limit, Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy};
+pub use fairness::{circuit_breaker_limit, Fairness, RawFairness, RawTenantBy, RawWeights, TenantBy, MAX_TENANTS};
 pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawLoad, RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
