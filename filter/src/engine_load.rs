@@ -102,7 +102,7 @@ impl LoadPoller {
         let hosts = match b.discovered() {
             true => host::shared_data(&shared::hosts(&b.name))
                 .0
-                .and_then(|v| table::decode_down(&v)),
+                .and_then(|v| table::decode_down_hosts(&v)),
             false => None,
         };
         let targets = poll::targets(b, now, hosts);
@@ -343,7 +343,7 @@ pub fn rebuild_work(cfg: &Config, health: &BackendHealth, now_ms: u64) {
     let key = shared::work(&b.name);
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = host::shared_data(&key);
-        let before = table::decode_in_flight(&bytes.unwrap_or_default(), addresses.len());
+        let before = table::decode_host_counts(&bytes.unwrap_or_default(), addresses.len());
         let after: Vec<u32> = before
             .iter()
             .zip(&addresses)
@@ -352,7 +352,7 @@ pub fn rebuild_work(cfg: &Config, health: &BackendHealth, now_ms: u64) {
                 false => 0,
             })
             .collect();
-        if after == before || host::set_shared_data(&key, &table::encode_in_flight(&after), cas) {
+        if after == before || host::set_shared_data(&key, &table::encode_host_counts(&after), cas) {
             return;
         }
     }
@@ -378,7 +378,7 @@ impl StatusView {
             .map(|b| {
                 let work = llmroute_core::key_placement::views::addresses(b, now_ms, &host::SharedData)
                     .map(|list| {
-                        let counts = table::decode_in_flight(&read(shared::work(&b.name)), list.len());
+                        let counts = table::decode_host_counts(&read(shared::work(&b.name)), list.len());
                         list.into_iter().zip(counts.into_iter().map(u64::from)).collect()
                     })
                     .unwrap_or_default();

@@ -168,7 +168,7 @@ impl FleetCheck {
 
 /// The host list the status poll last stored for a discovered backend: `(taken_at_ms, sorted IP:PORTs)`.
 fn stored_hosts(backend: &str) -> Option<(u64, Vec<String>)> {
-    table::decode_down(&host::shared_data(&llmroute_core::envoy_contract::shared::hosts(backend)).0?)
+    table::decode_down_hosts(&host::shared_data(&llmroute_core::envoy_contract::shared::hosts(backend)).0?)
 }
 
 /// Claims the check due at `now`, if one is due and no other root context claimed it first.

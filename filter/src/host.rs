@@ -429,6 +429,13 @@ pub fn metric_value(metric: Option<u32>) -> Option<u64> {
     host().get_metric(metric?).ok()
 }
 
+/// Records one observation `v` of a histogram (the same ABI call as a gauge's level, `record_metric`).
+pub fn observe(metric: Option<u32>, v: u64) {
+    if let Some(id) = metric {
+        let _ = host().record_metric(id, v);
+    }
+}
+
 pub fn set_gauge(metric: Option<u32>, v: u64) {
     if let Some(id) = metric {
         let _ = host().record_metric(id, v);

@@ -44,34 +44,42 @@ pub struct Pin {
 
 /// Keeps the hosts of `backend` that the status poll taken at `taken_at_ms` found down.
 pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
-    host::set_shared_data(&shared::down(backend), &table::encode_down(taken_at_ms, down), None);
+    host::set_shared_data(
+        &shared::down(backend),
+        &table::encode_down_hosts(taken_at_ms, down),
+        None,
+    );
 }
 
 /// Keeps every host Envoy listed for a discovered `backend` at the poll taken at `taken_at_ms` (sorted
 /// `IP:PORT`s, in the same form as the down list).
 pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
-    host::set_shared_data(&shared::hosts(backend), &table::encode_down(taken_at_ms, hosts), None);
+    host::set_shared_data(
+        &shared::hosts(backend),
+        &table::encode_down_hosts(taken_at_ms, hosts),
+        None,
+    );
 }
 
 /// Keeps Envoy's weight of each host of the discovered `backend` that weighs more than 1, by `IP:PORT`.
 pub fn store_weights(backend: &str, weights: &[(String, u32)]) {
     host::set_shared_data(
         &shared::weights(backend),
-        &fleet_check::encode_slots_by_address(weights),
+        &fleet_check::encode_reported_slots(weights),
         None,
     );
 }
 
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
 pub fn store_reported_slots(backend: &str, slots: &[u32]) {
-    host::set_shared_data(&shared::slots(backend), &table::encode_in_flight(slots), None);
+    host::set_shared_data(&shared::slots(backend), &table::encode_host_counts(slots), None);
 }
 
 /// Keeps the `total_slots` the `/props` check read from each host of the discovered `backend`, by `IP:PORT`.
 pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
     host::set_shared_data(
         &shared::slots_by_address(backend),
-        &fleet_check::encode_slots_by_address(slots),
+        &fleet_check::encode_reported_slots(slots),
         None,
     );
 }
@@ -176,7 +184,7 @@ pub fn rebuild_in_flight(cfg: &Config, health: &BackendHealth, now_ms: u64) {
     let counts = in_flight::from_envoy(&addresses, &health.active);
     host::set_shared_data(
         &shared::in_flight(&backend.name),
-        &table::encode_in_flight(&counts),
+        &table::encode_host_counts(&counts),
         None,
     );
 }
@@ -194,7 +202,7 @@ pub fn seed(cfg: &Config) {
         let flights = shared::in_flight(&b.name);
         // A discovered backend's count list is sized by its first placement (an empty list reads as zeros).
         if host::shared_data(&flights).0.is_none() {
-            host::set_shared_data(&flights, &table::encode_in_flight(&vec![0; b.endpoints.len()]), None);
+            host::set_shared_data(&flights, &table::encode_host_counts(&vec![0; b.endpoints.len()]), None);
         }
     }
 }

@@ -136,24 +136,12 @@ impl Metrics {
 
     /// Records `v` in the histogram `metric` with `labels`.
     pub(crate) fn observe(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
-        host::set_gauge(self.id(MetricType::Histogram, StatKey { metric, labels }), v);
+        host::observe(self.id(MetricType::Histogram, StatKey { metric, labels }), v);
     }
 
     /// Sets the gauge `metric` with `labels` to `v` (one value for every VM: the last set stands).
     pub(crate) fn set(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
         host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
-    }
-
-    fn record(&self, metric: &str, alias: &str, v: u64) {
-        let labels = [("alias", alias)];
-        let id = self.id(
-            MetricType::Histogram,
-            StatKey {
-                metric,
-                labels: &labels,
-            },
-        );
-        host::set_gauge(id, v);
     }
 
     /// Raises `llmroute_vm_memory_bytes` to this VM's linear memory size, if that is larger. Every VM (the main
@@ -270,10 +258,10 @@ impl Metrics {
         ];
         self.add(names::REQUESTS, &labels, 1);
         if let Some(ms) = f.ttfb_ms {
-            self.record(names::TTFB_MS, f.alias, ms);
+            self.observe(names::TTFB_MS, &[("alias", f.alias)], ms);
         }
         if let Some(ms) = f.duration_ms {
-            self.record(names::DURATION_MS, f.alias, ms);
+            self.observe(names::DURATION_MS, &[("alias", f.alias)], ms);
         }
         let u = f.usage;
         let by_kind = [
@@ -291,10 +279,10 @@ impl Metrics {
             }
         }
         if let Some(n) = u.prompt_tokens {
-            self.record(names::PROMPT_TOKENS, f.alias, n);
+            self.observe(names::PROMPT_TOKENS, &[("alias", f.alias)], n);
         }
         if let Some(n) = u.completion_tokens {
-            self.record(names::COMPLETION_TOKENS, f.alias, n);
+            self.observe(names::COMPLETION_TOKENS, &[("alias", f.alias)], n);
         }
     }
 }

@@ -182,13 +182,13 @@ pub fn reported_slots_by_address(
 }
 
 /// The form [`reported_slots_by_address`]'s list of one backend is kept in, in shared data.
-pub fn encode_slots_by_address(slots: &[(String, u32)]) -> Vec<u8> {
+pub fn encode_reported_slots(slots: &[(String, u32)]) -> Vec<u8> {
     serde_json::to_vec(slots).unwrap_or_default()
 }
 
-/// Reads [`encode_slots_by_address`]'s bytes; anything malformed reads as empty, and at most
+/// Reads [`encode_reported_slots`]'s bytes; anything malformed reads as empty, and at most
 /// [`MAX_HOSTS`](crate::host_poll::MAX_HOSTS) entries are kept, each capped at [`MAX_SLOTS`].
-pub fn decode_slots_by_address(bytes: &[u8]) -> Vec<(String, u32)> {
+pub fn decode_reported_slots(bytes: &[u8]) -> Vec<(String, u32)> {
     let list: Vec<(String, u32)> = serde_json::from_slice(bytes).unwrap_or_default();
     list.into_iter()
         .take(crate::host_poll::MAX_HOSTS)
@@ -696,7 +696,7 @@ mod tests {
             )]
         );
         // Stored, then read back by a placement whose list has changed since: 10.0.0.1 left, 10.0.0.4 joined.
-        let stored = decode_slots_by_address(&encode_slots_by_address(&by_address[0].1));
+        let stored = decode_reported_slots(&encode_reported_slots(&by_address[0].1));
         assert_eq!(stored, by_address[0].1);
         let now_listed: Vec<String> = ["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"]
             .map(String::from)
@@ -724,18 +724,18 @@ mod tests {
 
     #[test]
     fn stored_slots_by_address_are_bounded() {
-        assert!(decode_slots_by_address(b"").is_empty());
-        assert!(decode_slots_by_address(b"not json").is_empty());
-        assert!(decode_slots_by_address(br#"{"a":1}"#).is_empty());
+        assert!(decode_reported_slots(b"").is_empty());
+        assert!(decode_reported_slots(b"not json").is_empty());
+        assert!(decode_reported_slots(br#"{"a":1}"#).is_empty());
         assert_eq!(
-            decode_slots_by_address(br#"[["10.0.0.1:1",4294967295]]"#),
+            decode_reported_slots(br#"[["10.0.0.1:1",4294967295]]"#),
             vec![("10.0.0.1:1".to_string(), MAX_SLOTS)]
         );
         let many: Vec<(String, u32)> = (0..crate::host_poll::MAX_HOSTS + 5)
             .map(|i| (format!("h{i}"), 1))
             .collect();
         assert_eq!(
-            decode_slots_by_address(&encode_slots_by_address(&many)).len(),
+            decode_reported_slots(&encode_reported_slots(&many)).len(),
             crate::host_poll::MAX_HOSTS
         );
     }

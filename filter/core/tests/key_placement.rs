@@ -6,7 +6,9 @@
 use llmroute_core::config::BoundedKeys;
 use llmroute_core::key_placement::in_flight::{Ledger, SharedStore, CAS_ATTEMPTS};
 use llmroute_core::key_placement::table::established_cap;
-use llmroute_core::key_placement::table::{decode_down, decode_in_flight, encode_down, encode_in_flight};
+use llmroute_core::key_placement::table::{
+    decode_down_hosts, decode_host_counts, encode_down_hosts, encode_host_counts,
+};
 use llmroute_core::key_placement::{
     bound, choose, host_id, host_weight, key_bound, live_keys, rendezvous_order, session_header_value, weights_at,
     Bounds, HostView, KeyTable, PlacementReason, MAX_SLOTS, TOUCH_GRANULARITY_MS,
@@ -231,9 +233,9 @@ fn malformed_tables_decode_empty() {
     let mut old = t.encode();
     old[0] = 3;
     assert!(KeyTable::decode(&old).is_empty());
-    assert_eq!(decode_in_flight(&encode_in_flight(&[3, 0, 7]), 3), vec![3, 0, 7]);
-    assert_eq!(decode_in_flight(&[1, 2, 3], 3), vec![0, 0, 0]);
-    assert_eq!(decode_in_flight(&encode_in_flight(&[1, 2]), 3), vec![0, 0, 0]);
+    assert_eq!(decode_host_counts(&encode_host_counts(&[3, 0, 7]), 3), vec![3, 0, 7]);
+    assert_eq!(decode_host_counts(&[1, 2, 3], 3), vec![0, 0, 0]);
+    assert_eq!(decode_host_counts(&encode_host_counts(&[1, 2]), 3), vec![0, 0, 0]);
 }
 
 #[test]
@@ -260,11 +262,11 @@ fn keys_follow_addresses_when_endpoints_are_reordered_or_added() {
 #[test]
 fn down_lists_round_trip_and_refuse_odd_bytes() {
     let down = vec!["127.0.0.1:8001".to_string(), "[::1]:8002".to_string()];
-    assert_eq!(decode_down(&encode_down(1234, &down)), Some((1234, down)));
-    assert_eq!(decode_down(&encode_down(7, &[])), Some((7, vec![])));
-    assert_eq!(decode_down(b""), None);
-    assert_eq!(decode_down(b"soon\n127.0.0.1:1"), None);
-    assert_eq!(decode_down(&[0xff, b'\n']), None);
+    assert_eq!(decode_down_hosts(&encode_down_hosts(1234, &down)), Some((1234, down)));
+    assert_eq!(decode_down_hosts(&encode_down_hosts(7, &[])), Some((7, vec![])));
+    assert_eq!(decode_down_hosts(b""), None);
+    assert_eq!(decode_down_hosts(b"soon\n127.0.0.1:1"), None);
+    assert_eq!(decode_down_hosts(&[0xff, b'\n']), None);
 }
 
 #[test]
@@ -408,20 +410,20 @@ impl SharedStore for RacyStore {
 fn a_decrement_that_loses_every_race_is_owed_not_dropped() {
     let key = "llmroute.inflight.a";
     let mut store = RacyStore {
-        value: encode_in_flight(&[0, 0, 0]),
+        value: encode_host_counts(&[0, 0, 0]),
         ..RacyStore::default()
     };
     let mut ledger = Ledger::default();
     assert!(ledger.adjust(&mut store, key, 3, 1, true));
     assert!(ledger.adjust(&mut store, key, 3, 1, true));
-    assert_eq!(decode_in_flight(&store.value, 3), vec![0, 2, 0]);
+    assert_eq!(decode_host_counts(&store.value, 3), vec![0, 2, 0]);
     // Both requests end while other workers win every race, for longer than one call's tries.
     store.mismatches = CAS_ATTEMPTS * 3;
     assert!(!ledger.adjust(&mut store, key, 3, 1, false));
     assert!(!ledger.adjust(&mut store, key, 3, 1, false));
     assert_eq!(ledger.owed(key), Some(&[0, -2, 0][..]));
     assert_eq!(
-        decode_in_flight(&store.value, 3),
+        decode_host_counts(&store.value, 3),
         vec![0, 2, 0],
         "nothing was written yet"
     );
@@ -429,7 +431,7 @@ fn a_decrement_that_loses_every_race_is_owed_not_dropped() {
     // The races stop: the next tick writes the whole debt in one swap, and the host is idle again.
     assert!(ledger.settle(&mut store));
     assert!(ledger.is_settled());
-    assert_eq!(decode_in_flight(&store.value, 3), vec![0, 0, 0]);
+    assert_eq!(decode_host_counts(&store.value, 3), vec![0, 0, 0]);
     // Settling again writes nothing twice.
     let writes = store.writes;
     assert!(ledger.settle(&mut store));
@@ -440,7 +442,7 @@ fn a_decrement_that_loses_every_race_is_owed_not_dropped() {
 fn owed_updates_ride_along_with_the_next_one() {
     let key = "k";
     let mut store = RacyStore {
-        value: encode_in_flight(&[5, 5]),
+        value: encode_host_counts(&[5, 5]),
         mismatches: CAS_ATTEMPTS,
         ..RacyStore::default()
     };
@@ -448,13 +450,13 @@ fn owed_updates_ride_along_with_the_next_one() {
     assert!(!ledger.adjust(&mut store, key, 2, 0, false));
     // The next request's increment on the other host carries the owed decrement with it.
     assert!(ledger.adjust(&mut store, key, 2, 1, true));
-    assert_eq!(decode_in_flight(&store.value, 2), vec![4, 6]);
+    assert_eq!(decode_host_counts(&store.value, 2), vec![4, 6]);
     assert!(ledger.is_settled());
     // Counts saturate at zero; an index past the hosts changes nothing.
-    store.value = encode_in_flight(&[0, 0]);
+    store.value = encode_host_counts(&[0, 0]);
     assert!(ledger.adjust(&mut store, key, 2, 0, false));
     assert!(ledger.adjust(&mut store, key, 2, 7, false));
-    assert_eq!(decode_in_flight(&store.value, 2), vec![0, 0]);
+    assert_eq!(decode_host_counts(&store.value, 2), vec![0, 0]);
 }
 
 proptest! {
@@ -465,7 +467,7 @@ proptest! {
         // Every request raises then lowers its host, each update facing some run of lost races; once the races
         // stop and the tick settles, every count is back to zero.
         let key = "k";
-        let mut store = RacyStore { value: encode_in_flight(&[0, 0, 0]), ..RacyStore::default() };
+        let mut store = RacyStore { value: encode_host_counts(&[0, 0, 0]), ..RacyStore::default() };
         let mut ledger = Ledger::default();
         for &(host, races) in &ops {
             store.mismatches = races;
@@ -477,7 +479,7 @@ proptest! {
         }
         store.mismatches = 0;
         prop_assert!(ledger.settle(&mut store));
-        prop_assert_eq!(decode_in_flight(&store.value, 3), vec![0, 0, 0]);
+        prop_assert_eq!(decode_host_counts(&store.value, 3), vec![0, 0, 0]);
     }
 }
 
@@ -576,7 +578,7 @@ proptest! {
         if !t.is_empty() {
             prop_assert_eq!(KeyTable::decode(&t.encode()), t);
         }
-        prop_assert_eq!(decode_in_flight(&bytes, hosts_n).len(), hosts_n);
+        prop_assert_eq!(decode_host_counts(&bytes, hosts_n).len(), hosts_n);
     }
 
     #[test]

@@ -10,9 +10,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use llmroute_core::envoy_contract::shared;
-use llmroute_core::fleet_check::encode_slots_by_address;
+use llmroute_core::fleet_check::encode_reported_slots;
 use llmroute_core::key_placement::in_flight::SharedStore;
-use llmroute_core::key_placement::table::{encode_down, encode_in_flight};
+use llmroute_core::key_placement::table::{encode_down_hosts, encode_host_counts};
 use llmroute_core::key_placement::{views, HostView};
 use llmroute_core::status::STALE_AFTER_MS;
 use llmroute_core::Config;
@@ -91,10 +91,10 @@ fn a_fixed_backend_with_nothing_stored_is_every_endpoint_up_weight_one() {
 fn a_fresh_down_list_marks_hosts_down_and_a_stale_one_is_ignored() {
     let c = fixed("");
     let down = vec!["10.0.0.2:80".to_string()];
-    let fresh = Store::default().with(shared::down("b"), encode_down(NOW - STALE_AFTER_MS, &down));
+    let fresh = Store::default().with(shared::down("b"), encode_down_hosts(NOW - STALE_AFTER_MS, &down));
     let v = views(&c.backends[0], NOW, &fresh).unwrap();
     assert_eq!(v.iter().map(|h| h.up).collect::<Vec<_>>(), vec![true, false, true]);
-    let stale = Store::default().with(shared::down("b"), encode_down(NOW - STALE_AFTER_MS - 1, &down));
+    let stale = Store::default().with(shared::down("b"), encode_down_hosts(NOW - STALE_AFTER_MS - 1, &down));
     let v = views(&c.backends[0], NOW, &stale).unwrap();
     assert!(v.iter().all(|h| h.up));
 }
@@ -102,10 +102,10 @@ fn a_fresh_down_list_marks_hosts_down_and_a_stale_one_is_ignored() {
 #[test]
 fn in_flight_counts_are_read_by_position_and_a_ragged_list_reads_as_zeros() {
     let c = fixed("");
-    let store = Store::default().with(shared::in_flight("b"), encode_in_flight(&[4, 0, 7]));
+    let store = Store::default().with(shared::in_flight("b"), encode_host_counts(&[4, 0, 7]));
     let v = views(&c.backends[0], NOW, &store).unwrap();
     assert_eq!(v.iter().map(|h| h.in_flight).collect::<Vec<_>>(), vec![4, 0, 7]);
-    let ragged = Store::default().with(shared::in_flight("b"), encode_in_flight(&[4, 0]));
+    let ragged = Store::default().with(shared::in_flight("b"), encode_host_counts(&[4, 0]));
     let v = views(&c.backends[0], NOW, &ragged).unwrap();
     assert!(v.iter().all(|h| h.in_flight == 0));
 }
@@ -113,7 +113,7 @@ fn in_flight_counts_are_read_by_position_and_a_ragged_list_reads_as_zeros() {
 #[test]
 fn configured_slots_win_over_reported_ones_which_win_over_one() {
     let configured = fixed(r#", "slots": [2, 2, 4]"#);
-    let store = Store::default().with(shared::slots("b"), encode_in_flight(&[9, 9, 9]));
+    let store = Store::default().with(shared::slots("b"), encode_host_counts(&[9, 9, 9]));
     let v = views(&configured.backends[0], NOW, &store).unwrap();
     assert_eq!(v.iter().map(|h| h.weight).collect::<Vec<_>>(), vec![2, 2, 4]);
     assert!(
@@ -122,7 +122,7 @@ fn configured_slots_win_over_reported_ones_which_win_over_one() {
     );
 
     let reported = fixed("");
-    let store = Store::default().with(shared::slots("b"), encode_in_flight(&[3, 0, 100_000]));
+    let store = Store::default().with(shared::slots("b"), encode_host_counts(&[3, 0, 100_000]));
     let v = views(&reported.backends[0], NOW, &store).unwrap();
     assert_eq!(v.iter().map(|h| h.weight).collect::<Vec<_>>(), vec![3, 1, 256]);
 }
@@ -132,10 +132,10 @@ fn a_discovered_backend_places_on_the_fresh_polled_list_weighed_by_address() {
     let c = discovered();
     let hosts = vec!["10.1.0.1:80".to_string(), "10.1.0.2:80".to_string()];
     let store = Store::default()
-        .with(shared::hosts("b"), encode_down(NOW - 10, &hosts))
+        .with(shared::hosts("b"), encode_down_hosts(NOW - 10, &hosts))
         .with(
             shared::slots_by_address("b"),
-            encode_slots_by_address(&[("10.1.0.2:80".into(), 4)]),
+            encode_reported_slots(&[("10.1.0.2:80".into(), 4)]),
         );
     let v = views(&c.backends[0], NOW, &store).unwrap();
     assert_eq!(
@@ -145,9 +145,9 @@ fn a_discovered_backend_places_on_the_fresh_polled_list_weighed_by_address() {
     );
     // No list yet, an empty one, or a stale one: placement does not apply.
     assert_eq!(views(&c.backends[0], NOW, &Store::default()), None);
-    let empty = Store::default().with(shared::hosts("b"), encode_down(NOW, &[]));
+    let empty = Store::default().with(shared::hosts("b"), encode_down_hosts(NOW, &[]));
     assert_eq!(views(&c.backends[0], NOW, &empty), None);
-    let stale = Store::default().with(shared::hosts("b"), encode_down(NOW - STALE_AFTER_MS - 1, &hosts));
+    let stale = Store::default().with(shared::hosts("b"), encode_down_hosts(NOW - STALE_AFTER_MS - 1, &hosts));
     assert_eq!(views(&c.backends[0], NOW, &stale), None);
 }
 

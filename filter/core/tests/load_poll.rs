@@ -7,7 +7,7 @@
 mod common;
 
 use llmroute_core::config::EngineKind;
-use llmroute_core::key_placement::table::encode_down;
+use llmroute_core::key_placement::table::encode_down_hosts;
 use llmroute_core::load::orca::OrcaReport;
 use llmroute_core::load::poll::{self, HostLoad, Problem, Target};
 use llmroute_core::load::{self, EngineLoad};
@@ -69,8 +69,8 @@ fn a_discovered_backend_reads_the_fresh_polled_hosts_only() {
     assert!(poll::targets(b, now, Some((now - STALE_AFTER_MS - 1, hosts))).is_empty());
     assert!(poll::targets(b, now, None).is_empty());
     // The encoding the status poll stores reads back as the list.
-    let stored = encode_down(now, &["10.1.0.1:30000".to_string()]);
-    let list = llmroute_core::key_placement::table::decode_down(&stored);
+    let stored = encode_down_hosts(now, &["10.1.0.1:30000".to_string()]);
+    let list = llmroute_core::key_placement::table::decode_down_hosts(&stored);
     assert_eq!(poll::targets(b, now, list).len(), 1);
 }
 

@@ -6,7 +6,7 @@
 
 use llmroute_core::envoy_contract::metrics::{labelled, ENGINE_LOAD_READS, ENGINE_LOAD_STALE, ENGINE_QUEUE};
 use llmroute_core::envoy_contract::shared;
-use llmroute_core::key_placement::table::decode_in_flight;
+use llmroute_core::key_placement::table::decode_host_counts;
 use llmroute_core::load::{self, EngineLoad, METRICS_PATH};
 use llmroute_core::load_config;
 use llmroute_core::status::{shown_host, TICK_MS};
@@ -345,7 +345,7 @@ fn a_placed_request_holds_its_tokens_as_work_until_the_log_phase() {
     x.request_headers(&REQUEST_HEADERS, false);
     x.request_body(body.as_bytes(), true);
     let estimate: u32 = x.request_header("x-input-tokens").unwrap().parse().unwrap();
-    let work = || decode_in_flight(&fake.shared(&shared::work("llama-a")).unwrap().0, 2);
+    let work = || decode_host_counts(&fake.shared(&shared::work("llama-a")).unwrap().0, 2);
     let held = work();
     assert_eq!(held.iter().sum::<u32>(), estimate + 100, "{held:?}");
     x.response_headers(&[(":status", "200"), ("content-type", "application/json")], false);

@@ -3,7 +3,7 @@
 
 use llmroute_core::envoy_contract::shared;
 use llmroute_core::fleet_check::{CHECK_INTERVAL_MS, CHECK_TIMEOUT_MS, PROPS_PATH};
-use llmroute_core::key_placement::table::decode_in_flight;
+use llmroute_core::key_placement::table::decode_host_counts;
 use llmroute_core::load_config;
 use llmroute_core::status::TICK_MS;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
@@ -54,7 +54,7 @@ fn servers_that_disagree_are_a_finding_and_their_slots_are_kept() {
         .logs()
         .iter()
         .any(|(l, m)| *l == LogLevel::Warn && m.contains("fleet check")));
-    let slots = decode_in_flight(&fake.shared(&shared::slots("llama-a")).unwrap().0, 2);
+    let slots = decode_host_counts(&fake.shared(&shared::slots("llama-a")).unwrap().0, 2);
     assert_eq!(slots, vec![2, 4]);
 }
 

@@ -3,7 +3,7 @@
 
 use llmroute_core::envoy_contract::{shared, SESSION_HEADER};
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
-use llmroute_core::key_placement::table::decode_in_flight;
+use llmroute_core::key_placement::table::decode_host_counts;
 use llmroute_core::key_placement::{session_header_value, KeyTable, PlacementReason};
 use llmroute_core::{load_config, Config};
 use proxy_wasm::types::MapType;
@@ -25,7 +25,7 @@ fn setup() -> (Rc<FakeHost>, Config) {
 }
 
 fn in_flight(fake: &FakeHost) -> Vec<u32> {
-    decode_in_flight(&fake.shared(&shared::in_flight("llama-a")).unwrap().0, 2)
+    decode_host_counts(&fake.shared(&shared::in_flight("llama-a")).unwrap().0, 2)
 }
 
 fn table(fake: &FakeHost) -> KeyTable {

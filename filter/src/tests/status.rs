@@ -3,7 +3,7 @@
 //! last snapshot.
 
 use llmroute_core::envoy_contract::shared;
-use llmroute_core::key_placement::table::decode_down;
+use llmroute_core::key_placement::table::decode_down_hosts;
 use llmroute_core::status::{self, ADMIN_CLUSTER, ADMIN_PATH, POLL_INTERVAL_MS, POLL_TIMEOUT_MS, TICK_MS};
 use llmroute_core::{load_config, Config};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
@@ -54,7 +54,7 @@ fn one_root_context_polls_per_interval_and_stores_the_snapshot() {
     poller.on_response(calls[0].token, answer(&fake, "200", MIXED));
     let fleet = latest().expect("a snapshot");
     assert_eq!(fleet.backends.len(), 2);
-    let (_, down) = decode_down(&fake.shared(&shared::down("llama-a")).unwrap().0).unwrap();
+    let (_, down) = decode_down_hosts(&fake.shared(&shared::down("llama-a")).unwrap().0).unwrap();
     assert!(
         down.contains(&"127.0.0.1:21084".to_string()),
         "placement sees the down hosts: {down:?}"

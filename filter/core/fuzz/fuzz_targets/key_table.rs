@@ -21,9 +21,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(t.encode(), bytes, "a decoded table does not re-encode to its bytes");
     }
     let hosts_n = usize::from(selector % 4) + 1;
-    let in_flight = table::decode_in_flight(bytes, hosts_n);
+    let in_flight = table::decode_host_counts(bytes, hosts_n);
     assert_eq!(in_flight.len(), hosts_n);
-    let _ = table::decode_down(bytes);
+    let _ = table::decode_down_hosts(bytes);
     let hosts: Vec<HostView> = (0..hosts_n)
         .map(|i| HostView {
             address: format!("127.0.0.1:{}", 8081 + i),

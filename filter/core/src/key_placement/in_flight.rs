@@ -27,7 +27,7 @@
 //! poll corrects. Envoy's figure counts every request this Envoy has in flight to the host, whichever alias or
 //! placement sent it.
 
-use super::table::{decode_in_flight, encode_in_flight};
+use super::table::{decode_host_counts, encode_host_counts};
 
 /// Compare-and-swap tries per call before the update is left in the ledger for later.
 pub const CAS_ATTEMPTS: usize = 8;
@@ -104,12 +104,12 @@ impl Ledger {
         }
         for _ in 0..CAS_ATTEMPTS {
             let (bytes, cas) = store.get(key);
-            let mut counts = decode_in_flight(&bytes.unwrap_or_default(), hosts);
+            let mut counts = decode_host_counts(&bytes.unwrap_or_default(), hosts);
             for (c, d) in counts.iter_mut().zip(&deltas) {
                 let v = i64::from(*c).saturating_add(*d).clamp(0, i64::from(u32::MAX));
                 *c = u32::try_from(v).unwrap_or(u32::MAX);
             }
-            if store.set(key, &encode_in_flight(&counts), cas) {
+            if store.set(key, &encode_host_counts(&counts), cas) {
                 self.owed.remove(pos);
                 return true;
             }

@@ -269,9 +269,9 @@ impl KeyTable {
     }
 }
 
-/// Requests in flight per endpoint, as kept in shared data: one little-endian `u32` each. Missing or ragged
-/// bytes read as zeros, resized to `hosts`.
-pub fn decode_in_flight(bytes: &[u8], hosts: usize) -> Vec<u32> {
+/// One count per endpoint of a backend, as kept in shared data: one little-endian `u32` each (requests in
+/// flight, configured slots, work in flight in tokens). Missing or ragged bytes read as zeros, resized to `hosts`.
+pub fn decode_host_counts(bytes: &[u8], hosts: usize) -> Vec<u32> {
     let mut counts = vec![0u32; hosts];
     if hosts.checked_mul(4) == Some(bytes.len()) {
         for (c, chunk) in counts.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -281,18 +281,19 @@ pub fn decode_in_flight(bytes: &[u8], hosts: usize) -> Vec<u32> {
     counts
 }
 
-pub fn encode_in_flight(counts: &[u32]) -> Vec<u8> {
+/// Writes counts in the form [`decode_host_counts`] reads.
+pub fn encode_host_counts(counts: &[u32]) -> Vec<u8> {
     counts.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
 
 /// The hosts of one backend that Envoy would not route to, as the status poll saw them at `taken_at_ms`, in the
 /// form the poll stores for placement: the time, a newline, then the `IP:PORT`s separated by commas.
-pub fn encode_down(taken_at_ms: u64, down: &[String]) -> Vec<u8> {
+pub fn encode_down_hosts(taken_at_ms: u64, down: &[String]) -> Vec<u8> {
     format!("{taken_at_ms}\n{}", down.join(",")).into_bytes()
 }
 
-/// Reads [`encode_down`]'s bytes: `(taken_at_ms, addresses)`, or `None` when malformed.
-pub fn decode_down(bytes: &[u8]) -> Option<(u64, Vec<String>)> {
+/// Reads [`encode_down_hosts`]'s bytes: `(taken_at_ms, addresses)`, or `None` when malformed.
+pub fn decode_down_hosts(bytes: &[u8]) -> Option<(u64, Vec<String>)> {
     let text = std::str::from_utf8(bytes).ok()?;
     let (at, list) = text.split_once('\n')?;
     let down = list.split(',').filter(|a| !a.is_empty()).map(str::to_string).collect();

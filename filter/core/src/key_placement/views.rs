@@ -38,7 +38,7 @@ pub fn addresses(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Op
         }
         return Some(backend.endpoints.iter().map(|e| e.to_string()).collect());
     }
-    let (at, list) = table::decode_down(&read(store, &shared::hosts(&backend.name)))?;
+    let (at, list) = table::decode_down_hosts(&read(store, &shared::hosts(&backend.name)))?;
     let fresh = now_ms.saturating_sub(at) <= STALE_AFTER_MS;
     (fresh && !list.is_empty() && list.len() < MAX_HOSTS).then_some(list)
 }
@@ -51,14 +51,14 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
         return None;
     }
     let addresses = addresses(backend, now_ms, store)?;
-    let down = table::decode_down(&read(store, &shared::down(&backend.name)))
+    let down = table::decode_down_hosts(&read(store, &shared::down(&backend.name)))
         .filter(|(at, _)| now_ms.saturating_sub(*at) <= STALE_AFTER_MS)
         .map(|(_, down)| down);
-    let in_flight = table::decode_in_flight(&read(store, &shared::in_flight(&backend.name)), addresses.len());
+    let in_flight = table::decode_host_counts(&read(store, &shared::in_flight(&backend.name)), addresses.len());
     // Capacity: the config's `slots`, else a discovered host's Envoy weight (its registered `slots`), else what
     // each llama.cpp server reported in `/props` (by address for a discovered backend, whose list changes), else
     // all equal (see `host_weight`).
-    let by_address = |key: String| fleet_check::decode_slots_by_address(&read(store, &key));
+    let by_address = |key: String| fleet_check::decode_reported_slots(&read(store, &key));
     let (registered, reported) = match (&backend.slots, backend.discovered()) {
         (Some(_), _) => (Vec::new(), Vec::new()),
         (None, true) => (
@@ -67,7 +67,7 @@ pub fn views(backend: &Backend, now_ms: u64, store: &impl SharedStore) -> Option
         ),
         (None, false) => (
             Vec::new(),
-            table::decode_in_flight(&read(store, &shared::slots(&backend.name)), backend.endpoints.len()),
+            table::decode_host_counts(&read(store, &shared::slots(&backend.name)), backend.endpoints.len()),
         ),
     };
     // Engine load, when the backend polls it: the fresh readings' queues (a stale or missing one reads as none).
