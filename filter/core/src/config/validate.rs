@@ -26,14 +26,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             format!("unsupported schema version; this build reads version {SCHEMA_VERSION}"),
         );
     }
-    let listen = listen_addr(&mut errs, "listen", raw.listen.as_deref(), "127.0.0.1:10000");
-    let admin = listen_addr(&mut errs, "admin", raw.admin.as_deref(), "127.0.0.1:9901");
-    if let (Some(l), Some(a)) = (listen, admin) {
-        let overlap = l.ip() == a.ip() || l.ip().is_unspecified() || a.ip().is_unspecified();
-        if l.port() == a.port() && overlap {
-            errs.push("admin", a, "binds the same port as `listen`");
-        }
-    }
+    let (listen, admin) = listen_and_admin(&mut errs, &raw);
 
     let backends: Vec<Backend> = raw
         .backends
@@ -74,39 +67,11 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     errs.errors.append(&mut affinity_errs.errors);
     errs.warnings.append(&mut affinity_errs.warnings);
     placement_warnings(&mut errs, &affinity, &models, &backends);
-    let session_headers_shared = models
-        .iter()
-        .all(|m| m.affinity.session_headers == affinity.session_headers);
-    let mut session_header_names: Vec<String> = Vec::new();
-    for name in std::iter::once(&affinity)
-        .chain(models.iter().map(|m| &m.affinity))
-        .flat_map(|a| &a.session_headers)
-    {
-        if !session_header_names.contains(name) {
-            session_header_names.push(name.clone());
-        }
-    }
+    let (session_headers_shared, session_header_names) = session_header_names(&affinity, &models);
     let limits = limits(&mut errs, raw.limits.as_ref());
     let listen_tls = tls::listen_tls(raw.listen_tls.as_ref(), &mut errs);
-    let retries = resilience::retries(raw.retries.as_ref(), &mut errs);
-    if retries.per_try_timeout_ms > limits.request_timeout_ms {
-        errs.push(
-            "retries.per_try_timeout_ms",
-            retries.per_try_timeout_ms,
-            format!(
-                "must be at most limits.request_timeout_ms ({}): a try cannot outlast the whole request",
-                limits.request_timeout_ms
-            ),
-        );
-    }
-    let image_tokens = raw
-        .tokens
-        .as_ref()
-        .and_then(|t| t.image_tokens)
-        .unwrap_or(DEFAULT_IMAGE_TOKENS);
-    if image_tokens > 100_000 {
-        errs.push("tokens.image_tokens", image_tokens, "must be at most 100000");
-    }
+    let retries = retries_within(&mut errs, &raw, &limits);
+    let image_tokens = image_tokens(&mut errs, &raw);
 
     let auth = raw.auth.as_ref().map(|a| auth(&mut errs, a));
     let access_log_path = raw.access_log.as_ref().and_then(|a| a.path.clone());
@@ -149,6 +114,66 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
 }
 
+/// `listen` and `admin`, parsed, and not on the same port of an overlapping address.
+fn listen_and_admin(errs: &mut Diagnostics, raw: &RawConfig) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    let listen = listen_addr(errs, "listen", raw.listen.as_deref(), "127.0.0.1:10000");
+    let admin = listen_addr(errs, "admin", raw.admin.as_deref(), "127.0.0.1:9901");
+    if let (Some(l), Some(a)) = (listen, admin) {
+        let overlap = l.ip() == a.ip() || l.ip().is_unspecified() || a.ip().is_unspecified();
+        if l.port() == a.port() && overlap {
+            errs.push("admin", a, "binds the same port as `listen`");
+        }
+    }
+    (listen, admin)
+}
+
+/// Whether every alias reads the top-level session headers, and every session header name any of them reads, once
+/// each, in document order.
+fn session_header_names(affinity: &AffinityConfig, models: &[ModelAlias]) -> (bool, Vec<String>) {
+    let shared = models
+        .iter()
+        .all(|m| m.affinity.session_headers == affinity.session_headers);
+    let mut names: Vec<String> = Vec::new();
+    for name in std::iter::once(affinity)
+        .chain(models.iter().map(|m| &m.affinity))
+        .flat_map(|a| &a.session_headers)
+    {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    (shared, names)
+}
+
+/// `retries`, whose per-try timeout may not outlast the whole request.
+fn retries_within(errs: &mut Diagnostics, raw: &RawConfig, limits: &Limits) -> Retries {
+    let retries = resilience::retries(raw.retries.as_ref(), errs);
+    if retries.per_try_timeout_ms > limits.request_timeout_ms {
+        errs.push(
+            "retries.per_try_timeout_ms",
+            retries.per_try_timeout_ms,
+            format!(
+                "must be at most limits.request_timeout_ms ({}): a try cannot outlast the whole request",
+                limits.request_timeout_ms
+            ),
+        );
+    }
+    retries
+}
+
+/// `tokens.image_tokens`: the tokens one image counts for, at most 100000.
+fn image_tokens(errs: &mut Diagnostics, raw: &RawConfig) -> u32 {
+    let image_tokens = raw
+        .tokens
+        .as_ref()
+        .and_then(|t| t.image_tokens)
+        .unwrap_or(DEFAULT_IMAGE_TOKENS);
+    if image_tokens > 100_000 {
+        errs.push("tokens.image_tokens", image_tokens, "must be at most 100000");
+    }
+    image_tokens
+}
+
 fn listen_addr(errs: &mut Diagnostics, field: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
     let text = value.unwrap_or(default);
     parse_listen(text).map_err(|reason| errs.push(field, text, reason)).ok()
@@ -166,30 +191,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
             format!("unknown engine kind; expected one of {}", EngineKind::NAMES),
         );
     }
-    let lb_text = b.lb.as_deref().unwrap_or("chwbl");
-    let lb = LbPolicy::parse(lb_text);
-    if lb.is_none() {
-        errs.push(
-            at("lb"),
-            lb_text,
-            format!("unknown load-balancing policy; expected one of {}", LbPolicy::NAMES),
-        );
-    }
-    let balance_factor = b.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR);
-    if balance_factor < 100 {
-        errs.push(
-            at("balance_factor"),
-            balance_factor,
-            "must be >= 100 (percent of the mean load a host may take)",
-        );
-    }
-    if b.balance_factor.is_some() && lb.is_some_and(|l| l != LbPolicy::Chwbl) {
-        errs.push(
-            at("balance_factor"),
-            balance_factor,
-            format!("only applies to lb: chwbl, not {lb_text}"),
-        );
-    }
+    let (lb, balance_factor) = lb_policy(errs, i, b);
     let connect_timeout_ms = b.connect_timeout_ms.unwrap_or(2000);
     if !(1..=600_000).contains(&connect_timeout_ms) {
         errs.push(
@@ -207,32 +209,7 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
     if b.max_context == Some(0) {
         errs.push(at("max_context"), 0, "must be at least 1 token");
     }
-    let slots = b.slots.clone();
-    if let (Some(list), true) = (&slots, discovery.is_some()) {
-        errs.push(
-            at("slots"),
-            format!("{list:?}"),
-            "needs listed endpoints; a discovered backend's hosts change at run time, so weigh them by the \
-             `total_slots` llama.cpp reports, or remove `slots`",
-        );
-    } else if let Some(list) = &slots {
-        if list.len() != listed {
-            errs.push(
-                at("slots"),
-                format!("{list:?}"),
-                format!("needs one entry per endpoint ({listed} endpoints)"),
-            );
-        }
-        for (j, n) in list.iter().enumerate() {
-            if !(1..=MAX_SLOTS).contains(n) {
-                errs.push(
-                    at(&format!("slots[{j}]")),
-                    n,
-                    format!("must be between 1 and {MAX_SLOTS} (the most slots one host can weigh)"),
-                );
-            }
-        }
-    }
+    let slots = slots(errs, i, b, listed, discovery.is_some());
     let kind_or_default = kind.unwrap_or(EngineKind::OpenAi);
     let load = b.load.as_ref().map(|l| load(errs, i, kind, l));
     let mut check = resilience::Checker {
@@ -269,6 +246,68 @@ fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Option<Backend> 
         }),
         _ => None,
     }
+}
+
+/// `backends[i].lb` and `balance_factor`: a known policy, and a factor of at least 100 only where it applies.
+fn lb_policy(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> (Option<LbPolicy>, u32) {
+    let at = |f: &str| format!("backends[{i}].{f}");
+    let lb_text = b.lb.as_deref().unwrap_or("chwbl");
+    let lb = LbPolicy::parse(lb_text);
+    if lb.is_none() {
+        errs.push(
+            at("lb"),
+            lb_text,
+            format!("unknown load-balancing policy; expected one of {}", LbPolicy::NAMES),
+        );
+    }
+    let balance_factor = b.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR);
+    if balance_factor < 100 {
+        errs.push(
+            at("balance_factor"),
+            balance_factor,
+            "must be >= 100 (percent of the mean load a host may take)",
+        );
+    }
+    if b.balance_factor.is_some() && lb.is_some_and(|l| l != LbPolicy::Chwbl) {
+        errs.push(
+            at("balance_factor"),
+            balance_factor,
+            format!("only applies to lb: chwbl, not {lb_text}"),
+        );
+    }
+    (lb, balance_factor)
+}
+
+/// `backends[i].slots`: one weight per listed endpoint, each within [`MAX_SLOTS`]; refused on a discovered backend.
+fn slots(errs: &mut Diagnostics, i: usize, b: &RawBackend, listed: usize, discovered: bool) -> Option<Vec<u32>> {
+    let at = |f: &str| format!("backends[{i}].{f}");
+    let slots = b.slots.clone();
+    if let (Some(list), true) = (&slots, discovered) {
+        errs.push(
+            at("slots"),
+            format!("{list:?}"),
+            "needs listed endpoints; a discovered backend's hosts change at run time, so weigh them by the \
+             `total_slots` llama.cpp reports, or remove `slots`",
+        );
+    } else if let Some(list) = &slots {
+        if list.len() != listed {
+            errs.push(
+                at("slots"),
+                format!("{list:?}"),
+                format!("needs one entry per endpoint ({listed} endpoints)"),
+            );
+        }
+        for (j, n) in list.iter().enumerate() {
+            if !(1..=MAX_SLOTS).contains(n) {
+                errs.push(
+                    at(&format!("slots[{j}]")),
+                    n,
+                    format!("must be between 1 and {MAX_SLOTS} (the most slots one host can weigh)"),
+                );
+            }
+        }
+    }
+    slots
 }
 
 /// `backends[i].load`: the poll interval and the queue bound in range, on an engine kind that reports its load.
