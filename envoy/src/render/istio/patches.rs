@@ -51,8 +51,43 @@ pub fn envoy_filter(
         WasmSource::Remote { .. } => String::new(),
     };
     let render = RenderOptions::new(local_path);
+    let mut patches = filter_patches(cfg, plugin_config, opts, port, &render);
+    patches.extend(route_patches(cfg, plugin_config, &render));
+    patches.extend(cluster_patches(cfg, opts, backends));
+    patches.push(json!({
+        "applyTo": "LISTENER",
+        "match": match port {
+            Some(p) => json!({ "context": ctx, "listener": { "portNumber": p } }),
+            None => json!({ "context": ctx }),
+        },
+        "patch": { "operation": "MERGE", "value": {
+            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::options::BUFFER_SLACK,
+        } },
+    }));
+    let selector = match &opts.deployment {
+        Deployment::Proxy => PROXY_NAME,
+        Deployment::Gateway { selector, .. } => selector.as_str(),
+    };
+    json!({
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": metadata("llmroute", opts),
+        "spec": { "workloadSelector": { "labels": { "istio": selector } }, "configPatches": patches },
+    })
+}
+
+/// The HTTP filters, inserted before the router of the listeners llmroute serves: the wasm filter (inline, or
+/// through ECDS for a remote module) and, with `bounded_keys`, the stateful-session filter after it.
+fn filter_patches(
+    cfg: &Config,
+    plugin_config: &str,
+    opts: &IstioOptions,
+    port: Option<u16>,
+    render: &RenderOptions,
+) -> Vec<Value> {
+    let ctx = CONTEXT;
     let mut patches = Vec::new();
-    let mut filter = crate::render::filters::wasm_filter(plugin_config.to_string(), &render);
+    let mut filter = crate::render::filters::wasm_filter(plugin_config.to_string(), render);
     if let WasmSource::Remote { url, sha256 } = &opts.wasm {
         // istio-agent fetches remote modules only on ECDS: it rewrites this `remote` source to a local file before
         // Envoy sees it, for oci:// as for https://. The cluster name is required by Envoy's schema, unused here.
@@ -86,6 +121,14 @@ pub fn envoy_filter(
         // Inserted after the wasm filter, before the router: the same order as the standalone bootstrap.
         patches.push(json!({ "applyTo": "HTTP_FILTER", "match": router_match, "patch": { "operation": "INSERT_BEFORE", "value": stateful_session() } }));
     }
+    patches
+}
+
+/// The route: the cluster and hash headers merged into llmroute's route, and with failover aliases the
+/// failover route and its aggregate clusters ahead of it.
+fn route_patches(cfg: &Config, plugin_config: &str, render: &RenderOptions) -> Vec<Value> {
+    let ctx = CONTEXT;
+    let mut patches = Vec::new();
     let route_match = json!({ "context": ctx, "routeConfiguration": { "vhost": { "route": { "name": ROUTE_NAME } } } });
     if cfg.models.iter().any(has_failover) {
         let mut plain = json!({ "cluster_header": contract::CLUSTER, "timeout": duration_ms(cfg.limits.request_timeout_ms),
@@ -97,7 +140,7 @@ pub fn envoy_filter(
             r["name"] = Value::from("llmroute-failover");
             patches.push(json!({ "applyTo": "HTTP_ROUTE", "match": route_match, "patch": { "operation": "INSERT_BEFORE", "value": r } }));
         }
-        for c in failover::clusters(cfg, plugin_config, &render) {
+        for c in failover::clusters(cfg, plugin_config, render) {
             patches.push(add_cluster(c));
         }
     }
@@ -109,6 +152,14 @@ pub fn envoy_filter(
             "hash_policy": [{ "header": { "header_name": contract::AFFINITY } }],
         } } },
     }));
+    patches
+}
+
+/// The clusters llmroute adds (admin, placement store, per-pod probes) and what it merges into each backend's
+/// own cluster (hash balance factor, health check).
+fn cluster_patches(cfg: &Config, opts: &IstioOptions, backends: &[(&Backend, IstioCluster)]) -> Vec<Value> {
+    let ctx = CONTEXT;
+    let mut patches = Vec::new();
     patches.push(add_cluster(admin::cluster(std::net::SocketAddr::from((
         [127, 0, 0, 1],
         opts.admin_port,
@@ -138,26 +189,7 @@ pub fn envoy_filter(
             "patch": { "operation": "MERGE", "value": merge },
         }));
     }
-    patches.push(json!({
-        "applyTo": "LISTENER",
-        "match": match port {
-            Some(p) => json!({ "context": ctx, "listener": { "portNumber": p } }),
-            None => json!({ "context": ctx }),
-        },
-        "patch": { "operation": "MERGE", "value": {
-            "per_connection_buffer_limit_bytes": cfg.limits.max_body_bytes + crate::render::options::BUFFER_SLACK,
-        } },
-    }));
-    let selector = match &opts.deployment {
-        Deployment::Proxy => PROXY_NAME,
-        Deployment::Gateway { selector, .. } => selector.as_str(),
-    };
-    json!({
-        "apiVersion": "networking.istio.io/v1alpha3",
-        "kind": "EnvoyFilter",
-        "metadata": metadata("llmroute", opts),
-        "spec": { "workloadSelector": { "labels": { "istio": selector } }, "configPatches": patches },
-    })
+    patches
 }
 
 fn add_cluster(value: Value) -> Value {
