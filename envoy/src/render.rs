@@ -49,6 +49,10 @@ pub struct RenderOptions {
     /// Deliver the listener's wasm filter through ECDS from this watched file instead of inline (see
     /// [`ecds`]). Default none.
     pub ecds_path: Option<String>,
+    /// Render the native build instead of the wasm one: Envoy's dynamic-module filter loading
+    /// `libllmroute_native.so` from this path, with the same configuration, role names and neighbours (see
+    /// [`module_filter`]). Default none (the wasm filter).
+    pub module_path: Option<String>,
 }
 
 impl RenderOptions {
@@ -58,7 +62,14 @@ impl RenderOptions {
             runtime: "envoy.wasm.runtime.v8".into(),
             with_filter: true,
             ecds_path: None,
+            module_path: None,
         }
+    }
+
+    /// The same options rendering the native build: the dynamic module at `path` instead of the wasm filter.
+    pub fn with_module(mut self, path: impl Into<String>) -> Self {
+        self.module_path = Some(path.into());
+        self
     }
 
     /// The same options with the listener's wasm filter discovered from the watched file `path`.
@@ -206,6 +217,9 @@ pub(crate) const RELOAD_BASE_INTERVAL: &str = "0.1s";
 /// Each role runs in its own VM, named after its root id, so a trap in one role never takes the other down, and
 /// a trapped VM is reloaded ([`FAILURE_POLICY`]). Shared data is scoped by VM id; the upstream role reads none.
 pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: &RenderOptions) -> Value {
+    if let Some(path) = &opts.module_path {
+        return module_filter(name, root_id, plugin_config, path);
+    }
     json!({
         "name": name,
         "typed_config": {
@@ -226,6 +240,40 @@ pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: 
                     "runtime": opts.runtime,
                     "code": { "local": { "filename": opts.wasm_path } },
                 },
+            },
+        },
+    })
+}
+
+/// The type of the filter [`wasm_plugin`] renders for `opts`: the wasm filter, or the dynamic-module one.
+pub(crate) fn filter_type(opts: &RenderOptions) -> &'static str {
+    match opts.module_path {
+        Some(_) => MODULE_TYPE,
+        None => WASM_TYPE,
+    }
+}
+
+pub(crate) const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+pub(crate) const MODULE_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+
+/// The native build's filter: Envoy's dynamic-module HTTP filter loading the module at `path`. The role is the
+/// filter name (the module reads it as the wasm build reads its root id) and the configuration is the same JSON
+/// document. The module stays loaded for Envoy's lifetime (`do_not_close`): its process-wide state (the key
+/// table, buckets, in-flight counts) must outlive a filter configuration that is replaced.
+pub(crate) fn module_filter(name: &str, root_id: &str, plugin_config: &str, path: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": {
+            "@type": MODULE_TYPE,
+            "dynamic_module_config": {
+                "module": { "local": { "filename": path } },
+                "do_not_close": true,
+            },
+            "filter_name": root_id,
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": plugin_config,
             },
         },
     })

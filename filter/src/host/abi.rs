@@ -91,6 +91,9 @@ impl Host for Abi {
     fn get_metric(&self, id: u32) -> HostResult<u64> {
         get_metric(id)
     }
+    fn resume_request(&self) -> HostResult<()> {
+        continue_stream(0)
+    }
 }
 
 /// A host call's status other than success.

@@ -18,6 +18,7 @@ mod failure;
 mod fleet_check;
 mod global_limits;
 mod istio;
+mod native;
 mod nvcf;
 mod observability;
 mod placement;
