@@ -96,7 +96,7 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build build-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus)
+e2e: build build-trap native native-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus), and the native build's own tests; LLMROUTE_BUILD=native runs the rest on the native build too (docs/native.md)
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 coverage: ## Line coverage of filter/src by its native tests on the fake host (cargo's -C instrument-coverage, the toolchain's llvm-cov; ~2 min the first time): per-file table printed and written to bench/COVERAGE.md
