@@ -14,7 +14,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap build-phases cli envoy etcd perf bench-profile bench-glue bench-ab demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases native native-trap cli envoy etcd perf bench-profile bench-glue bench-ab demo test unit simd-check e2e lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -35,6 +35,19 @@ build-phases: toolchain ## Bench-only filter whose VM configuration switches its
 	$(CARGO) build --release --target wasm32-wasip1 -p llmroute-filter --features bench-phases --target-dir target/phases
 	install -m 0644 target/phases/wasm32-wasip1/release/llmroute_filter.wasm $(PHASES_WASM)
 	@ls -l $(PHASES_WASM)
+
+NATIVE        := target/release/libllmroute_native.so
+NATIVE_TRAP   := target/release/libllmroute_native_trap.so
+
+native: ## The native build, an Envoy dynamic module (docs/native.md): target/release/libllmroute_native.so
+	$(CARGO) build --profile native -p llmroute-native
+	install -D -m 0755 target/native/libllmroute_native.so $(NATIVE)
+	@ls -l $(NATIVE)
+
+native-trap: ## Test-only native build that panics on a request header (feature test-trap, own target dir): target/release/libllmroute_native_trap.so
+	$(CARGO) build --profile native -p llmroute-native --features test-trap --target-dir target/trap
+	install -D -m 0755 target/trap/native/libllmroute_native.so $(NATIVE_TRAP)
+	@ls -l $(NATIVE_TRAP)
 
 cli: ## Build the native CLI: target/release/llmroute
 	$(CARGO) build --release -p llmroute-envoy --bin llmroute
@@ -83,7 +96,7 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 	$(CARGO) test --workspace --exclude llmroute-harness
 	$(CARGO) test -p llmroute-harness --lib --bins
 
-e2e: build build-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus)
+e2e: build build-trap native native-trap cli envoy etcd prometheus ## Integration tests through the real .wasm in a real Envoy (etcd discovery runs the CLI and a real etcd; observability a real Prometheus), and the native build's own tests; LLMROUTE_BUILD=native runs the rest on the native build too (docs/native.md)
 	$(CARGO) test -p llmroute-harness --test envoy -- --test-threads=2
 
 coverage: ## Line coverage of filter/src by its native tests on the fake host (cargo's -C instrument-coverage, the toolchain's llvm-cov; ~2 min the first time): per-file table printed and written to bench/COVERAGE.md

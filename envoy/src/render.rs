@@ -110,8 +110,9 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &tar
 
 #[cfg(test)]
 mod tests {
-    use super::filters::wasm_plugin;
+    use super::filters::{wasm_plugin, MODULE_TYPE};
     use super::*;
+    use llmroute_core::envoy_contract as contract;
 
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    balance_factor: 175\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\n    lb: least_request\nmodels:\n  - name: m\n    routes: [{ backend: a, upstream_model: up }]\nlimits: { max_body_bytes: 2097152, request_timeout_ms: 1500 }\n";
 
@@ -164,6 +165,34 @@ mod tests {
         let cfg = llmroute_core::load_config(embedded).unwrap();
         assert_eq!(cfg.backends.len(), 2);
         assert_eq!(hcm["http_filters"][1]["name"], "envoy.filters.http.router");
+    }
+
+    #[test]
+    fn with_a_module_the_dynamic_module_filter_replaces_the_wasm_one() {
+        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let opts = RenderOptions::new("/x.wasm").with_module("/x/libllmroute_native.so");
+        let v = bootstrap(&cfg, DOC, &opts).unwrap();
+        let hcm = &v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let f = &hcm["http_filters"][0]["typed_config"];
+        assert_eq!(f["@type"], MODULE_TYPE);
+        assert_eq!(f["filter_name"], contract::ROOT_ID);
+        assert_eq!(
+            f["dynamic_module_config"]["module"]["local"]["filename"],
+            "/x/libllmroute_native.so"
+        );
+        assert_eq!(f["dynamic_module_config"]["do_not_close"], true);
+        let embedded = f["filter_config"]["value"].as_str().unwrap();
+        assert_eq!(
+            embedded,
+            config_json(DOC).unwrap(),
+            "the same document the wasm build embeds"
+        );
+        assert!(!v.to_string().contains("/x.wasm"), "no wasm filter is left");
+        // The upstream role is the filter name, as the wasm build's root id.
+        let up = wasm_plugin("llmroute-upstream", contract::UPSTREAM_ROOT_ID, "{}", &opts);
+        assert_eq!(up["typed_config"]["filter_name"], contract::UPSTREAM_ROOT_ID);
+        let discovered = ecds::discovered_filter("/p", &opts);
+        assert_eq!(discovered["config_discovery"]["type_urls"][0], MODULE_TYPE);
     }
 
     #[test]

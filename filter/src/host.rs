@@ -21,6 +21,8 @@
 //!
 //! Logging goes through [`Logger`], which drops a message the host refuses instead of unwrapping.
 
+// The native build (feature `native`) reaches Envoy through the host it installs, not through these imports.
+#[cfg_attr(feature = "native", allow(dead_code))]
 mod abi;
 #[cfg(test)]
 pub mod fake;
@@ -67,10 +69,111 @@ pub trait Host {
     /// Makes the calls that follow act on the request context `context_id` (the root context resumes or answers a
     /// request it holds no callback of: see `fair_queue`).
     fn set_effective_context(&self, context_id: u32) -> HostResult<()>;
+    /// Resumes the request the filter paused (after an HTTP callout answered).
+    fn resume_request(&self) -> HostResult<()>;
+}
+
+/// The host every wrapper below calls in the native build (feature `native`): the one the native crate
+/// installed with [`install`] when Envoy loaded it, else [`Unavailable`].
+#[cfg(all(not(test), feature = "native"))]
+#[inline(always)]
+fn host() -> &'static dyn Host {
+    match NATIVE.get() {
+        Some(h) => *h,
+        None => &Unavailable,
+    }
+}
+
+#[cfg(feature = "native")]
+static NATIVE: std::sync::OnceLock<&'static (dyn Host + Sync)> = std::sync::OnceLock::new();
+
+/// Native build: makes `host` the host of every wrapper in this module, once per process. False when one was
+/// already installed.
+#[cfg(feature = "native")]
+pub fn install(host: &'static (dyn Host + Sync)) -> bool {
+    NATIVE.set(host).is_ok()
+}
+
+/// The native build's host before one is installed: every call fails with `InternalFailure`.
+#[cfg(all(not(test), feature = "native"))]
+pub struct Unavailable;
+
+#[cfg(all(not(test), feature = "native"))]
+impl Unavailable {
+    fn fail<T>(call: &'static str) -> HostResult<T> {
+        Err(HostError {
+            call,
+            status: HostStatus::InternalFailure,
+        })
+    }
+}
+
+#[cfg(all(not(test), feature = "native"))]
+impl Host for Unavailable {
+    fn log(&self, _: LogLevel, _: &str) -> HostResult<()> {
+        Self::fail("log")
+    }
+    fn now_nanos(&self) -> HostResult<u64> {
+        Self::fail("now")
+    }
+    fn set_tick_period_ms(&self, _: u32) -> HostResult<()> {
+        Self::fail("set_tick_period")
+    }
+    fn get_buffer(&self, _: BufferType, _: usize, _: usize) -> HostResult<Option<Vec<u8>>> {
+        Self::fail("get_buffer")
+    }
+    fn set_buffer(&self, _: BufferType, _: usize, _: usize, _: &[u8]) -> HostResult<()> {
+        Self::fail("set_buffer")
+    }
+    fn get_map(&self, _: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
+        Self::fail("get_map")
+    }
+    fn get_map_value(&self, _: MapType, _: &str) -> HostResult<Option<Vec<u8>>> {
+        Self::fail("get_map_value")
+    }
+    fn set_map_value(&self, _: MapType, _: &str, _: Option<&str>) -> HostResult<()> {
+        Self::fail("set_map_value")
+    }
+    fn get_property(&self, _: &[&str]) -> HostResult<Option<Vec<u8>>> {
+        Self::fail("get_property")
+    }
+    fn set_property(&self, _: &[&str], _: &[u8]) -> HostResult<()> {
+        Self::fail("set_property")
+    }
+    fn get_shared_data(&self, _: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+        Self::fail("get_shared_data")
+    }
+    fn set_shared_data(&self, _: &str, _: &[u8], _: Option<u32>) -> HostResult<()> {
+        Self::fail("set_shared_data")
+    }
+    fn send_local_response(&self, _: u32, _: &[(&str, &str)], _: &[u8]) -> HostResult<()> {
+        Self::fail("send_local_response")
+    }
+    fn http_call(&self, _: &str, _: &[(&str, &str)], _: Option<&[u8]>, _: Duration) -> HostResult<u32> {
+        Self::fail("http_call")
+    }
+    fn define_metric(&self, _: MetricType, _: &str) -> HostResult<u32> {
+        Self::fail("define_metric")
+    }
+    fn increment_metric(&self, _: u32, _: i64) -> HostResult<()> {
+        Self::fail("increment_metric")
+    }
+    fn record_metric(&self, _: u32, _: u64) -> HostResult<()> {
+        Self::fail("record_metric")
+    }
+    fn get_metric(&self, _: u32) -> HostResult<u64> {
+        Self::fail("get_metric")
+    }
+    fn resume_request(&self) -> HostResult<()> {
+        Self::fail("resume_request")
+    }
+    fn set_effective_context(&self, _: u32) -> HostResult<()> {
+        Self::fail("set_effective_context")
+    }
 }
 
 /// The host every wrapper below calls: Envoy, through the ABI.
-#[cfg(not(test))]
+#[cfg(all(not(test), not(feature = "native")))]
 #[inline(always)]
 fn host() -> abi::Abi {
     abi::Abi
@@ -340,7 +443,7 @@ pub fn set_effective_context(context_id: u32) -> bool {
 
 /// Resumes the request the filter paused (after an HTTP callout answered).
 pub fn resume_request() {
-    logged(abi::continue_stream(0), "resuming the request");
+    logged(host().resume_request(), "resuming the request");
 }
 
 /// The `:status` of the answer being delivered to `on_http_call_response`, if there is one.

@@ -29,6 +29,14 @@ mod upstream;
 #[cfg(test)]
 mod tests;
 
+// The native build (feature `native`, the `native/` crate) drives the same contexts through Envoy's
+// dynamic-module ABI: it installs its host and creates a `Root` per worker itself.
+#[cfg(feature = "native")]
+pub use host::{init_logging, install, Host, HostError, HostResult, HostStatus};
+#[cfg(feature = "native")]
+pub use root::Root;
+
+#[cfg(not(feature = "native"))]
 proxy_wasm::main! {{
     host::init_logging(log::LevelFilter::Info);
     proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));

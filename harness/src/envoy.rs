@@ -41,6 +41,24 @@ pub fn trap_wasm_module() -> PathBuf {
     repo_root().join("target/wasm32-wasip1/release/llmroute_filter_trap.wasm")
 }
 
+/// The build the suite runs: `$LLMROUTE_BUILD` is `wasm` (default) or `native` (the dynamic module,
+/// `make native`). With `native`, every test that does not name its own module loads [`native_module`].
+pub fn native_build() -> bool {
+    std::env::var("LLMROUTE_BUILD").is_ok_and(|b| b == "native")
+}
+
+/// The native build: `$LLMROUTE_NATIVE`, else `make native`'s output.
+pub fn native_module() -> PathBuf {
+    std::env::var_os("LLMROUTE_NATIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/release/libllmroute_native.so"))
+}
+
+/// The test-only native build that panics on a request header (`make native-trap`, feature `test-trap`).
+pub fn trap_native_module() -> PathBuf {
+    repo_root().join("target/release/libllmroute_native_trap.so")
+}
+
 /// The bench-only module whose later phases a VM configuration switches off (`make build-phases`, feature
 /// `bench-phases`).
 pub fn phases_wasm_module() -> PathBuf {
@@ -85,6 +103,9 @@ pub struct EnvoyOptions {
     pub env: Vec<(String, String)>,
     /// The filter module to load instead of [`wasm_module`] (the trap tests use [`trap_wasm_module`]).
     pub wasm: Option<PathBuf>,
+    /// The native build to load instead of any wasm module (see [`native_module`]). Default none, or
+    /// [`native_module`] when [`native_build`] and `wasm` is none.
+    pub module: Option<PathBuf>,
     /// The wasm VM's configuration (`vm_config.configuration`), which only a bench build reads: the last phase
     /// of [`phases_wasm_module`] to run. Default none.
     pub vm_configuration: Option<String>,
@@ -103,6 +124,7 @@ impl Default for EnvoyOptions {
             cpu_list: None,
             env: Vec::new(),
             wasm: None,
+            module: None,
             vm_configuration: None,
             static_route: false,
         }
@@ -146,14 +168,21 @@ impl Envoy {
     async fn start_once(doc: &Value, opts: &EnvoyOptions) -> Result<Envoy, StartError> {
         let text = doc.to_string();
         let cfg = llmroute_core::load_config(&text).map_err(|e| StartError::Failed(format!("invalid config:\n{e}")))?;
+        let module = match (&opts.module, &opts.wasm) {
+            (Some(m), _) => Some(m.clone()),
+            (None, None) if native_build() => Some(native_module()),
+            _ => None,
+        };
         let wasm = opts.wasm.clone().unwrap_or_else(wasm_module);
-        if !wasm.exists() {
-            return Err(StartError::Failed(format!(
-                "{} is missing: run `make build` (and `make build-trap` for the trap tests)",
-                wasm.display()
-            )));
+        let (file, make) = match &module {
+            Some(m) => (m, "`make native` (and `make native-trap` for the panic test)"),
+            None => (&wasm, "`make build` (and `make build-trap` for the trap tests)"),
+        };
+        if !file.exists() {
+            return Err(StartError::Failed(format!("{} is missing: run {make}", file.display())));
         }
         let mut render = RenderOptions::new(wasm.display().to_string());
+        render.module_path = module.map(|m| m.display().to_string());
         render.with_filter = opts.with_filter;
         let yaml = if opts.vm_configuration.is_some() || opts.static_route {
             let mut v = bootstrap(&cfg, &text, &render).map_err(StartError::Failed)?;

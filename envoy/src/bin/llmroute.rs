@@ -42,6 +42,10 @@ enum Command {
         /// Required, except with --target istio and --wasm-url.
         #[arg(long, value_parser = absolute_wasm_path)]
         wasm: Option<String>,
+        /// Render the native build instead: Envoy's dynamic-module filter loading libllmroute_native.so from this
+        /// absolute path (`make native`), in place of --wasm. With --target envoy, filter or ecds.
+        #[arg(long, value_parser = absolute_wasm_path, conflicts_with = "wasm")]
+        module: Option<String>,
         /// What to write.
         #[arg(long, value_enum, default_value_t = Target::Envoy)]
         target: Target,
@@ -277,6 +281,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Render {
             config,
             wasm,
+            module,
             target,
             ecds_path,
             paste_into,
@@ -288,15 +293,19 @@ fn run(command: Command) -> Result<(), String> {
             if paste_into.is_some() && target != Target::Filter {
                 return Err("--paste-into goes with --target filter".into());
             }
-            let wasm = match (target, wasm) {
-                (Target::Istio, wasm) => return render_istio(&config, env, wasm, *istio, output),
-                (_, Some(wasm)) => wasm,
-                (_, None) => {
+            let wasm = match (target, wasm, &module) {
+                (Target::Istio, _, Some(_)) => {
+                    return Err("--module goes with --target envoy, filter or ecds; Istio loads the wasm build".into())
+                }
+                (Target::Istio, wasm, None) => return render_istio(&config, env, wasm, *istio, output),
+                (_, Some(wasm), _) => wasm,
+                (_, None, Some(_)) => String::new(),
+                (_, None, None) => {
                     use clap::CommandFactory;
                     Cli::command()
                         .error(
                             clap::error::ErrorKind::MissingRequiredArgument,
-                            "--wasm PATH is required",
+                            "--wasm PATH (or --module PATH) is required",
                         )
                         .exit()
                 }
@@ -304,6 +313,7 @@ fn run(command: Command) -> Result<(), String> {
             let (cfg, text) = load(&config, env)?;
             let mut opts = RenderOptions::new(wasm);
             opts.ecds_path = ecds_path;
+            opts.module_path = module;
             let yaml = match target {
                 Target::Envoy => bootstrap_yaml(&cfg, &text, &opts)?,
                 Target::Filter => {

@@ -18,15 +18,17 @@ use llmroute_core::config::Config;
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
-use super::filters::wasm_filter;
+use super::filters::{filter_type, wasm_filter};
 use super::json::config_json;
 use super::options::RenderOptions;
 
-const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+#[cfg(test)]
+use super::filters::WASM_TYPE;
 const TYPED_EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
-/// The listener's filter entry: the config comes from the discovery file at `path`.
-pub fn discovered_filter(path: &str) -> Value {
+/// The listener's filter entry: the config comes from the discovery file at `path`, a wasm filter or (with
+/// [`RenderOptions::module_path`]) a dynamic-module one.
+pub fn discovered_filter(path: &str, opts: &RenderOptions) -> Value {
     json!({
         "name": contract::ROOT_ID,
         "config_discovery": {
@@ -34,7 +36,7 @@ pub fn discovered_filter(path: &str) -> Value {
                 "path_config_source": { "path": path },
                 "resource_api_version": "V3",
             },
-            "type_urls": [WASM_TYPE],
+            "type_urls": [filter_type(opts)],
         },
     })
 }
@@ -105,7 +107,10 @@ mod tests {
         let inline = wasm_filter(config_json(DOC).unwrap(), &opts);
         let r = &v["resources"][0];
         assert_eq!(r["@type"], TYPED_EXTENSION_CONFIG);
-        assert_eq!(r["name"], discovered_filter("/p")["name"]);
+        assert_eq!(
+            r["name"],
+            discovered_filter("/p", &RenderOptions::new("/x.wasm"))["name"]
+        );
         assert_eq!(r["typed_config"], inline["typed_config"]);
         assert_eq!(r["typed_config"]["@type"], WASM_TYPE);
         let embedded = r["typed_config"]["config"]["configuration"]["value"].as_str().unwrap();
@@ -139,7 +144,7 @@ mod tests {
 
     #[test]
     fn the_listener_entry_watches_the_path() {
-        let f = discovered_filter("/etc/llmroute/ecds.yaml");
+        let f = discovered_filter("/etc/llmroute/ecds.yaml", &RenderOptions::new("/x.wasm"));
         let src = &f["config_discovery"]["config_source"];
         assert_eq!(src["path_config_source"]["path"], "/etc/llmroute/ecds.yaml");
         assert_eq!(f["config_discovery"]["type_urls"][0], WASM_TYPE);

@@ -43,10 +43,13 @@ pub(crate) const RELOAD_BASE_INTERVAL: &str = "0.1s";
 /// Each role runs in its own VM, named after its root id, so a trap in one role never takes the other down, and
 /// a trapped VM is reloaded ([`FAILURE_POLICY`]). Shared data is scoped by VM id; the upstream role reads none.
 pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: &RenderOptions) -> Value {
+    if let Some(path) = &opts.module_path {
+        return module_filter(name, root_id, plugin_config, path);
+    }
     json!({
         "name": name,
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "@type": WASM_TYPE,
             "config": {
                 "name": name,
                 "root_id": root_id,
@@ -63,6 +66,40 @@ pub(crate) fn wasm_plugin(name: &str, root_id: &str, plugin_config: &str, opts: 
                     "runtime": opts.runtime,
                     "code": { "local": { "filename": opts.wasm_path } },
                 },
+            },
+        },
+    })
+}
+
+/// The type of the filter [`wasm_plugin`] renders for `opts`: the wasm filter, or the dynamic-module one.
+pub(crate) fn filter_type(opts: &RenderOptions) -> &'static str {
+    match opts.module_path {
+        Some(_) => MODULE_TYPE,
+        None => WASM_TYPE,
+    }
+}
+
+pub(crate) const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+pub(crate) const MODULE_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+
+/// The native build's filter: Envoy's dynamic-module HTTP filter loading the module at `path`. The role is the
+/// filter name (the module reads it as the wasm build reads its root id) and the configuration is the same JSON
+/// document. The module stays loaded for Envoy's lifetime (`do_not_close`): its process-wide state (the key
+/// table, buckets, in-flight counts) must outlive a filter configuration that is replaced.
+pub(crate) fn module_filter(name: &str, root_id: &str, plugin_config: &str, path: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": {
+            "@type": MODULE_TYPE,
+            "dynamic_module_config": {
+                "module": { "local": { "filename": path } },
+                "do_not_close": true,
+            },
+            "filter_name": root_id,
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": plugin_config,
             },
         },
     })

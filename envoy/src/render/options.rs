@@ -18,6 +18,10 @@ pub struct RenderOptions {
     /// Deliver the listener's wasm filter through ECDS from this watched file instead of inline (see
     /// [`ecds`]). Default none.
     pub ecds_path: Option<String>,
+    /// Render the native build instead of the wasm one: Envoy's dynamic-module filter loading
+    /// `libllmroute_native.so` from this path, with the same configuration, role names and neighbours (see
+    /// `filters::module_filter`). Default none (the wasm filter).
+    pub module_path: Option<String>,
 }
 
 impl RenderOptions {
@@ -27,7 +31,14 @@ impl RenderOptions {
             runtime: "envoy.wasm.runtime.v8".into(),
             with_filter: true,
             ecds_path: None,
+            module_path: None,
         }
+    }
+
+    /// The same options rendering the native build: the dynamic module at `path` instead of the wasm filter.
+    pub fn with_module(mut self, path: impl Into<String>) -> Self {
+        self.module_path = Some(path.into());
+        self
     }
 
     /// The same options with the listener's wasm filter discovered from the watched file `path`.

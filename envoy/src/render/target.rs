@@ -92,7 +92,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     }
     if opts.with_filter {
         http_filters.push(match &opts.ecds_path {
-            Some(path) => ecds::discovered_filter(path),
+            Some(path) => ecds::discovered_filter(path, opts),
             None => super::filters::wasm_filter(plugin_config, opts),
         });
         if let Some(g) = &cfg.global_limits {

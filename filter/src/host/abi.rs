@@ -94,6 +94,10 @@ impl Host for Abi {
     fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
         set_effective_context(context_id)
     }
+
+    fn resume_request(&self) -> HostResult<()> {
+        continue_stream(0)
+    }
 }
 
 /// A host call's status other than success.

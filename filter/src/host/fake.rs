@@ -489,9 +489,15 @@ impl Host for FakeHost {
         self.state().effective = Some(context_id);
         Ok(())
     }
+
+    /// Recorded, never counted or failed (as the import below).
+    fn resume_request(&self) -> HostResult<()> {
+        self.state().resumes += 1;
+        Ok(())
+    }
 }
 
-/// `host::resume_request` calls the ABI directly (the SDK has no fallible wrapper for it), so the fake answers the
+/// `Abi::resume_request` calls the ABI directly (the SDK has no fallible wrapper for it), so the fake answers the
 /// import itself: recorded on the installed fake, never counted or failed; `InternalFailure` (10) without one.
 #[no_mangle]
 extern "C" fn proxy_continue_stream(_stream_type: u32) -> u32 {

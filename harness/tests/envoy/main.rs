@@ -20,6 +20,7 @@ mod fleet_check;
 mod global_limits;
 mod istio;
 mod load;
+mod native;
 mod nvcf;
 mod observability;
 mod placement;
