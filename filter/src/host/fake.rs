@@ -490,9 +490,12 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    /// Recorded, never counted or failed (as the import below).
+    /// Recorded with the context made effective, never counted or failed (as the import below).
     fn resume_request(&self) -> HostResult<()> {
-        self.state().resumes += 1;
+        let mut s = self.state();
+        s.resumes += 1;
+        let effective = s.effective;
+        s.resumed.push(effective);
         Ok(())
     }
 }
