@@ -44,6 +44,18 @@ pub struct Root {
     load: LoadPoller,
 }
 
+#[cfg(feature = "native")]
+impl Root {
+    /// A worker's own share of the tick, where another root context runs the periodic jobs (the native build: the
+    /// main thread's root polls; each worker settles its key-table updates and releases its fair-queue waiters).
+    pub fn on_worker_tick(&mut self) {
+        crate::key_placement::settle();
+        if let (Some(cfg), false) = (&self.config, self.upstream) {
+            crate::fair_queue::tick(cfg, &self.metrics);
+        }
+    }
+}
+
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         self.poller.on_response(token_id, body_size);

@@ -121,6 +121,9 @@ impl ModuleHeader {
 pub type FilterEnvoyPtr = *mut c_void;
 pub type FilterConfigEnvoyPtr = *mut c_void;
 pub type FilterConfigModulePtr = *const c_void;
+/// A scheduler Envoy made for a filter configuration (events run on the main thread) or for a stream (events run
+/// on the stream's worker). Committing an event is safe from any thread.
+pub type SchedulerPtr = *mut c_void;
 
 // envoy_dynamic_module_type_http_header_type
 pub const HEADER_REQUEST: u32 = 0;
@@ -242,5 +245,27 @@ extern "C" {
         timeout_milliseconds: u64,
     ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+
+    // A filter configuration's own callout, made and answered on the main thread
+    // (`envoy_dynamic_module_on_http_filter_config_http_callout_done`).
+    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: FilterConfigEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *const ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> u32;
+
+    // Schedulers: an event committed runs `envoy_dynamic_module_on_http_filter_config_scheduled` on the main
+    // thread, or `envoy_dynamic_module_on_http_filter_scheduled` on the stream's worker (never after the stream
+    // is gone).
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: FilterConfigEnvoyPtr) -> SchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: SchedulerPtr);
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: FilterEnvoyPtr) -> SchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
     pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
 }

@@ -1,49 +1,47 @@
-//! The event hooks Envoy calls (`envoy_dynamic_module_on_*`), each a thin shim onto the filter's own contexts.
+//! The event hooks Envoy calls for a stream (`envoy_dynamic_module_on_http_filter_*`), each a thin shim onto the
+//! filter's own contexts.
 //!
 //! The glue in `filter/src` is written against proxy-wasm's `RootContext` and `HttpContext` traits; those are
 //! plain Rust traits, so this module drives the very same `Root` and `Http` values the wasm build runs, through
 //! the same methods, with the host swapped (`host.rs`). Nothing of the filter's logic is copied here.
 //!
-//! - One filter configuration (`config_new`, main thread) is validated once; Envoy refuses it when it is bad.
 //! - Each worker thread builds its own `Root` for a configuration the first time a stream needs it, like the
-//!   per-worker VM of the wasm build: the glue's `Rc` values never cross threads.
+//!   per-worker VM of the wasm build: the glue's `Rc` values never cross threads. The configuration's own hooks,
+//!   and the main thread's root, are in `config.rs`.
 //! - Each stream is a `Stream`: the glue's `HttpContext` plus what the host needs to know between hooks
-//!   (whether this filter is buffering each body).
+//!   (whether this filter is buffering each body), registered by context id for other hooks (`streams.rs`).
 //!
 //! Panic safety: every hook runs the glue inside `catch_unwind` (the native profile unwinds). A panic fails that
 //! stream closed, with a JSON 503 in its API's envelope, and the stream's context is dropped; Envoy carries on.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use llmroute_core::{headers, Envelope};
 use proxy_wasm::traits::{HttpContext, RootContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, BufferType};
 
-use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterConfigModulePtr, FilterEnvoyPtr};
-use crate::host::{self, CalloutAnswer, Current};
-
-/// One filter configuration: the filter name (`plugin_root_id`) and the plugin configuration bytes.
-pub struct FilterConfig {
-    pub id: u64,
-    pub name: String,
-    pub config: Vec<u8>,
-}
-
-static NEXT_CONFIG: AtomicU64 = AtomicU64::new(1);
+use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterConfigModulePtr, FilterEnvoyPtr};
+use crate::config::{self, FilterConfig};
+use crate::host::{self, Current};
+use crate::streams::{self, Deferred};
 
 thread_local! {
-    /// This worker's root context per configuration (`None` when it refused the configuration).
-    static ROOTS: RefCell<HashMap<u64, Option<Box<llmroute_filter::Root>>>> = RefCell::new(HashMap::new());
     static NEXT_CONTEXT: Cell<u32> = const { Cell::new(1) };
+    /// When this worker last ran its share of the tick from a new stream (ms).
+    static LAST_TICK: Cell<u64> = const { Cell::new(0) };
 }
+
+/// How often, at most, a new stream runs its worker's share of the tick (the key table's settling), so that a
+/// worker with traffic but no waiting stream settles too.
+const TRAFFIC_TICK_MS: u64 = 1000;
 
 /// One stream.
 struct Stream {
     config: *const FilterConfig,
+    /// This worker's id for the stream's context (`set_effective_context`, `streams`).
+    context: u32,
     /// `None` after a panic: the stream already failed, later hooks let it be.
     ctx: Option<Box<dyn HttpContext>>,
     buffering_request: bool,
@@ -57,107 +55,39 @@ impl Stream {
         Current {
             filter,
             config: self.config,
+            context: self.context,
+            hook_context: self.context,
             buffering_request: self.buffering_request,
             buffering_response: self.buffering_response,
             ..Current::NONE
         }
     }
-}
 
-/// Logs through Envoy (the filter's logger may not be installed yet).
-fn log_error(message: &str) {
-    // SAFETY: the buffer describes `message`, alive for the call.
-    unsafe { abi::envoy_dynamic_module_callback_log(4, abi::ModuleBuffer::of(message.as_bytes())) };
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
-    let ok = catch_unwind(|| {
-        llmroute_filter::install(&host::HOST);
-        llmroute_filter::init_logging(log::LevelFilter::Info);
-        // After init_logging's hook: a panic is caught, so it costs one request, not a VM.
-        std::panic::set_hook(Box::new(|info| {
-            log::error!("llmroute: panic, the request fails closed with a 503: {info}");
-        }));
-    });
-    match ok {
-        Ok(()) => abi::ABI_VERSION.as_ptr(),
-        Err(_) => std::ptr::null(),
+    fn fairness(&self) -> bool {
+        // SAFETY: Envoy keeps the configuration alive while any of its streams lives.
+        unsafe { self.config.as_ref() }.is_some_and(|c| c.fairness)
     }
 }
 
-/// Reads an Envoy buffer as owned bytes.
-fn owned(b: EnvoyBuffer) -> Vec<u8> {
-    // SAFETY: Envoy's buffer, alive for the hook.
-    unsafe { b.bytes() }.map(<[u8]>::to_vec).unwrap_or_default()
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy: FilterConfigEnvoyPtr,
-    name: EnvoyBuffer,
-    config: EnvoyBuffer,
-) -> FilterConfigModulePtr {
-    let made = catch_unwind(|| {
-        let cfg = FilterConfig {
-            id: NEXT_CONFIG.fetch_add(1, Ordering::Relaxed),
-            name: String::from_utf8_lossy(&owned(name)).into_owned(),
-            config: owned(config),
-        };
-        let Ok(text) = std::str::from_utf8(&cfg.config) else {
-            log_error("llmroute: the filter_config is not UTF-8");
-            return std::ptr::null();
-        };
-        if let Err(errs) = llmroute_core::load_config(text) {
-            for e in &errs.0 {
-                log_error(&format!("llmroute config: {e}"));
-            }
-            return std::ptr::null();
-        }
-        Box::into_raw(Box::new(cfg)).cast_const().cast::<c_void>()
-    });
-    made.unwrap_or(std::ptr::null())
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: FilterConfigModulePtr) {
-    if config.is_null() {
-        return;
-    }
-    // SAFETY: made by `Box::into_raw` in `config_new`, destroyed once by Envoy.
-    let cfg = unsafe { Box::from_raw(config.cast::<FilterConfig>().cast_mut()) };
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(cfg)));
-}
-
-/// This worker's root context for `cfg`, made and configured on first use.
-fn with_root<T>(cfg: &FilterConfig, f: impl FnOnce(Option<&llmroute_filter::Root>) -> T) -> T {
-    ROOTS.with(|roots| {
-        let mut roots = roots.borrow_mut();
-        let root = roots.entry(cfg.id).or_insert_with(|| {
-            let current = Current {
-                config: cfg,
-                ..Current::NONE
-            };
-            host::with_current(current, || {
-                let mut root = Box::<llmroute_filter::Root>::default();
-                (root.on_vm_start(0) && root.on_configure(cfg.config.len())).then_some(root)
-            })
-        });
-        f(root.as_deref())
-    })
+/// Which part of the stream a hook serves: a body hook reads the chunk just received.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Other,
+    RequestBody,
+    ResponseBody,
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: FilterConfigModulePtr,
-    _filter: FilterEnvoyPtr,
+    filter: FilterEnvoyPtr,
 ) -> *const c_void {
     // SAFETY: made by `config_new`; Envoy keeps it alive while any of its streams lives.
     let Some(cfg) = (unsafe { config.cast::<FilterConfig>().as_ref() }) else {
         return std::ptr::null();
     };
     let made = catch_unwind(AssertUnwindSafe(|| {
-        let context_id = NEXT_CONTEXT.with(|n| {
+        let context = NEXT_CONTEXT.with(|n| {
             let id = n.get();
             n.set(id.wrapping_add(1).max(1));
             id
@@ -166,11 +96,21 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
             config: cfg,
             ..Current::NONE
         };
-        let ctx = with_root(cfg, |root| {
-            host::with_current(current, || root.and_then(|r| r.create_http_context(context_id)))
+        let now = host::now_ms();
+        let tick = LAST_TICK.with(|t| now.saturating_sub(t.get()) >= TRAFFIC_TICK_MS && (t.replace(now), true).1);
+        let ctx = config::with_root(cfg, false, |root| {
+            host::with_current(current, || {
+                let root = root?;
+                if tick {
+                    root.on_worker_tick();
+                }
+                root.create_http_context(context)
+            })
         });
+        streams::register(context, filter, cfg);
         Stream {
             config: cfg,
+            context,
             ctx,
             buffering_request: false,
             buffering_response: false,
@@ -209,6 +149,34 @@ fn run<T>(
             None
         }
     }
+}
+
+/// One hook of the stream behind `module`: runs `f` (given the body size, in a body hook) on its context, then
+/// `answer` with the outcome (`None` when the stream failed). `missing` when Envoy names no stream.
+fn hook(
+    filter: FilterEnvoyPtr,
+    module: *const c_void,
+    part: Part,
+    missing: u32,
+    f: impl FnOnce(&mut dyn HttpContext, usize) -> Action,
+    answer: impl FnOnce(&mut Stream, Option<Action>) -> u32,
+) -> u32 {
+    // SAFETY: Envoy's stream, see `stream_of`.
+    let Some(stream) = (unsafe { stream_of(module) }) else {
+        return missing;
+    };
+    let current = Current {
+        in_request_body: part == Part::RequestBody,
+        in_response_body: part == Part::ResponseBody,
+        ..stream.current(filter)
+    };
+    let size = match part {
+        Part::Other => 0,
+        Part::RequestBody => host::with_current(current, || body_size(BufferType::HttpRequestBody)),
+        Part::ResponseBody => host::with_current(current, || body_size(BufferType::HttpResponseBody)),
+    };
+    let out = run(filter, stream, current, |c| f(c, size));
+    answer(stream, out)
 }
 
 /// After a panic: drops the stream's context (inside its own guard) and answers 503 in the API's envelope.
@@ -255,6 +223,24 @@ fn envelope_of(filter: FilterEnvoyPtr) -> Envelope {
     }
 }
 
+/// The size of the body the glue would read now (see `host::get_buffer`).
+fn body_size(buffer: BufferType) -> usize {
+    use llmroute_filter::Host;
+    host::HOST
+        .get_buffer(buffer, 0, usize::MAX)
+        .ok()
+        .flatten()
+        .map_or(0, |b| b.len())
+}
+
+/// A request that pauses once it is whole waits (in the fair queue, or for a callout): with `fairness`, its
+/// worker ticks while it does.
+fn waits(stream: &Stream, action: Option<Action>, end_of_stream: bool) {
+    if end_of_stream && action == Some(Action::Pause) && stream.fairness() {
+        streams::want_ticks(stream.context);
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     filter: FilterEnvoyPtr,
@@ -262,20 +248,22 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     end_of_stream: bool,
 ) -> u32 {
     // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::HEADERS_CONTINUE;
-    };
-    if stream.ctx.is_none() {
-        // The worker refused the configuration (logged when it did): fail closed, as the wasm build's Http does.
-        fail_closed(filter, stream);
-        return abi::HEADERS_STOP_ITERATION;
+    if let Some(stream) = unsafe { stream_of(module) } {
+        if stream.ctx.is_none() {
+            // The worker refused the configuration (logged when it did): fail closed, as the wasm build's Http does.
+            fail_closed(filter, stream);
+            return abi::HEADERS_STOP_ITERATION;
+        }
+        stream.envelope = catch_unwind(|| envelope_of(filter)).unwrap_or(Envelope::OpenAi);
     }
-    stream.envelope = catch_unwind(|| envelope_of(filter)).unwrap_or(Envelope::OpenAi);
-    let current = stream.current(filter);
-    match run(filter, stream, current, |c| c.on_http_request_headers(0, end_of_stream)) {
-        Some(Action::Continue) => abi::HEADERS_CONTINUE,
-        Some(_) | None => abi::HEADERS_STOP_ITERATION,
-    }
+    let f = |c: &mut dyn HttpContext, _| c.on_http_request_headers(0, end_of_stream);
+    hook(filter, module, Part::Other, abi::HEADERS_CONTINUE, f, |stream, out| {
+        waits(stream, out, end_of_stream);
+        match out {
+            Some(Action::Continue) => abi::HEADERS_CONTINUE,
+            Some(_) | None => abi::HEADERS_STOP_ITERATION,
+        }
+    })
 }
 
 #[no_mangle]
@@ -284,42 +272,17 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::BODY_CONTINUE;
-    };
-    let current = Current {
-        in_request_body: true,
-        ..stream.current(filter)
-    };
-    let size = host::with_current(current, || body_size(true));
-    match run(filter, stream, current, |c| c.on_http_request_body(size, end_of_stream)) {
-        Some(Action::Pause) => {
-            stream.buffering_request = true;
-            abi::BODY_STOP_ITERATION_AND_BUFFER
+    let f = |c: &mut dyn HttpContext, size| c.on_http_request_body(size, end_of_stream);
+    hook(filter, module, Part::RequestBody, abi::BODY_CONTINUE, f, |stream, out| {
+        waits(stream, out, end_of_stream);
+        stream.buffering_request = out == Some(Action::Pause);
+        match out {
+            Some(Action::Pause) => abi::BODY_STOP_ITERATION_AND_BUFFER,
+            Some(_) => abi::BODY_CONTINUE,
+            // The stream failed (answered with a 503): nothing more goes upstream.
+            None => abi::BODY_STOP_ITERATION_NO_BUFFER,
         }
-        Some(_) => {
-            stream.buffering_request = false;
-            abi::BODY_CONTINUE
-        }
-        // The stream failed (answered with a 503): nothing more goes upstream.
-        None => abi::BODY_STOP_ITERATION_NO_BUFFER,
-    }
-}
-
-/// The size of the body the glue would read now (see `host::get_buffer`).
-fn body_size(request: bool) -> usize {
-    use llmroute_filter::Host;
-    let buffer = if request {
-        proxy_wasm::types::BufferType::HttpRequestBody
-    } else {
-        proxy_wasm::types::BufferType::HttpResponseBody
-    };
-    host::HOST
-        .get_buffer(buffer, 0, usize::MAX)
-        .ok()
-        .flatten()
-        .map_or(0, |b| b.len())
+    })
 }
 
 #[no_mangle]
@@ -327,15 +290,22 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     filter: FilterEnvoyPtr,
     module: *const c_void,
 ) -> u32 {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::TRAILERS_CONTINUE;
-    };
-    let current = stream.current(filter);
-    match run(filter, stream, current, |c| c.on_http_request_trailers(0)) {
-        Some(Action::Continue) => abi::TRAILERS_CONTINUE,
-        Some(_) => abi::TRAILERS_STOP_ITERATION,
-        None => abi::TRAILERS_CONTINUE,
+    let f = |c: &mut dyn HttpContext, _| c.on_http_request_trailers(0);
+    hook(filter, module, Part::Other, abi::TRAILERS_CONTINUE, f, |stream, out| {
+        waits(stream, out, true);
+        match out {
+            Some(Action::Continue) | None => abi::TRAILERS_CONTINUE,
+            Some(_) => abi::TRAILERS_STOP_ITERATION,
+        }
+    })
+}
+
+/// A response hook's answer: stop on `Pause`, else go on (also after a failure, whose 503 is on its way).
+fn response_status(out: Option<Action>, stop: u32, go: u32) -> u32 {
+    if out == Some(Action::Pause) {
+        stop
+    } else {
+        go
     }
 }
 
@@ -345,17 +315,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::HEADERS_CONTINUE;
-    };
-    let current = stream.current(filter);
-    match run(filter, stream, current, |c| {
-        c.on_http_response_headers(0, end_of_stream)
-    }) {
-        Some(Action::Pause) => abi::HEADERS_STOP_ITERATION,
-        Some(_) | None => abi::HEADERS_CONTINUE,
-    }
+    let f = |c: &mut dyn HttpContext, _| c.on_http_response_headers(0, end_of_stream);
+    hook(filter, module, Part::Other, abi::HEADERS_CONTINUE, f, |_, out| {
+        response_status(out, abi::HEADERS_STOP_ITERATION, abi::HEADERS_CONTINUE)
+    })
 }
 
 #[no_mangle]
@@ -364,27 +327,11 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::BODY_CONTINUE;
-    };
-    let current = Current {
-        in_response_body: true,
-        ..stream.current(filter)
-    };
-    let size = host::with_current(current, || body_size(false));
-    match run(filter, stream, current, |c| {
-        c.on_http_response_body(size, end_of_stream)
-    }) {
-        Some(Action::Pause) => {
-            stream.buffering_response = true;
-            abi::BODY_STOP_ITERATION_AND_BUFFER
-        }
-        Some(_) | None => {
-            stream.buffering_response = false;
-            abi::BODY_CONTINUE
-        }
-    }
+    let f = |c: &mut dyn HttpContext, size| c.on_http_response_body(size, end_of_stream);
+    hook(filter, module, Part::ResponseBody, abi::BODY_CONTINUE, f, |stream, out| {
+        stream.buffering_response = out == Some(Action::Pause);
+        response_status(out, abi::BODY_STOP_ITERATION_AND_BUFFER, abi::BODY_CONTINUE)
+    })
 }
 
 #[no_mangle]
@@ -392,31 +339,29 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     filter: FilterEnvoyPtr,
     module: *const c_void,
 ) -> u32 {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return abi::TRAILERS_CONTINUE;
-    };
-    let current = stream.current(filter);
-    match run(filter, stream, current, |c| c.on_http_response_trailers(0)) {
-        Some(Action::Pause) => abi::TRAILERS_STOP_ITERATION,
-        Some(_) | None => abi::TRAILERS_CONTINUE,
-    }
+    let f = |c: &mut dyn HttpContext, _| c.on_http_response_trailers(0);
+    hook(filter, module, Part::Other, abi::TRAILERS_CONTINUE, f, |_, out| {
+        response_status(out, abi::TRAILERS_STOP_ITERATION, abi::TRAILERS_CONTINUE)
+    })
 }
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(filter: FilterEnvoyPtr, module: *const c_void) {
+/// Runs `f` on the stream behind `module` with its host context, inside a guard whose panic fails nothing more
+/// (the stream is complete, or the hook has no reply to give).
+fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnOnce(&mut Stream, Current)) {
     // SAFETY: Envoy's stream, see `stream_of`.
     let Some(stream) = (unsafe { stream_of(module) }) else {
         return;
     };
     let current = stream.current(filter);
-    let ctx = stream.ctx.as_deref_mut();
-    let _ = host::with_current(current, || {
-        catch_unwind(AssertUnwindSafe(|| {
-            if let Some(c) = ctx {
-                c.on_log();
-            }
-        }))
+    let _ = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| f(stream, current))));
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(filter: FilterEnvoyPtr, module: *const c_void) {
+    guarded(filter, module, |stream, _| {
+        if let Some(c) = stream.ctx.as_deref_mut() {
+            c.on_log();
+        }
     });
 }
 
@@ -427,7 +372,51 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
     }
     // SAFETY: made by `Box::into_raw` in `filter_new`, destroyed once by Envoy.
     let stream = unsafe { Box::from_raw(module.cast::<Stream>().cast_mut()) };
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(stream)));
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        streams::unregister(stream.context);
+        drop(stream);
+    }));
+}
+
+/// A stream's scheduled event: what another hook deferred to it (a fair-queue release: resume, or a 429), or its
+/// worker's tick while it waits (see `streams`).
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    filter: FilterEnvoyPtr,
+    module: *const c_void,
+    event_id: u64,
+) {
+    guarded(filter, module, |stream, current| match event_id {
+        streams::EVENT_DEFERRED => {
+            for action in streams::take_deferred(stream.context) {
+                match action {
+                    Deferred::Resume => {
+                        streams::resumed(stream.context);
+                        // SAFETY: this hook's own stream.
+                        unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(filter) };
+                    }
+                    Deferred::Reply { status, headers, body } => {
+                        let hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        host::send_response(filter, status, &hdrs, &body);
+                    }
+                }
+            }
+        }
+        streams::EVENT_TICK => {
+            // SAFETY: Envoy keeps the configuration alive while any of its streams lives.
+            let Some(cfg) = (unsafe { stream.config.as_ref() }) else {
+                return;
+            };
+            // The root context ticks, from this stream's hook.
+            let root = Current {
+                filter: std::ptr::null_mut(),
+                context: 0,
+                ..current
+            };
+            host::with_current(root, || config::with_root(cfg, false, |r| r.map(|r| r.on_worker_tick())));
+        }
+        _ => {}
+    });
 }
 
 #[no_mangle]
@@ -449,26 +438,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     let Ok(token) = u32::try_from(callout_id) else {
         return;
     };
-    let mut answer = CalloutAnswer::default();
-    if result == abi::CALLOUT_SUCCESS {
-        if !headers.is_null() {
-            // SAFETY: Envoy's array of `headers_size` headers, alive for this hook.
-            for h in unsafe { std::slice::from_raw_parts(headers, headers_size) } {
-                // SAFETY: as above.
-                let (k, v) = unsafe { h.pair() };
-                answer
-                    .headers
-                    .push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
-            }
-        }
-        if !body_chunks.is_null() {
-            // SAFETY: Envoy's array of `body_chunks_size` buffers, alive for this hook.
-            for c in unsafe { std::slice::from_raw_parts(body_chunks, body_chunks_size) } {
-                // SAFETY: as above.
-                answer.body.extend_from_slice(unsafe { c.bytes() }.unwrap_or_default());
-            }
-        }
-    }
+    // SAFETY: Envoy's arrays of the sizes given, alive for this hook.
+    let answer = unsafe { host::CalloutAnswer::of(result, headers, headers_size, body_chunks, body_chunks_size) };
     let (n, size) = (answer.headers.len(), answer.body.len());
     let current = stream.current(filter);
     host::with_answer(answer, || {
@@ -476,18 +447,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     });
 }
 
-// The hooks Envoy requires that this filter does not use: streamed callouts, scheduling and watermarks.
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
-    _name: EnvoyBuffer,
-    _config: EnvoyBuffer,
-) -> *const c_void {
-    std::ptr::null()
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_config: *const c_void) {}
+// The hooks Envoy requires that this filter does not use: streamed callouts and watermarks.
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
@@ -521,41 +481,21 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
 ) {
 }
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _stream_id: u64,
-) {
+/// Streamed callouts' completion and reset, and the downstream watermarks: nothing to do.
+macro_rules! unused_stream_hooks {
+    ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
+        $(
+            #[no_mangle]
+            pub extern "C" fn $name(_filter: FilterEnvoyPtr, _module: *const c_void $(, $arg: $ty)*) {
+                $(let _ = $arg;)*
+            }
+        )*
+    };
 }
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _stream_id: u64,
-    _reason: u32,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _event_id: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-) {
+unused_stream_hooks! {
+    envoy_dynamic_module_on_http_filter_http_stream_complete(stream_id: u64);
+    envoy_dynamic_module_on_http_filter_http_stream_reset(stream_id: u64, reason: u32);
+    envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark();
+    envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark();
 }

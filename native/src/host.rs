@@ -34,7 +34,14 @@ pub struct Current {
     /// The stream, or null for a root context.
     pub filter: FilterEnvoyPtr,
     /// The plugin configuration (`filter_config`) and the filter name (`plugin_root_id`), owned by the config.
-    pub config: *const crate::hooks::FilterConfig,
+    pub config: *const crate::config::FilterConfig,
+    /// The stream's context id on this worker (0 for a root context).
+    pub context: u32,
+    /// The context id of the stream whose hook is running (0 in a root context's hook): a call for another
+    /// stream (after `set_effective_context`) that must run in that stream's own hook is deferred to it.
+    pub hook_context: u32,
+    /// The main thread's root context of the configuration: it ticks and calls out through the configuration.
+    pub main: bool,
     /// Inside the request (response) body hook: the received chunk is readable.
     pub in_request_body: bool,
     pub in_response_body: bool,
@@ -47,11 +54,19 @@ impl Current {
     pub const NONE: Current = Current {
         filter: std::ptr::null_mut(),
         config: std::ptr::null(),
+        context: 0,
+        hook_context: 0,
+        main: false,
         in_request_body: false,
         in_response_body: false,
         buffering_request: false,
         buffering_response: false,
     };
+
+    /// True when the effective stream is not the one whose hook is running.
+    fn other(&self) -> bool {
+        self.context != self.hook_context
+    }
 }
 
 /// An HTTP callout's answer, while `on_http_call_response` reads it.
@@ -59,6 +74,42 @@ impl Current {
 pub struct CalloutAnswer {
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+}
+
+impl CalloutAnswer {
+    /// The answer Envoy hands a callout-done hook (empty unless the callout succeeded).
+    ///
+    /// # Safety
+    /// `headers` and `body_chunks` are null or Envoy's arrays of `headers_size` and `body_chunks_size` entries,
+    /// alive for the running hook.
+    pub unsafe fn of(
+        result: u32,
+        headers: *const EnvoyHeader,
+        headers_size: usize,
+        body_chunks: *const EnvoyBuffer,
+        body_chunks_size: usize,
+    ) -> CalloutAnswer {
+        let mut answer = CalloutAnswer::default();
+        if result != abi::CALLOUT_SUCCESS {
+            return answer;
+        }
+        if !headers.is_null() {
+            // SAFETY: the caller's contract.
+            for h in unsafe { std::slice::from_raw_parts(headers, headers_size) } {
+                // SAFETY: as above.
+                let (k, v) = unsafe { h.pair() };
+                answer.headers.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+            }
+        }
+        if !body_chunks.is_null() {
+            // SAFETY: the caller's contract.
+            for c in unsafe { std::slice::from_raw_parts(body_chunks, body_chunks_size) } {
+                // SAFETY: as above.
+                answer.body.extend_from_slice(unsafe { c.bytes() }.unwrap_or_default());
+            }
+        }
+        answer
+    }
 }
 
 thread_local! {
@@ -83,8 +134,14 @@ pub fn with_answer<T>(answer: CalloutAnswer, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn current() -> Current {
+pub fn current() -> Current {
     CURRENT.with(Cell::get)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn err<T>(call: &'static str, status: HostStatus) -> HostResult<T> {
@@ -226,10 +283,17 @@ impl Host for NativeHost {
         Ok(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn set_tick_period_ms(&self, _period: u32) -> HostResult<()> {
-        // No periodic timer per worker yet: the status poller, fleet check, store refresh and key-table
-        // settling do not run in the native build (see docs/native.md).
-        err("set_tick_period", HostStatus::Other(12))
+    fn set_tick_period_ms(&self, period: u32) -> HostResult<()> {
+        let c = current();
+        // SAFETY: the config outlives every hook that names it.
+        match unsafe { c.config.as_ref() } {
+            // The main thread's root ticks (see `periodic`); a worker's root ticks only for its own share, while
+            // one of its streams waits (see `streams`).
+            Some(cfg) if c.main => cfg.periodic.set_period(period),
+            Some(_) => {}
+            None => return err("set_tick_period", HostStatus::BadArgument),
+        }
+        Ok(())
     }
 
     fn get_buffer(&self, buffer: BufferType, start: usize, max: usize) -> HostResult<Option<Vec<u8>>> {
@@ -423,6 +487,18 @@ impl Host for NativeHost {
 
     fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
         let filter = stream("send_local_response")?;
+        let c = current();
+        if c.other() {
+            let reply = crate::streams::Deferred::Reply {
+                status,
+                headers: headers.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
+                body: body.to_vec(),
+            };
+            return crate::streams::defer(c.context, reply).then_some(()).ok_or(HostError {
+                call: "send_local_response",
+                status: HostStatus::NotFound,
+            });
+        }
         send_response(filter, status, headers, body);
         Ok(())
     }
@@ -434,22 +510,44 @@ impl Host for NativeHost {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> HostResult<u32> {
-        // Only a stream can call out for now: a worker's root context has no per-worker callout in this ABI.
-        let filter = stream("http_call")?;
+        let c = current();
         let hdrs: Vec<ModuleHeader> = headers.iter().map(|(k, v)| ModuleHeader::of(k, v)).collect();
+        let (cluster, body) = (ModuleBuffer::of(cluster.as_bytes()), body.map_or(ModuleBuffer::NULL, ModuleBuffer::of));
         let mut id = 0u64;
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        // SAFETY: `id` and every buffer outlive the call.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_http_callout(
-                filter,
-                &mut id,
-                ModuleBuffer::of(cluster.as_bytes()),
-                hdrs.as_ptr(),
-                hdrs.len(),
-                body.map_or(ModuleBuffer::NULL, ModuleBuffer::of),
-                timeout_ms,
-            )
+        // SAFETY: the config outlives every hook that names it.
+        let result = match unsafe { c.config.as_ref() } {
+            // The main thread's root calls out through its configuration; a worker's root has no callout of its
+            // own in this ABI (its periodic jobs run on the main thread's root).
+            Some(cfg) if c.main && c.filter.is_null() => {
+                // SAFETY: `id` and every buffer outlive the call; `cfg.envoy` is Envoy's live configuration.
+                unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
+                        cfg.envoy,
+                        &mut id,
+                        cluster,
+                        hdrs.as_ptr(),
+                        hdrs.len(),
+                        body,
+                        timeout_ms,
+                    )
+                }
+            }
+            _ => {
+                let filter = stream("http_call")?;
+                // SAFETY: `id` and every buffer outlive the call.
+                unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_http_callout(
+                        filter,
+                        &mut id,
+                        cluster,
+                        hdrs.as_ptr(),
+                        hdrs.len(),
+                        body,
+                        timeout_ms,
+                    )
+                }
+            }
         };
         if result != abi::CALLOUT_INIT_SUCCESS {
             return err("http_call", HostStatus::Other(result));
@@ -475,15 +573,38 @@ impl Host for NativeHost {
 
     fn resume_request(&self) -> HostResult<()> {
         let filter = stream("resume_request")?;
+        let c = current();
+        if c.other() {
+            // Another stream (a fair-queue waiter this worker releases): it resumes in its own hook.
+            return crate::streams::defer(c.context, crate::streams::Deferred::Resume)
+                .then_some(())
+                .ok_or(HostError {
+                    call: "resume_request",
+                    status: HostStatus::NotFound,
+                });
+        }
+        crate::streams::resumed(c.context);
         // SAFETY: `filter` is the running hook's stream.
         unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(filter) };
         Ok(())
     }
 
-    /// Not supported yet: the native build has no periodic tick from which a root context would switch to a paused
-    /// request, so the fair queue (`fairness`) does not run here (see `docs/native.md`).
-    fn set_effective_context(&self, _context_id: u32) -> HostResult<()> {
-        err("set_effective_context", HostStatus::Other(12))
+    /// Makes a live stream of this worker the effective one (the fair queue releasing a waiter): header and
+    /// filter-state writes apply to it at once; a resume or a reply is deferred to its own hook (`streams`).
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        let c = current();
+        let Some((filter, config)) = crate::streams::live(context_id) else {
+            return err("set_effective_context", HostStatus::NotFound);
+        };
+        let next = Current {
+            filter,
+            config,
+            context: context_id,
+            hook_context: c.hook_context,
+            ..Current::NONE
+        };
+        CURRENT.with(|cur| cur.set(next));
+        Ok(())
     }
 }
 

@@ -5,13 +5,19 @@
 //! `native` feature) are shared unchanged; this crate only
 //! - declares the part of Envoy's ABI it uses (`abi`),
 //! - implements the glue's `Host` trait over it (`host`), with process-wide shared data and metrics (`shared`),
-//! - exports the event hooks Envoy calls and drives the glue's contexts from them, catching any panic (`hooks`).
+//! - exports the event hooks Envoy calls and drives the glue's contexts from them, catching any panic: the
+//!   configuration's and the root contexts' (`config`), the streams' (`hooks`);
+//! - runs the periodic work from the configuration's scheduler on the main thread (`periodic`), and lets one
+//!   stream's hook resume or answer another (the fair queue) through the streams' own schedulers (`streams`).
 //!
 //! See docs/native.md for what the native build does and does not do yet.
 
 // Code that runs inside Envoy: no unchecked indexing or arithmetic (see [lints.clippy] in Cargo.toml).
 mod abi;
+mod config;
 mod hooks;
 mod host;
+mod periodic;
 mod shared;
+mod streams;
 mod wasm_imports;
