@@ -47,6 +47,19 @@ pub fn native_build() -> bool {
     std::env::var("LLMROUTE_BUILD").is_ok_and(|b| b == "native")
 }
 
+/// A filter stat's name on the native build, from its wasm name: `wasmcustom.<metric>;<label>=<value>...` is
+/// `dynamicmodulescustom.<metric>.<label>.<value>...` (the dynamic module's stats carry their labels as tags;
+/// `/stats/prometheus` shows both builds' stats alike). `None` for a name that is not the filter's.
+pub fn native_stat(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("wasmcustom.")?;
+    let mut out = String::from("dynamicmodulescustom");
+    for part in rest.split(';') {
+        out.push('.');
+        out.push_str(&part.replacen('=', ".", 1));
+    }
+    Some(out)
+}
+
 /// The native build: `$LLMROUTE_NATIVE`, else `make native`'s output.
 pub fn native_module() -> PathBuf {
     std::env::var_os("LLMROUTE_NATIVE")
@@ -138,6 +151,8 @@ pub struct Envoy {
     pub admin: SocketAddr,
     log_path: PathBuf,
     bootstrap_path: PathBuf,
+    /// It runs the native build: the filter's stats have their native names (see [`Envoy::stat`]).
+    native: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -256,6 +271,7 @@ impl Envoy {
             admin,
             log_path,
             bootstrap_path: bootstrap,
+            native: yaml.contains("dynamic_modules.v3.DynamicModuleFilter"),
             _dir: dir,
         };
         envoy.wait_ready(Duration::from_secs(60)).await?;
@@ -320,7 +336,10 @@ impl Envoy {
 
     /// One counter or gauge from the admin `/stats`, by exact name.
     /// Labelled filter metrics (`<metric>;<label>=<value>...`) are filtered by the part before the first `;`.
+    /// On the native build a filter stat named the wasm way is read under its native name (see [`native_stat`]).
     pub async fn stat(&self, name: &str) -> Option<u64> {
+        let native = self.native.then(|| native_stat(name)).flatten();
+        let name = native.as_deref().unwrap_or(name);
         let stem = name.split(';').next().unwrap_or(name);
         let url = self.admin_url(&format!("/stats?filter=^{}", stem.replace('.', "\\.")));
         let text = reqwest::get(url).await.ok()?.text().await.ok()?;

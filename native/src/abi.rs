@@ -152,6 +152,9 @@ pub const CALLOUT_INIT_SUCCESS: u32 = 0;
 // envoy_dynamic_module_type_http_callout_result
 pub const CALLOUT_SUCCESS: u32 = 0;
 
+// envoy_dynamic_module_type_metrics_result
+pub const METRICS_SUCCESS: u32 = 0;
+
 // envoy_dynamic_module_type_metadata_source
 pub const METADATA_HOST: u32 = 3;
 
@@ -256,6 +259,65 @@ extern "C" {
         headers_size: usize,
         body: ModuleBuffer,
         timeout_milliseconds: u64,
+    ) -> u32;
+
+    // Stats: defined by a configuration while Envoy creates it (`config_new`), each with label names (none for a
+    // plain stat); updated from any thread with the label values, in the same order. Ids start at 1.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id_out: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id_out: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id_out: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
     ) -> u32;
 
     // Schedulers: an event committed runs `envoy_dynamic_module_on_http_filter_config_scheduled` on the main

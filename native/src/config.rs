@@ -31,6 +31,8 @@ pub struct FilterConfig {
     /// The configuration has `fairness`: a waiting stream asks for its worker's tick.
     pub fairness: bool,
     pub periodic: Periodic,
+    /// The filter's stat families, defined on Envoy's configuration (see `metrics`).
+    pub families: crate::metrics::Families,
 }
 
 static NEXT_CONFIG: AtomicU64 = AtomicU64::new(1);
@@ -120,6 +122,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             envoy: config_envoy,
             fairness,
             periodic: Periodic::default(),
+            families: crate::metrics::define_all(config_envoy),
         });
         // The main thread's root: it configures (a refusal refuses the configuration), then ticks.
         if !with_root(&cfg, true, |root| root.is_some()) {

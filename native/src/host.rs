@@ -138,6 +138,14 @@ pub fn current() -> Current {
     CURRENT.with(Cell::get)
 }
 
+/// Runs `f` on the running hook's configuration, if it names one.
+fn with_config(f: impl FnOnce(&crate::config::FilterConfig)) {
+    // SAFETY: the config outlives every hook that names it.
+    if let Some(cfg) = unsafe { current().config.as_ref() } {
+        f(cfg);
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -556,15 +564,21 @@ impl Host for NativeHost {
     }
 
     fn define_metric(&self, _kind: MetricType, name: &str) -> HostResult<u32> {
-        shared::define_metric(name)
+        let id = shared::define_metric(name)?;
+        with_config(|cfg| crate::metrics::defined(id, name, &cfg.families, cfg.envoy));
+        Ok(id)
     }
 
     fn increment_metric(&self, id: u32, by: i64) -> HostResult<()> {
-        shared::increment_metric(id, by)
+        shared::increment_metric(id, by)?;
+        with_config(|cfg| crate::metrics::update(id, crate::metrics::Op::Add(by), &cfg.families, cfg.envoy));
+        Ok(())
     }
 
     fn record_metric(&self, id: u32, value: u64) -> HostResult<()> {
-        shared::record_metric(id, value)
+        shared::record_metric(id, value)?;
+        with_config(|cfg| crate::metrics::update(id, crate::metrics::Op::Record(value), &cfg.families, cfg.envoy));
+        Ok(())
     }
 
     fn get_metric(&self, id: u32) -> HostResult<u64> {

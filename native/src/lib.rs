@@ -17,6 +17,7 @@ mod abi;
 mod config;
 mod hooks;
 mod host;
+mod metrics;
 mod periodic;
 mod shared;
 mod streams;
