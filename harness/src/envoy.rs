@@ -47,6 +47,10 @@ pub fn native_build() -> bool {
     std::env::var("LLMROUTE_BUILD").is_ok_and(|b| b == "native")
 }
 
+/// What Envoy's `/stats/prometheus` puts before a filter metric's name on the native build: Envoy 1.40 does not
+/// strip the dynamic modules' stats namespace as it strips the wasm one.
+pub const NATIVE_PROMETHEUS_PREFIX: &str = "envoy_dynamicmodulescustom_";
+
 /// A filter stat's name on the native build, from its wasm name: `wasmcustom.<metric>;<label>=<value>...` is
 /// `dynamicmodulescustom.<metric>.<label>.<value>...` (the dynamic module's stats carry their labels as tags;
 /// `/stats/prometheus` shows both builds' stats alike). `None` for a name that is not the filter's.
@@ -312,6 +316,11 @@ impl Envoy {
     /// Envoy's process id (for `/proc/<pid>/...`).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// True when it runs the native build (the dynamic-module filter).
+    pub fn runs_native(&self) -> bool {
+        self.native
     }
 
     /// `http://127.0.0.1:PORT` of the listener.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use llmroute_harness::envoy::Envoy;
+use llmroute_harness::envoy::{Envoy, NATIVE_PROMETHEUS_PREFIX};
 use llmroute_harness::fleet::Fleet;
 use serde_json::{json, Value};
 
@@ -259,7 +259,10 @@ pub(crate) async fn prometheus(envoy: &Envoy, metric: &str) -> Vec<String> {
         .text()
         .await
         .unwrap();
+    // The native build's stats carry Envoy's prefix for a namespace it does not strip (see docs/native.md).
+    let prefix = if envoy.runs_native() { NATIVE_PROMETHEUS_PREFIX } else { "" };
     text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
         .filter(|l| l.starts_with(&format!("{metric}{{")))
         .map(str::to_string)
         .collect()

@@ -34,11 +34,15 @@ impl Drop for Prometheus {
     }
 }
 
+/// The native build's filter metrics carry Envoy's `envoy_dynamicmodulescustom_` prefix on `/stats/prometheus`;
+/// this scrape rule takes it off, so that one set of queries serves both builds (docs/native.md).
+const NATIVE_RELABEL: &str = "    metric_relabel_configs:\n      - { source_labels: [__name__], regex: 'envoy_dynamicmodulescustom_(.*)', target_label: __name__, replacement: '$1' }\n";
+
 impl Prometheus {
     async fn start(target: std::net::SocketAddr) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = format!(
-            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nscrape_configs:\n  - job_name: envoy\n    metrics_path: /stats/prometheus\n    static_configs: [{{ targets: ['{target}'] }}]\n"
+            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nscrape_configs:\n  - job_name: envoy\n    metrics_path: /stats/prometheus\n    static_configs: [{{ targets: ['{target}'] }}]\n{NATIVE_RELABEL}"
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
         for attempt in 0..5 {
