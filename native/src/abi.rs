@@ -323,7 +323,8 @@ extern "C" {
     // Schedulers: an event committed runs `envoy_dynamic_module_on_http_filter_config_scheduled` on the main
     // thread, or `envoy_dynamic_module_on_http_filter_scheduled` on the stream's worker (never after the stream
     // is gone).
-    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: FilterConfigEnvoyPtr) -> SchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: FilterConfigEnvoyPtr)
+        -> SchedulerPtr;
     pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
     pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: SchedulerPtr);
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: FilterEnvoyPtr) -> SchedulerPtr;

@@ -273,16 +273,23 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     end_of_stream: bool,
 ) -> u32 {
     let f = |c: &mut dyn HttpContext, size| c.on_http_request_body(size, end_of_stream);
-    hook(filter, module, Part::RequestBody, abi::BODY_CONTINUE, f, |stream, out| {
-        waits(stream, out, end_of_stream);
-        stream.buffering_request = out == Some(Action::Pause);
-        match out {
-            Some(Action::Pause) => abi::BODY_STOP_ITERATION_AND_BUFFER,
-            Some(_) => abi::BODY_CONTINUE,
-            // The stream failed (answered with a 503): nothing more goes upstream.
-            None => abi::BODY_STOP_ITERATION_NO_BUFFER,
-        }
-    })
+    hook(
+        filter,
+        module,
+        Part::RequestBody,
+        abi::BODY_CONTINUE,
+        f,
+        |stream, out| {
+            waits(stream, out, end_of_stream);
+            stream.buffering_request = out == Some(Action::Pause);
+            match out {
+                Some(Action::Pause) => abi::BODY_STOP_ITERATION_AND_BUFFER,
+                Some(_) => abi::BODY_CONTINUE,
+                // The stream failed (answered with a 503): nothing more goes upstream.
+                None => abi::BODY_STOP_ITERATION_NO_BUFFER,
+            }
+        },
+    )
 }
 
 #[no_mangle]
@@ -328,10 +335,17 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     end_of_stream: bool,
 ) -> u32 {
     let f = |c: &mut dyn HttpContext, size| c.on_http_response_body(size, end_of_stream);
-    hook(filter, module, Part::ResponseBody, abi::BODY_CONTINUE, f, |stream, out| {
-        stream.buffering_response = out == Some(Action::Pause);
-        response_status(out, abi::BODY_STOP_ITERATION_AND_BUFFER, abi::BODY_CONTINUE)
-    })
+    hook(
+        filter,
+        module,
+        Part::ResponseBody,
+        abi::BODY_CONTINUE,
+        f,
+        |stream, out| {
+            stream.buffering_response = out == Some(Action::Pause);
+            response_status(out, abi::BODY_STOP_ITERATION_AND_BUFFER, abi::BODY_CONTINUE)
+        },
+    )
 }
 
 #[no_mangle]
@@ -413,7 +427,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
                 context: 0,
                 ..current
             };
-            host::with_current(root, || config::with_root(cfg, false, |r| r.map(|r| r.on_worker_tick())));
+            host::with_current(root, || {
+                config::with_root(cfg, false, |r| r.map(|r| r.on_worker_tick()))
+            });
         }
         _ => {}
     });

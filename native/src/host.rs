@@ -98,7 +98,9 @@ impl CalloutAnswer {
             for h in unsafe { std::slice::from_raw_parts(headers, headers_size) } {
                 // SAFETY: as above.
                 let (k, v) = unsafe { h.pair() };
-                answer.headers.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+                answer
+                    .headers
+                    .push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
             }
         }
         if !body_chunks.is_null() {
@@ -499,7 +501,10 @@ impl Host for NativeHost {
         if c.other() {
             let reply = crate::streams::Deferred::Reply {
                 status,
-                headers: headers.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                    .collect(),
                 body: body.to_vec(),
             };
             return crate::streams::defer(c.context, reply).then_some(()).ok_or(HostError {
@@ -520,7 +525,10 @@ impl Host for NativeHost {
     ) -> HostResult<u32> {
         let c = current();
         let hdrs: Vec<ModuleHeader> = headers.iter().map(|(k, v)| ModuleHeader::of(k, v)).collect();
-        let (cluster, body) = (ModuleBuffer::of(cluster.as_bytes()), body.map_or(ModuleBuffer::NULL, ModuleBuffer::of));
+        let (cluster, body) = (
+            ModuleBuffer::of(cluster.as_bytes()),
+            body.map_or(ModuleBuffer::NULL, ModuleBuffer::of),
+        );
         let mut id = 0u64;
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         // SAFETY: the config outlives every hook that names it.

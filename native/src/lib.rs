@@ -12,7 +12,9 @@
 //!
 //! See docs/native.md for what the native build does and does not do yet.
 
-// Code that runs inside Envoy: no unchecked indexing or arithmetic (see [lints.clippy] in Cargo.toml).
+// Code that runs inside Envoy: no unchecked indexing or arithmetic (see [lints.clippy] in Cargo.toml); tests may.
+#![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
+
 mod abi;
 mod config;
 mod hooks;
@@ -21,4 +23,6 @@ mod metrics;
 mod periodic;
 mod shared;
 mod streams;
+#[cfg(test)]
+mod tests;
 mod wasm_imports;

@@ -30,7 +30,11 @@ use Kind::{Counter, Gauge, Histogram};
 
 /// Every metric family of the filter: name, kind, label names in the order the glue gives them.
 pub const FAMILIES: &[(&str, Kind, &[&str])] = &[
-    (names::REQUESTS, Counter, &["alias", "backend", "api", "code_class", "affinity_source"]),
+    (
+        names::REQUESTS,
+        Counter,
+        &["alias", "backend", "api", "code_class", "affinity_source"],
+    ),
     (names::REJECTIONS, Counter, &["reason"]),
     (names::RATE_LIMITED, Counter, &["alias", "key", "kind"]),
     (names::TOKENS, Counter, &["alias", "backend", "kind"]),
@@ -84,9 +88,15 @@ pub fn define_all(envoy: FilterConfigEnvoyPtr) -> Families {
         // SAFETY: every buffer outlives the call; `envoy` is Envoy's configuration, being created.
         let result = unsafe {
             match kind {
-                Counter => abi::envoy_dynamic_module_callback_http_filter_config_define_counter(envoy, name, labels_ptr, n, &mut id),
-                Gauge => abi::envoy_dynamic_module_callback_http_filter_config_define_gauge(envoy, name, labels_ptr, n, &mut id),
-                Histogram => abi::envoy_dynamic_module_callback_http_filter_config_define_histogram(envoy, name, labels_ptr, n, &mut id),
+                Counter => abi::envoy_dynamic_module_callback_http_filter_config_define_counter(
+                    envoy, name, labels_ptr, n, &mut id,
+                ),
+                Gauge => abi::envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                    envoy, name, labels_ptr, n, &mut id,
+                ),
+                Histogram => abi::envoy_dynamic_module_callback_http_filter_config_define_histogram(
+                    envoy, name, labels_ptr, n, &mut id,
+                ),
             }
         };
         if result == abi::METRICS_SUCCESS {
@@ -177,19 +187,39 @@ pub fn update(id: u32, op: Op, families: &Families, envoy: FilterConfigEnvoyPtr)
     unsafe {
         match (kind, op) {
             (Counter, Op::Add(by)) => {
-                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(envoy, envoy_id, v, n, by.unsigned_abs());
+                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                    envoy,
+                    envoy_id,
+                    v,
+                    n,
+                    by.unsigned_abs(),
+                );
             }
             (Gauge, Op::Add(by)) if by < 0 => {
-                abi::envoy_dynamic_module_callback_http_filter_config_decrement_gauge(envoy, envoy_id, v, n, by.unsigned_abs());
+                abi::envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+                    envoy,
+                    envoy_id,
+                    v,
+                    n,
+                    by.unsigned_abs(),
+                );
             }
             (Gauge, Op::Add(by)) => {
-                abi::envoy_dynamic_module_callback_http_filter_config_increment_gauge(envoy, envoy_id, v, n, by.unsigned_abs());
+                abi::envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+                    envoy,
+                    envoy_id,
+                    v,
+                    n,
+                    by.unsigned_abs(),
+                );
             }
             (Gauge, Op::Record(value)) => {
                 abi::envoy_dynamic_module_callback_http_filter_config_set_gauge(envoy, envoy_id, v, n, value);
             }
             (Histogram, Op::Record(value)) => {
-                abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value(envoy, envoy_id, v, n, value);
+                abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+                    envoy, envoy_id, v, n, value,
+                );
             }
             (Histogram, Op::Add(_)) | (Counter, Op::Record(_)) => {}
         }

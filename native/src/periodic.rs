@@ -117,7 +117,9 @@ impl Periodic {
             Err(e) => {
                 log::error!("llmroute: the tick thread did not start ({e}); nothing runs periodically");
                 // SAFETY: made above, never shared.
-                unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(sched.0 as SchedulerPtr) };
+                unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(sched.0 as SchedulerPtr)
+                };
             }
         }
     }

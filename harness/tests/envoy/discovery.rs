@@ -260,7 +260,11 @@ pub(crate) async fn prometheus(envoy: &Envoy, metric: &str) -> Vec<String> {
         .await
         .unwrap();
     // The native build's stats carry Envoy's prefix for a namespace it does not strip (see docs/native.md).
-    let prefix = if envoy.runs_native() { NATIVE_PROMETHEUS_PREFIX } else { "" };
+    let prefix = if envoy.runs_native() {
+        NATIVE_PROMETHEUS_PREFIX
+    } else {
+        ""
+    };
     text.lines()
         .filter_map(|l| l.strip_prefix(prefix))
         .filter(|l| l.starts_with(&format!("{metric}{{")))
