@@ -261,65 +261,6 @@ extern "C" {
         timeout_milliseconds: u64,
     ) -> u32;
 
-    // Stats: defined by a configuration while Envoy creates it (`config_new`), each with label names (none for a
-    // plain stat); updated from any thread with the label values, in the same order. Ids start at 1.
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
-        config: FilterConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *const ModuleBuffer,
-        label_names_length: usize,
-        id_out: *mut usize,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
-        config: FilterConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *const ModuleBuffer,
-        label_names_length: usize,
-        id_out: *mut usize,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
-        config: FilterConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *const ModuleBuffer,
-        label_names_length: usize,
-        id_out: *mut usize,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
-        config: FilterConfigEnvoyPtr,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
-        config: FilterConfigEnvoyPtr,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
-        config: FilterConfigEnvoyPtr,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
-        config: FilterConfigEnvoyPtr,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
-        config: FilterConfigEnvoyPtr,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-
     // Schedulers: an event committed runs `envoy_dynamic_module_on_http_filter_config_scheduled` on the main
     // thread, or `envoy_dynamic_module_on_http_filter_scheduled` on the stream's worker (never after the stream
     // is gone).
@@ -331,4 +272,45 @@ extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
     pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
+}
+
+/// Declares Envoy's stat callbacks of one shape each.
+macro_rules! stat_callbacks {
+    (define: $($define:ident)*; update: $($update:ident)*;) => {
+        extern "C" {
+            $(
+                pub fn $define(
+                    config: FilterConfigEnvoyPtr,
+                    name: ModuleBuffer,
+                    label_names: *const ModuleBuffer,
+                    label_names_length: usize,
+                    id_out: *mut usize,
+                ) -> u32;
+            )*
+            $(
+                pub fn $update(
+                    config: FilterConfigEnvoyPtr,
+                    id: usize,
+                    label_values: *const ModuleBuffer,
+                    label_values_length: usize,
+                    value: u64,
+                ) -> u32;
+            )*
+        }
+    };
+}
+
+// Stats: defined by a configuration while Envoy creates it (`config_new`), each with label names (none for a plain
+// stat); updated from any thread with the label values, in the same order. Ids start at 1.
+stat_callbacks! {
+    define:
+        envoy_dynamic_module_callback_http_filter_config_define_counter
+        envoy_dynamic_module_callback_http_filter_config_define_gauge
+        envoy_dynamic_module_callback_http_filter_config_define_histogram;
+    update:
+        envoy_dynamic_module_callback_http_filter_config_increment_counter
+        envoy_dynamic_module_callback_http_filter_config_increment_gauge
+        envoy_dynamic_module_callback_http_filter_config_decrement_gauge
+        envoy_dynamic_module_callback_http_filter_config_set_gauge
+        envoy_dynamic_module_callback_http_filter_config_record_histogram_value;
 }

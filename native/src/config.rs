@@ -129,7 +129,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             drop_root(cfg.id);
             return std::ptr::null();
         }
-        cfg.periodic.start(config_envoy);
+        // No thread for a configuration with nothing to tick (the failover clusters' upstream filter).
+        if cfg.periodic.asked() || cfg.fairness {
+            cfg.periodic.start(config_envoy);
+        }
         Box::into_raw(cfg).cast_const().cast::<c_void>()
     });
     made.unwrap_or(std::ptr::null())

@@ -80,6 +80,11 @@ impl Periodic {
         self.shared.period_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// True when the main root asked for a tick.
+    pub fn asked(&self) -> bool {
+        self.shared.period_ms.load(Ordering::Relaxed) != 0
+    }
+
     /// Starts the ticker for Envoy's configuration `envoy` (main thread, once).
     pub fn start(&self, envoy: FilterConfigEnvoyPtr) {
         // SAFETY: Envoy's live configuration, on the main thread.
