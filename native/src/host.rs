@@ -2,143 +2,32 @@
 //!
 //! The glue (`filter/src`) asks its host for "the request headers", "the request body", and so on, without
 //! naming a stream: proxy-wasm knows which stream a VM is serving. Here each event hook names its stream in a
-//! thread-local [`Current`] before it calls into the glue (see `hooks.rs`), and every call below reads it. A call
-//! made with no stream (a worker's root context configuring itself) fails like a proxy-wasm call in the wrong
-//! phase, and the glue logs it.
-//!
-//! Bodies: proxy-wasm hands the filter the whole body buffered so far; Envoy's dynamic-module ABI splits it
-//! into the chunks buffered earlier and the chunk just received. [`Current`] says which to join: the buffered
-//! ones only while this filter is the one buffering (it answered "stop and buffer" before), as Envoy's wasm
-//! host does, then the received ones. A write (the request's `model` edit) is applied to the joined bytes and
-//! put back whole.
+//! thread-local [`Current`] before it calls into the glue (see `current.rs`, `hooks.rs`), and every call below
+//! reads it. A call made with no stream (a worker's root context configuring itself) fails like a proxy-wasm call
+//! in the wrong phase, and the glue logs it. Bodies are joined and written back as proxy-wasm presents them
+//! (`body.rs`).
 //!
 //! A request-header change clears Envoy's cached route, as Envoy's wasm host does: the route reads the headers
 //! the filter sets.
 //!
 //! Properties are the few paths the glue reads, mapped to Envoy attributes and metadata; a property the glue
 //! writes (an access-log field) is filter state `wasm.<name>`, the name the rendered access log reads for both
-//! builds. Shared data and metrics are process-wide Rust state (`shared.rs`).
+//! builds. Shared data is process-wide Rust state (`shared.rs`); metrics are Envoy's stats too (`metrics.rs`).
+//!
+//! After `set_effective_context` (the fair queue releasing a waiter) the effective stream is another one of this
+//! worker: a resume or a local reply for it is deferred to its own hook (`streams.rs`).
 
-use std::cell::{Cell, RefCell};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use llmroute_filter::{Host, HostError, HostResult, HostStatus};
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::body::{body_parts, joined_body, put_back, splice};
 use crate::shared;
 
-/// What the running event hook is serving.
-#[derive(Clone, Copy)]
-pub struct Current {
-    /// The stream, or null for a root context.
-    pub filter: FilterEnvoyPtr,
-    /// The plugin configuration (`filter_config`) and the filter name (`plugin_root_id`), owned by the config.
-    pub config: *const crate::config::FilterConfig,
-    /// The stream's context id on this worker (0 for a root context).
-    pub context: u32,
-    /// The context id of the stream whose hook is running (0 in a root context's hook): a call for another
-    /// stream (after `set_effective_context`) that must run in that stream's own hook is deferred to it.
-    pub hook_context: u32,
-    /// The main thread's root context of the configuration: it ticks and calls out through the configuration.
-    pub main: bool,
-    /// Inside the request (response) body hook: the received chunk is readable.
-    pub in_request_body: bool,
-    pub in_response_body: bool,
-    /// This filter answered "stop and buffer" to the previous request (response) body chunk.
-    pub buffering_request: bool,
-    pub buffering_response: bool,
-}
-
-impl Current {
-    pub const NONE: Current = Current {
-        filter: std::ptr::null_mut(),
-        config: std::ptr::null(),
-        context: 0,
-        hook_context: 0,
-        main: false,
-        in_request_body: false,
-        in_response_body: false,
-        buffering_request: false,
-        buffering_response: false,
-    };
-
-    /// True when the effective stream is not the one whose hook is running.
-    fn other(&self) -> bool {
-        self.context != self.hook_context
-    }
-}
-
-/// An HTTP callout's answer, while `on_http_call_response` reads it.
-#[derive(Default)]
-pub struct CalloutAnswer {
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
-
-impl CalloutAnswer {
-    /// The answer Envoy hands a callout-done hook (empty unless the callout succeeded).
-    ///
-    /// # Safety
-    /// `headers` and `body_chunks` are null or Envoy's arrays of `headers_size` and `body_chunks_size` entries,
-    /// alive for the running hook.
-    pub unsafe fn of(
-        result: u32,
-        headers: *const EnvoyHeader,
-        headers_size: usize,
-        body_chunks: *const EnvoyBuffer,
-        body_chunks_size: usize,
-    ) -> CalloutAnswer {
-        let mut answer = CalloutAnswer::default();
-        if result != abi::CALLOUT_SUCCESS {
-            return answer;
-        }
-        if !headers.is_null() {
-            // SAFETY: the caller's contract.
-            for h in unsafe { std::slice::from_raw_parts(headers, headers_size) } {
-                // SAFETY: as above.
-                let (k, v) = unsafe { h.pair() };
-                answer
-                    .headers
-                    .push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
-            }
-        }
-        if !body_chunks.is_null() {
-            // SAFETY: the caller's contract.
-            for c in unsafe { std::slice::from_raw_parts(body_chunks, body_chunks_size) } {
-                // SAFETY: as above.
-                answer.body.extend_from_slice(unsafe { c.bytes() }.unwrap_or_default());
-            }
-        }
-        answer
-    }
-}
-
-thread_local! {
-    static CURRENT: Cell<Current> = const { Cell::new(Current::NONE) };
-    static ANSWER: RefCell<Option<CalloutAnswer>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` with `current` as this thread's stream, restoring the previous one after (hooks do not nest, but a
-/// local reply sent from a hook may run another filter's hooks on the same thread).
-pub fn with_current<T>(current: Current, f: impl FnOnce() -> T) -> T {
-    let previous = CURRENT.with(|c| c.replace(current));
-    let out = f();
-    CURRENT.with(|c| c.set(previous));
-    out
-}
-
-/// Runs `f` with `answer` readable as the callout response.
-pub fn with_answer<T>(answer: CalloutAnswer, f: impl FnOnce() -> T) -> T {
-    let previous = ANSWER.with(|a| a.replace(Some(answer)));
-    let out = f();
-    ANSWER.with(|a| *a.borrow_mut() = previous);
-    out
-}
-
-pub fn current() -> Current {
-    CURRENT.with(Cell::get)
-}
+pub use crate::current::{current, now_ms, with_answer, with_current, CalloutAnswer, Current};
+use crate::current::{switch_to, with_answer_read};
 
 /// Runs `f` on the running hook's configuration, if it names one.
 fn with_config(f: impl FnOnce(&crate::config::FilterConfig)) {
@@ -146,12 +35,6 @@ fn with_config(f: impl FnOnce(&crate::config::FilterConfig)) {
     if let Some(cfg) = unsafe { current().config.as_ref() } {
         f(cfg);
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn err<T>(call: &'static str, status: HostStatus) -> HostResult<T> {
@@ -175,69 +58,6 @@ fn header_type(map: MapType) -> Option<u32> {
         MapType::HttpResponseTrailers => Some(abi::HEADER_RESPONSE_TRAILER),
         _ => None,
     }
-}
-
-/// The body chunk types to join for `buffer`: (buffered, received), each when it applies now.
-fn body_parts(buffer: BufferType) -> Option<(Option<u32>, Option<u32>, bool)> {
-    let c = current();
-    match buffer {
-        BufferType::HttpRequestBody => Some((
-            c.buffering_request.then_some(abi::BODY_BUFFERED_REQUEST),
-            c.in_request_body.then_some(abi::BODY_RECEIVED_REQUEST),
-            true,
-        )),
-        BufferType::HttpResponseBody => Some((
-            c.buffering_response.then_some(abi::BODY_BUFFERED_RESPONSE),
-            c.in_response_body.then_some(abi::BODY_RECEIVED_RESPONSE),
-            false,
-        )),
-        _ => None,
-    }
-}
-
-/// Appends the chunks of `body_type` to `out`.
-fn read_chunks(filter: FilterEnvoyPtr, body_type: u32, out: &mut Vec<u8>) -> bool {
-    // SAFETY: `filter` is the running hook's stream.
-    let n = unsafe { abi::envoy_dynamic_module_callback_http_get_body_chunks_size(filter, body_type) };
-    if n == 0 {
-        return false;
-    }
-    let mut chunks = vec![EnvoyBuffer::NULL; n];
-    // SAFETY: `chunks` has room for the `n` buffers Envoy reported.
-    if !unsafe { abi::envoy_dynamic_module_callback_http_get_body_chunks(filter, body_type, chunks.as_mut_ptr()) } {
-        return false;
-    }
-    for chunk in chunks {
-        // SAFETY: filled by Envoy in this hook.
-        if let Some(bytes) = unsafe { chunk.bytes() } {
-            out.extend_from_slice(bytes);
-        }
-    }
-    true
-}
-
-/// The whole body the glue sees for `buffer`: the buffered chunks (while buffering) then the received ones,
-/// unless Envoy says the received chunk is the buffered body itself.
-fn joined_body(filter: FilterEnvoyPtr, buffered: Option<u32>, received: Option<u32>, request: bool) -> Vec<u8> {
-    let mut body = Vec::new();
-    let same = match (buffered, received) {
-        // SAFETY: `filter` is the running hook's stream.
-        (Some(_), Some(_)) if request => unsafe {
-            abi::envoy_dynamic_module_callback_http_received_buffered_request_body(filter)
-        },
-        // SAFETY: as above.
-        (Some(_), Some(_)) => unsafe {
-            abi::envoy_dynamic_module_callback_http_received_buffered_response_body(filter)
-        },
-        _ => false,
-    };
-    if let Some(t) = buffered {
-        read_chunks(filter, t, &mut body);
-    }
-    if let Some(t) = received.filter(|_| !same) {
-        read_chunks(filter, t, &mut body);
-    }
-    body
 }
 
 fn header_pairs(filter: FilterEnvoyPtr, header_type: u32) -> Vec<(String, Vec<u8>)> {
@@ -267,13 +87,6 @@ fn attribute_string(filter: FilterEnvoyPtr, id: u32) -> Option<Vec<u8>> {
     let ok = unsafe { abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(filter, id, &mut out) };
     // SAFETY: filled by Envoy in this hook.
     ok.then(|| unsafe { out.bytes() }.map(<[u8]>::to_vec)).flatten()
-}
-
-/// Replaces `start..start + size` of `body` with `value` (bounded to the body).
-fn splice(body: &mut Vec<u8>, start: usize, size: usize, value: &[u8]) {
-    let start = start.min(body.len());
-    let end = start.saturating_add(size).min(body.len());
-    body.splice(start..end, value.iter().copied());
 }
 
 /// The host: unit struct, all state in the thread-local [`Current`] and in `shared`.
@@ -316,7 +129,7 @@ impl Host for NativeHost {
                     None => return Ok(None),
                 }
             }
-            BufferType::HttpCallResponseBody => match ANSWER.with(|a| a.borrow().as_ref().map(|a| a.body.clone())) {
+            BufferType::HttpCallResponseBody => match with_answer_read(|a| a.map(|a| a.body.clone())) {
                 Some(b) => b,
                 None => return Ok(None),
             },
@@ -340,36 +153,15 @@ impl Host for NativeHost {
         let filter = stream("set_buffer")?;
         let mut body = joined_body(filter, buffered, received, request);
         splice(&mut body, start, size, value);
-        // Drain every chunk the glue saw, then put the edited body where Envoy continues from: the received
-        // chunk inside a body hook (Envoy moves it behind the buffered ones), else the buffered body.
-        let (buffered_type, received_type) = if request {
-            (abi::BODY_BUFFERED_REQUEST, abi::BODY_RECEIVED_REQUEST)
-        } else {
-            (abi::BODY_BUFFERED_RESPONSE, abi::BODY_RECEIVED_RESPONSE)
-        };
-        // SAFETY: `filter` is the running hook's stream; the buffers live for each call.
-        unsafe {
-            if buffered.is_some() {
-                abi::envoy_dynamic_module_callback_http_drain_body(filter, buffered_type, usize::MAX);
-            }
-            if received.is_some() {
-                abi::envoy_dynamic_module_callback_http_drain_body(filter, received_type, usize::MAX);
-            }
-            let target = if received.is_some() {
-                received_type
-            } else {
-                buffered_type
-            };
-            if !abi::envoy_dynamic_module_callback_http_append_body(filter, target, ModuleBuffer::of(&body)) {
-                return err("set_buffer", HostStatus::NotFound);
-            }
+        if !put_back(filter, buffered.is_some(), received.is_some(), request, &body) {
+            return err("set_buffer", HostStatus::NotFound);
         }
         Ok(())
     }
 
     fn get_map(&self, map: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
         if let MapType::HttpCallResponseHeaders = map {
-            return Ok(ANSWER.with(|a| a.borrow().as_ref().map(|a| a.headers.clone()).unwrap_or_default()));
+            return Ok(with_answer_read(|a| a.map(|a| a.headers.clone()).unwrap_or_default()));
         }
         let Some(t) = header_type(map) else {
             return err("get_map", HostStatus::BadArgument);
@@ -379,9 +171,8 @@ impl Host for NativeHost {
 
     fn get_map_value(&self, map: MapType, key: &str) -> HostResult<Option<Vec<u8>>> {
         if let MapType::HttpCallResponseHeaders = map {
-            return Ok(ANSWER.with(|a| {
-                let a = a.borrow();
-                let found = a.as_ref()?.headers.iter().find(|(n, _)| n == key);
+            return Ok(with_answer_read(|a| {
+                let found = a?.headers.iter().find(|(n, _)| n == key);
                 found.map(|(_, v)| v.clone())
             }));
         }
@@ -625,7 +416,7 @@ impl Host for NativeHost {
             hook_context: c.hook_context,
             ..Current::NONE
         };
-        CURRENT.with(|cur| cur.set(next));
+        switch_to(next);
         Ok(())
     }
 }

@@ -16,7 +16,9 @@
 #![cfg_attr(test, allow(clippy::indexing_slicing, clippy::arithmetic_side_effects))]
 
 mod abi;
+mod body;
 mod config;
+mod current;
 mod hooks;
 mod host;
 mod metrics;
