@@ -108,6 +108,12 @@ pub fn define_all(envoy: FilterConfigEnvoyPtr) -> Families {
     out
 }
 
+/// The family key and label values of a glue stat name (tests read it).
+#[cfg(test)]
+pub fn family_of(name: &str) -> Option<(String, Vec<String>)> {
+    parse(name).map(|e| (e.family, e.values))
+}
+
 /// A glue stat's family and label values.
 struct Export {
     family: String,

@@ -11,10 +11,9 @@ use std::ffi::c_void;
 
 use super::fake_envoy::{self, ENVOY};
 use crate::abi;
-use crate::config::{envoy_dynamic_module_on_http_filter_config_new, envoy_dynamic_module_on_program_init};
 use crate::hooks::*;
 
-const CONFIG: &str = r#"{
+pub(super) const CONFIG: &str = r#"{
   "version": 1,
   "backends": [
     { "name": "llama-a", "kind": "llamacpp", "endpoints": ["127.0.0.1:8081", "127.0.0.1:8082"] }
@@ -107,15 +106,7 @@ fn exchange(config: *const c_void, stream: bool) {
 
 /// Counts the callbacks of the second of two identical requests on one worker.
 fn warm_counts(stream: bool) -> Vec<(&'static str, usize)> {
-    envoy_dynamic_module_on_program_init();
-    // The module's panic hook logs through Envoy, which the fake drops: a test's failure is printed as usual.
-    let _ = std::panic::take_hook();
-    let cfg = envoy_dynamic_module_on_http_filter_config_new(
-        std::ptr::NonNull::<c_void>::dangling().as_ptr(),
-        envoy_buffer(b"llmroute"),
-        envoy_buffer(CONFIG.as_bytes()),
-    );
-    assert!(!cfg.is_null(), "the test config loads");
+    let cfg = super::config(CONFIG);
     exchange(cfg, stream);
     fake_envoy::take_calls();
     exchange(cfg, stream);
