@@ -30,13 +30,6 @@ const SSE: [&str; 3] = [
     "data: [DONE]\n\n",
 ];
 
-fn envoy_buffer(b: &[u8]) -> abi::EnvoyBuffer {
-    abi::EnvoyBuffer {
-        ptr: b.as_ptr(),
-        length: b.len(),
-    }
-}
-
 /// A body hook with `chunk` received; a "stop and buffer" answer buffers it, as Envoy does.
 fn body(request: bool, chunk: &str, end: bool, filter: abi::FilterEnvoyPtr, module: *const c_void) -> u32 {
     let at = if request { 0 } else { 2 };
