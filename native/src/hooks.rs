@@ -22,10 +22,10 @@ use llmroute_core::{headers, Envelope};
 use proxy_wasm::traits::{HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType};
 
-use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterConfigModulePtr, FilterEnvoyPtr};
+use crate::abi::{self, EnvoyBuffer, FilterConfigModulePtr, FilterEnvoyPtr};
 use crate::config::{self, FilterConfig};
 use crate::host::{self, Current};
-use crate::streams::{self, Deferred};
+use crate::streams;
 
 thread_local! {
     static NEXT_CONTEXT: Cell<u32> = const { Cell::new(1) };
@@ -38,10 +38,10 @@ thread_local! {
 const TRAFFIC_TICK_MS: u64 = 1000;
 
 /// One stream.
-struct Stream {
-    config: *const FilterConfig,
+pub(crate) struct Stream {
+    pub(crate) config: *const FilterConfig,
     /// This worker's id for the stream's context (`set_effective_context`, `streams`).
-    context: u32,
+    pub(crate) context: u32,
     /// `None` after a panic: the stream already failed, later hooks let it be.
     ctx: Option<Box<dyn HttpContext>>,
     buffering_request: bool,
@@ -51,7 +51,7 @@ struct Stream {
 }
 
 impl Stream {
-    fn current(&self, filter: FilterEnvoyPtr) -> Current {
+    pub(crate) fn current(&self, filter: FilterEnvoyPtr) -> Current {
         Current {
             filter,
             config: self.config,
@@ -127,14 +127,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
 ///
 /// # Safety
 /// `module` was returned by `filter_new` and not yet destroyed; Envoy calls a stream's hooks one at a time.
-unsafe fn stream_of<'a>(module: *const c_void) -> Option<&'a mut Stream> {
+pub(crate) unsafe fn stream_of<'a>(module: *const c_void) -> Option<&'a mut Stream> {
     // SAFETY: the caller's contract.
     unsafe { module.cast::<Stream>().cast_mut().as_mut() }
 }
 
 /// Runs one glue callback for a stream, with the stream's host context; a panic fails the stream closed.
 /// `None` when the stream has no context (it failed before, or the worker refused the configuration).
-fn run<T>(
+pub(crate) fn run<T>(
     filter: FilterEnvoyPtr,
     stream: &mut Stream,
     current: Current,
@@ -361,7 +361,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 
 /// Runs `f` on the stream behind `module` with its host context, inside a guard whose panic fails nothing more
 /// (the stream is complete, or the hook has no reply to give).
-fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnOnce(&mut Stream, Current)) {
+pub(crate) fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnOnce(&mut Stream, Current)) {
     // SAFETY: Envoy's stream, see `stream_of`.
     let Some(stream) = (unsafe { stream_of(module) }) else {
         return;
@@ -390,128 +390,4 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
         streams::unregister(stream.context);
         drop(stream);
     }));
-}
-
-/// A stream's scheduled event: what another hook deferred to it (a fair-queue release: resume, or a 429), or its
-/// worker's tick while it waits (see `streams`).
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    filter: FilterEnvoyPtr,
-    module: *const c_void,
-    event_id: u64,
-) {
-    guarded(filter, module, |stream, current| match event_id {
-        streams::EVENT_DEFERRED => {
-            for action in streams::take_deferred(stream.context) {
-                match action {
-                    Deferred::Resume => {
-                        streams::resumed(stream.context);
-                        // SAFETY: this hook's own stream.
-                        unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(filter) };
-                    }
-                    Deferred::Reply { status, headers, body } => {
-                        let hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                        host::send_response(filter, status, &hdrs, &body);
-                    }
-                }
-            }
-        }
-        streams::EVENT_TICK => {
-            // SAFETY: Envoy keeps the configuration alive while any of its streams lives.
-            let Some(cfg) = (unsafe { stream.config.as_ref() }) else {
-                return;
-            };
-            // The root context ticks, from this stream's hook.
-            let root = Current {
-                filter: std::ptr::null_mut(),
-                context: 0,
-                ..current
-            };
-            host::with_current(root, || {
-                config::with_root(cfg, false, |r| r.map(|r| r.on_worker_tick()))
-            });
-        }
-        _ => {}
-    });
-}
-
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    filter: FilterEnvoyPtr,
-    module: *const c_void,
-    callout_id: u64,
-    result: u32,
-    headers: *const EnvoyHeader,
-    headers_size: usize,
-    body_chunks: *const EnvoyBuffer,
-    body_chunks_size: usize,
-) {
-    // SAFETY: Envoy's stream, see `stream_of`.
-    let Some(stream) = (unsafe { stream_of(module) }) else {
-        return;
-    };
-    let Ok(token) = u32::try_from(callout_id) else {
-        return;
-    };
-    // SAFETY: Envoy's arrays of the sizes given, alive for this hook.
-    let answer = unsafe { host::CalloutAnswer::of(result, headers, headers_size, body_chunks, body_chunks_size) };
-    let (n, size) = (answer.headers.len(), answer.body.len());
-    let current = stream.current(filter);
-    host::with_answer(answer, || {
-        run(filter, stream, current, |c| c.on_http_call_response(token, n, size, 0));
-    });
-}
-
-// The hooks Envoy requires that this filter does not use: streamed callouts and watermarks.
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _stream_id: u64,
-    _headers: *const EnvoyHeader,
-    _headers_size: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _stream_id: u64,
-    _data: *const EnvoyBuffer,
-    _data_count: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-    _filter: FilterEnvoyPtr,
-    _module: *const c_void,
-    _stream_id: u64,
-    _trailers: *const EnvoyHeader,
-    _trailers_size: usize,
-) {
-}
-
-/// Streamed callouts' completion and reset, and the downstream watermarks: nothing to do.
-macro_rules! unused_stream_hooks {
-    ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
-        $(
-            #[no_mangle]
-            pub extern "C" fn $name(_filter: FilterEnvoyPtr, _module: *const c_void $(, $arg: $ty)*) {
-                $(let _ = $arg;)*
-            }
-        )*
-    };
-}
-
-unused_stream_hooks! {
-    envoy_dynamic_module_on_http_filter_http_stream_complete(stream_id: u64);
-    envoy_dynamic_module_on_http_filter_http_stream_reset(stream_id: u64, reason: u32);
-    envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark();
-    envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark();
 }

@@ -19,6 +19,7 @@ mod abi;
 mod body;
 mod config;
 mod current;
+mod events;
 mod hooks;
 mod host;
 mod metrics;

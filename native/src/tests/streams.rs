@@ -8,6 +8,7 @@ use llmroute_filter::{Host, HostStatus};
 
 use super::budget::CONFIG;
 use super::fake_envoy::{self, ENVOY};
+use crate::events::*;
 use crate::hooks::*;
 use crate::host::{self, Current, HOST};
 use crate::streams::EVENT_DEFERRED;
