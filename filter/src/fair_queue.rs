@@ -30,10 +30,11 @@
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
-use llmroute_core::config::{Backend, TenantBy};
+use llmroute_core::config::Backend;
 use llmroute_core::envoy_contract::{log_fields, metrics as names, shared};
 use llmroute_core::fairness::{self, Arrival, FairQueue, QueueView, Refusal, Waiter};
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
+use llmroute_core::request_plan::{headers::Tenant, LocalReply};
 use llmroute_core::stream::Usage;
 use llmroute_core::{Config, Envelope, GatewayError, RouteDecision};
 
@@ -67,30 +68,6 @@ struct Entry {
     backend: String,
     id: u64,
     held: Weak<Held>,
-}
-
-/// A request's tenant and how long it may wait, read in the headers phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenant {
-    id: u64,
-    weight: u32,
-    wait_ms: u64,
-}
-
-/// The tenant of a request, with `fairness` on: the API key's name (`key`) or the tenant header's value (`find`
-/// reads a request header), hashed; and its wait, `fairness.max_wait_ms` or the client's shorter
-/// `x-max-wait-ms`. `None` without `fairness`. Reads no host state.
-pub fn tenant<'h>(cfg: &Config, key: Option<&str>, find: impl Fn(&str) -> Option<&'h [u8]>) -> Option<Tenant> {
-    let f = cfg.fairness.as_ref()?;
-    let name: &[u8] = match &f.by {
-        TenantBy::ApiKey => key.map_or(&[], str::as_bytes),
-        TenantBy::Header(h) => find(h).unwrap_or_default(),
-    };
-    Some(Tenant {
-        id: fairness::tenant_id(name),
-        weight: f.weight(name),
-        wait_ms: f.wait_ms(find(fairness::MAX_WAIT_HEADER)),
-    })
 }
 
 /// A request's place in its backend's queue, held by its request context until its log phase.
@@ -447,7 +424,7 @@ fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
             let e = GatewayError::QueueTimeout { waited_ms: waited };
             metrics.add(names::QUEUE_TIMEOUTS, &labels, 1);
             metrics.rejected(e.metric_reason());
-            crate::http::send_refusal(&e, h.envelope, h.request_id.as_deref());
+            host::send_local_reply(&LocalReply::refusal(&e, h.envelope, h.request_id.as_deref()));
         }
     }
     true

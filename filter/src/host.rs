@@ -360,6 +360,12 @@ pub fn send_reply(status: u32, headers: &[(&str, &str)], body: &[u8]) {
     );
 }
 
+/// Sends the core's local reply as it is.
+pub fn send_local_reply(reply: &llmroute_core::request_plan::LocalReply) {
+    let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    send_reply(reply.status, &headers, &reply.body);
+}
+
 fn now_nanos() -> Option<u64> {
     logged(host().now_nanos(), "reading the clock")
 }

@@ -13,6 +13,7 @@
 //! envelope when there is none (see `stream::assemble`).
 
 use llmroute_core::headers;
+use llmroute_core::request_plan::{LocalReply, JSON};
 use llmroute_core::response_plan::Media;
 use llmroute_core::stream::{self, assemble, Assembler, JsonCopy, Outcome, StreamTracker, Usage, Verdict};
 use llmroute_core::Api;
@@ -118,7 +119,9 @@ impl ResponseWatch {
                         if !end_of_stream {
                             // Settled before the stream ended (over the bound): answer now, and Envoy drops the
                             // upstream stream.
-                            host::send_reply(assemble::Failure::STATUS, &reply_headers(f, request_id), &body);
+                            let headers = [JSON, (headers::ERROR, f.code())];
+                            let reply = LocalReply::new(assemble::Failure::STATUS, &headers, body, request_id, None);
+                            host::send_local_reply(&reply);
                             return Hold::Wait;
                         }
                         host::set_response_header(":status", &assemble::Failure::STATUS.to_string());
@@ -202,13 +205,4 @@ impl ResponseWatch {
             }
         }
     }
-}
-
-/// The headers of the gateway's own 502 when an answer is settled before its stream ended.
-fn reply_headers(f: assemble::Failure, request_id: Option<&str>) -> Vec<(&str, &str)> {
-    let mut h = vec![("content-type", "application/json"), (headers::ERROR, f.code())];
-    if let Some(id) = request_id {
-        h.push((headers::REQUEST_ID, id));
-    }
-    h
 }

@@ -19,8 +19,9 @@
 use std::rc::Rc;
 
 use llmroute_core::admin_poll::{self, AdminFailure, Change, PollError};
+use llmroute_core::request_plan::{LocalReply, JSON};
 use llmroute_core::status::{self, FleetStatus, IdKey, StatusPage};
-use llmroute_core::{headers, Config};
+use llmroute_core::Config;
 use proxy_wasm::types::Action;
 
 use llmroute_core::envoy_contract::shared;
@@ -197,10 +198,7 @@ pub fn answer(cfg: &Config, page: StatusPage, request_id: Option<&str>) -> Actio
             (200, crate::fair_queue::with_queues(cfg, body))
         }
     };
-    let mut hdrs = vec![("content-type", "application/json"), ("cache-control", "no-store")];
-    if let Some(id) = request_id {
-        hdrs.push((headers::REQUEST_ID, id));
-    }
-    host::send_reply(code, &hdrs, &body);
+    let headers = [JSON, ("cache-control", "no-store")];
+    host::send_local_reply(&LocalReply::new(code, &headers, body, request_id, None));
     Action::Pause
 }

@@ -8,6 +8,7 @@
 
 use std::rc::Rc;
 
+use llmroute_core::request_plan::LocalReply;
 use llmroute_core::{headers, upstream, Config, Envelope};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -65,13 +66,8 @@ fn unavailable() -> Action {
     // A length an earlier attempt set no longer describes this body; without one, Envoy frames what it sends.
     host::set_request_header("content-length", None);
     let id = host::request_header(headers::REQUEST_ID);
-    let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, "gateway_error")];
-    if let Some(id) = &id {
-        hdrs.push((headers::REQUEST_ID, id));
-    }
     // The upstream role does not know the route's API; the OpenAI envelope is the default one.
-    let body = llmroute_core::error::unavailable_body(Envelope::OpenAi, id.as_deref());
-    host::send_reply(503, &hdrs, &body);
+    host::send_local_reply(&LocalReply::unavailable(Envelope::OpenAi, id.as_deref()));
     Action::Pause
 }
 
