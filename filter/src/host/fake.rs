@@ -128,7 +128,7 @@ impl FakeHost {
         INSTALLED.with(|i| *i.borrow_mut() = Some(fake.clone()));
         // Every level reaches the host, so tests see every line the filter could ever log.
         log::set_max_level(log::LevelFilter::Trace);
-        let _ = log::set_logger(&super::LOGGER);
+        let _ = log::set_logger(&super::logger::LOGGER);
         fake
     }
 
