@@ -1,7 +1,7 @@
 //! Native tests only: the proxy-wasm imports that the filter never calls but the SDK's default trait methods
 //! name (gRPC, shared queues, streams, foreign functions), so that a test binary which holds the contexts as
 //! `dyn HttpContext` and `dyn RootContext` links. Each answers `InternalFailure` (10). The imports the filter
-//! does call are faked in `host/tests.rs` (`proxy_continue_stream`, which resumes a request, in `host/fake.rs`);
+//! does call are faked in `host/tests.rs` (`proxy_continue_stream`, which resumes a request, in `host/fake/mod.rs`);
 //! the request path itself runs on `host::fake`.
 
 #[no_mangle]
