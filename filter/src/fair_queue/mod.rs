@@ -38,7 +38,7 @@ use llmroute_core::request_plan::{headers::Tenant, LocalReply};
 use llmroute_core::stream::Usage;
 use llmroute_core::{Config, Envelope, GatewayError, RouteDecision};
 
-use crate::host;
+use crate::host::Envoy;
 use crate::metrics::Metrics;
 
 mod updates;
@@ -115,6 +115,7 @@ pub enum Gate {
 /// A routed request (decision `d`, of tenant `tenant`, in request context `context_id`) arrives at its backend's
 /// queue. See the module doc.
 pub fn enter(
+    envoy: &Envoy,
     cfg: &Config,
     tenant: Option<Tenant>,
     d: &RouteDecision,
@@ -128,9 +129,9 @@ pub fn enter(
     let Some(b) = queue_backend(cfg, d) else {
         return Gate::Go(None);
     };
-    let now = host::now_ms();
+    let now = envoy.now_ms();
     let w = Waiter {
-        id: waiter_id(worker(), context_id),
+        id: waiter_id(worker(envoy), context_id),
         tenant: t.id,
         weight: t.weight,
         input_tokens: u32::try_from(d.input_tokens).unwrap_or(u32::MAX),
@@ -138,7 +139,9 @@ pub fn enter(
         deadline_ms: now.saturating_add(t.wait_ms),
     };
     let capacity = u64::from(b.max_inflight);
-    let Some(arrival) = update(b, metrics, |q| fairness::arrive(q, w, now, capacity, f.max_queue)) else {
+    let Some(arrival) = update(envoy, b, metrics, |q| {
+        fairness::arrive(q, w, now, capacity, f.max_queue)
+    }) else {
         log::warn!(
             "llmroute: the fair queue of {} could not be updated; the request goes on unqueued",
             b.name
@@ -183,7 +186,7 @@ pub fn enter(
 
 /// The request that held `ticket` is over (its log phase), with the engine's `usage`. True when it was served;
 /// false when it never got a slot (it timed out, or its client left while it waited), so it took nothing.
-pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
+pub fn end(envoy: &Envoy, cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
     let h = &ticket.0;
     let _ = LOCAL.with(|l| {
         l.try_borrow_mut()
@@ -206,7 +209,7 @@ pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bo
             output: usage.completion_tokens.unwrap_or(0),
         },
     };
-    if !release(b, metrics, Some(op)) {
+    if !release(envoy, b, metrics, Some(op)) {
         owe(&b.name, op);
     }
     h.state.get() == State::Running
@@ -214,7 +217,7 @@ pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bo
 
 /// The root context's tick: each backend with a waiter this worker holds, or an update it owes, releases this
 /// worker's waiters (see the module doc). Nothing to do, no host call.
-pub fn tick(cfg: &Config, metrics: &Metrics) {
+pub fn tick(envoy: &Envoy, cfg: &Config, metrics: &Metrics) {
     if cfg.fairness.is_none() {
         return;
     }
@@ -229,32 +232,32 @@ pub fn tick(cfg: &Config, metrics: &Metrics) {
     let mut done: Vec<&str> = Vec::new();
     for (backend, op) in owed {
         match cfg.backends.iter().find(|b| b.name == backend) {
-            Some(b) if release(b, metrics, Some(op)) => done.push(&b.name),
+            Some(b) if release(envoy, b, metrics, Some(op)) => done.push(&b.name),
             Some(_) => owe(&backend, op),
             None => {}
         }
     }
     for b in &cfg.backends {
         if waiting.contains(&b.name) && !done.contains(&b.name.as_str()) {
-            release(b, metrics, None);
+            release(envoy, b, metrics, None);
         }
     }
 }
 
 /// Takes this worker's number, seeds each backend's queue, defines the queue's series, and ticks every
 /// [`TICK_MS`]; from `on_configure`, with `fairness` on. The number is kept across configurations.
-pub fn start(cfg: &Config, metrics: &Metrics) {
+pub fn start(envoy: &Envoy, cfg: &Config, metrics: &Metrics) {
     if cfg.fairness.is_none() {
         return;
     }
-    worker();
+    worker(envoy);
     for b in &cfg.backends {
         let key = shared::fair_queue(&b.name);
-        let (bytes, _) = host::shared_data(&key);
+        let (bytes, _) = envoy.shared_data(&key);
         let q = match bytes {
             Some(bytes) => fairness::decode(&bytes),
             None => {
-                host::set_shared_data(&key, &fairness::encode(&FairQueue::default()), None);
+                envoy.set_shared_data(&key, &fairness::encode(&FairQueue::default()), None);
                 FairQueue::default()
             }
         };
@@ -262,11 +265,11 @@ pub fn start(cfg: &Config, metrics: &Metrics) {
         metrics.set(names::QUEUE_DEPTH, &labels, q.depth() as u64);
         metrics.add(names::QUEUE_TIMEOUTS, &labels, 0);
     }
-    host::set_tick_period(TICK_MS);
+    envoy.set_tick_period(TICK_MS);
 }
 
 /// The status page's body with each backend's queue added, with `fairness` on.
-pub fn with_queues(cfg: &Config, body: Vec<u8>) -> Vec<u8> {
+pub fn with_queues(envoy: &Envoy, cfg: &Config, body: Vec<u8>) -> Vec<u8> {
     if cfg.fairness.is_none() {
         return body;
     }
@@ -274,7 +277,8 @@ pub fn with_queues(cfg: &Config, body: Vec<u8>) -> Vec<u8> {
         .backends
         .iter()
         .map(|b| {
-            let q = host::shared_data(&shared::fair_queue(&b.name))
+            let q = envoy
+                .shared_data(&shared::fair_queue(&b.name))
                 .0
                 .map(|bytes| fairness::decode(&bytes))
                 .unwrap_or_default();

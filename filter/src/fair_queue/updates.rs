@@ -52,8 +52,8 @@ pub(super) fn owe(backend: &str, op: Op) {
 /// Applies `op` to backend `b`'s queue, then releases this worker's waiters there: admits those that go next while
 /// a slot is free (and resumes them), answers those whose deadline passed, and removes those whose request context
 /// is gone. False when the queue could not be updated (nothing was applied).
-pub(super) fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
-    let me = worker();
+pub(super) fn release(envoy: &Envoy, b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
+    let me = worker(envoy);
     let mine: Vec<u64> = LOCAL
         .with(|l| {
             l.try_borrow_mut().map(|mut l| {
@@ -62,9 +62,9 @@ pub(super) fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
             })
         })
         .unwrap_or_default();
-    let now = host::now_ms();
+    let now = envoy.now_ms();
     let capacity = u64::from(b.max_inflight);
-    let outcome = update(b, metrics, |q| {
+    let outcome = update(envoy, b, metrics, |q| {
         if let Some(op) = op {
             op.apply(q);
         }
@@ -111,7 +111,7 @@ pub(super) fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
     let labels = [("backend", b.name.as_str())];
     for h in held {
         let waited = now.saturating_sub(h.waiter.arrived_ms);
-        if !host::set_effective_context(h.context_id) {
+        if !envoy.set_effective_context(h.context_id) {
             // Its context is gone after all: it will never run, so it gives its slot back.
             if admitted.iter().any(|w| w.id == h.waiter.id) {
                 h.state.set(State::TimedOut);
@@ -128,17 +128,17 @@ pub(super) fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
             }
             continue;
         }
-        host::set_log_field(log_fields::QUEUE_WAIT_MS, &waited.to_string());
+        envoy.set_log_field(log_fields::QUEUE_WAIT_MS, &waited.to_string());
         if admitted.iter().any(|w| w.id == h.waiter.id) {
             h.state.set(State::Running);
             metrics.observe(names::QUEUE_WAIT_MS, &labels, waited);
-            host::resume_request();
+            envoy.resume_request();
         } else {
             h.state.set(State::TimedOut);
             let e = GatewayError::QueueTimeout { waited_ms: waited };
             metrics.add(names::QUEUE_TIMEOUTS, &labels, 1);
             metrics.rejected(e.metric_reason());
-            host::send_local_reply(&LocalReply::refusal(&e, h.envelope, h.request_id.as_deref()));
+            envoy.send_local_reply(&LocalReply::refusal(&e, h.envelope, h.request_id.as_deref()));
         }
     }
     true
@@ -147,16 +147,21 @@ pub(super) fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
 /// Runs `f` on backend `b`'s queue and writes the result with compare-and-swap, at most `CAS_ATTEMPTS` tries;
 /// `f` runs again on a fresh read after a lost race. An unchanged queue is not written. Sets the depth gauge when
 /// the depth changed. `None` when the queue could not be read or written.
-pub(super) fn update<R>(b: &Backend, metrics: &Metrics, mut f: impl FnMut(&mut FairQueue) -> R) -> Option<R> {
+pub(super) fn update<R>(
+    envoy: &Envoy,
+    b: &Backend,
+    metrics: &Metrics,
+    mut f: impl FnMut(&mut FairQueue) -> R,
+) -> Option<R> {
     let key = shared::fair_queue(&b.name);
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::try_shared_data(&key)?;
+        let (bytes, cas) = envoy.try_shared_data(&key)?;
         let bytes = bytes.unwrap_or_default();
         let mut q = fairness::decode(&bytes);
         let before = q.depth();
         let r = f(&mut q);
         let encoded = fairness::encode(&q);
-        if encoded == bytes || host::set_shared_data(&key, &encoded, cas) {
+        if encoded == bytes || envoy.set_shared_data(&key, &encoded, cas) {
             if q.depth() != before {
                 metrics.set(names::QUEUE_DEPTH, &[("backend", &b.name)], q.depth() as u64);
             }
@@ -178,12 +183,12 @@ pub(super) fn worker_of(id: u64) -> u32 {
 /// This worker VM's number, drawn once from the VM's random source (std's `RandomState` keys come from WASI
 /// `random_get`, which Envoy serves from its CSPRNG): two VMs of one process share a number with odds of about
 /// `workers² / 2³³`.
-pub(super) fn worker() -> u32 {
+pub(super) fn worker(envoy: &Envoy) -> u32 {
     if let Some(n) = WORKER.with(Cell::get) {
         return n;
     }
     use std::hash::BuildHasher;
-    let n = std::hash::RandomState::new().hash_one(host::now_ms()) as u32;
+    let n = std::hash::RandomState::new().hash_one(envoy.now_ms()) as u32;
     WORKER.with(|w| w.set(Some(n)));
     n
 }

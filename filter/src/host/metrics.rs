@@ -3,43 +3,48 @@
 use super::*;
 use proxy_wasm::types::MetricType;
 
-/// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
-pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
-    logged(host().define_metric(kind, name), format_args!("defining metric {name}"))
-}
-
-/// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).
-pub fn define_counter(name: &str) -> Option<u32> {
-    logged(
-        host().define_metric(MetricType::Counter, name),
-        format_args!("defining metric {name}"),
-    )
-}
-
-pub fn increment(metric: Option<u32>) {
-    add(metric, 1);
-}
-
-pub fn add(metric: Option<u32>, n: u64) {
-    if let (Some(id), Ok(n)) = (metric, i64::try_from(n)) {
-        let _ = host().increment_metric(id, n);
+impl Envoy {
+    /// A metric of `kind`; `None` when the host refuses (the metric is then skipped).
+    pub fn define_metric(&self, kind: MetricType, name: &str) -> Option<u32> {
+        logged(
+            self.host().define_metric(kind, name),
+            format_args!("defining metric {name}"),
+        )
     }
-}
 
-/// A metric's current value (summed over the VMs), if it was defined and the host answers.
-pub fn metric_value(metric: Option<u32>) -> Option<u64> {
-    host().get_metric(metric?).ok()
-}
-
-/// Records one observation `v` of a histogram (the same ABI call as a gauge's level, `record_metric`).
-pub fn observe(metric: Option<u32>, v: u64) {
-    if let Some(id) = metric {
-        let _ = host().record_metric(id, v);
+    /// A counter, defined once per VM; `None` when the host refuses (metrics are then skipped).
+    pub fn define_counter(&self, name: &str) -> Option<u32> {
+        logged(
+            self.host().define_metric(MetricType::Counter, name),
+            format_args!("defining metric {name}"),
+        )
     }
-}
 
-pub fn set_gauge(metric: Option<u32>, v: u64) {
-    if let Some(id) = metric {
-        let _ = host().record_metric(id, v);
+    pub fn increment(&self, metric: Option<u32>) {
+        self.add(metric, 1);
+    }
+
+    pub fn add(&self, metric: Option<u32>, n: u64) {
+        if let (Some(id), Ok(n)) = (metric, i64::try_from(n)) {
+            let _ = self.host().increment_metric(id, n);
+        }
+    }
+
+    /// A metric's current value (summed over the VMs), if it was defined and the host answers.
+    pub fn metric_value(&self, metric: Option<u32>) -> Option<u64> {
+        self.host().get_metric(metric?).ok()
+    }
+
+    /// Records one observation `v` of a histogram (the same ABI call as a gauge's level, `record_metric`).
+    pub fn observe(&self, metric: Option<u32>, v: u64) {
+        if let Some(id) = metric {
+            let _ = self.host().record_metric(id, v);
+        }
+    }
+
+    pub fn set_gauge(&self, metric: Option<u32>, v: u64) {
+        if let Some(id) = metric {
+            let _ = self.host().record_metric(id, v);
+        }
     }
 }

@@ -1,32 +1,32 @@
 //! Host calls the filter makes, wrapped so that a host error is a value, never a trap.
 //!
-//! Every host call goes through here. The glue calls the free functions below (`host::request_body`,
-//! `host::set_shared_data`, ...), which log a failure and return `None`, `false` or nothing; they reach the host
-//! through the small [`Host`] trait: the operations the glue needs (headers, bodies, shared data with its
-//! compare-and-swap version, local replies, HTTP callouts, properties, the clock, logs, metrics), each returning
-//! a typed [`HostResult`].
+//! Every host call goes through here. Each context is given an [`Envoy`] when it is made, and the glue calls its
+//! methods (`envoy.request_body(..)`, `envoy.set_shared_data(..)`, ...), which log a failure and return `None`,
+//! `false` or nothing; they reach the host through the small [`Host`] trait: the operations the glue needs
+//! (headers, bodies, shared data with its compare-and-swap version, local replies, HTTP callouts, properties, the
+//! clock, logs, metrics), each returning a typed [`HostResult`]. Which host it is, the glue never asks:
 //!
-//! - In the filter, [`host()`] is [`abi::Abi`], a unit struct over the proxy-wasm imports, called directly rather
-//!   than through the SDK: the SDK's context convenience methods unwrap, and its `hostcalls` functions `panic!`
-//!   on any status they do not expect; under `panic = "abort"` either kills the VM for every request on that
-//!   worker. The dispatch is static and the struct has no state, so the trait costs nothing on wasm.
-//! - In native tests (`cfg(test)`), [`host()`] is the [`fake::FakeHost`] the test installed on its thread (an
-//!   in-memory Envoy: header maps, bodies, shared data with versions, a clock, recorded replies and callouts, and
-//!   error injection), or the ABI when none is (whose imports `host/tests.rs` defines). The contexts then run
-//!   natively, unchanged: `filter/src/tests/` drives them the way Envoy would.
+//! - In the filter, the root context is made with [`Envoy::abi`]: [`abi::Abi`], a unit struct over the
+//!   proxy-wasm imports, called directly rather than through the SDK: the SDK's context convenience methods
+//!   unwrap, and its `hostcalls` functions `panic!` on any status they do not expect; under `panic = "abort"`
+//!   either kills the VM for every request on that worker.
+//! - The native build (feature `native`) makes its roots with its own host (`native/src/host.rs`).
+//! - Native tests make them with a [`fake::FakeHost`] (an in-memory Envoy: header maps, bodies, shared data with
+//!   versions, a clock, recorded replies and callouts, and error injection). The contexts then run natively,
+//!   unchanged: `filter/src/tests/` drives them the way Envoy would.
 //!
 //! The one SDK call left is `dispatch_http_call` (in [`abi::Abi`]'s `http_call`): the SDK's dispatcher must
 //! register the call's token to deliver its answer, and that function maps every status Envoy's
 //! `proxy_http_call` returns (`BadArgument`, `InternalFailure`) to an error.
 //!
-//! Logging goes through the `Logger` of `logger.rs`, which drops a message the host refuses instead of unwrapping.
+//! Logging goes through the logger of `logger.rs`, whose sink is given once at start (the ABI's `proxy_log` in
+//! the filter), and which drops a message the host refuses instead of unwrapping.
 //!
 //! The wrappers, by capability: `stream.rs` (the request's and response's headers, bodies and properties, local
 //! replies, access-log fields), `callouts.rs` (HTTP calls to Envoy clusters, resuming and switching contexts),
-//! `shared.rs` (shared data), `metrics.rs`, `clock.rs` (the clock and the tick), `logger.rs` (the logger) and
-//! `native.rs` (the native build's installed host).
+//! `shared.rs` (shared data), `metrics.rs`, `clock.rs` (the clock and the tick) and `logger.rs` (the logger).
 
-// The native build (feature `native`) reaches Envoy through the host it installs, not through these imports.
+// The native build (feature `native`) reaches Envoy through its own host, not through these imports.
 #[cfg_attr(feature = "native", allow(dead_code))]
 mod abi;
 #[cfg(test)]
@@ -36,22 +36,16 @@ mod callouts;
 mod clock;
 mod logger;
 mod metrics;
-#[cfg(feature = "native")]
-mod native;
 mod shared;
 mod stream;
 
 pub use abi::{HostError, HostResult, HostStatus};
-pub use callouts::*;
-pub use clock::*;
 pub use logger::init_logging;
-pub use metrics::*;
-#[cfg(feature = "native")]
-pub use native::install;
 pub use shared::*;
 pub use stream::*;
 
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
+use std::rc::Rc;
 use std::time::Duration;
 
 /// What the glue asks of the host. Each call returns the host's status as a [`HostError`]; an absent value
@@ -96,28 +90,39 @@ pub trait Host {
     fn resume_request(&self) -> HostResult<()>;
 }
 
-/// The host every wrapper below calls in the native build (feature `native`): the one the native crate
-/// installed with [`install`] when Envoy loaded it, else [`native::Unavailable`].
-#[cfg(all(not(test), feature = "native"))]
-#[inline(always)]
-fn host() -> &'static dyn Host {
-    match native::NATIVE.get() {
-        Some(h) => *h,
-        None => &native::Unavailable,
+/// The host the glue calls, handed to each context when it is made: Envoy through the ABI in the filter, the
+/// native crate's host in the native build, a fake in native tests. Every wrapper in this module is a method of
+/// it; a clone shares the same host.
+#[derive(Clone)]
+pub struct Envoy(Rc<dyn Host>);
+
+impl std::fmt::Debug for Envoy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Envoy")
     }
 }
 
-/// The host every wrapper below calls: Envoy, through the ABI.
-#[cfg(all(not(test), not(feature = "native")))]
-#[inline(always)]
-fn host() -> abi::Abi {
-    abi::Abi
+impl Envoy {
+    #[cfg_attr(not(any(test, feature = "native")), allow(dead_code))]
+    pub fn new(host: Rc<dyn Host>) -> Envoy {
+        Envoy(host)
+    }
+
+    /// The proxy-wasm ABI: the filter's host in Envoy.
+    #[cfg(any(test, not(feature = "native")))]
+    pub fn abi() -> Envoy {
+        Envoy(Rc::new(abi::Abi))
+    }
+
+    fn host(&self) -> &dyn Host {
+        &*self.0
+    }
 }
 
-/// The host every wrapper below calls, in native tests: the fake installed on this thread, else the ABI.
-#[cfg(test)]
-fn host() -> std::rc::Rc<dyn Host> {
-    fake::installed()
+/// The logger's sink in the filter: Envoy's `proxy_log`, through the ABI.
+#[cfg(any(test, not(feature = "native")))]
+pub fn abi_log(level: LogLevel, message: &str) {
+    let _ = abi::Abi.log(level, message);
 }
 
 /// Logs a failed call at warning level and turns it into an `Option`.

@@ -4,7 +4,6 @@
 use llmroute_core::stream::Usage;
 
 use super::Http;
-use crate::host;
 use crate::metrics::Finished;
 use crate::response::ResponseWatch;
 
@@ -21,7 +20,7 @@ impl Http {
                 .watch
                 .as_ref()
                 .map_or(Usage::default(), |w| w.summary(String::new).1);
-            if !crate::fair_queue::end(&cfg, t, &usage, &self.metrics) {
+            if !crate::fair_queue::end(&self.envoy, &cfg, t, &usage, &self.metrics) {
                 // It waited and never got a slot: it holds nothing in the limit buckets either.
                 self.release_charges();
             }
@@ -31,21 +30,25 @@ impl Http {
     /// The log phase of the exchange: placement's in-flight count, the limits' settlement, and the metrics.
     fn log_exchange(&mut self) {
         if let Some(p) = self.pin.take() {
-            p.release();
+            p.release(&self.envoy);
         }
         if let Some(w) = self.work.take() {
-            w.release();
+            w.release(&self.envoy);
         }
         if !self.charges.is_empty() {
             // Without reported usage (a cut stream, an error) the reservation stands.
             if let Some(used) = self.watch.as_ref().and_then(ResponseWatch::used_tokens) {
-                crate::admission::settle(&self.charges, used);
+                crate::admission::settle(&self.envoy, &self.charges, used);
             }
         }
         let Some(d) = &self.routed else {
             return;
         };
-        let details = || host::property_string(&["response", "code_details"]).unwrap_or_default();
+        let details = || {
+            self.envoy
+                .property_string(&["response", "code_details"])
+                .unwrap_or_default()
+        };
         let (outcome, usage) = self
             .watch
             .as_ref()
@@ -54,8 +57,8 @@ impl Http {
             self.metrics.stream_outcome(o);
         }
         // The status the response headers had; `response.code` only when they never came (a reply cut before them).
-        let status = self.status.or_else(host::response_code).unwrap_or(0);
-        let now = host::now_ms();
+        let status = self.status.or_else(|| self.envoy.response_code()).unwrap_or(0);
+        let now = self.envoy.now_ms();
         let since_start = |t: u64| (self.started_ms > 0).then(|| t.saturating_sub(self.started_ms));
         let backend = self.backend.as_deref().unwrap_or(&d.cluster);
         self.metrics.finished(&Finished {

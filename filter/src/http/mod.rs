@@ -40,6 +40,8 @@ use crate::response::ResponseWatch;
 pub use reply::send_head_edit;
 
 pub struct Http {
+    /// The host this request's calls go to.
+    envoy: host::Envoy,
     cfg: Option<Rc<Config>>,
     /// The API keys, when `auth` is on.
     keys: Option<Rc<Keys>>,
@@ -91,8 +93,15 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(cfg: Option<Rc<Config>>, keys: Option<Rc<Keys>>, metrics: Metrics, context_id: u32) -> Self {
+    pub fn new(
+        envoy: host::Envoy,
+        cfg: Option<Rc<Config>>,
+        keys: Option<Rc<Keys>>,
+        metrics: Metrics,
+        context_id: u32,
+    ) -> Self {
         Http {
+            envoy,
             cfg,
             keys,
             key: None,
@@ -135,7 +144,7 @@ impl HttpContext for Http {
         if !phases::runs(Phase::Headers) {
             return Action::Continue;
         }
-        self.started_ms = host::now_ms();
+        self.started_ms = self.envoy.now_ms();
         match self.cfg.clone() {
             Some(cfg) => self.request_headers(&cfg, end_of_stream),
             None => self.unavailable(),

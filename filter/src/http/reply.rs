@@ -6,13 +6,13 @@ use llmroute_core::{BodyPatch, Envelope, GatewayError};
 use proxy_wasm::types::Action;
 
 use super::Http;
-use crate::host;
+use crate::host::Envoy;
 
 impl Http {
     /// Gives back what the request took from the limit buckets: a request the gateway refuses holds nothing.
     pub(super) fn release_charges(&mut self) {
         if !self.charges.is_empty() {
-            crate::admission::give_back(&std::mem::take(&mut self.charges));
+            crate::admission::give_back(&self.envoy, &std::mem::take(&mut self.charges));
         }
     }
 
@@ -32,7 +32,7 @@ impl Http {
             self.reading = None;
             self.metrics.rejected(reason);
         }
-        host::send_local_reply(&reply);
+        self.envoy.send_local_reply(&reply);
         Action::Pause
     }
 
@@ -51,11 +51,11 @@ impl Http {
 
 /// Sends `patch` of the buffered request `body` to Envoy as a head edit (see `llmroute_core::patch`): no new body
 /// is built in the VM. False when the patch does not fit the body or Envoy refused a call.
-pub fn send_head_edit(patch: &BodyPatch, body: &[u8]) -> bool {
+pub fn send_head_edit(envoy: &Envoy, patch: &BodyPatch, body: &[u8]) -> bool {
     patch.head_edit(body).is_some_and(|calls| {
         calls
             .iter()
             .filter(|c| !c.is_noop())
-            .all(|c| host::replace_request_body(c.drain, c.bytes))
+            .all(|c| envoy.replace_request_body(c.drain, c.bytes))
     })
 }

@@ -10,7 +10,7 @@ use proxy_wasm::types::Action;
 
 use super::Http;
 use crate::fair_queue::Gate;
-use crate::host;
+use crate::host::Envoy;
 use crate::key_placement::{self, Pin};
 use crate::phases::{self, Phase};
 use crate::placement_store::Step;
@@ -18,35 +18,36 @@ use crate::placement_store::Step;
 impl Http {
     /// Applies the headers plan.
     pub(super) fn request_headers(&mut self, cfg: &Config, end_of_stream: bool) -> Action {
-        let Some(all) = host::request_headers() else {
+        let Some(all) = self.envoy.request_headers() else {
             return self.unavailable();
         };
         let context_id = self.context_id;
         let keys = self.keys.clone();
         let plan = headers_plan::plan(cfg, keys.as_deref(), &all, end_of_stream, || {
-            host::fresh_request_id(context_id)
+            self.envoy.fresh_request_id(context_id)
         });
         for name in &plan.remove {
-            host::set_request_header(name, None);
+            self.envoy.set_request_header(name, None);
         }
         if plan.fresh_id {
-            host::set_request_header(headers::REQUEST_ID, Some(&plan.request_id));
+            self.envoy
+                .set_request_header(headers::REQUEST_ID, Some(&plan.request_id));
         }
         self.request_id = Some(plan.request_id);
         if let Some(n) = &plan.key {
             // The key's configured name (never its value) identifies the client in the access log.
-            host::set_log_field(log_fields::KEY, n);
+            self.envoy.set_log_field(log_fields::KEY, n);
         }
         self.key = plan.key;
         self.envelope = plan.envelope;
         let read = match plan.next {
             Next::Reply(reply) => return self.reply(reply),
-            Next::Status(page) => return crate::status::answer(cfg, page, self.request_id.as_deref()),
+            Next::Status(page) => return crate::status::answer(&self.envoy, cfg, page, self.request_id.as_deref()),
             Next::Models { endpoint, query } => return self.models(cfg, &endpoint, &query),
             Next::Read(read) => read,
         };
         // A key's request limit is decided here, before its body is read or buffered.
-        match crate::admission::admit(&read.charges) {
+        match crate::admission::admit(&self.envoy, &read.charges) {
             Ok(left) => self.remaining = left,
             Err(e) => {
                 self.count_limited(&e, "none");
@@ -64,8 +65,8 @@ impl Http {
     }
 
     fn models(&mut self, cfg: &Config, endpoint: &Endpoint, query: &str) -> Action {
-        let fleet = crate::status::latest();
-        let now = host::now_ms();
+        let fleet = crate::status::latest(&self.envoy);
+        let now = self.envoy.now_ms();
         let state = |a: &llmroute_core::config::ModelAlias| models::ModelState::of(cfg, fleet.as_ref(), now, a);
         let id = self.request_id.as_deref();
         let reply = request_plan::models_reply(cfg, endpoint, self.envelope, query, &state, id);
@@ -94,7 +95,7 @@ impl Http {
         let Some((api, session)) = self.reading.take() else {
             return Action::Continue;
         };
-        let Some(received) = host::request_body(self.body_size) else {
+        let Some(received) = self.envoy.request_body(self.body_size) else {
             return self.unavailable();
         };
         if !phases::runs(Phase::Scan) {
@@ -108,7 +109,7 @@ impl Http {
             sent_length: self.sent_length.as_deref(),
             request_id: self.request_id.as_deref(),
         };
-        let bound = |alias: &str, input: u64| crate::admission::output_bound(cfg, alias, key, input);
+        let bound = |alias: &str, input: u64| crate::admission::output_bound(&self.envoy, cfg, alias, key, input);
         let mut plan = match body::plan(cfg, &facts, received, bound) {
             Ok(p) => p,
             Err(reply) => return self.reply(reply),
@@ -119,24 +120,24 @@ impl Http {
         if let Err(e) = self.admit_tokens(cfg, &mut plan) {
             return self.refuse(&e, api.envelope());
         }
-        if !apply_edit(&plan) {
+        if !apply_edit(&self.envoy, &plan) {
             return self.unavailable();
         }
         match &plan.length {
             Length::Unchanged => {}
-            Length::Set(v) => host::set_request_header("content-length", Some(v)),
+            Length::Set(v) => self.envoy.set_request_header("content-length", Some(v)),
             Length::Unknown => return self.unavailable(),
         }
         if !phases::runs(Phase::Request) {
             return Action::Continue;
         }
         for (name, value) in plan.request_headers() {
-            host::set_request_header(name, Some(value));
+            self.envoy.set_request_header(name, Some(value));
         }
         for (key, value) in plan.log_fields() {
-            host::set_log_field(key, value);
+            self.envoy.set_log_field(key, value);
         }
-        crate::engine_load::ask_report(cfg, &plan.decision);
+        crate::engine_load::ask_report(&self.envoy, cfg, &plan.decision);
         let d = &plan.decision;
         self.estimate = (d.input_tokens, d.max_output_tokens);
         log::debug!(
@@ -147,9 +148,10 @@ impl Http {
         );
         if let Some(hash) = plan.place() {
             // A key new to a replica with a placement store waits for etcd (see `placement_store`).
-            self.store_wait = crate::placement_store::begin(cfg, &d.placement, &d.cluster, hash, &self.metrics);
+            self.store_wait =
+                crate::placement_store::begin(&self.envoy, cfg, &d.placement, &d.cluster, hash, &self.metrics);
             if self.store_wait.is_none() {
-                self.pinned(key_placement::pin(cfg, &d.placement, &d.cluster, hash));
+                self.pinned(key_placement::pin(&self.envoy, cfg, &d.placement, &d.cluster, hash));
             }
         }
         self.routed = Some(plan.decision);
@@ -163,7 +165,7 @@ impl Http {
     /// share; counts the key's request.
     fn admit_tokens(&mut self, cfg: &Config, plan: &mut RoutePlan) -> Result<(), GatewayError> {
         let d = &plan.decision;
-        match crate::admission::admit(&plan.charges) {
+        match crate::admission::admit(&self.envoy, &plan.charges) {
             Ok(left) => self.remaining = self.remaining.least(left),
             Err(e) => {
                 self.count_limited(&e, &d.alias);
@@ -174,6 +176,7 @@ impl Http {
         if let Some(g) = &cfg.global_limits {
             let key = self.key.as_deref();
             self.global = Some(crate::global_limits::admit(
+                &self.envoy,
                 g,
                 &d.alias,
                 key,
@@ -191,9 +194,10 @@ impl Http {
         self.pin = pin;
         if let Some(p) = &self.pin {
             self.metrics.placement(p.choice.reason);
-            host::set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
+            self.envoy
+                .set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
             if let Some(cfg) = &self.cfg {
-                self.work = crate::engine_load::Work::hold(cfg, p, self.estimate.0, self.estimate.1);
+                self.work = crate::engine_load::Work::hold(&self.envoy, cfg, p, self.estimate.0, self.estimate.1);
             }
         }
     }
@@ -208,12 +212,12 @@ impl Http {
             self.store_wait = Some(w);
             return;
         }
-        match crate::placement_store::finish(&cfg, &mut w, body_size, &self.metrics) {
+        match crate::placement_store::finish(&self.envoy, &cfg, &mut w, body_size, &self.metrics) {
             Step::Retrying => self.store_wait = Some(w),
             Step::Pinned(pin) => {
                 self.pinned(pin);
                 if self.enter_queue(&cfg) == Action::Continue {
-                    host::resume_request();
+                    self.envoy.resume_request();
                 }
             }
         }
@@ -226,7 +230,7 @@ impl Http {
             return Action::Continue;
         };
         let id = self.request_id.as_deref();
-        match crate::fair_queue::enter(cfg, self.tenant, d, self.context_id, id, &self.metrics) {
+        match crate::fair_queue::enter(&self.envoy, cfg, self.tenant, d, self.context_id, id, &self.metrics) {
             Gate::Go(ticket) => {
                 self.ticket = ticket;
                 Action::Continue
@@ -245,14 +249,14 @@ impl Http {
 }
 
 /// Sends the plan's body edit to Envoy. False when Envoy refused a call or the patch does not fit.
-fn apply_edit(plan: &RoutePlan) -> bool {
+fn apply_edit(envoy: &Envoy, plan: &RoutePlan) -> bool {
     match &plan.edit {
         Edit::Keep => true,
         Edit::HeadEdit { body } => plan
             .decision
             .patch
             .as_ref()
-            .is_some_and(|p| super::send_head_edit(p, body)),
-        Edit::Replace { drain, body } => host::replace_request_body(*drain, body),
+            .is_some_and(|p| super::send_head_edit(envoy, p, body)),
+        Edit::Replace { drain, body } => envoy.replace_request_body(*drain, body),
     }
 }

@@ -33,16 +33,16 @@ impl Http {
             tokens_remaining: self.remaining.tokens,
             assemble: d.assemble,
         });
-        let response_headers = host::ResponseHeaders::default();
+        let response_headers = host::ResponseHeaders::new(&self.envoy);
         let plan = response_plan::plan(&settings, routed.as_ref(), &|name| response_headers.get(name), &|| {
-            host::property_string(&["upstream", "address"])
+            self.envoy.property_string(&["upstream", "address"])
         });
         self.status = plan.status;
         for name in &plan.remove {
-            host::remove_response_header(name);
+            self.envoy.remove_response_header(name);
         }
         for (name, value) in &plan.set {
-            host::set_response_header(name, value);
+            self.envoy.set_response_header(name, value);
         }
         let Some(d) = &self.routed else {
             return Action::Continue;
@@ -50,7 +50,7 @@ impl Http {
         if let Some(refusal) = self
             .global
             .as_ref()
-            .and_then(|g| g.on_response_headers(&response_headers))
+            .and_then(|g| g.on_response_headers(&self.envoy, &response_headers))
         {
             // Envoy's rate-limit filter answered (its body is already in the route's envelope): it costs nothing.
             self.global = None;
@@ -60,18 +60,18 @@ impl Http {
                 self.metrics.rate_limited(&d.alias, key, "global");
             }
             if !self.charges.is_empty() {
-                crate::admission::settle(&self.charges, 0);
+                crate::admission::settle(&self.envoy, &self.charges, 0);
             }
             self.charges.clear();
             return Action::Continue;
         }
         let backend = match d.known_backend() {
             Some(b) => b.to_string(),
-            None => host::upstream_backend().unwrap_or_else(|| d.cluster.clone()),
+            None => self.envoy.upstream_backend().unwrap_or_else(|| d.cluster.clone()),
         };
-        host::set_log_field(log_fields::BACKEND, &backend);
+        self.envoy.set_log_field(log_fields::BACKEND, &backend);
         if let (Some(report), Some(cfg)) = (response_headers.get(orca::RESPONSE_HEADER), &self.cfg) {
-            crate::engine_load::fold_report(cfg, &backend, &report);
+            crate::engine_load::fold_report(&self.envoy, cfg, &backend, &report);
         }
         self.backend = Some(backend);
         match plan.body {
@@ -106,19 +106,19 @@ impl Http {
             let read = body_size.min(anthropic::ERROR_BODY_MAX + 1);
             let got = match read {
                 0 => Vec::new(),
-                _ => host::response_body(read).unwrap_or_default(),
+                _ => self.envoy.response_body(read).unwrap_or_default(),
             };
             let (body, shape) = anthropic::backend_error_body(status, &got, self.request_id.as_deref());
             log::debug!("llmroute: backend error {status} on /v1/messages: {shape:?}");
-            host::replace_response_body(body_size, &body);
+            self.envoy.replace_response_body(body_size, &body);
             return Action::Continue;
         }
         if !self.replacing_overflow {
             if body_size > 0 && self.first_byte_ms.is_none() {
-                self.first_byte_ms = Some(host::now_ms());
+                self.first_byte_ms = Some(self.envoy.now_ms());
             }
             if let Some(w) = &mut self.watch {
-                let hold = w.on_body(body_size, end_of_stream, self.request_id.as_deref());
+                let hold = w.on_body(&self.envoy, body_size, end_of_stream, self.request_id.as_deref());
                 if end_of_stream {
                     self.publish_summary();
                 }
@@ -134,7 +134,7 @@ impl Http {
         self.replacing_overflow = false;
         let envelope = self.routed.as_ref().map_or(Envelope::OpenAi, |d| d.api.envelope());
         let body = llmroute_core::error::overloaded_body(envelope, self.request_id.as_deref());
-        host::replace_response_body(body_size, &body);
+        self.envoy.replace_response_body(body_size, &body);
         Action::Continue
     }
 
@@ -144,7 +144,7 @@ impl Http {
         let Some(w) = &self.watch else { return };
         let (outcome, usage) = w.summary(String::new);
         if let Some(o) = outcome {
-            host::set_log_field(log_fields::STREAM_OUTCOME, o.as_str());
+            self.envoy.set_log_field(log_fields::STREAM_OUTCOME, o.as_str());
         }
         let fields = [
             (log_fields::INPUT_TOKENS, usage.prompt_tokens),
@@ -153,11 +153,11 @@ impl Http {
         ];
         for (key, n) in fields {
             if let Some(n) = n {
-                host::set_log_field(key, &n.to_string());
+                self.envoy.set_log_field(key, &n.to_string());
             }
         }
         if let (Some(g), Some(used)) = (&self.global, w.used_tokens()) {
-            g.publish(Some(used));
+            g.publish(&self.envoy, Some(used));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! An in-memory Envoy for native tests: the [`Host`] a test installs on its thread with [`FakeHost::install`].
+//! An in-memory Envoy for native tests: the [`Host`] a test makes with [`FakeHost::new`] and gives its contexts.
 //!
 //! It keeps what Envoy keeps for one request and one VM: the request, response and callout header maps, the body
 //! buffers, properties (and the access-log fields the filter sets as `wasm.<key>` filter state), shared data with
@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
@@ -26,14 +26,19 @@ use super::Host;
 mod calls;
 
 thread_local! {
-    static INSTALLED: RefCell<Option<Rc<FakeHost>>> = const { RefCell::new(None) };
+    /// The fake made last on this thread, which records the filter's log lines: the `log` facade is
+    /// process-wide, and each test runs on its own thread.
+    static LOGS_TO: RefCell<Weak<FakeHost>> = const { RefCell::new(Weak::new()) };
 }
 
-/// The host the wrappers call on this thread: the installed fake, or the ABI.
-pub fn installed() -> Rc<dyn Host> {
-    match INSTALLED.with(|i| i.borrow().clone()) {
-        Some(fake) => fake,
-        None => Rc::new(super::abi::Abi),
+/// The logger's sink in native tests: the log lines go to the fake made last on this thread, else to the ABI
+/// (whose imports `host/tests.rs` answers).
+pub fn log_sink(level: LogLevel, message: &str) {
+    match LOGS_TO.with(|l| l.borrow().upgrade()) {
+        Some(fake) => {
+            let _ = fake.log(level, message);
+        }
+        None => super::abi_log(level, message),
     }
 }
 
@@ -123,15 +128,20 @@ fn path_key(path: &[&str]) -> String {
 }
 
 impl FakeHost {
-    /// A fresh fake, installed as this thread's host (replacing any other); the clock reads 1 000 000 ms.
-    pub fn install() -> Rc<FakeHost> {
+    /// A fresh fake, which records the log lines of this thread; the clock reads 1 000 000 ms.
+    pub fn new() -> Rc<FakeHost> {
         let fake = Rc::new(FakeHost::default());
         fake.set_now_ms(1_000_000);
-        INSTALLED.with(|i| *i.borrow_mut() = Some(fake.clone()));
+        LOGS_TO.with(|l| *l.borrow_mut() = Rc::downgrade(&fake));
         // Every level reaches the host, so tests see every line the filter could ever log.
+        super::init_logging(log::LevelFilter::Trace, log_sink);
         log::set_max_level(log::LevelFilter::Trace);
-        let _ = log::set_logger(&super::logger::LOGGER);
         fake
+    }
+
+    /// The host the contexts of a test are made with: this fake.
+    pub fn envoy(self: &Rc<Self>) -> super::Envoy {
+        super::Envoy::new(self.clone())
     }
 
     fn state(&self) -> std::cell::RefMut<'_, State> {
@@ -305,21 +315,5 @@ impl FakeHost {
         let mut s = self.state();
         s.calls.clear();
         s.fail_nth = None;
-    }
-}
-
-/// `Abi::resume_request` calls the ABI directly (the SDK has no fallible wrapper for it), so the fake answers the
-/// import itself: recorded on the installed fake, never counted or failed; `InternalFailure` (10) without one.
-#[no_mangle]
-extern "C" fn proxy_continue_stream(_stream_type: u32) -> u32 {
-    match INSTALLED.with(|i| i.borrow().clone()) {
-        Some(fake) => {
-            let mut s = fake.state();
-            s.resumes += 1;
-            let effective = s.effective;
-            s.resumed.push(effective);
-            0
-        }
-        None => 10,
     }
 }
