@@ -1,4 +1,4 @@
-//! Engine load, host side (`engine_load.rs`): one round per `poll_ms` per Envoy, one `/metrics` call per engine
+//! Engine load, host side (`engine_load/`): one round per `poll_ms` per Envoy, one `/metrics` call per engine
 //! through its probe cluster, readings stored for placement with their gauges, problems noted for the status
 //! page, a queued host kept from new keys, a known key's request sent past a host over `spill_queue`, vLLM's
 //! ORCA report asked for, folded in and never passed on, work in flight held and released, and host errors at
