@@ -12,7 +12,7 @@ impl Envoy {
         self.dispatch_get_with(cluster, path, cluster, &[], timeout_ms)
     }
 
-    /// As [`dispatch_get`], with the `:authority` and `extra` request headers given (the caller's own values,
+    /// As [`Self::dispatch_get`], with the `:authority` and `extra` request headers given (the caller's own values,
     /// never a client's).
     pub fn dispatch_get_with(
         &self,
@@ -32,7 +32,7 @@ impl Envoy {
     }
 
     /// Starts a `POST path` with a JSON `body` to the Envoy cluster `cluster` (the placement store's etcd), with
-    /// `authorization` when given (etcd's token); as [`dispatch_get`] otherwise.
+    /// `authorization` when given (etcd's token); as [`Self::dispatch_get`] otherwise.
     pub fn dispatch_post(
         &self,
         cluster: &str,
