@@ -10,7 +10,7 @@ use llmroute_core::limits::{self, Charge, Denied, Kind};
 
 use llmroute_core::{Config, GatewayError};
 
-use crate::host;
+use crate::host::Envoy;
 
 /// The fewest requests and tokens left in the buckets a request was charged to.
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,46 +52,46 @@ pub fn load_keys(cfg: &Config) -> Result<Option<Keys>, String> {
 }
 
 /// The limit buckets in Envoy's shared data. A failed read is an error, never an absent (full) bucket.
-struct Buckets;
+struct Buckets<'e>(&'e Envoy);
 
-impl limits::BucketStore for Buckets {
+impl limits::BucketStore for Buckets<'_> {
     fn read(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), limits::ReadFailed> {
-        host::try_shared_data(key).ok_or(limits::ReadFailed)
+        self.0.try_shared_data(key).ok_or(limits::ReadFailed)
     }
 
     fn write(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
-        host::set_shared_data(key, value, cas)
+        self.0.set_shared_data(key, value, cas)
     }
 }
 
 /// Seeds every bucket full, once per process: only an entry the host says is absent is written, so neither an
 /// entry already there nor one the host failed to read is reset.
-pub fn seed(cfg: &Config, keys: Option<&Keys>) {
-    let now = host::now_ms();
+pub fn seed(envoy: &Envoy, cfg: &Config, keys: Option<&Keys>) {
+    let now = envoy.now_ms();
     let names: Vec<&str> = keys.map(|k| k.names().collect()).unwrap_or_default();
     for (key, rate) in limits::all_buckets(cfg, names.into_iter()) {
-        if let Some((None, _)) = host::try_shared_data(&key) {
-            host::set_shared_data(&key, &limits::Bucket::full(rate, now).encode(), None);
+        if let Some((None, _)) = envoy.try_shared_data(&key) {
+            envoy.set_shared_data(&key, &limits::Bucket::full(rate, now).encode(), None);
         }
     }
 }
 
 /// The output bound to write into a request that names none (`inject_max_tokens`): see
 /// `limits::output_to_inject`. Reads the request's token buckets only when a block asks for a bound.
-pub fn output_bound(cfg: &Config, alias: &str, key: Option<&str>, input: u64) -> Option<u64> {
+pub fn output_bound(envoy: &Envoy, cfg: &Config, alias: &str, key: Option<&str>, input: u64) -> Option<u64> {
     limits::output_to_inject(cfg, alias, key, input, |bucket, rate| {
-        limits::tokens_left(&Buckets, bucket, rate, host::now_ms())
+        limits::tokens_left(&Buckets(envoy), bucket, rate, envoy.now_ms())
     })
 }
 
 /// Takes every charge or none. A refusal becomes the 429 (or the 503 of contention) to send; the request
 /// context counts it (`llmroute_rate_limited_total`, `llmroute_rejections_total`). `Ok` holds the fewest
 /// requests and tokens left in any bucket charged, for the debug headers.
-pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
+pub fn admit(envoy: &Envoy, charges: &[Charge]) -> Result<Remaining, GatewayError> {
     if charges.is_empty() {
         return Ok(Remaining::default());
     }
-    match limits::admit(&mut Buckets, charges, host::now_ms()) {
+    match limits::admit(&mut Buckets(envoy), charges, envoy.now_ms()) {
         Ok(left) => {
             let least = |kind| {
                 charges
@@ -129,14 +129,14 @@ pub fn admit(charges: &[Charge]) -> Result<Remaining, GatewayError> {
 }
 
 /// Gives back everything `charges` took, for a request the gateway refused after taking them (it holds nothing).
-pub fn give_back(charges: &[Charge]) {
-    let now = host::now_ms();
+pub fn give_back(envoy: &Envoy, charges: &[Charge]) {
+    let now = envoy.now_ms();
     for c in charges {
-        limits::give(&mut Buckets, c, c.amount, false, now);
+        limits::give(&mut Buckets(envoy), c, c.amount, false, now);
     }
 }
 
 /// Settles an admitted request's token charges on the tokens the engine reported.
-pub fn settle(charges: &[Charge], used: u64) {
-    limits::settle(&mut Buckets, charges, used, host::now_ms());
+pub fn settle(envoy: &Envoy, charges: &[Charge], used: u64) {
+    limits::settle(&mut Buckets(envoy), charges, used, envoy.now_ms());
 }

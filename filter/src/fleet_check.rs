@@ -20,7 +20,7 @@ use llmroute_core::key_placement::table;
 use llmroute_core::status::TICK_MS;
 use llmroute_core::Config;
 
-use crate::host;
+use crate::host::Envoy;
 
 /// When the last check was claimed (see `lease`).
 const LEASE_KEY: &str = llmroute_core::envoy_contract::shared::PROPS_LEASE;
@@ -52,45 +52,45 @@ pub struct FleetCheck {
 
 impl FleetCheck {
     /// Starts checking the llama.cpp backends of `cfg`, from `on_configure`. Does nothing without any.
-    pub fn start(&mut self, cfg: Rc<Config>) {
+    pub fn start(&mut self, envoy: &Envoy, cfg: Rc<Config>) {
         self.round = None;
         if !fleet_check::checks_anything(&cfg) {
             self.cfg = None;
             return;
         }
         self.cfg = Some(cfg);
-        self.warnings = host::define_counter(metrics::FLEET_WARNINGS);
-        self.checks = host::define_counter(metrics::FLEET_CHECKS);
-        host::set_tick_period(TICK_MS);
+        self.warnings = envoy.define_counter(metrics::FLEET_WARNINGS);
+        self.checks = envoy.define_counter(metrics::FLEET_CHECKS);
+        envoy.set_tick_period(TICK_MS);
     }
 
-    pub fn on_tick(&mut self) {
+    pub fn on_tick(&mut self, envoy: &Envoy) {
         let Some(cfg) = self.cfg.clone() else {
             return;
         };
-        let now = host::now_ms();
+        let now = envoy.now_ms();
         if let Some(round) = &self.round {
             if now.saturating_sub(round.started_ms) <= fleet_check::CHECK_TIMEOUT_MS + TICK_MS {
                 return;
             }
             // Some server never answered in time: compare those that did (a late answer is ignored).
-            self.finish();
+            self.finish(envoy);
         }
-        if !claim_check(now) {
+        if !claim_check(envoy, now) {
             return;
         }
-        let targets: Rc<[ProbeTarget]> = fleet_check::round_targets(&cfg, now, stored_hosts).into();
+        let targets: Rc<[ProbeTarget]> = fleet_check::round_targets(&cfg, now, |b| stored_hosts(envoy, b)).into();
         if targets.is_empty() {
             // Nothing to read yet (a discovered backend before the first poll): give the lease back, so the check
             // runs as soon as a host list is stored rather than an interval later.
-            host::set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
+            envoy.set_shared_data(LEASE_KEY, &0u64.to_le_bytes(), None);
             return;
         }
         let mut pending = Vec::with_capacity(targets.len());
         for (i, t) in targets.iter().enumerate() {
             let token = match &t.original_dst {
-                None => host::dispatch_get(&t.cluster, fleet_check::PROPS_PATH, fleet_check::CHECK_TIMEOUT_MS),
-                Some(address) => host::dispatch_get_with(
+                None => envoy.dispatch_get(&t.cluster, fleet_check::PROPS_PATH, fleet_check::CHECK_TIMEOUT_MS),
+                Some(address) => envoy.dispatch_get_with(
                     &t.cluster,
                     fleet_check::PROPS_PATH,
                     address,
@@ -120,11 +120,11 @@ impl FleetCheck {
             answers: Vec::new(),
         });
         if self.round.as_ref().is_some_and(|r| r.pending.is_empty()) {
-            self.finish();
+            self.finish(envoy);
         }
     }
 
-    pub fn on_response(&mut self, token: u32, body_size: usize) {
+    pub fn on_response(&mut self, envoy: &Envoy, token: u32, body_size: usize) {
         let Some(round) = &mut self.round else {
             return;
         };
@@ -133,8 +133,8 @@ impl FleetCheck {
         };
         let (_, index) = round.pending.swap_remove(pos);
         let endpoint = round.targets.get(index).map_or("?", |t| t.endpoint.as_str());
-        match host::http_call_status() {
-            Some(200) => match host::http_call_body(body_size).map(|b| fleet_check::parse_props(&b)) {
+        match envoy.http_call_status() {
+            Some(200) => match envoy.http_call_body(body_size).map(|b| fleet_check::parse_props(&b)) {
                 Some(Ok(props)) => round.answers.push((index, props)),
                 Some(Err(e)) => log::debug!("llmroute: fleet check: /props of {endpoint}: {e}"),
                 None => {}
@@ -143,35 +143,39 @@ impl FleetCheck {
             None => log::debug!("llmroute: fleet check: /props of {endpoint} did not answer in time"),
         }
         if round.pending.is_empty() {
-            self.finish();
+            self.finish(envoy);
         }
     }
 
     /// Compares the answers of the round in progress, logs and counts each finding, and ends the round.
-    fn finish(&mut self) {
+    fn finish(&mut self, envoy: &Envoy) {
         let Some(round) = self.round.take() else {
             return;
         };
         for finding in fleet_check::check_round(&round.targets, &round.answers) {
             log::warn!("llmroute: fleet check: {finding}");
-            host::increment(self.warnings);
+            envoy.increment(self.warnings);
         }
         for (backend, slots) in fleet_check::reported_slots(&round.targets, &round.answers) {
-            crate::key_placement::store_reported_slots(&backend, &slots);
+            crate::key_placement::store_reported_slots(envoy, &backend, &slots);
         }
         for (backend, slots) in fleet_check::reported_slots_by_address(&round.targets, &round.answers) {
-            crate::key_placement::store_reported_slots_by_address(&backend, &slots);
+            crate::key_placement::store_reported_slots_by_address(envoy, &backend, &slots);
         }
-        host::increment(self.checks);
+        envoy.increment(self.checks);
     }
 }
 
 /// The host list the status poll last stored for a discovered backend: `(taken_at_ms, sorted IP:PORTs)`.
-fn stored_hosts(backend: &str) -> Option<(u64, Vec<String>)> {
-    table::decode_down_hosts(&host::shared_data(&llmroute_core::envoy_contract::shared::hosts(backend)).0?)
+fn stored_hosts(envoy: &Envoy, backend: &str) -> Option<(u64, Vec<String>)> {
+    table::decode_down_hosts(
+        &envoy
+            .shared_data(&llmroute_core::envoy_contract::shared::hosts(backend))
+            .0?,
+    )
 }
 
 /// Claims the check due at `now`, if one is due and no other root context claimed it first.
-fn claim_check(now: u64) -> bool {
-    crate::lease::claim(LEASE_KEY, now, fleet_check::check_due)
+fn claim_check(envoy: &Envoy, now: u64) -> bool {
+    crate::lease::claim(envoy, LEASE_KEY, now, fleet_check::check_due)
 }

@@ -25,7 +25,7 @@ use llmroute_core::key_placement::{self, table, Bounds, HostChoice, KeyTable};
 use llmroute_core::status::BackendHealth;
 use llmroute_core::Config;
 
-use crate::host;
+use crate::host::{self, Envoy};
 
 pub use llmroute_core::envoy_contract::SESSION_HEADER;
 thread_local! {
@@ -43,8 +43,8 @@ pub struct Pin {
 }
 
 /// Keeps the hosts of `backend` that the status poll taken at `taken_at_ms` found down.
-pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
-    host::set_shared_data(
+pub fn store_down(envoy: &Envoy, backend: &str, taken_at_ms: u64, down: &[String]) {
+    envoy.set_shared_data(
         &shared::down(backend),
         &table::encode_down_hosts(taken_at_ms, down),
         None,
@@ -53,8 +53,8 @@ pub fn store_down(backend: &str, taken_at_ms: u64, down: &[String]) {
 
 /// Keeps every host Envoy listed for a discovered `backend` at the poll taken at `taken_at_ms` (sorted
 /// `IP:PORT`s, in the same form as the down list).
-pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
-    host::set_shared_data(
+pub fn store_hosts(envoy: &Envoy, backend: &str, taken_at_ms: u64, hosts: &[String]) {
+    envoy.set_shared_data(
         &shared::hosts(backend),
         &table::encode_down_hosts(taken_at_ms, hosts),
         None,
@@ -62,8 +62,8 @@ pub fn store_hosts(backend: &str, taken_at_ms: u64, hosts: &[String]) {
 }
 
 /// Keeps Envoy's weight of each host of the discovered `backend` that weighs more than 1, by `IP:PORT`.
-pub fn store_weights(backend: &str, weights: &[(String, u32)]) {
-    host::set_shared_data(
+pub fn store_weights(envoy: &Envoy, backend: &str, weights: &[(String, u32)]) {
+    envoy.set_shared_data(
         &shared::weights(backend),
         &fleet_check::encode_reported_slots(weights),
         None,
@@ -71,13 +71,13 @@ pub fn store_weights(backend: &str, weights: &[(String, u32)]) {
 }
 
 /// Keeps the `total_slots` the `/props` check read from each server of `backend` (0 where unknown).
-pub fn store_reported_slots(backend: &str, slots: &[u32]) {
-    host::set_shared_data(&shared::slots(backend), &table::encode_host_counts(slots), None);
+pub fn store_reported_slots(envoy: &Envoy, backend: &str, slots: &[u32]) {
+    envoy.set_shared_data(&shared::slots(backend), &table::encode_host_counts(slots), None);
 }
 
 /// Keeps the `total_slots` the `/props` check read from each host of the discovered `backend`, by `IP:PORT`.
-pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
-    host::set_shared_data(
+pub fn store_reported_slots_by_address(envoy: &Envoy, backend: &str, slots: &[(String, u32)]) {
+    envoy.set_shared_data(
         &shared::slots_by_address(backend),
         &fleet_check::encode_reported_slots(slots),
         None,
@@ -87,14 +87,15 @@ pub fn store_reported_slots_by_address(backend: &str, slots: &[(String, u32)]) {
 /// Chooses the host for `key` in the backend named `cluster` and sets the session header. `None` when the
 /// request's placement (its alias' own, else the top-level one) is `hash`, placement does not apply, or no host is
 /// up (Envoy's ring decides).
-pub fn pin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
-    pin_stored(cfg, placement, cluster, key, None, false)
+pub fn pin(envoy: &Envoy, cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64) -> Option<Pin> {
+    pin_stored(envoy, cfg, placement, cluster, key, None, false)
 }
 
 /// [`pin`], for a key the placement store was `asked` about (see `placement_store`): it settled it on the host
 /// with id `stored`, or (`None`) the request fell back to local placement, the key waiting to be settled. Either
 /// way the table marks the key shared, so its next request does not ask again.
 pub fn pin_stored(
+    envoy: &Envoy,
     cfg: &Config,
     placement: &KeyPlacement,
     cluster: &str,
@@ -104,25 +105,25 @@ pub fn pin_stored(
 ) -> Option<Pin> {
     let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
-    let now = host::now_ms();
-    let hosts = key_placement::views(backend, now, &host::SharedData)?;
+    let now = envoy.now_ms();
+    let hosts = key_placement::views(backend, now, &host::SharedData(envoy))?;
     let bounds = Bounds::for_backend(keys, backend);
     let table_key = shared::keys(cluster);
     let mut choice = None;
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::shared_data(&table_key);
+        let (bytes, cas) = envoy.shared_data(&table_key);
         let mut t = KeyTable::decode(&bytes.unwrap_or_default());
         let c = key_placement::choose_stored(&mut t, &hosts, key, stored, now, &bounds)?;
         choice = Some(c);
         let marked = asked && t.mark_shared(key);
-        if !(c.table_changed || marked) || host::set_shared_data(&table_key, &t.encode(), cas) {
+        if !(c.table_changed || marked) || envoy.set_shared_data(&table_key, &t.encode(), cas) {
             break;
         }
     }
     let choice = choice?;
     let address = &hosts.get(choice.host)?.address;
-    host::set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(address)));
-    adjust_in_flight(cluster, hosts.len(), choice.host, true);
+    envoy.set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(address)));
+    adjust_in_flight(envoy, cluster, hosts.len(), choice.host, true);
     Some(Pin {
         backend: cluster.to_string(),
         host: choice.host,
@@ -133,8 +134,8 @@ pub fn pin_stored(
 
 impl Pin {
     /// The request is over: its host carries one request less.
-    pub fn release(&self) {
-        adjust_in_flight(&self.backend, self.hosts, self.host, false);
+    pub fn release(&self, envoy: &Envoy) {
+        adjust_in_flight(envoy, &self.backend, self.hosts, self.host, false);
     }
 
     /// The backend, the chosen host's index and the number of hosts it was chosen among.
@@ -145,30 +146,30 @@ impl Pin {
 
 /// Adds `delta` to host `i` (of `hosts`) in the per-host counts kept under the shared-data `key`, through this
 /// worker's ledger, as the in-flight counts are (see `llmroute_core::key_placement::in_flight`).
-pub fn add_through_ledger(key: &str, hosts: usize, i: usize, delta: i64) {
+pub fn add_through_ledger(envoy: &Envoy, key: &str, hosts: usize, i: usize, delta: i64) {
     let settled = LEDGER.with(|l| {
         l.try_borrow_mut()
-            .map(|mut l| l.add(&mut host::SharedData, key, hosts, i, delta))
+            .map(|mut l| l.add(&mut host::SharedData(envoy), key, hosts, i, delta))
     });
     if matches!(settled, Ok(false)) {
         log::debug!("llmroute: count {key} owed until the next tick");
     }
 }
 
-fn adjust_in_flight(backend: &str, hosts: usize, i: usize, up: bool) {
-    add_through_ledger(&shared::in_flight(backend), hosts, i, if up { 1 } else { -1 });
+fn adjust_in_flight(envoy: &Envoy, backend: &str, hosts: usize, i: usize, up: bool) {
+    add_through_ledger(envoy, &shared::in_flight(backend), hosts, i, if up { 1 } else { -1 });
 }
 
 /// Writes whatever in-flight updates this worker still owes; the root calls it on every tick.
-pub fn settle() {
-    let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut host::SharedData)));
+pub fn settle(envoy: &Envoy) {
+    let _ = LEDGER.with(|l| l.try_borrow_mut().map(|mut l| l.settle(&mut host::SharedData(envoy))));
 }
 
 /// Overwrites the in-flight counts of the backend `health` describes with Envoy's `rq_active` per host, as the
 /// status poll read them (see `llmroute_core::key_placement::in_flight`). Only for a backend that bounded-keys
 /// placement can use, and whose host list placement has at `now_ms` (for a discovered backend, store its hosts
 /// first). An update a worker still owes is applied on top later, as it would have been.
-pub fn rebuild_in_flight(cfg: &Config, health: &BackendHealth, now_ms: u64) {
+pub fn rebuild_in_flight(envoy: &Envoy, cfg: &Config, health: &BackendHealth, now_ms: u64) {
     if !cfg.any_bounded_keys() {
         return;
     }
@@ -178,11 +179,11 @@ pub fn rebuild_in_flight(cfg: &Config, health: &BackendHealth, now_ms: u64) {
     if backend.lb != llmroute_core::config::LbPolicy::Chwbl {
         return;
     }
-    let Some(addresses) = key_placement::views::addresses(backend, now_ms, &host::SharedData) else {
+    let Some(addresses) = key_placement::views::addresses(backend, now_ms, &host::SharedData(envoy)) else {
         return;
     };
     let counts = in_flight::from_envoy(&addresses, &health.active);
-    host::set_shared_data(
+    envoy.set_shared_data(
         &shared::in_flight(&backend.name),
         &table::encode_host_counts(&counts),
         None,
@@ -190,19 +191,19 @@ pub fn rebuild_in_flight(cfg: &Config, health: &BackendHealth, now_ms: u64) {
 }
 
 /// Seeds the backends' shared entries once per process, so later writes can all use compare-and-swap.
-pub fn seed(cfg: &Config) {
+pub fn seed(envoy: &Envoy, cfg: &Config) {
     if !cfg.any_bounded_keys() {
         return;
     }
     for b in &cfg.backends {
         let keys = shared::keys(&b.name);
-        if host::shared_data(&keys).0.is_none() {
-            host::set_shared_data(&keys, &KeyTable::default().encode(), None);
+        if envoy.shared_data(&keys).0.is_none() {
+            envoy.set_shared_data(&keys, &KeyTable::default().encode(), None);
         }
         let flights = shared::in_flight(&b.name);
         // A discovered backend's count list is sized by its first placement (an empty list reads as zeros).
-        if host::shared_data(&flights).0.is_none() {
-            host::set_shared_data(&flights, &table::encode_host_counts(&vec![0; b.endpoints.len()]), None);
+        if envoy.shared_data(&flights).0.is_none() {
+            envoy.set_shared_data(&flights, &table::encode_host_counts(&vec![0; b.endpoints.len()]), None);
         }
     }
 }

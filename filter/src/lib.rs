@@ -30,14 +30,14 @@ mod upstream;
 mod tests;
 
 // The native build (feature `native`, the `native/` crate) drives the same contexts through Envoy's
-// dynamic-module ABI: it installs its host and creates a `Root` per worker itself.
+// dynamic-module ABI: it makes a `Root` per worker itself, on its own host.
 #[cfg(feature = "native")]
-pub use host::{init_logging, install, Host, HostError, HostResult, HostStatus};
+pub use host::{init_logging, Envoy, Host, HostError, HostResult, HostStatus};
 #[cfg(feature = "native")]
 pub use root::Root;
 
 #[cfg(not(feature = "native"))]
 proxy_wasm::main! {{
-    host::init_logging(log::LevelFilter::Info);
-    proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
+    host::init_logging(log::LevelFilter::Info, host::abi_log);
+    proxy_wasm::set_root_context(|_| Box::new(root::Root::new(host::Envoy::abi())));
 }}

@@ -21,14 +21,16 @@ use llmroute_core::key_placement::PlacementReason;
 use llmroute_core::stream::{Outcome, Usage};
 use proxy_wasm::types::MetricType;
 
-use crate::host;
+use crate::host::Envoy;
 
 /// The most distinct stats one VM defines; past it, new combinations are dropped (never expected with a sane
 /// config, but it bounds memory whatever happens).
 const MAX_STATS: usize = 20_000;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Metrics {
+    /// The host the stats are defined and recorded on.
+    envoy: Envoy,
     /// Stat ids by the hash of their [`StatKey`]; each entry keeps its key's bytes, so a hash collision only
     /// costs a comparison, never a wrong stat.
     ids: Rc<RefCell<HashMap<u64, Vec<KnownStat>, FixedState>>>,
@@ -111,6 +113,15 @@ pub struct Finished<'a> {
 }
 
 impl Metrics {
+    /// No stat defined yet, on `envoy`.
+    pub fn new(envoy: Envoy) -> Metrics {
+        Metrics {
+            envoy,
+            ids: Rc::default(),
+            defined: Rc::default(),
+        }
+    }
+
     /// The id of the stat `key` names, defined on first use.
     fn id(&self, kind: MetricType, key: StatKey) -> Option<u32> {
         let Ok(mut ids) = self.ids.try_borrow_mut() else {
@@ -123,7 +134,7 @@ impl Metrics {
         if self.defined.get() >= MAX_STATS {
             return None;
         }
-        let id = host::define_metric(kind, &key.name());
+        let id = self.envoy.define_metric(kind, &key.name());
         ids.entry(hash).or_default().push((key.bytes(), id));
         self.defined.set(self.defined.get().saturating_add(1));
         id
@@ -131,17 +142,20 @@ impl Metrics {
 
     /// Adds `n` to the counter `metric` with `labels`.
     pub(crate) fn add(&self, metric: &str, labels: &[(&str, &str)], n: u64) {
-        host::add(self.id(MetricType::Counter, StatKey { metric, labels }), n);
+        self.envoy
+            .add(self.id(MetricType::Counter, StatKey { metric, labels }), n);
     }
 
     /// Records `v` in the histogram `metric` with `labels`.
     pub(crate) fn observe(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
-        host::observe(self.id(MetricType::Histogram, StatKey { metric, labels }), v);
+        self.envoy
+            .observe(self.id(MetricType::Histogram, StatKey { metric, labels }), v);
     }
 
     /// Sets the gauge `metric` with `labels` to `v` (one value for every VM: the last set stands).
     pub(crate) fn set(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
-        host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
+        self.envoy
+            .set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
     }
 
     /// Raises `llmroute_vm_memory_bytes` to this VM's linear memory size, if that is larger. Every VM (the main
@@ -157,8 +171,8 @@ impl Metrics {
                 labels: &[],
             },
         );
-        if host::metric_value(id).is_none_or(|now| bytes > now) {
-            host::set_gauge(id, bytes);
+        if self.envoy.metric_value(id).is_none_or(|now| bytes > now) {
+            self.envoy.set_gauge(id, bytes);
         }
     }
 
@@ -191,7 +205,8 @@ impl Metrics {
 
     /// Sets the gauge `metric` with `labels` to `v` (the engine load poll's gauges).
     pub fn gauge(&self, metric: &str, labels: &[(&str, &str)], v: u64) {
-        host::set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
+        self.envoy
+            .set_gauge(self.id(MetricType::Gauge, StatKey { metric, labels }), v);
     }
 
     /// A request the gateway answered itself with an error; `code` is the error body's `code` (a closed set).

@@ -13,11 +13,12 @@
 //! envelope when there is none (see `stream::assemble`).
 
 use llmroute_core::headers;
+use llmroute_core::request_plan::{LocalReply, JSON};
 use llmroute_core::response_plan::Media;
 use llmroute_core::stream::{self, assemble, Assembler, JsonCopy, Outcome, StreamTracker, Usage, Verdict};
 use llmroute_core::Api;
 
-use crate::host;
+use crate::host::Envoy;
 
 pub enum ResponseWatch {
     Stream {
@@ -77,7 +78,7 @@ impl ResponseWatch {
 
     /// Watches one body callback; may cut bytes from the chunk, append the closing error event, or (when
     /// assembling) hold everything back and replace it with the answer at the end.
-    pub fn on_body(&mut self, size: usize, end_of_stream: bool, request_id: Option<&str>) -> Hold {
+    pub fn on_body(&mut self, envoy: &Envoy, size: usize, end_of_stream: bool, request_id: Option<&str>) -> Hold {
         match self {
             ResponseWatch::Assemble {
                 asm,
@@ -88,7 +89,7 @@ impl ResponseWatch {
             } => {
                 let chunk = match size {
                     0 => Vec::new(),
-                    _ => host::response_body(size).unwrap_or_default(),
+                    _ => envoy.response_body(size).unwrap_or_default(),
                 };
                 let Some(a) = asm.as_mut() else {
                     return Hold::Relay;
@@ -98,7 +99,7 @@ impl ResponseWatch {
                 *usage = a.usage();
                 if !end_of_stream && a.failed().is_none() {
                     // Envoy keeps nothing: the assembler has what it needs of these bytes.
-                    *held = match host::replace_response_body(size, &[]) {
+                    *held = match envoy.replace_response_body(size, &[]) {
                         true => 0,
                         false => chunk.len(),
                     };
@@ -118,34 +119,36 @@ impl ResponseWatch {
                         if !end_of_stream {
                             // Settled before the stream ended (over the bound): answer now, and Envoy drops the
                             // upstream stream.
-                            host::send_reply(assemble::Failure::STATUS, &reply_headers(f, request_id), &body);
+                            let headers = [JSON, (headers::ERROR, f.code())];
+                            let reply = LocalReply::new(assemble::Failure::STATUS, &headers, body, request_id, None);
+                            envoy.send_local_reply(&reply);
                             return Hold::Wait;
                         }
-                        host::set_response_header(":status", &assemble::Failure::STATUS.to_string());
-                        host::set_response_header(headers::ERROR, f.code());
+                        envoy.set_response_header(":status", &assemble::Failure::STATUS.to_string());
+                        envoy.set_response_header(headers::ERROR, f.code());
                         (body, v)
                     }
                     None => return Hold::Relay,
                 };
                 *verdict = Some(v);
-                host::set_response_header("content-length", &body.len().to_string());
-                host::replace_response_body(size, &body);
+                envoy.set_response_header("content-length", &body.len().to_string());
+                envoy.replace_response_body(size, &body);
                 Hold::Relay
             }
             ResponseWatch::Stream { tracker, eos } => {
                 let mut size = size;
                 let chunk = match size {
                     0 => Vec::new(),
-                    _ => host::response_body(size).unwrap_or_default(),
+                    _ => envoy.response_body(size).unwrap_or_default(),
                 };
                 if let Some(kept) = tracker.relay(&chunk, end_of_stream) {
-                    host::replace_response_body(size, &kept);
+                    envoy.replace_response_body(size, &kept);
                     size = kept.len();
                 }
                 if end_of_stream {
                     *eos = true;
                     if let Some(tail) = tracker.closing_bytes(request_id) {
-                        host::append_response_body(size, &tail);
+                        envoy.append_response_body(size, &tail);
                     }
                 }
                 Hold::Relay
@@ -154,7 +157,7 @@ impl ResponseWatch {
                 if read.is_some() {
                     return Hold::Relay;
                 }
-                copy.push(size, host::response_body);
+                copy.push(size, |n| envoy.response_body(n));
                 if end_of_stream {
                     // Read once: the access-log fields, the token limits and the metrics all take this figure.
                     *read = Some(copy.finish());
@@ -202,13 +205,4 @@ impl ResponseWatch {
             }
         }
     }
-}
-
-/// The headers of the gateway's own 502 when an answer is settled before its stream ended.
-fn reply_headers(f: assemble::Failure, request_id: Option<&str>) -> Vec<(&str, &str)> {
-    let mut h = vec![("content-type", "application/json"), (headers::ERROR, f.code())];
-    if let Some(id) = request_id {
-        h.push((headers::REQUEST_ID, id));
-    }
-    h
 }

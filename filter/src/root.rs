@@ -18,7 +18,7 @@ use proxy_wasm::types::ContextType;
 
 use crate::engine_load::LoadPoller;
 use crate::fleet_check::FleetCheck;
-use crate::host;
+use crate::host::Envoy;
 use crate::http::Http;
 use crate::metrics::Metrics;
 use crate::placement_store::Syncer;
@@ -27,8 +27,9 @@ use crate::upstream::Upstream;
 
 use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 
-#[derive(Default)]
 pub struct Root {
+    /// The host every context of this root calls.
+    envoy: Envoy,
     config: Option<Rc<Config>>,
     /// The API keys, when `auth` is on.
     keys: Option<Rc<Keys>>,
@@ -44,24 +45,42 @@ pub struct Root {
     load: LoadPoller,
 }
 
+impl Root {
+    /// A root context on `envoy`, not configured yet.
+    pub fn new(envoy: Envoy) -> Root {
+        let metrics = Metrics::new(envoy.clone());
+        Root {
+            load: LoadPoller::new(metrics.clone()),
+            metrics,
+            envoy,
+            config: None,
+            keys: None,
+            upstream: false,
+            poller: Poller::default(),
+            fleet_check: FleetCheck::default(),
+            store: Syncer::default(),
+        }
+    }
+}
+
 #[cfg(feature = "native")]
 impl Root {
     /// A worker's own share of the tick, where another root context runs the periodic jobs (the native build: the
     /// main thread's root polls; each worker settles its key-table updates and releases its fair-queue waiters).
     pub fn on_worker_tick(&mut self) {
-        crate::key_placement::settle();
+        crate::key_placement::settle(&self.envoy);
         if let (Some(cfg), false) = (&self.config, self.upstream) {
-            crate::fair_queue::tick(cfg, &self.metrics);
+            crate::fair_queue::tick(&self.envoy, cfg, &self.metrics);
         }
     }
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
-        self.poller.on_response(token_id, body_size);
-        self.fleet_check.on_response(token_id, body_size);
-        self.store.on_response(token_id, body_size);
-        self.load.on_response(token_id, body_size);
+        self.poller.on_response(&self.envoy, token_id, body_size);
+        self.fleet_check.on_response(&self.envoy, token_id, body_size);
+        self.store.on_response(&self.envoy, token_id, body_size);
+        self.load.on_response(&self.envoy, token_id, body_size);
     }
 }
 
@@ -69,12 +88,12 @@ impl RootContext for Root {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
         log::info!("llmroute {} starting", llmroute_core::VERSION);
         #[cfg(feature = "bench-phases")]
-        crate::phases::configure(host::vm_configuration().as_deref());
+        crate::phases::configure(self.envoy.vm_configuration().as_deref());
         true
     }
 
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let Some(bytes) = host::plugin_configuration() else {
+        let Some(bytes) = self.envoy.plugin_configuration() else {
             log::error!("llmroute: no plugin configuration; embed llmroute.yaml as JSON (see `llmroute render`)");
             return false;
         };
@@ -91,7 +110,7 @@ impl RootContext for Root {
                 );
                 let cfg = Rc::new(cfg);
                 self.config = Some(cfg.clone());
-                self.upstream = host::property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
+                self.upstream = self.envoy.property_string(&["plugin_root_id"]).as_deref() == Some(UPSTREAM_ROOT_ID);
                 if !self.upstream {
                     match crate::admission::load_keys(&cfg) {
                         Ok(keys) => self.keys = keys.map(Rc::new),
@@ -107,17 +126,17 @@ impl RootContext for Root {
                             return false;
                         }
                     };
-                    crate::admission::seed(&cfg, self.keys.as_deref());
+                    crate::admission::seed(&self.envoy, &cfg, self.keys.as_deref());
                     let store = cfg.affinity.placement_store.is_some();
                     self.metrics.prime(cfg.any_bounded_keys(), store);
-                    crate::key_placement::seed(&cfg);
+                    crate::key_placement::seed(&self.envoy, &cfg);
                     if let Some(cfg) = &self.config {
-                        self.poller.start(cfg.clone());
-                        self.fleet_check.start(cfg.clone());
-                        self.store.start(cfg.clone(), credentials);
-                        self.load.start(cfg.clone(), self.metrics.clone());
+                        self.poller.start(&self.envoy, cfg.clone());
+                        self.fleet_check.start(&self.envoy, cfg.clone());
+                        self.store.start(&self.envoy, cfg.clone(), credentials);
+                        self.load.start(&self.envoy, cfg.clone(), self.metrics.clone());
                         // Last: with `fairness`, it sets the shorter tick.
-                        crate::fair_queue::start(cfg, &self.metrics);
+                        crate::fair_queue::start(&self.envoy, cfg, &self.metrics);
                     }
                 }
                 true
@@ -132,14 +151,14 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        crate::key_placement::settle();
-        self.poller.on_tick();
-        self.fleet_check.on_tick();
-        self.store.on_tick();
-        self.load.on_tick();
+        crate::key_placement::settle(&self.envoy);
+        self.poller.on_tick(&self.envoy);
+        self.fleet_check.on_tick(&self.envoy);
+        self.store.on_tick(&self.envoy);
+        self.load.on_tick(&self.envoy);
         self.metrics.vm_memory_tick();
         if let (Some(cfg), false) = (&self.config, self.upstream) {
-            crate::fair_queue::tick(cfg, &self.metrics);
+            crate::fair_queue::tick(&self.envoy, cfg, &self.metrics);
         }
     }
 
@@ -147,9 +166,10 @@ impl RootContext for Root {
         // Never `None`: the SDK panics on it. Envoy refuses a plugin whose `on_configure` failed, so a
         // missing config here is a host anomaly, and `Http` answers 503 for it.
         if self.upstream {
-            return Some(Box::new(Upstream::new(self.config.clone())));
+            return Some(Box::new(Upstream::new(self.envoy.clone(), self.config.clone())));
         }
         Some(Box::new(Http::new(
+            self.envoy.clone(),
             self.config.clone(),
             self.keys.clone(),
             self.metrics.clone(),

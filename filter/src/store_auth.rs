@@ -17,7 +17,7 @@ use llmroute_core::envoy_contract::shared;
 use llmroute_core::etcd_json;
 use llmroute_core::Config;
 
-use crate::host;
+use crate::host::Envoy;
 
 /// How long after etcd refused the user and password the root context tries again.
 pub const RETRY_REFUSED_MS: u64 = 10_000;
@@ -65,17 +65,17 @@ pub fn load(cfg: &Config) -> Result<Option<Credentials>, String> {
 }
 
 /// The token the store's calls carry, when there is one.
-pub fn token() -> Option<String> {
-    let bytes = host::shared_data(shared::STORE_TOKEN).0?;
+pub fn token(envoy: &Envoy) -> Option<String> {
+    let bytes = envoy.shared_data(shared::STORE_TOKEN).0?;
     String::from_utf8(bytes).ok().filter(|t| !t.is_empty())
 }
 
 /// Keeps the token etcd gave for every worker's calls.
-pub fn keep(token: &str) {
-    host::set_shared_data(shared::STORE_TOKEN, token.as_bytes(), None);
+pub fn keep(envoy: &Envoy, token: &str) {
+    envoy.set_shared_data(shared::STORE_TOKEN, token.as_bytes(), None);
 }
 
 /// etcd no longer knows the token (it answered 401): forget it, so the root context authenticates again.
-pub fn forget() {
-    host::set_shared_data(shared::STORE_TOKEN, b"", None);
+pub fn forget(envoy: &Envoy) {
+    envoy.set_shared_data(shared::STORE_TOKEN, b"", None);
 }

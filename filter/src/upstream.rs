@@ -8,13 +8,15 @@
 
 use std::rc::Rc;
 
+use llmroute_core::request_plan::LocalReply;
 use llmroute_core::{headers, upstream, Config, Envelope};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use crate::host;
+use crate::host::Envoy;
 
 pub struct Upstream {
+    envoy: Envoy,
     cfg: Option<Rc<Config>>,
     /// The upstream model for this attempt, once known and the body must be rewritten.
     target: Option<String>,
@@ -22,8 +24,9 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(cfg: Option<Rc<Config>>) -> Self {
+    pub fn new(envoy: Envoy, cfg: Option<Rc<Config>>) -> Self {
         Upstream {
+            envoy,
             cfg,
             target: None,
             body_size: 0,
@@ -34,25 +37,27 @@ impl Upstream {
         let Some(target) = self.target.take() else {
             return Action::Continue;
         };
-        let Some(body) = host::request_body(self.body_size) else {
-            return unavailable();
+        let Some(body) = self.envoy.request_body(self.body_size) else {
+            return unavailable(&self.envoy);
         };
         match upstream::model_patch(&body, &target) {
             Ok(Some(patch)) => {
                 // `content-length` follows the body only once the body has really changed: a length that
                 // disagrees with the bytes sent is how requests get smuggled.
                 let Some(len) = patch.new_len(body.len()) else {
-                    return unavailable();
+                    return unavailable(&self.envoy);
                 };
-                if !crate::http::send_head_edit(&patch, &body) {
-                    return unavailable();
+                if !crate::http::send_head_edit(&self.envoy, &patch, &body) {
+                    return unavailable(&self.envoy);
                 }
-                host::set_request_header("content-length", Some(&len.to_string()));
+                self.envoy.set_request_header("content-length", Some(&len.to_string()));
             }
-            Ok(None) => host::set_request_header("content-length", Some(&body.len().to_string())),
+            Ok(None) => self
+                .envoy
+                .set_request_header("content-length", Some(&body.len().to_string())),
             Err(e) => {
                 log::warn!("llmroute upstream: body not rewritten: {}", e.code());
-                return unavailable();
+                return unavailable(&self.envoy);
             }
         }
         Action::Continue
@@ -61,17 +66,12 @@ impl Upstream {
 
 /// The attempt cannot carry this backend's model: answer 503 in JSON rather than send the wrong model, or a
 /// body whose length was never set to match it.
-fn unavailable() -> Action {
+fn unavailable(envoy: &Envoy) -> Action {
     // A length an earlier attempt set no longer describes this body; without one, Envoy frames what it sends.
-    host::set_request_header("content-length", None);
-    let id = host::request_header(headers::REQUEST_ID);
-    let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, "gateway_error")];
-    if let Some(id) = &id {
-        hdrs.push((headers::REQUEST_ID, id));
-    }
+    envoy.set_request_header("content-length", None);
+    let id = envoy.request_header(headers::REQUEST_ID);
     // The upstream role does not know the route's API; the OpenAI envelope is the default one.
-    let body = llmroute_core::error::unavailable_body(Envelope::OpenAi, id.as_deref());
-    host::send_reply(503, &hdrs, &body);
+    envoy.send_local_reply(&LocalReply::unavailable(Envelope::OpenAi, id.as_deref()));
     Action::Pause
 }
 
@@ -79,10 +79,10 @@ impl Context for Upstream {}
 
 impl HttpContext for Upstream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (Some(cfg), Some(alias)) = (&self.cfg, host::request_header(headers::ALIAS)) else {
+        let (Some(cfg), Some(alias)) = (&self.cfg, self.envoy.request_header(headers::ALIAS)) else {
             return Action::Continue;
         };
-        let backend = host::upstream_backend();
+        let backend = self.envoy.upstream_backend();
         let target = backend.and_then(|b| upstream::upstream_model(cfg, &alias, &b).map(str::to_string));
         if target.is_none() || end_of_stream {
             return Action::Continue;

@@ -52,8 +52,9 @@ fn log_error(message: &str) {
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
     let ok = catch_unwind(|| {
-        llmroute_filter::install(&host::HOST);
-        llmroute_filter::init_logging(log::LevelFilter::Info);
+        llmroute_filter::init_logging(log::LevelFilter::Info, |level, message| {
+            let _ = llmroute_filter::Host::log(&host::HOST, level, message);
+        });
         // After init_logging's hook: a panic is caught, so it costs one request, not a VM.
         std::panic::set_hook(Box::new(|info| {
             log::error!("llmroute: panic, the request fails closed with a 503: {info}");
@@ -86,7 +87,8 @@ pub fn with_root<T>(cfg: &FilterConfig, main: bool, f: impl FnOnce(Option<&mut l
                 ..Current::NONE
             };
             host::with_current(current, || {
-                let mut root = Box::<llmroute_filter::Root>::default();
+                let envoy = llmroute_filter::Envoy::new(std::rc::Rc::new(host::NativeHost));
+                let mut root = Box::new(llmroute_filter::Root::new(envoy));
                 (root.on_vm_start(0) && root.on_configure(cfg.config.len())).then_some(root)
             })
         });

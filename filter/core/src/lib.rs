@@ -37,6 +37,7 @@ pub mod output_bound;
 pub mod patch;
 pub mod probe;
 pub mod request;
+pub mod request_plan;
 pub mod response_plan;
 pub mod route;
 pub mod route_choice;

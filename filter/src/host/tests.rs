@@ -160,41 +160,42 @@ fn a_host_that_refuses_every_call_never_makes_a_wrapper_panic() {
     // InternalFailure, BadArgument, and statuses no ABI version defines.
     for code in [10, 2, 6, 77, u32::MAX] {
         with_status(code, || {
-            init_logging(log::LevelFilter::Trace);
+            init_logging(log::LevelFilter::Trace, fake::log_sink);
+            let abi = Envoy::abi();
             log::error!("a log line the host refuses");
-            assert_eq!(request_headers(), None);
-            set_request_header("x-a", Some("1"));
-            set_request_header("x-a", None);
-            set_response_header("x-a", "1");
-            remove_response_header("x-a");
-            assert_eq!(request_header("x-a"), None);
-            let refused = ResponseHeaders::default();
+            assert_eq!(abi.request_headers(), None);
+            abi.set_request_header("x-a", Some("1"));
+            abi.set_request_header("x-a", None);
+            abi.set_response_header("x-a", "1");
+            abi.remove_response_header("x-a");
+            assert_eq!(abi.request_header("x-a"), None);
+            let refused = ResponseHeaders::new(&abi);
             assert_eq!((refused.get(":status"), refused.get("x-a")), (None, None));
-            assert_eq!(request_body(4), None);
-            assert!(!replace_request_body(4, b"new"));
-            assert_eq!(response_body(4), None);
-            replace_response_body(4, b"new");
-            append_response_body(4, b"tail");
-            assert_eq!(plugin_configuration(), None);
-            assert_eq!(property_string(&["upstream", "address"]), None);
-            assert_eq!(upstream_backend(), None);
-            send_reply(503, &[("content-type", "application/json")], b"{}");
-            assert_eq!(now_ms(), 0);
-            assert!(fresh_request_id(1).starts_with("llmroute-"));
-            assert!(!set_tick_period(1000));
-            assert!(!set_effective_context(3));
-            assert_eq!(http_call_status(), None);
-            assert_eq!(http_call_body(4), None);
-            assert_eq!(shared_data("k"), (None, None));
-            assert!(!set_shared_data("k", b"v", Some(1)));
-            assert_eq!(define_counter("c"), None);
-            increment(Some(1));
-            set_gauge(Some(1), 5);
-            assert_eq!(define_metric(MetricType::Histogram, "h"), None);
-            set_log_field("llmroute.alias", "a");
-            assert_eq!(response_code(), None);
-            assert_eq!(metric_value(Some(1)), None);
-            assert_eq!(dispatch_get("c", "/", 100), None);
+            assert_eq!(abi.request_body(4), None);
+            assert!(!abi.replace_request_body(4, b"new"));
+            assert_eq!(abi.response_body(4), None);
+            abi.replace_response_body(4, b"new");
+            abi.append_response_body(4, b"tail");
+            assert_eq!(abi.plugin_configuration(), None);
+            assert_eq!(abi.property_string(&["upstream", "address"]), None);
+            assert_eq!(abi.upstream_backend(), None);
+            abi.send_reply(503, &[("content-type", "application/json")], b"{}");
+            assert_eq!(abi.now_ms(), 0);
+            assert!(abi.fresh_request_id(1).starts_with("llmroute-"));
+            assert!(!abi.set_tick_period(1000));
+            assert!(!abi.set_effective_context(3));
+            assert_eq!(abi.http_call_status(), None);
+            assert_eq!(abi.http_call_body(4), None);
+            assert_eq!(abi.shared_data("k"), (None, None));
+            assert!(!abi.set_shared_data("k", b"v", Some(1)));
+            assert_eq!(abi.define_counter("c"), None);
+            abi.increment(Some(1));
+            abi.set_gauge(Some(1), 5);
+            assert_eq!(abi.define_metric(MetricType::Histogram, "h"), None);
+            abi.set_log_field("llmroute.alias", "a");
+            assert_eq!(abi.response_code(), None);
+            assert_eq!(abi.metric_value(Some(1)), None);
+            assert_eq!(abi.dispatch_get("c", "/", 100), None);
         });
     }
 }
@@ -220,21 +221,22 @@ fn a_host_error_names_the_call_and_the_status() {
 #[test]
 fn a_host_that_answers_is_read() {
     *MAP.lock().unwrap() = encode_map(&[(":path", "/v1/chat/completions"), ("x-b", "")]);
+    let abi = Envoy::abi();
     with_status(0, || {
         assert_eq!(
-            request_headers().unwrap(),
+            abi.request_headers().unwrap(),
             vec![
                 (":path".to_string(), b"/v1/chat/completions".to_vec()),
                 ("x-b".to_string(), Vec::new()),
             ]
         );
-        assert_eq!(request_body(4), Some(b"body".to_vec()));
-        assert_eq!(now_ms(), 5);
-        assert_eq!(define_counter("c"), Some(7));
-        assert_eq!(define_metric(MetricType::Histogram, "h"), Some(7));
-        assert_eq!(metric_value(Some(1)), Some(3));
-        assert_eq!(dispatch_get("c", "/", 100), Some(9));
-        set_log_field("llmroute.alias", "a");
+        assert_eq!(abi.request_body(4), Some(b"body".to_vec()));
+        assert_eq!(abi.now_ms(), 5);
+        assert_eq!(abi.define_counter("c"), Some(7));
+        assert_eq!(abi.define_metric(MetricType::Histogram, "h"), Some(7));
+        assert_eq!(abi.metric_value(Some(1)), Some(3));
+        assert_eq!(abi.dispatch_get("c", "/", 100), Some(9));
+        abi.set_log_field("llmroute.alias", "a");
     });
 }
 
@@ -257,5 +259,5 @@ fn a_malformed_header_map_is_an_error_not_a_panic() {
     assert_eq!(decode_map(&long_key), None);
 
     *MAP.lock().unwrap() = good[..good.len() - 3].to_vec();
-    with_status(0, || assert_eq!(request_headers(), None));
+    with_status(0, || assert_eq!(Envoy::abi().request_headers(), None));
 }

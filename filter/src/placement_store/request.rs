@@ -15,7 +15,7 @@ use llmroute_core::Config;
 
 use super::etcd_call::{call_body, post, reply};
 use super::shared_state::{advance_revision, hosts_of, merge, note_pending, read_revision};
-use crate::host;
+use crate::host::{self, Envoy};
 use crate::key_placement::{self, Pin};
 use crate::metrics::Metrics;
 
@@ -60,8 +60,8 @@ impl Waiting {
     }
 
     /// Sends `body` (again); true when it went out, and the request keeps waiting for the new token.
-    fn send_again(&mut self) -> bool {
-        let sent = post(store::TXN_PATH, self.body.as_bytes(), self.auth, self.timeout_ms);
+    fn send_again(&mut self, envoy: &Envoy) -> bool {
+        let sent = post(envoy, store::TXN_PATH, self.body.as_bytes(), self.auth, self.timeout_ms);
         if let Some(token) = sent {
             self.token = token;
         }
@@ -73,19 +73,26 @@ impl Waiting {
 /// ([`store::decide`]: new, or come back unshared, within the create budget) or is held on a host that is down.
 /// `None`: nothing to wait for; pin as usual (a key kept local, and a transaction that could not be sent, are
 /// counted here).
-pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, metrics: &Metrics) -> Option<Waiting> {
+pub fn begin(
+    envoy: &Envoy,
+    cfg: &Config,
+    placement: &KeyPlacement,
+    cluster: &str,
+    key: u64,
+    metrics: &Metrics,
+) -> Option<Waiting> {
     let store = cfg.affinity.placement_store.as_ref()?;
     let keys = placement.bounded()?;
     let backend = cfg.backends.iter().find(|b| b.name == cluster)?;
-    let now = host::now_ms();
-    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
+    let now = envoy.now_ms();
+    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData(envoy))?;
     let bounds = Bounds::for_backend(keys, backend);
     // The revision first: the table is merged before the revision is written, so the table read after it holds
     // every key up to it.
-    let view = read_revision(cluster);
-    let table = KeyTable::decode(&host::shared_data(&shared::keys(cluster)).0.unwrap_or_default());
+    let view = read_revision(envoy, cluster);
+    let table = KeyTable::decode(&envoy.shared_data(&shared::keys(cluster)).0.unwrap_or_default());
     let decision = store::decide(&table, &hosts, key, now, &bounds, store.share_keys)
-        .within_budget(|| take_create(now, store.max_creates_per_s));
+        .within_budget(|| take_create(envoy, now, store.max_creates_per_s));
     let ask = match decision {
         Decision::Send(ask) => ask.in_view(view, keys.max_keys),
         Decision::Keep(why) => {
@@ -95,10 +102,10 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
         Decision::Table => return None,
     };
     let host = hosts.get(store::proposal(&table, &hosts, key, now, &bounds)?)?;
-    let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+    let lease = Lease::decode(&envoy.shared_data(shared::STORE_LEASE).0.unwrap_or_default());
     let body = store::ask_request(&ask, &store.prefix, cluster, key, &host.address, lease.id);
     let auth = store.auth.is_some();
-    match post(store::TXN_PATH, body.as_bytes(), auth, store.timeout_ms) {
+    match post(envoy, store::TXN_PATH, body.as_bytes(), auth, store.timeout_ms) {
         Some(token) => Some(Waiting {
             token,
             keys: *keys,
@@ -117,7 +124,7 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
         }),
         None => {
             metrics.placement_store(Outcome::Fallback(store::Fallback::NotSent));
-            note_pending(cluster, key);
+            note_pending(envoy, cluster, key);
             None
         }
     }
@@ -126,11 +133,11 @@ pub fn begin(cfg: &Config, placement: &KeyPlacement, cluster: &str, key: u64, me
 /// The answer to `w`'s transaction is being delivered (`body_size` bytes): send it once more if the member was
 /// gone, or as a create-if-absent if a swap found the key gone from etcd; else count how the key was settled and
 /// pin the request there.
-pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics) -> Step {
-    let body = call_body(body_size);
+pub fn finish(envoy: &Envoy, cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics) -> Step {
+    let body = call_body(envoy, body_size);
     if !w.retried && store::retry_once(reply(body.as_ref())) {
         w.retried = true;
-        if w.send_again() {
+        if w.send_again(envoy) {
             return Step::Retrying;
         }
     }
@@ -139,7 +146,7 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
     let answered = match &w.ask {
         store::Ask::CreateInView { .. } => match store::create_in_view_outcome(reply(body.as_ref())) {
             InView::Stale(stale) => {
-                if let Some(step) = stale_view(cfg, w, &stale, metrics) {
+                if let Some(step) = stale_view(envoy, cfg, w, &stale, metrics) {
                     return step;
                 }
                 Some(Outcome::Fallback(store::Fallback::NotSent))
@@ -151,14 +158,14 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
         },
         _ => store::ask_outcome(&w.ask, reply(body.as_ref())),
     };
-    let outcome = match store::next(answered, &hosts_of(cfg, &w.cluster)) {
+    let outcome = match store::next(answered, &hosts_of(envoy, cfg, &w.cluster)) {
         Next::Done(o) => o,
         Next::Send(ask) if w.follow_ups < store::MAX_FOLLOW_UPS => {
             let prefix = cfg.affinity.placement_store.as_ref().map_or("", |s| s.prefix.as_str());
             w.body = store::ask_request(&ask, prefix, &w.cluster, w.key, &w.address, w.lease);
             w.ask = ask;
             w.follow_ups = w.follow_ups.saturating_add(1);
-            if w.send_again() {
+            if w.send_again(envoy) {
                 return Step::Retrying;
             }
             Outcome::Fallback(store::Fallback::NotSent)
@@ -169,9 +176,10 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
     metrics.placement_store(outcome);
     if let Outcome::Fallback(f) = outcome {
         log::debug!("llmroute: placement store fallback ({f:?}) for a key of {}", w.cluster);
-        note_pending(&w.cluster, w.key);
+        note_pending(envoy, &w.cluster, w.key);
     }
     let pin = key_placement::pin_stored(
+        envoy,
         cfg,
         &KeyPlacement::BoundedKeys(w.keys),
         &w.cluster,
@@ -181,7 +189,7 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
     );
     if outcome == Outcome::Won && won_at > 0 && pin.is_some() {
         // The table now holds this key, and no other placement of the backend was written between the view and it.
-        advance_revision(&w.cluster, won_at);
+        advance_revision(envoy, &w.cluster, won_at);
     }
     Step::Pinned(pin)
 }
@@ -189,44 +197,50 @@ pub fn finish(cfg: &Config, w: &mut Waiting, body_size: usize, metrics: &Metrics
 /// `w`'s create found its view of the backend's keys stale: merges the keys the answer brought into the shared
 /// table, chooses again from it, and sends the next create ([`store::after_stale`]), counting the retry.
 /// `None` when it could not be sent (the request then falls back).
-fn stale_view(cfg: &Config, w: &mut Waiting, stale: &etcd_json::RangeAnswer, metrics: &Metrics) -> Option<Step> {
+fn stale_view(
+    envoy: &Envoy,
+    cfg: &Config,
+    w: &mut Waiting,
+    stale: &etcd_json::RangeAnswer,
+    metrics: &Metrics,
+) -> Option<Step> {
     metrics.placement_store_stale_view();
     let st = cfg.affinity.placement_store.as_ref()?;
     let backend = cfg.backends.iter().find(|b| b.name == w.cluster)?;
-    let now = host::now_ms();
+    let now = envoy.now_ms();
     let prefix = store::backend_prefix(&st.prefix, &w.cluster);
-    let merged = merge(&w.cluster, &prefix, &stale.kvs, now, w.keys.max_keys);
+    let merged = merge(envoy, &w.cluster, &prefix, &stale.kvs, now, w.keys.max_keys);
     if merged && !stale.more {
-        advance_revision(&w.cluster, stale.revision);
+        advance_revision(envoy, &w.cluster, stale.revision);
     }
     // A table that every try to merge into lost its race holds no view: a plain create-if-absent, as when cut.
     let ask = match merged {
         true => store::after_stale(stale, w.stale_retries, w.keys.max_keys),
         false => store::Ask::Create,
     };
-    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData)?;
+    let hosts = llmroute_core::key_placement::views(backend, now, &host::SharedData(envoy))?;
     let bounds = Bounds::for_backend(&w.keys, backend);
-    let table = KeyTable::decode(&host::shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
+    let table = KeyTable::decode(&envoy.shared_data(&shared::keys(&w.cluster)).0.unwrap_or_default());
     let chosen = hosts.get(store::proposal(&table, &hosts, w.key, now, &bounds)?)?;
     w.proposed = chosen.id();
     w.address = chosen.address.clone();
     w.body = store::ask_request(&ask, &st.prefix, &w.cluster, w.key, &w.address, w.lease);
     w.ask = ask;
     w.stale_retries = w.stale_retries.saturating_add(1);
-    w.send_again().then_some(Step::Retrying)
+    w.send_again(envoy).then_some(Step::Retrying)
 }
 
 /// Spends one of this Envoy's `max` creates of the second at `now` (shared by its workers, with compare-and-swap).
 /// False when they are spent, and when every try lost its race to other workers' creates (the key then waits for
 /// a later request).
-fn take_create(now: u64, max: u32) -> bool {
+fn take_create(envoy: &Envoy, now: u64, max: u32) -> bool {
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::shared_data(shared::STORE_CREATES);
+        let (bytes, cas) = envoy.shared_data(shared::STORE_CREATES);
         let mut budget = CreateBudget::decode(&bytes.unwrap_or_default());
         if !budget.take(now, max) {
             return false;
         }
-        if host::set_shared_data(shared::STORE_CREATES, &budget.encode(), cas) {
+        if envoy.set_shared_data(shared::STORE_CREATES, &budget.encode(), cas) {
             return true;
         }
     }

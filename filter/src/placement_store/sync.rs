@@ -17,7 +17,7 @@ use llmroute_core::Config;
 
 use super::etcd_call::{call_body, post, reply};
 use super::shared_state::{hosts_of, merge, read_revision, update_pending, write_revision};
-use crate::host;
+use crate::host::{self, Envoy};
 use crate::store_auth::{self, Credentials};
 
 /// How long the root side's calls may take; they never hold a request.
@@ -59,7 +59,7 @@ fn due(last: u64, now: u64) -> bool {
 impl Syncer {
     /// Starts syncing with `cfg` when it has a placement store (the root's status poller already ticks), as the
     /// user `credentials` when it has `auth`.
-    pub fn start(&mut self, cfg: Rc<Config>, credentials: Option<Credentials>) {
+    pub fn start(&mut self, envoy: &Envoy, cfg: Rc<Config>, credentials: Option<Credentials>) {
         self.credentials = credentials;
         if cfg.affinity.placement_store.is_none() || cfg.bounded_keys().is_none() {
             return;
@@ -68,31 +68,31 @@ impl Syncer {
         // without one could drop another worker's key).
         for b in &cfg.backends {
             let key = shared::store_pending(&b.name);
-            if host::shared_data(&key).1.is_none() {
-                host::set_shared_data(&key, &[], None);
+            if envoy.shared_data(&key).1.is_none() {
+                envoy.set_shared_data(&key, &[], None);
             }
         }
         self.cfg = Some(cfg);
     }
 
-    pub fn on_tick(&mut self) {
+    pub fn on_tick(&mut self, envoy: &Envoy) {
         let Some(cfg) = self.cfg.clone() else { return };
         let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.bounded_keys()) else {
             return;
         };
-        let now = host::now_ms();
+        let now = envoy.now_ms();
         // A call the host never answered is forgotten (a late answer is ignored).
         self.calls
             .retain(|(_, _, at)| now.saturating_sub(*at) <= SYNC_TIMEOUT_MS.saturating_add(POLL_INTERVAL_MS));
-        if !self.calls.is_empty() || !crate::lease::claim(shared::STORE_SYNC_LEASE, now, due) {
+        if !self.calls.is_empty() || !crate::lease::claim(envoy, shared::STORE_SYNC_LEASE, now, due) {
             return;
         }
         if let Some(c) = &self.credentials {
             // Without a token every call would be refused: authenticate first, and the rest next round.
-            if store_auth::token().is_none() {
+            if store_auth::token(envoy).is_none() {
                 if now >= self.authenticate_after_ms {
                     let body = c.body();
-                    let sent = host::dispatch_post(
+                    let sent = envoy.dispatch_post(
                         PLACEMENT_STORE_CLUSTER,
                         etcd_json::AUTHENTICATE_PATH,
                         body.as_bytes(),
@@ -107,40 +107,47 @@ impl Syncer {
                 return;
             }
         }
-        let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+        let lease = Lease::decode(&envoy.shared_data(shared::STORE_LEASE).0.unwrap_or_default());
         if lease.due(now, keys.idle_ttl_ms) {
             let body = etcd_json::grant_body(store::lease_ttl_s(keys.idle_ttl_ms));
-            self.send(store::GRANT_PATH, &body, Job::Grant { previous: lease }, now);
+            self.send(envoy, store::GRANT_PATH, &body, Job::Grant { previous: lease }, now);
         }
         for b in &cfg.backends {
-            if llmroute_core::key_placement::views(b, now, &host::SharedData).is_none() {
+            if llmroute_core::key_placement::views(b, now, &host::SharedData(envoy)).is_none() {
                 continue;
             }
-            let seen = read_revision(&b.name);
+            let seen = read_revision(envoy, &b.name);
             let body = store::range_request(&st.prefix, &b.name, seen, keys.max_keys);
             let job = Job::Range {
                 backend: b.name.clone(),
                 seen,
             };
-            self.send(store::RANGE_PATH, &body, job, now);
-            self.settle_pending(st, b, lease.id, now);
+            self.send(envoy, store::RANGE_PATH, &body, job, now);
+            self.settle_pending(envoy, st, b, lease.id, now);
         }
     }
 
     /// Proposes to the store the keys of `b` placed locally while it failed, a few per round.
-    fn settle_pending(&mut self, st: &PlacementStore, b: &llmroute_core::config::Backend, lease: i64, now: u64) {
-        let pending = Pending::decode(&host::shared_data(&shared::store_pending(&b.name)).0.unwrap_or_default());
+    fn settle_pending(
+        &mut self,
+        envoy: &Envoy,
+        st: &PlacementStore,
+        b: &llmroute_core::config::Backend,
+        lease: i64,
+        now: u64,
+    ) {
+        let pending = Pending::decode(&envoy.shared_data(&shared::store_pending(&b.name)).0.unwrap_or_default());
         if pending.is_empty() {
             return;
         }
-        let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData) else {
+        let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData(envoy)) else {
             return;
         };
-        let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
+        let table = KeyTable::decode(&envoy.shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
         for &key in pending.keys().iter().take(Pending::PER_ROUND) {
             let Some(address) = local_address(&table, &hosts, key) else {
                 // Forgotten, or on a host no longer listed: a later request settles it afresh.
-                update_pending(&b.name, |p| p.remove(key));
+                update_pending(envoy, &b.name, |p| p.remove(key));
                 continue;
             };
             let body = store::create_request(&st.prefix, &b.name, key, &address, lease);
@@ -148,25 +155,25 @@ impl Syncer {
                 backend: b.name.clone(),
                 key,
             };
-            self.send(store::TXN_PATH, &body, job, now);
+            self.send(envoy, store::TXN_PATH, &body, job, now);
         }
     }
 
-    fn send(&mut self, path: &str, body: &str, job: Job, now: u64) {
+    fn send(&mut self, envoy: &Envoy, path: &str, body: &str, job: Job, now: u64) {
         let auth = self.credentials.is_some();
-        match post(path, body.as_bytes(), auth, SYNC_TIMEOUT_MS) {
+        match post(envoy, path, body.as_bytes(), auth, SYNC_TIMEOUT_MS) {
             Some(token) => self.calls.push((token, job, now)),
             None => log::debug!("llmroute: the placement store's cluster could not be called"),
         }
     }
 
     /// Keeps the token etcd gave for the user and password, or logs why there is none (never the password).
-    fn authenticated(&mut self, answer: Option<&(u32, Vec<u8>)>, now: u64) {
+    fn authenticated(&mut self, envoy: &Envoy, answer: Option<&(u32, Vec<u8>)>, now: u64) {
         let user = self.credentials.as_ref().map_or("", |c| c.user.as_str());
         match answer {
             Some((200, body)) => match etcd_json::parse_authenticate(body) {
                 Ok(token) => {
-                    store_auth::keep(&token);
+                    store_auth::keep(envoy, &token);
                     log::info!("llmroute: placement store: authenticated to etcd as user {user}");
                 }
                 Err(e) => log::warn!("llmroute: placement store: authenticating as etcd user {user}: {e}"),
@@ -184,7 +191,7 @@ impl Syncer {
         }
     }
 
-    pub fn on_response(&mut self, token: u32, body_size: usize) {
+    pub fn on_response(&mut self, envoy: &Envoy, token: u32, body_size: usize) {
         let Some(i) = self.calls.iter().position(|(t, _, _)| *t == token) else {
             return;
         };
@@ -193,12 +200,14 @@ impl Syncer {
         let (Some(st), Some(keys)) = (&cfg.affinity.placement_store, cfg.bounded_keys()) else {
             return;
         };
-        let answer = call_body(body_size);
+        let answer = call_body(envoy, body_size);
         match &job {
-            Job::Authenticate => return self.authenticated(answer.as_ref(), host::now_ms()),
-            Job::Settle { backend, key } => return self.settled(&cfg, st, backend, *key, reply(answer.as_ref())),
+            Job::Authenticate => return self.authenticated(envoy, answer.as_ref(), envoy.now_ms()),
+            Job::Settle { backend, key } => {
+                return self.settled(envoy, &cfg, st, backend, *key, reply(answer.as_ref()))
+            }
             Job::SettleMove { backend, key } => {
-                return settle(backend, *key, store::settle_move_outcome(reply(answer.as_ref())));
+                return settle(envoy, backend, *key, store::settle_move_outcome(reply(answer.as_ref())));
             }
             _ => {}
         }
@@ -207,14 +216,14 @@ impl Syncer {
             Some((status, _)) => return log::info!("llmroute: placement store answered {status} ({job:?})"),
             None => return log::info!("llmroute: placement store did not answer ({job:?})"),
         };
-        let now = host::now_ms();
+        let now = envoy.now_ms();
         match job {
             Job::Grant { previous } => match etcd_json::parse_grant(body) {
                 Ok(id) => {
                     let lease = Lease { id, granted_ms: now };
-                    host::set_shared_data(shared::STORE_LEASE, &lease.encode(), None);
+                    envoy.set_shared_data(shared::STORE_LEASE, &lease.encode(), None);
                     if previous.id != 0 {
-                        self.refresh(&cfg, st, previous.granted_ms, id, now);
+                        self.refresh(envoy, &cfg, st, previous.granted_ms, id, now);
                     }
                 }
                 Err(e) => log::info!("llmroute: placement store lease grant: {e}"),
@@ -222,8 +231,8 @@ impl Syncer {
             Job::Range { backend, seen } => match etcd_json::parse_range(body) {
                 Ok(range) => {
                     let prefix = store::backend_prefix(&st.prefix, &backend);
-                    if merge(&backend, &prefix, &range.kvs, now, keys.max_keys) {
-                        write_revision(&backend, store::next_revision(seen, &range));
+                    if merge(envoy, &backend, &prefix, &range.kvs, now, keys.max_keys) {
+                        write_revision(envoy, &backend, store::next_revision(seen, &range));
                     }
                 }
                 Err(e) => log::info!("llmroute: placement store read of {backend}: {e}"),
@@ -239,35 +248,43 @@ impl Syncer {
 
     /// Applies the answer to a pending key's create-if-absent; when etcd holds a host that is down here, sends the
     /// swap for the host the local table holds instead (the key stays pending until that answer).
-    fn settled(&mut self, cfg: &Config, st: &PlacementStore, backend: &str, key: u64, answer: Reply<'_>) {
-        let now = host::now_ms();
-        let hosts = hosts_of(cfg, backend);
+    fn settled(
+        &mut self,
+        envoy: &Envoy,
+        cfg: &Config,
+        st: &PlacementStore,
+        backend: &str,
+        key: u64,
+        answer: Reply<'_>,
+    ) {
+        let now = envoy.now_ms();
+        let hosts = hosts_of(envoy, cfg, backend);
         let Settled::Replace { from } = store::settle_outcome_in(answer, &hosts) else {
-            return settle(backend, key, store::settle_outcome_in(answer, &hosts));
+            return settle(envoy, backend, key, store::settle_outcome_in(answer, &hosts));
         };
-        let table = KeyTable::decode(&host::shared_data(&shared::keys(backend)).0.unwrap_or_default());
+        let table = KeyTable::decode(&envoy.shared_data(&shared::keys(backend)).0.unwrap_or_default());
         let Some(address) = local_address(&table, &hosts, key) else {
-            update_pending(backend, |p| p.remove(key));
+            update_pending(envoy, backend, |p| p.remove(key));
             return;
         };
-        let lease = Lease::decode(&host::shared_data(shared::STORE_LEASE).0.unwrap_or_default());
+        let lease = Lease::decode(&envoy.shared_data(shared::STORE_LEASE).0.unwrap_or_default());
         let body = store::move_request(&st.prefix, backend, key, &from, &address, lease.id);
         let job = Job::SettleMove {
             backend: backend.to_string(),
             key,
         };
-        self.send(store::TXN_PATH, &body, job, now);
+        self.send(envoy, store::TXN_PATH, &body, job, now);
     }
 
     /// Re-attaches to lease `id` the keys this replica's requests used since `since_ms`.
-    fn refresh(&mut self, cfg: &Config, st: &PlacementStore, since_ms: u64, id: i64, now: u64) {
+    fn refresh(&mut self, envoy: &Envoy, cfg: &Config, st: &PlacementStore, since_ms: u64, id: i64, now: u64) {
         for b in &cfg.backends {
-            let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData) else {
+            let Some(hosts) = llmroute_core::key_placement::views(b, now, &host::SharedData(envoy)) else {
                 continue;
             };
-            let table = KeyTable::decode(&host::shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
+            let table = KeyTable::decode(&envoy.shared_data(&shared::keys(&b.name)).0.unwrap_or_default());
             for body in store::refresh_batches(&table, &hosts, since_ms, &st.prefix, &b.name, id) {
-                self.send(store::TXN_PATH, &body, Job::Refresh, now);
+                self.send(envoy, store::TXN_PATH, &body, Job::Refresh, now);
             }
         }
     }
@@ -280,20 +297,20 @@ fn local_address(table: &KeyTable, hosts: &[HostView], key: u64) -> Option<Strin
 }
 
 /// Applies a pending key's settlement: kept or moved once, then no longer pending; or left for the next round.
-fn settle(backend: &str, key: u64, settled: Settled) {
+fn settle(envoy: &Envoy, backend: &str, key: u64, settled: Settled) {
     match settled {
         Settled::Retry | Settled::Replace { .. } => return,
         Settled::Kept => {}
         Settled::MoveTo(host) => {
             let table_key = shared::keys(backend);
             for _ in 0..CAS_ATTEMPTS {
-                let (bytes, cas) = host::shared_data(&table_key);
+                let (bytes, cas) = envoy.shared_data(&table_key);
                 let mut t = KeyTable::decode(&bytes.unwrap_or_default());
-                if !t.set_host(key, host) || host::set_shared_data(&table_key, &t.encode(), cas) {
+                if !t.set_host(key, host) || envoy.set_shared_data(&table_key, &t.encode(), cas) {
                     break;
                 }
             }
         }
     }
-    update_pending(backend, |p| p.remove(key));
+    update_pending(envoy, backend, |p| p.remove(key));
 }

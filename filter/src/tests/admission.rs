@@ -50,7 +50,7 @@ fn send(fake: &Rc<FakeHost>, root: &Root, token: &str) -> (Vec<Action>, Option<u
 #[test]
 fn keys_and_request_limits_are_applied_in_order() {
     set_keys();
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &admission_config());
     assert_eq!(send(&fake, &root, "sk-wrong-0123456789abcdef0123").1, Some(401));
     assert_eq!(send(&fake, &root, TOKEN), (vec![Action::Pause, Action::Continue], None));
@@ -72,10 +72,10 @@ fn keys_and_request_limits_are_applied_in_order() {
 
 #[test]
 fn a_missing_keys_variable_refuses_the_config() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let config = admission_config().replace(KEYS_ENV, "LLMROUTE_TEST_GLUE_KEYS_UNSET");
     fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
-    assert!(!Root::default().on_configure(config.len()));
+    assert!(!Root::new(fake.envoy()).on_configure(config.len()));
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn a_token_reservation_is_settled_on_the_usage_the_engine_reported() {
             r#""upstream_model": "qwen3-0.6b" } ], "limits": { "tokens": "100000-M" }"#,
         )
         .replace(r#""version": 1,"#, r#""version": 1, "debug_headers": true,"#);
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &config);
     let mut left = Vec::new();
     for id in 1..=2 {
@@ -111,7 +111,7 @@ fn a_failed_shared_data_read_fails_closed_and_never_refills_a_bucket() {
     use crate::host::fake::Kind;
     use crate::host::HostStatus;
     set_keys();
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let config = admission_config();
     let root = root(&fake, &config);
     for _ in 0..2 {
@@ -130,7 +130,7 @@ fn a_failed_shared_data_read_fails_closed_and_never_refills_a_bucket() {
     );
     // A configure pass (a worker starting, a new config) under failing reads seeds nothing over the bucket.
     fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
-    assert!(Root::default().on_configure(config.len()));
+    assert!(Root::new(fake.envoy()).on_configure(config.len()));
     fake.heal();
     assert_eq!(send(&fake, &root, TOKEN).1, Some(429), "still drained");
 }
@@ -166,7 +166,7 @@ fn unbounded_chat(fake: &Rc<FakeHost>, root: &Root, id: u32, used: u64) -> Resul
 
 #[test]
 fn an_injected_bound_reaches_the_engine_capped_by_what_the_budget_has_left() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let injecting = root(
         &fake,
         &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 300, "inject_max_tokens": true }"#),
@@ -182,7 +182,7 @@ fn an_injected_bound_reaches_the_engine_capped_by_what_the_budget_has_left() {
         .unwrap();
     assert!((150..188).contains(&bound), "{sent}");
     // Without the option, the body goes up as sent.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let plain = root(
         &fake,
         &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 300 }"#),
@@ -193,7 +193,7 @@ fn an_injected_bound_reaches_the_engine_capped_by_what_the_budget_has_left() {
 
 #[test]
 fn an_overrun_is_carried_as_a_debt_with_a_truthful_retry_after() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(
         &fake,
         &token_config(r#"{ "tokens": "1000-M", "default_max_tokens": 16 }"#),
@@ -221,7 +221,7 @@ fn a_decision_route_reserves_its_own_bound_and_settles_on_the_answers_usage() {
         r#""routes": [ { "backend""#,
         r#""endpoints": ["decisions"], "routes": [ { "backend""#,
     );
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &config);
     let headers = [
         (":method", "POST"),
@@ -281,7 +281,7 @@ fn key_limits_config(limits: &str) -> String {
 #[test]
 fn a_key_over_its_request_limit_is_refused_at_the_headers() {
     set_keys();
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
     assert_eq!(send(&fake, &root, TOKEN), (vec![Action::Pause, Action::Continue], None));
     let headers = with_key(TOKEN);
@@ -304,7 +304,7 @@ fn a_key_over_its_request_limit_is_refused_at_the_headers() {
 #[test]
 fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
     set_keys();
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &key_limits_config(r#"{ "requests": "1-M" }"#));
     let headers = with_key(TOKEN);
     let borrowed: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
@@ -325,7 +325,7 @@ fn a_request_refused_after_its_headers_gives_back_the_keys_request() {
 fn a_key_named_in_key_limits_has_its_own_budget() {
     set_keys();
     let config = key_limits_config(r#"{ "requests": "3-M" }, "key_limits": { "team-a": { "requests": "1-M" } }"#);
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &config);
     assert_eq!(send(&fake, &root, TOKEN).1, None);
     assert_eq!(

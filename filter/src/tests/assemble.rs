@@ -40,7 +40,7 @@ fn doc(bytes: &[u8]) -> serde_json::Value {
 
 #[test]
 fn the_stream_is_held_chunk_by_chunk_and_the_client_gets_one_json_answer() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &always_config(""));
     let mut x = sent(&fake, &root);
     assert_eq!(x.response_headers(&SSE_HEADERS, false), Action::Pause, "headers wait");
@@ -69,7 +69,7 @@ fn the_stream_is_held_chunk_by_chunk_and_the_client_gets_one_json_answer() {
 
 #[test]
 fn a_cut_stream_is_a_502_in_the_openai_envelope() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &always_config(""));
     let mut x = sent(&fake, &root);
     x.response_headers(&SSE_HEADERS, false);
@@ -94,7 +94,7 @@ fn a_cut_stream_is_a_502_in_the_openai_envelope() {
 
 #[test]
 fn an_answer_over_the_bound_is_a_local_502_before_the_stream_ends() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &always_config(r#""limits": { "max_assembled_bytes": 4096 },"#));
     let mut x = sent(&fake, &root);
     x.response_headers(&SSE_HEADERS, false);
@@ -118,7 +118,7 @@ fn an_answer_over_the_bound_is_a_local_502_before_the_stream_ends() {
 /// One assembled exchange on a fresh host whose calls fail as `fail` says; true when the client got an answer
 /// (the rebuilt one, a 502, or the gateway's 503 before the request went up).
 fn answered_with(fail: impl Fn(&FakeHost)) -> (Rc<FakeHost>, bool) {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &always_config(""));
     fake.reset_calls();
     fail(&fake);
@@ -164,7 +164,7 @@ fn a_host_error_at_any_call_of_an_assembled_exchange_neither_panics_nor_loses_it
 
 #[test]
 fn a_chunk_the_host_would_not_drop_is_not_fed_twice() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &always_config(""));
     let mut x = sent(&fake, &root);
     x.response_headers(&SSE_HEADERS, false);

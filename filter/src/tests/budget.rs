@@ -14,7 +14,7 @@ use llmroute_core::envoy_contract::SESSION_HEADER;
 
 /// Counts the calls of the second of two identical requests on one VM.
 fn warm_counts(config: &str, stream: bool) -> Vec<(Kind, usize)> {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, config);
     run_chat(&mut Exchange::new(&fake, &root, 1), stream);
     fake.reset_calls();
@@ -92,7 +92,7 @@ fn a_request_that_does_not_wait_in_the_fair_queue_makes_this_many_host_calls() {
 
 /// The second of two chat requests the engine answers with a JSON error (`status`).
 fn error_counts(status: u32) -> Vec<(Kind, usize)> {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut counts = Vec::new();
     for id in 1..=2 {
@@ -140,7 +140,7 @@ fn a_body_sent_unedited_keeps_the_clients_content_length() {
     // already holds, and is not set again (one SetMapValue fewer than a plain chat; no SetBuffer either, nothing
     // to edit).
     let config = CONFIG.replace(r#", "upstream_model": "qwen3-0.6b""#, "");
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &config);
     let body = chat(false);
     let length = body.len().to_string();
@@ -177,7 +177,7 @@ fn a_body_sent_unedited_keeps_the_clients_content_length() {
 fn the_session_header_costs_a_removal_only_on_a_response_that_carries_it() {
     // Envoy's stateful-session filter writes the host on responses (bounded-keys placement): the filter removes
     // it there, found in the response headers it reads whole; a response without it asks for no removal.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut removals = Vec::new();
     for (id, carried) in [(1, false), (2, true), (3, false)] {

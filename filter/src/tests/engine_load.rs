@@ -1,4 +1,4 @@
-//! Engine load, host side (`engine_load.rs`): one round per `poll_ms` per Envoy, one `/metrics` call per engine
+//! Engine load, host side (`engine_load/`): one round per `poll_ms` per Envoy, one `/metrics` call per engine
 //! through its probe cluster, readings stored for placement with their gauges, problems noted for the status
 //! page, a queued host kept from new keys, a known key's request sent past a host over `spill_queue`, vLLM's
 //! ORCA report asked for, folded in and never passed on, work in flight held and released, and host errors at
@@ -36,29 +36,30 @@ fn page(queued: u32) -> String {
 }
 
 fn started(kind: &str) -> (Rc<FakeHost>, LoadPoller) {
-    let fake = FakeHost::install();
-    let mut poller = LoadPoller::default();
+    let fake = FakeHost::new();
+    let mut poller = LoadPoller::new(Metrics::new(fake.envoy()));
     poller.start(
+        &fake.envoy(),
         Rc::new(load_config(&load_config_text(kind)).unwrap()),
-        Metrics::default(),
+        Metrics::new(fake.envoy()),
     );
     (fake, poller)
 }
 
-fn answer(fake: &FakeHost, poller: &mut LoadPoller, token: u32, status: &str, body: &str) {
+fn answer(fake: &Rc<FakeHost>, poller: &mut LoadPoller, token: u32, status: &str, body: &str) {
     fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
     fake.set_buffer_bytes(BufferType::HttpCallResponseBody, body.as_bytes());
-    poller.on_response(token, body.len());
+    poller.on_response(&fake.envoy(), token, body.len());
 }
 
-fn stored(fake: &FakeHost) -> Vec<(String, EngineLoad)> {
+fn stored(fake: &Rc<FakeHost>) -> Vec<(String, EngineLoad)> {
     load::decode(&fake.shared(&shared::load("llama-a")).map(|v| v.0).unwrap_or_default())
 }
 
 /// Runs one round whose engines report `queues` (A, then B).
-fn round(fake: &FakeHost, poller: &mut LoadPoller, queues: [u32; 2]) {
+fn round(fake: &Rc<FakeHost>, poller: &mut LoadPoller, queues: [u32; 2]) {
     let seen = fake.callouts().len();
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     let calls = fake.callouts()[seen..].to_vec();
     assert_eq!(calls.len(), 2, "one call per engine");
     for (c, q) in calls.iter().zip(queues) {
@@ -74,7 +75,7 @@ fn a_round_reads_each_engine_through_its_probe_cluster_and_stores_the_readings()
         Some(200),
         "the root ticks as often as the shortest poll"
     );
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     let calls = fake.callouts();
     assert_eq!(
         calls.iter().map(|c| c.cluster.as_str()).collect::<Vec<_>>(),
@@ -94,33 +95,34 @@ fn a_round_reads_each_engine_through_its_probe_cluster_and_stores_the_readings()
             .collect::<Vec<_>>(),
         vec![(A, 4, 1), (B, 0, 1)]
     );
-    let id = shown_host(crate::status::id_key(), A);
+    let id = shown_host(crate::status::id_key(&fake.envoy()), A);
     let queue = labelled(ENGINE_QUEUE, &[("backend", "llama-a"), ("host", &id)]);
     assert_eq!(fake.metric(&queue), Some(4));
     let ok = labelled(ENGINE_LOAD_READS, &[("backend", "llama-a"), ("outcome", "ok")]);
     assert_eq!(fake.metric(&ok), Some(2));
     // The next round waits for the interval.
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     assert_eq!(fake.callouts().len(), 2);
     fake.advance_ms(200);
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     assert_eq!(fake.callouts().len(), 4);
 }
 
 #[test]
 fn one_root_context_per_envoy_polls_each_interval() {
     let (fake, mut one) = started("llamacpp");
-    let mut other = LoadPoller::default();
+    let mut other = LoadPoller::new(Metrics::new(fake.envoy()));
     other.start(
+        &fake.envoy(),
         Rc::new(load_config(&load_config_text("llamacpp")).unwrap()),
-        Metrics::default(),
+        Metrics::new(fake.envoy()),
     );
-    one.on_tick();
-    other.on_tick();
+    one.on_tick(&fake.envoy());
+    other.on_tick(&fake.envoy());
     assert_eq!(fake.callouts().len(), 2, "the other worker found the lease taken");
     fake.advance_ms(200);
-    other.on_tick();
-    one.on_tick();
+    other.on_tick(&fake.envoy());
+    one.on_tick(&fake.envoy());
     assert_eq!(fake.callouts().len(), 4);
 }
 
@@ -132,7 +134,7 @@ fn a_llama_server_without_metrics_is_named_on_the_status_page_and_its_reading_go
     for _ in 0..4 {
         fake.advance_ms(200);
         let seen = fake.callouts().len();
-        poller.on_tick();
+        poller.on_tick(&fake.envoy());
         let calls = fake.callouts()[seen..].to_vec();
         answer(&fake, &mut poller, calls[0].token, "501", "not supported");
         answer(&fake, &mut poller, calls[1].token, "200", &page(0));
@@ -143,7 +145,7 @@ fn a_llama_server_without_metrics_is_named_on_the_status_page_and_its_reading_go
     assert_eq!(fake.metric(&error), Some(4));
     // The status page shows A's problem and its stale reading; B's fresh one.
     let fleet = llmroute_core::status::FleetStatus {
-        taken_at_ms: crate::host::now_ms(),
+        taken_at_ms: fake.envoy().now_ms(),
         backends: vec![llmroute_core::status::BackendHealth {
             name: "llama-a".into(),
             healthy: 2,
@@ -156,7 +158,8 @@ fn a_llama_server_without_metrics_is_named_on_the_status_page_and_its_reading_go
             active: vec![],
         }],
     };
-    crate::host::set_shared_data(shared::STATUS_SNAPSHOT, &fleet.encode(), None);
+    fake.envoy()
+        .set_shared_data(shared::STATUS_SNAPSHOT, &fleet.encode(), None);
     let root = root(&fake, &load_config_text("llamacpp"));
     let mut x = Exchange::new(&fake, &root, 1);
     let status_headers = [(":method", "GET"), (":path", "/llmroute/status"), (":authority", "gw")];
@@ -178,11 +181,11 @@ fn a_llama_server_without_metrics_is_named_on_the_status_page_and_its_reading_go
 #[test]
 fn an_engine_that_never_answers_times_out_and_the_next_round_still_runs() {
     let (fake, mut poller) = started("llamacpp");
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     let calls = fake.callouts();
     answer(&fake, &mut poller, calls[0].token, "200", &page(3));
     fake.advance_ms(250 + TICK_MS + 1);
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     assert_eq!(stored(&fake).len(), 1, "the round ended with what came");
     let timeout = labelled(ENGINE_LOAD_READS, &[("backend", "llama-a"), ("outcome", "timeout")]);
     assert_eq!(fake.metric(&timeout), Some(1));
@@ -210,9 +213,9 @@ fn chat_for(fake: &Rc<FakeHost>, root: &Root, id: u32, t: u32) -> (usize, String
     (host, reason)
 }
 
-fn store_queues(fake: &FakeHost, queues: [u32; 2]) {
+fn store_queues(fake: &Rc<FakeHost>, queues: [u32; 2]) {
     let _ = fake;
-    let now = crate::host::now_ms();
+    let now = fake.envoy().now_ms();
     let readings: Vec<(String, EngineLoad)> = [A, B]
         .iter()
         .zip(queues)
@@ -228,12 +231,13 @@ fn store_queues(fake: &FakeHost, queues: [u32; 2]) {
             )
         })
         .collect();
-    crate::host::set_shared_data(&shared::load("llama-a"), &load::encode(&readings), None);
+    fake.envoy()
+        .set_shared_data(&shared::load("llama-a"), &load::encode(&readings), None);
 }
 
 #[test]
 fn a_queued_host_takes_no_new_key_until_it_is_idle_again() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &load_config_text("llamacpp"));
     store_queues(&fake, [3, 0]);
     for t in 0..4 {
@@ -254,7 +258,7 @@ fn a_queued_host_takes_no_new_key_until_it_is_idle_again() {
 
 #[test]
 fn a_known_keys_request_passes_a_host_over_the_spill_queue_and_the_key_stays() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &load_config_text("llamacpp"));
     store_queues(&fake, [0, 0]);
     let (home, reason) = chat_for(&fake, &root, 1, 7);
@@ -284,7 +288,7 @@ fn a_known_keys_request_passes_a_host_over_the_spill_queue_and_the_key_stays() {
 
 #[test]
 fn a_vllm_engine_is_asked_for_its_orca_report_which_is_folded_in_and_never_passed_on() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &load_config_text("vllm"));
     let mut x = Exchange::new(&fake, &root, 1);
     x.request_headers(&REQUEST_HEADERS, false);
@@ -315,7 +319,7 @@ fn a_vllm_engine_is_asked_for_its_orca_report_which_is_folded_in_and_never_passe
         (B, 5, Some(250))
     );
     // A llama.cpp backend is not asked; a report it sent anyway is still removed.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let llama = super::root(&fake, &load_config_text("llamacpp"));
     let mut x = Exchange::new(&fake, &llama, 1);
     x.request_headers(&REQUEST_HEADERS, false);
@@ -338,7 +342,7 @@ fn a_vllm_engine_is_asked_for_its_orca_report_which_is_folded_in_and_never_passe
 
 #[test]
 fn a_placed_request_holds_its_tokens_as_work_until_the_log_phase() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &load_config_text("llamacpp"));
     let mut x = Exchange::new(&fake, &root, 1);
     let body = CHAT.replacen('{', r#"{"max_tokens":100,"#, 1);
@@ -353,7 +357,7 @@ fn a_placed_request_holds_its_tokens_as_work_until_the_log_phase() {
     x.log();
     assert_eq!(work(), vec![0, 0]);
     // Without load, no work is kept.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let plain = super::root(&fake, &bounded_config());
     run_chat(&mut Exchange::new(&fake, &plain, 1), false);
     assert!(fake.shared(&shared::work("llama-a")).is_none());
@@ -369,7 +373,7 @@ fn a_host_error_at_any_call_of_a_round_neither_panics_nor_stops_polling() {
         let (fake, mut poller) = started("llamacpp");
         fake.reset_calls();
         fake.fail_nth(i, HostStatus::InternalFailure);
-        poller.on_tick();
+        poller.on_tick(&fake.envoy());
         for c in fake.callouts() {
             answer(&fake, &mut poller, c.token, "200", &page(1));
         }
@@ -377,13 +381,13 @@ fn a_host_error_at_any_call_of_a_round_neither_panics_nor_stops_polling() {
         // Whatever the failed call left (a round pending, a lease taken), the next rounds run.
         let healed = fake.callouts().len();
         fake.advance_ms(200 + 250 + 2 * TICK_MS);
-        poller.on_tick();
+        poller.on_tick(&fake.envoy());
         for c in fake.callouts()[healed..].to_vec() {
             answer(&fake, &mut poller, c.token, "200", &page(1));
         }
         let seen = fake.callouts().len();
         fake.advance_ms(200);
-        poller.on_tick();
+        poller.on_tick(&fake.envoy());
         let fresh = fake.callouts()[seen..].to_vec();
         assert_eq!(fresh.len(), 2, "call {i}: a later round calls every engine");
         for c in &fresh {

@@ -29,17 +29,17 @@ fn fair_config(max_queue: u32) -> String {
         )
 }
 
-fn queue(fake: &FakeHost) -> FairQueue {
+fn queue(fake: &Rc<FakeHost>) -> FairQueue {
     fairness::decode(&fake.shared(&shared::fair_queue(BACKEND)).unwrap().0)
 }
 
 /// Another worker changes the backend's queue with `f`.
-fn rewrite_queue(fake: &FakeHost, f: impl FnOnce(&mut FairQueue)) {
+fn rewrite_queue(fake: &Rc<FakeHost>, f: impl FnOnce(&mut FairQueue)) {
     let key = shared::fair_queue(BACKEND);
     let (bytes, cas) = fake.shared(&key).unwrap();
     let mut q = fairness::decode(&bytes);
     f(&mut q);
-    assert!(crate::host::set_shared_data(&key, &fairness::encode(&q), Some(cas)));
+    assert!(fake.envoy().set_shared_data(&key, &fairness::encode(&q), Some(cas)));
 }
 
 /// A chat request of `tenant` in context `id`, up to the end of its body; returns the exchange and the body's
@@ -76,12 +76,12 @@ fn answer(x: &mut Exchange) {
     x.log();
 }
 
-fn tick(fake: &FakeHost, root: &mut Root) {
+fn tick(fake: &Rc<FakeHost>, root: &mut Root) {
     fake.end_callback();
     root.on_tick();
 }
 
-fn replies_to(fake: &FakeHost, context: u32) -> Vec<Reply> {
+fn replies_to(fake: &Rc<FakeHost>, context: u32) -> Vec<Reply> {
     fake.replies()
         .into_iter()
         .filter(|r| r.context == Some(context))
@@ -90,7 +90,7 @@ fn replies_to(fake: &FakeHost, context: u32) -> Vec<Reply> {
 
 #[test]
 fn a_request_to_a_full_backend_waits_and_goes_when_the_slot_frees() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     assert_eq!(fake.tick_ms(), Some(25), "fairness ticks faster");
     let (mut a, action) = arrive(&fake, &root, 1, "alice");
@@ -125,7 +125,7 @@ fn a_request_to_a_full_backend_waits_and_goes_when_the_slot_frees() {
 
 #[test]
 fn the_tick_resumes_a_waiter_whose_slot_freed_elsewhere() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     let (_b, action) = arrive(&fake, &root, 2, "bob");
@@ -140,7 +140,7 @@ fn the_tick_resumes_a_waiter_whose_slot_freed_elsewhere() {
 
 #[test]
 fn the_least_served_tenant_goes_next_and_weights_count() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(16));
     let (mut running, _) = arrive(&fake, &root, 1, "flood");
     let mut waiting = Vec::new();
@@ -173,7 +173,7 @@ fn the_least_served_tenant_goes_next_and_weights_count() {
 
 #[test]
 fn a_waiter_past_its_deadline_gets_a_429_in_its_envelope() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (mut a, _) = arrive(&fake, &root, 1, "alice");
     let (mut b, action) = arrive(&fake, &root, 2, "bob");
@@ -233,7 +233,7 @@ fn a_waiter_past_its_deadline_gets_a_429_in_its_envelope() {
 
 #[test]
 fn a_client_may_shorten_its_wait_or_refuse_to_wait() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     let (_b, action) = arrive_with(&fake, &root, 2, "bob", &[("x-max-wait-ms", "0")], None);
@@ -260,7 +260,7 @@ fn a_client_may_shorten_its_wait_or_refuse_to_wait() {
 
 #[test]
 fn a_full_queue_refuses_at_once() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &fair_config(1));
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     let (_b, action) = arrive(&fake, &root, 2, "bob");
@@ -278,7 +278,7 @@ fn a_full_queue_refuses_at_once() {
 
 #[test]
 fn a_client_that_leaves_while_waiting_is_removed_and_charged_nothing() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (mut a, _) = arrive(&fake, &root, 1, "alice");
     let (mut b, _) = arrive(&fake, &root, 2, "bob");
@@ -302,7 +302,7 @@ fn a_client_that_leaves_while_waiting_is_removed_and_charged_nothing() {
 
 #[test]
 fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (mut a, _) = arrive(&fake, &root, 1, "alice");
     // Another worker's waiter arrived first, for a tenant with no service yet.
@@ -334,7 +334,7 @@ fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
 
 #[test]
 fn a_waiter_whose_context_vanished_leaves_the_queue() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &fair_config(8));
     let (mut a, _) = arrive(&fake, &root, 1, "alice");
     let (b, _) = arrive(&fake, &root, 2, "bob");
@@ -348,7 +348,7 @@ fn a_waiter_whose_context_vanished_leaves_the_queue() {
 
 #[test]
 fn a_queue_that_cannot_be_read_lets_the_request_go_on() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &fair_config(8));
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     fake.fail_kind(Kind::GetShared, HostStatus::InternalFailure);
@@ -365,7 +365,7 @@ fn a_queue_that_cannot_be_read_lets_the_request_go_on() {
 
 #[test]
 fn the_status_page_shows_each_queue() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &fair_config(8));
     let (_a, _) = arrive(&fake, &root, 1, "alice");
     let (_b, _) = arrive(&fake, &root, 2, "bob");
@@ -390,7 +390,7 @@ fn the_status_page_shows_each_queue() {
 
 #[test]
 fn without_fairness_nothing_is_queued() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     assert_eq!(fake.tick_ms(), Some(250));
     let mut x = Exchange::new(&fake, &root, 1);

@@ -16,9 +16,9 @@ const WARNINGS: &str = "llmroute_fleet_warnings_total";
 const CHECKS: &str = "llmroute_fleet_checks_total";
 
 fn started() -> (Rc<FakeHost>, FleetCheck) {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut prober = FleetCheck::default();
-    prober.start(Rc::new(load_config(CONFIG).unwrap()));
+    prober.start(&fake.envoy(), Rc::new(load_config(CONFIG).unwrap()));
     (fake, prober)
 }
 
@@ -26,16 +26,16 @@ fn props(n_ctx: u32, slots: u32) -> String {
     format!(r#"{{"default_generation_settings":{{"n_ctx":{n_ctx}}},"total_slots":{slots}}}"#)
 }
 
-fn answer(fake: &FakeHost, prober: &mut FleetCheck, token: u32, status: &str, body: &str) {
+fn answer(fake: &Rc<FakeHost>, prober: &mut FleetCheck, token: u32, status: &str, body: &str) {
     fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
     fake.set_buffer_bytes(BufferType::HttpCallResponseBody, body.as_bytes());
-    prober.on_response(token, body.len());
+    prober.on_response(&fake.envoy(), token, body.len());
 }
 
 #[test]
 fn servers_that_disagree_are_a_finding_and_their_slots_are_kept() {
     let (fake, mut prober) = started();
-    prober.on_tick();
+    prober.on_tick(&fake.envoy());
     let calls = fake.callouts();
     assert_eq!(calls.len(), 2, "one call per server");
     for c in &calls {
@@ -61,29 +61,32 @@ fn servers_that_disagree_are_a_finding_and_their_slots_are_kept() {
 #[test]
 fn a_server_that_never_answers_is_left_out_after_the_timeout() {
     let (fake, mut prober) = started();
-    prober.on_tick();
+    prober.on_tick(&fake.envoy());
     let calls = fake.callouts();
     answer(&fake, &mut prober, calls[0].token, "200", &props(4096, 2));
     fake.advance_ms(CHECK_TIMEOUT_MS + TICK_MS);
-    prober.on_tick();
+    prober.on_tick(&fake.envoy());
     assert_eq!(fake.metric(CHECKS), Some(0));
     fake.advance_ms(1);
-    prober.on_tick();
+    prober.on_tick(&fake.envoy());
     assert_eq!((fake.metric(WARNINGS), fake.metric(CHECKS)), (Some(0), Some(1)));
     // A late answer is ignored; the next round starts after the interval.
     answer(&fake, &mut prober, calls[1].token, "200", &props(8192, 4));
     assert_eq!(fake.metric(CHECKS), Some(1));
     fake.advance_ms(CHECK_INTERVAL_MS);
-    prober.on_tick();
+    prober.on_tick(&fake.envoy());
     assert_eq!(fake.callouts().len(), 4);
 }
 
 #[test]
 fn a_config_without_llama_fleets_checks_nothing() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut prober = FleetCheck::default();
-    prober.start(Rc::new(load_config(&CONFIG.replace("llamacpp", "vllm")).unwrap()));
-    prober.on_tick();
+    prober.start(
+        &fake.envoy(),
+        Rc::new(load_config(&CONFIG.replace("llamacpp", "vllm")).unwrap()),
+    );
+    prober.on_tick(&fake.envoy());
     assert!(fake.callouts().is_empty());
     assert_eq!(fake.tick_ms(), None);
 }
@@ -92,7 +95,7 @@ fn a_config_without_llama_fleets_checks_nothing() {
 fn a_host_error_at_any_call_of_a_round_neither_panics_nor_stops_checking() {
     let (clean, mut prober) = started();
     clean.reset_calls();
-    prober.on_tick();
+    prober.on_tick(&clean.envoy());
     for c in clean.callouts() {
         answer(&clean, &mut prober, c.token, "200", &props(4096, 2));
     }
@@ -101,14 +104,14 @@ fn a_host_error_at_any_call_of_a_round_neither_panics_nor_stops_checking() {
         let (fake, mut prober) = started();
         fake.reset_calls();
         fake.fail_nth(i, HostStatus::InternalFailure);
-        prober.on_tick();
+        prober.on_tick(&fake.envoy());
         for c in fake.callouts() {
             answer(&fake, &mut prober, c.token, "200", &props(4096, 2));
         }
         fake.heal();
         fake.advance_ms(CHECK_INTERVAL_MS + CHECK_TIMEOUT_MS + 2 * TICK_MS);
         let seen = fake.callouts().len();
-        prober.on_tick();
+        prober.on_tick(&fake.envoy());
         let before = fake.metric(CHECKS).unwrap_or(0);
         let fresh = fake.callouts()[seen..].to_vec();
         for c in &fresh {

@@ -20,7 +20,7 @@ fn global_config() -> String {
 
 /// The tokens the stream-done call charges: the filter state when it is a number (Envoy drops the descriptor
 /// otherwise).
-fn charged(fake: &FakeHost) -> Option<String> {
+fn charged(fake: &Rc<FakeHost>) -> Option<String> {
     fake.log_field(global::TOKENS_CHARGED)
         .filter(|v| v.parse::<u64>().is_ok())
 }
@@ -41,7 +41,7 @@ fn admitted(fake: &Rc<FakeHost>, root: &Root, stream: bool) -> (Exchange, u64) {
 #[test]
 fn an_admitted_request_names_its_alias_and_is_charged_its_reservation_then_its_usage() {
     for stream in [false, true] {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let root = root(&fake, &global_config());
         let (mut x, input) = admitted(&fake, &root, stream);
         assert_eq!(x.request_header(global::ALIAS_HEADER).as_deref(), Some("chat"));
@@ -87,7 +87,7 @@ fn with_auth_the_key_descriptor_names_the_key_never_its_value() {
         r#""version": 1,"#,
         &format!(r#""version": 1, "auth": {{ "keys_env": "{KEYS_ENV}" }},"#),
     );
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &config);
     let mut x = Exchange::new(&fake, &root, 1);
     let bearer = format!("Bearer {TOKEN}");
@@ -104,7 +104,7 @@ fn with_auth_the_key_descriptor_names_the_key_never_its_value() {
 
 #[test]
 fn a_client_gone_before_the_answer_is_charged_its_input() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &global_config());
     let (mut x, input) = admitted(&fake, &root, false);
     // The client resets the stream: no response headers, only the log phase.
@@ -115,7 +115,7 @@ fn a_client_gone_before_the_answer_is_charged_its_input() {
 
 #[test]
 fn a_stream_cut_before_its_usage_keeps_the_reservation() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &global_config());
     let (mut x, input) = admitted(&fake, &root, true);
     x.response_headers(&[(":status", "200"), ("content-type", "text/event-stream")], false);
@@ -131,7 +131,7 @@ fn a_reply_of_the_rate_limit_filter_charges_nothing_and_is_counted() {
         (global::DETAILS_LIMITED, "429", Some("30"), "rate_limit_exceeded"),
         (global::DETAILS_SERVICE_ERROR, "503", None, "rate_limit_unavailable"),
     ] {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let root = root(&fake, &global_config());
         let (mut x, _) = admitted(&fake, &root, false);
         fake.set_property_bytes(&["response", "code_details"], details.as_bytes());
@@ -155,7 +155,7 @@ fn a_reply_of_the_rate_limit_filter_charges_nothing_and_is_counted() {
 #[test]
 fn a_reset_time_out_of_range_is_clamped_or_defaulted() {
     for (reset, after) in [("0", "1"), ("soon", "1"), ("999999", "86400")] {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let root = root(&fake, &global_config());
         let (mut x, _) = admitted(&fake, &root, false);
         fake.set_property_bytes(&["response", "code_details"], global::DETAILS_LIMITED.as_bytes());

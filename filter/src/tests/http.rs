@@ -9,7 +9,7 @@ use crate::host::HostStatus;
 
 #[test]
 fn a_chat_request_pauses_until_its_body_ends_then_routes_once() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     let client = [
@@ -62,7 +62,7 @@ fn a_chat_request_pauses_until_its_body_ends_then_routes_once() {
 
 #[test]
 fn http2_may_end_the_body_in_the_trailers() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     assert_eq!(x.request_headers(&REQUEST_HEADERS, false), Action::Pause);
@@ -75,7 +75,7 @@ fn http2_may_end_the_body_in_the_trailers() {
 
 #[test]
 fn a_stream_is_relayed_chunk_by_chunk_and_closed_when_its_end_is_missing() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     x.request_headers(&REQUEST_HEADERS, false);
@@ -117,7 +117,7 @@ fn a_json_answer_whose_copy_left_out_a_chunk_gives_no_usage() {
     let tail = r#""}"#;
     let tokens = "llmroute_tokens_total;alias=chat;backend=llama-a;kind=output";
     for (middle, counted) in [(1000, Some("3")), (llmroute_core::stream::usage::MAX_USAGE_DOC, None)] {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let root = root(&fake, CONFIG);
         let mut x = Exchange::new(&fake, &root, 1);
         x.request_headers(&REQUEST_HEADERS, false);
@@ -141,7 +141,7 @@ fn a_json_answer_whose_copy_left_out_a_chunk_gives_no_usage() {
 #[test]
 fn a_whole_exchange_counts_its_tokens_and_logs_no_prompt_text() {
     for stream in [false, true] {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let root = root(&fake, CONFIG);
         let mut x = Exchange::new(&fake, &root, 1);
         assert_eq!(
@@ -177,7 +177,7 @@ fn a_whole_exchange_counts_its_tokens_and_logs_no_prompt_text() {
 
 #[test]
 fn a_refusal_is_a_local_reply_in_the_envelope_and_never_routed() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     x.request_headers(&REQUEST_HEADERS, false);
@@ -198,7 +198,7 @@ fn a_refusal_is_a_local_reply_in_the_envelope_and_never_routed() {
 
 #[test]
 fn a_body_over_the_limit_is_refused_before_it_ends() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(
         &fake,
         &CONFIG.replace(
@@ -215,7 +215,7 @@ fn a_body_over_the_limit_is_refused_before_it_ends() {
 
 #[test]
 fn an_empty_request_and_a_missing_request_id_are_handled_in_the_headers_phase() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 7);
     let headers: Vec<_> = REQUEST_HEADERS
@@ -233,7 +233,7 @@ fn an_empty_request_and_a_missing_request_id_are_handled_in_the_headers_phase() 
 
 #[test]
 fn status_pages_and_the_models_list_are_answered_without_a_body() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     for (path, status) in [
         ("/healthz", 200),
@@ -252,7 +252,7 @@ fn status_pages_and_the_models_list_are_answered_without_a_body() {
 
 #[test]
 fn phases_out_of_order_or_missing_neither_panic_nor_route() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     // A body, trailers, a response and a log without request headers (Envoy's own reply to a bad request).
     let mut x = Exchange::new(&fake, &root, 1);
@@ -277,14 +277,14 @@ fn phases_out_of_order_or_missing_neither_panic_nor_route() {
 
 #[test]
 fn a_root_without_config_answers_503_in_the_envelope() {
-    let fake = FakeHost::install();
-    let root = Root::default();
+    let fake = FakeHost::new();
+    let root = Root::new(fake.envoy());
     let mut x = Exchange::new(&fake, &root, 1);
     assert_eq!(x.request_headers(&REQUEST_HEADERS, false), Action::Pause);
     assert_eq!(fake.replies()[0].status, 503);
     // The bad configuration itself is refused, its reason logged.
     fake.set_buffer_bytes(BufferType::PluginConfiguration, b"{\"version\": 9}");
-    assert!(!Root::default().on_configure(14));
+    assert!(!Root::new(fake.envoy()).on_configure(14));
     let logs = fake.logs();
     assert!(
         logs.iter()
@@ -295,7 +295,7 @@ fn a_root_without_config_answers_503_in_the_envelope() {
 
 #[test]
 fn a_backend_error_on_messages_is_buffered_and_rewritten_in_the_anthropic_envelope() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     let mut headers = REQUEST_HEADERS;
@@ -321,7 +321,7 @@ fn a_backend_error_on_messages_is_buffered_and_rewritten_in_the_anthropic_envelo
 
 #[test]
 fn a_request_envoy_shed_gets_the_overloaded_envelope_and_retry_after() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &root, 1);
     x.request_headers(&REQUEST_HEADERS, false);
@@ -349,7 +349,7 @@ enum Fate {
     Lost,
 }
 
-fn fate(fake: &FakeHost, actions: &[Action]) -> Fate {
+fn fate(fake: &Rc<FakeHost>, actions: &[Action]) -> Fate {
     match (fake.replies().last(), actions.last()) {
         (Some(r), _) => Fate::Answered(r.status),
         (None, Some(Action::Continue)) => Fate::Forwarded,
@@ -359,7 +359,7 @@ fn fate(fake: &FakeHost, actions: &[Action]) -> Fate {
 
 /// One whole exchange on a fresh host whose calls fail as `fail` says (after the root is configured).
 fn exchange_with(config: &str, stream: bool, fail: impl Fn(&FakeHost)) -> (Rc<FakeHost>, Fate, bool) {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, config);
     fake.reset_calls();
     fail(&fake);
@@ -412,7 +412,7 @@ fn the_status_label_is_the_response_headers_and_envoys_only_without_them() {
         format!("llmroute_requests_total;alias=chat;backend=llama-a;api=chat;code_class={class};affinity_source=system_prompt")
     };
     // Response headers came: their :status is the label (response.code is not read; here it would disagree).
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let first = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &first, 1);
     let body = chat(false);
@@ -425,7 +425,7 @@ fn the_status_label_is_the_response_headers_and_envoys_only_without_them() {
     assert_eq!(fake.metric(&requests("2xx")), Some(1));
     assert_eq!(fake.metric(&requests("5xx")), None);
     // None came (the upstream reset first): Envoy's response.code is the label.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let second = root(&fake, CONFIG);
     let mut x = Exchange::new(&fake, &second, 2);
     x.request_headers(&REQUEST_HEADERS, false);

@@ -16,32 +16,32 @@ use crate::key_placement::{pin, seed, settle};
 const KEY: u64 = 0x0123_4567_89ab_cdef;
 
 fn setup() -> (Rc<FakeHost>, Config) {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let cfg = load_config(&bounded_config()).unwrap();
-    seed(&cfg);
-    settle();
+    seed(&fake.envoy(), &cfg);
+    settle(&fake.envoy());
     fake.reset_calls();
     (fake, cfg)
 }
 
-fn in_flight(fake: &FakeHost) -> Vec<u32> {
+fn in_flight(fake: &Rc<FakeHost>) -> Vec<u32> {
     decode_host_counts(&fake.shared(&shared::in_flight("llama-a")).unwrap().0, 2)
 }
 
-fn table(fake: &FakeHost) -> KeyTable {
+fn table(fake: &Rc<FakeHost>) -> KeyTable {
     KeyTable::decode(&fake.shared(&shared::keys("llama-a")).unwrap().0)
 }
 
 #[test]
 fn a_new_key_is_placed_pinned_and_its_count_released() {
     let (fake, cfg) = setup();
-    let first = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
+    let first = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(first.choice.reason, PlacementReason::Placed);
     let address = ["127.0.0.1:8081", "127.0.0.1:8082"][first.choice.host];
     let session = fake.header(MapType::HttpRequestHeaders, SESSION_HEADER);
     assert_eq!(session, Some(session_header_value(address)));
     assert!(table(&fake).get(KEY).is_some(), "the key is in the shared table");
-    let second = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
+    let second = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(
         (second.choice.reason, second.choice.host),
         (PlacementReason::Pinned, first.choice.host)
@@ -49,20 +49,20 @@ fn a_new_key_is_placed_pinned_and_its_count_released() {
     let mut counts = vec![0, 0];
     counts[first.choice.host] = 2;
     assert_eq!(in_flight(&fake), counts);
-    first.release();
-    second.release();
+    first.release(&fake.envoy());
+    second.release(&fake.envoy());
     assert_eq!(in_flight(&fake), vec![0, 0]);
     // Not placed at all: another placement, an unknown backend.
     let cfg = load_config(CONFIG).unwrap();
-    assert!(pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).is_none());
-    assert!(pin(&cfg, &cfg.affinity.placement, "nowhere", KEY).is_none());
+    assert!(pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).is_none());
+    assert!(pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "nowhere", KEY).is_none());
 }
 
 #[test]
 fn a_lost_compare_and_swap_is_retried_on_a_fresh_read() {
     let (fake, cfg) = setup();
     fake.race(&shared::keys("llama-a"), 1);
-    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
+    let p = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(p.choice.reason, PlacementReason::Placed);
     assert!(table(&fake).get(KEY).is_some(), "the second try wrote the key");
     let table_reads = fake
@@ -78,7 +78,7 @@ fn a_lost_compare_and_swap_is_retried_on_a_fresh_read() {
 fn a_table_that_loses_every_race_still_routes_the_request() {
     let (fake, cfg) = setup();
     fake.race(&shared::keys("llama-a"), CAS_ATTEMPTS);
-    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
+    let p = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(p.choice.reason, PlacementReason::Placed);
     assert!(fake.header(MapType::HttpRequestHeaders, SESSION_HEADER).is_some());
     assert!(
@@ -91,21 +91,23 @@ fn a_table_that_loses_every_race_still_routes_the_request() {
 fn an_in_flight_update_that_loses_its_races_is_owed_until_the_tick() {
     let (fake, cfg) = setup();
     fake.race(&shared::in_flight("llama-a"), CAS_ATTEMPTS);
-    let p = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
+    let p = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap();
     assert_eq!(in_flight(&fake), vec![0, 0], "owed, not written");
-    settle();
+    settle(&fake.envoy());
     assert_eq!(in_flight(&fake).iter().sum::<u32>(), 1, "the tick writes what was owed");
     fake.race(&shared::in_flight("llama-a"), CAS_ATTEMPTS);
-    p.release();
+    p.release(&fake.envoy());
     assert_eq!(in_flight(&fake).iter().sum::<u32>(), 1);
-    settle();
+    settle(&fake.envoy());
     assert_eq!(in_flight(&fake), vec![0, 0]);
 }
 
 #[test]
 fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
     let (clean, cfg) = setup();
-    pin(&cfg, &cfg.affinity.placement, "llama-a", KEY).unwrap().release();
+    pin(&clean.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY)
+        .unwrap()
+        .release(&clean.envoy());
     let n = clean.calls().len();
     for status in [
         HostStatus::InternalFailure,
@@ -115,18 +117,18 @@ fn a_host_error_at_any_call_of_a_pin_and_its_release_leaves_no_count_behind() {
         for i in 0..n {
             let (fake, cfg) = setup();
             fake.fail_nth(i, status);
-            if let Some(p) = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY) {
-                p.release();
+            if let Some(p) = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY) {
+                p.release(&fake.envoy());
             }
             fake.heal();
-            settle();
+            settle(&fake.envoy());
             assert_eq!(in_flight(&fake), vec![0, 0], "call {i} failing with {status:?}");
         }
     }
 }
 
 /// Envoy's admin `/clusters` answer for `llama-a`, with `rq_active` per host (8081, 8082).
-fn admin_answer(fake: &FakeHost, active: [u32; 2]) -> usize {
+fn admin_answer(fake: &Rc<FakeHost>, active: [u32; 2]) -> usize {
     let hosts: Vec<serde_json::Value> = [8081, 8082]
         .iter()
         .zip(active)
@@ -149,31 +151,31 @@ fn the_status_poll_rebuilds_the_counts_a_trapped_worker_never_released() {
     let cfg = Rc::new(cfg);
     // Three requests pinned by a worker whose VM then trapped: nothing will ever release them.
     let pins: Vec<_> = (0..3)
-        .map(|k| pin(&cfg, &cfg.affinity.placement, "llama-a", KEY + k).unwrap())
+        .map(|k| pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY + k).unwrap())
         .collect();
     assert_eq!(in_flight(&fake).iter().sum::<u32>(), 3);
     // Envoy itself has one request in flight, on the second host.
     let mut poller = crate::status::Poller::default();
-    poller.start(cfg.clone());
-    poller.on_tick();
+    poller.start(&fake.envoy(), cfg.clone());
+    poller.on_tick(&fake.envoy());
     let token = fake.callouts().last().unwrap().token;
-    poller.on_response(token, admin_answer(&fake, [0, 1]));
+    poller.on_response(&fake.envoy(), token, admin_answer(&fake, [0, 1]));
     assert_eq!(
         in_flight(&fake),
         vec![0, 1],
         "Envoy's own figures, not the leaked counts"
     );
     // Placement weighs them at once: a new key's request counts on top of them.
-    let next = pin(&cfg, &cfg.affinity.placement, "llama-a", KEY + 100).unwrap();
+    let next = pin(&fake.envoy(), &cfg, &cfg.affinity.placement, "llama-a", KEY + 100).unwrap();
     let mut expected = vec![0, 1];
     expected[next.choice.host] += 1;
     assert_eq!(in_flight(&fake), expected);
     // A failed poll rebuilds nothing.
     fake.advance_ms(llmroute_core::status::POLL_INTERVAL_MS + 1);
-    poller.on_tick();
+    poller.on_tick(&fake.envoy());
     let token = fake.callouts().last().unwrap().token;
     fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", "503")]);
-    poller.on_response(token, 0);
+    poller.on_response(&fake.envoy(), token, 0);
     assert_eq!(in_flight(&fake), expected);
     drop(pins);
 }

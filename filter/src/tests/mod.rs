@@ -48,10 +48,10 @@ pub fn bounded_config() -> String {
     )
 }
 
-/// A configured root context (the main role), on the installed fake.
-pub fn root(fake: &FakeHost, config: &str) -> Root {
+/// A configured root context (the main role), made with `fake` as its host.
+pub fn root(fake: &Rc<FakeHost>, config: &str) -> Root {
     fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
-    let mut root = Root::default();
+    let mut root = Root::new(fake.envoy());
     assert!(root.on_configure(config.len()), "the test config loads");
     root
 }

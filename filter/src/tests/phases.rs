@@ -9,7 +9,7 @@ use crate::phases;
 /// The host calls of the second of two chat requests on one VM, with phases up to `last` (`None`: the whole filter).
 fn counts(last: Option<&str>) -> Vec<(Kind, usize)> {
     phases::configure(last.map(str::as_bytes));
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, CONFIG);
     run_chat(&mut Exchange::new(&fake, &root, 1), false);
     fake.reset_calls();

@@ -51,14 +51,14 @@ fn exists(key: u64, address: &str) -> String {
     )
 }
 
-fn store_calls(fake: &FakeHost) -> Vec<Callout> {
+fn store_calls(fake: &Rc<FakeHost>) -> Vec<Callout> {
     fake.callouts()
         .into_iter()
         .filter(|c| c.cluster == PLACEMENT_STORE_CLUSTER)
         .collect()
 }
 
-fn outcome(fake: &FakeHost, o: &str) -> Option<u64> {
+fn outcome(fake: &Rc<FakeHost>, o: &str) -> Option<u64> {
     fake.metric(&format!("llmroute_placement_store_total;outcome={o}"))
 }
 
@@ -66,7 +66,7 @@ fn outcome(fake: &FakeHost, o: &str) -> Option<u64> {
 type Answer<'a> = Option<(&'a str, &'a str)>;
 
 /// Delivers an answer to a callout: `None` is Envoy's "no answer" (a timeout, a refused connection).
-fn deliver(fake: &FakeHost, answer: Answer) -> usize {
+fn deliver(fake: &Rc<FakeHost>, answer: Answer) -> usize {
     match answer {
         Some((status, body)) => {
             fake.set_map(MapType::HttpCallResponseHeaders, &[(":status", status)]);
@@ -94,11 +94,11 @@ fn send(x: &mut Exchange) -> (Action, u64) {
     (a, u64::from_str_radix(&key, 16).unwrap_or(0))
 }
 
-fn table(fake: &FakeHost) -> KeyTable {
+fn table(fake: &Rc<FakeHost>) -> KeyTable {
     KeyTable::decode(&fake.shared(&shared::keys("llama-a")).map(|s| s.0).unwrap_or_default())
 }
 
-fn pending(fake: &FakeHost) -> Vec<u64> {
+fn pending(fake: &Rc<FakeHost>) -> Vec<u64> {
     let bytes = fake
         .shared(&shared::store_pending("llama-a"))
         .map(|s| s.0)
@@ -107,7 +107,7 @@ fn pending(fake: &FakeHost) -> Vec<u64> {
 }
 
 fn setup() -> (Rc<FakeHost>, Root) {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = root(&fake, &store_config());
     (fake, root)
 }
@@ -226,8 +226,8 @@ fn a_transaction_that_cannot_be_sent_routes_at_once_and_is_settled_later() {
     // The root settles it: another replica stored the key on the other host, so it moves there, once.
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     let mut syncer = Syncer::default();
-    syncer.start(cfg, None);
-    syncer.on_tick();
+    syncer.start(&fake.envoy(), cfg, None);
+    syncer.on_tick(&fake.envoy());
     let calls = store_calls(&fake);
     let is_txn = |c: &&Callout| {
         c.body
@@ -237,22 +237,22 @@ fn a_transaction_that_cannot_be_sent_routes_at_once_and_is_settled_later() {
     assert_eq!(calls.iter().filter(is_txn).count(), 1, "the pending key is proposed");
     // No answer (to anything this round): still pending, proposed again next round.
     for c in &calls {
-        syncer.on_response(c.token, deliver(&fake, None));
+        syncer.on_response(&fake.envoy(), c.token, deliver(&fake, None));
     }
     assert_eq!(pending(&fake), vec![key]);
     fake.advance_ms(2000);
     let seen = store_calls(&fake).len();
-    syncer.on_tick();
+    syncer.on_tick(&fake.envoy());
     let again = store_calls(&fake)[seen..].to_vec();
     let settle = again.iter().find(is_txn).unwrap();
     let other = [A, B].into_iter().find(|a| Some(host_id(a)) != local).unwrap();
     let body = exists(key, other);
-    syncer.on_response(settle.token, deliver(&fake, Some(("200", &body))));
+    syncer.on_response(&fake.envoy(), settle.token, deliver(&fake, Some(("200", &body))));
     assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
     assert!(pending(&fake).is_empty());
 }
 
-fn kept_local(fake: &FakeHost, reason: &str) -> Option<u64> {
+fn kept_local(fake: &Rc<FakeHost>, reason: &str) -> Option<u64> {
     fake.metric(&format!("llmroute_placement_store_kept_local_total;reason={reason}"))
 }
 
@@ -269,7 +269,7 @@ fn send_session(x: &mut Exchange, session: &str) -> (Action, u64) {
 #[test]
 fn with_share_keys_returning_first_sightings_never_reach_etcd_and_a_key_that_comes_back_does() {
     // `share_keys` left out: returning.
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = super::root(&fake, &store_config_with(r#""max_creates_per_s": 20"#));
     assert_eq!(kept_local(&fake, "first_sighting"), Some(0), "primed at 0");
     assert_eq!(kept_local(&fake, "over_budget"), Some(0), "primed at 0");
@@ -310,7 +310,7 @@ fn with_share_keys_returning_first_sightings_never_reach_etcd_and_a_key_that_com
 
 #[test]
 fn past_max_creates_per_s_a_new_key_is_placed_locally_counted_and_created_on_a_later_request() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = super::root(
         &fake,
         &store_config_with(r#""share_keys": "all", "max_creates_per_s": 2"#),
@@ -344,26 +344,26 @@ fn past_max_creates_per_s_a_new_key_is_placed_locally_counted_and_created_on_a_l
 
 #[test]
 fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let cfg = Rc::new(load_config(&store_config()).unwrap());
-    crate::key_placement::seed(&cfg);
+    crate::key_placement::seed(&fake.envoy(), &cfg);
     let mut syncer = Syncer::default();
-    syncer.start(cfg.clone(), None);
+    syncer.start(&fake.envoy(), cfg.clone(), None);
     assert_eq!(
         fake.shared(&shared::store_pending("llama-a")).map(|s| s.0),
         Some(vec![])
     );
-    syncer.on_tick();
+    syncer.on_tick(&fake.envoy());
     let calls = store_calls(&fake);
     let path = |c: &Callout| c.headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone());
     let paths: Vec<_> = calls.iter().filter_map(path).collect();
     assert_eq!(paths, vec![store::GRANT_PATH, store::RANGE_PATH]);
     // One round at a time: nothing more while calls are out.
     fake.advance_ms(1000);
-    syncer.on_tick();
+    syncer.on_tick(&fake.envoy());
     assert_eq!(store_calls(&fake).len(), 2);
 
-    syncer.on_response(calls[0].token, deliver(&fake, Some(("200", GRANTED))));
+    syncer.on_response(&fake.envoy(), calls[0].token, deliver(&fake, Some(("200", GRANTED))));
     let lease = Lease::decode(&fake.shared(shared::STORE_LEASE).unwrap().0);
     assert_eq!(lease.id, 2_324_035_746_352_910_857);
     let key = 0x00ab_cdef_0123_4567_u64;
@@ -372,14 +372,14 @@ fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
         b64(store::key_path("/llmroute", "llama-a", key)),
         b64(A)
     );
-    syncer.on_response(calls[1].token, deliver(&fake, Some(("200", &range))));
+    syncer.on_response(&fake.envoy(), calls[1].token, deliver(&fake, Some(("200", &range))));
     assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(A)));
     let revision = fake.shared(&shared::store_revision("llama-a")).unwrap().0;
     assert_eq!(revision, 9i64.to_le_bytes().to_vec());
 
     // The next round reads only what changed after revision 9.
     fake.advance_ms(2000);
-    syncer.on_tick();
+    syncer.on_tick(&fake.envoy());
     let next = store_calls(&fake);
     let range_body = next.last().and_then(|c| c.body.clone()).unwrap();
     let range_body = String::from_utf8_lossy(&range_body).into_owned();
@@ -390,10 +390,10 @@ fn the_root_grants_a_lease_and_merges_the_keys_other_replicas_stored() {
         .enumerate()
     {
         let last = store_calls(&fake).last().map_or(0, |c| c.token);
-        syncer.on_response(last, deliver(&fake, a));
+        syncer.on_response(&fake.envoy(), last, deliver(&fake, a));
         fake.advance_ms(2000 + i as u64);
         let before = store_calls(&fake).len();
-        syncer.on_tick();
+        syncer.on_tick(&fake.envoy());
         assert!(
             store_calls(&fake).len() > before,
             "answer {i}: the next round reads again"
@@ -441,23 +441,23 @@ fn a_host_error_at_any_call_of_the_store_path_neither_panics_nor_loses_the_reque
 
 #[test]
 fn a_host_error_at_any_call_of_a_sync_round_neither_panics_nor_stops_syncing() {
-    let round = |fake: &FakeHost, syncer: &mut Syncer| {
-        syncer.on_tick();
+    let round = |fake: &Rc<FakeHost>, syncer: &mut Syncer| {
+        syncer.on_tick(&fake.envoy());
         for c in store_calls(fake) {
             let path = c.headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone());
             let body = match path.as_deref() {
                 Some(store::GRANT_PATH) => GRANTED,
                 _ => r#"{"header":{"revision":"4"},"count":"0"}"#,
             };
-            syncer.on_response(c.token, deliver(fake, Some(("200", body))));
+            syncer.on_response(&fake.envoy(), c.token, deliver(fake, Some(("200", body))));
         }
     };
     let start = || {
-        let fake = FakeHost::install();
+        let fake = FakeHost::new();
         let cfg = Rc::new(load_config(&store_config()).unwrap());
-        crate::key_placement::seed(&cfg);
+        crate::key_placement::seed(&fake.envoy(), &cfg);
         let mut syncer = Syncer::default();
-        syncer.start(cfg, None);
+        syncer.start(&fake.envoy(), cfg, None);
         fake.reset_calls();
         (fake, syncer)
     };
@@ -471,7 +471,7 @@ fn a_host_error_at_any_call_of_a_sync_round_neither_panics_nor_stops_syncing() {
         fake.heal();
         fake.advance_ms(10_000);
         let seen = store_calls(&fake).len();
-        syncer.on_tick();
+        syncer.on_tick(&fake.envoy());
         assert!(
             store_calls(&fake).len() > seen,
             "call {i}: the next round reads the store"
@@ -481,20 +481,20 @@ fn a_host_error_at_any_call_of_a_sync_round_neither_panics_nor_stops_syncing() {
 
 #[test]
 fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let cfg = Rc::new(load_config(&store_config()).unwrap());
-    crate::key_placement::seed(&cfg);
+    crate::key_placement::seed(&fake.envoy(), &cfg);
     let mut syncer = Syncer::default();
-    syncer.start(cfg.clone(), None);
+    syncer.start(&fake.envoy(), cfg.clone(), None);
     let round = |syncer: &mut Syncer, grant: &str| {
         let seen = store_calls(&fake).len();
-        syncer.on_tick();
+        syncer.on_tick(&fake.envoy());
         for c in store_calls(&fake)[seen..].to_vec() {
             let body = match c.headers.iter().any(|(n, v)| n == ":path" && v == store::GRANT_PATH) {
                 true => grant.to_string(),
                 false => r#"{"header":{"revision":"4"},"count":"0"}"#.to_string(),
             };
-            syncer.on_response(c.token, deliver(&fake, Some(("200", &body))));
+            syncer.on_response(&fake.envoy(), c.token, deliver(&fake, Some(("200", &body))));
         }
     };
     round(&mut syncer, GRANTED);
@@ -504,11 +504,11 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
     let alone = 0x0123_4567_89ab_cdef_u64;
     for _ in 0..2 {
         let placement = &cfg.affinity.placement;
-        if let Some(p) = crate::key_placement::pin_stored(&cfg, placement, "llama-a", key, None, true) {
-            p.release();
+        if let Some(p) = crate::key_placement::pin_stored(&fake.envoy(), &cfg, placement, "llama-a", key, None, true) {
+            p.release(&fake.envoy());
         }
-        if let Some(p) = crate::key_placement::pin(&cfg, placement, "llama-a", alone) {
-            p.release();
+        if let Some(p) = crate::key_placement::pin(&fake.envoy(), &cfg, placement, "llama-a", alone) {
+            p.release(&fake.envoy());
         }
     }
     assert!(table(&fake).get(alone).is_some_and(|e| e.established && !e.shared));
@@ -537,13 +537,13 @@ fn each_epoch_a_new_lease_is_granted_and_the_keys_in_use_are_re_attached_to_it()
     );
     // Its answer (or a bad one) is read and changes nothing.
     let before = table(&fake).get(key);
-    syncer.on_response(refresh[0].token, deliver(&fake, Some(("200", CREATED))));
+    syncer.on_response(&fake.envoy(), refresh[0].token, deliver(&fake, Some(("200", CREATED))));
     assert_eq!(table(&fake).get(key), before);
 }
 
 /// Marks `address` down in llama-a's status, as the root's poll would.
-fn mark_down(address: &str) {
-    crate::key_placement::store_down("llama-a", crate::host::now_ms(), &[address.to_string()]);
+fn mark_down(fake: &Rc<FakeHost>, address: &str) {
+    crate::key_placement::store_down(&fake.envoy(), "llama-a", fake.envoy().now_ms(), &[address.to_string()]);
 }
 
 fn body_of(c: &Callout) -> String {
@@ -576,7 +576,7 @@ fn a_known_key_whose_host_goes_down_is_moved_once_through_a_swap_in_etcd() {
         let (fake, root) = setup();
         let (key, home) = placed(&fake, &root);
         let other = if home == A { B } else { A };
-        mark_down(home);
+        mark_down(&fake, home);
         let mut x = Exchange::new(&fake, &root, 2);
         assert_eq!(send(&mut x).0, Action::Pause, "{expected}: the move waits for etcd");
         let calls = store_calls(&fake);
@@ -611,7 +611,7 @@ fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is
     let (fake, root) = setup();
     let (_, home) = placed(&fake, &root);
     let other = if home == A { B } else { A };
-    mark_down(home);
+    mark_down(&fake, home);
     let mut x = Exchange::new(&fake, &root, 2);
     send(&mut x);
     answer(&mut x, store_calls(&fake)[1].token, Some(("200", GONE)));
@@ -632,7 +632,7 @@ fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is
 
     // A replica that never saw the key learns from etcd that it lives on the down host: it swaps it.
     let (fake, root) = setup();
-    mark_down(A);
+    mark_down(&fake, A);
     let mut x = Exchange::new(&fake, &root, 1);
     let (_, key) = send(&mut x);
     let on_a = exists(key, A);
@@ -647,7 +647,7 @@ fn a_swap_that_finds_the_key_gone_creates_it_and_a_created_key_on_a_down_host_is
 
     // Follow-ups are bounded: answers that keep naming the down host end with the last one, placed locally.
     let (fake, root) = setup();
-    mark_down(A);
+    mark_down(&fake, A);
     let mut x = Exchange::new(&fake, &root, 1);
     let (_, key) = send(&mut x);
     let on_a = exists(key, A);
@@ -665,7 +665,7 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
     let (fake, root) = setup();
     let (key, home) = placed(&fake, &root);
     let other = if home == A { B } else { A };
-    mark_down(home);
+    mark_down(&fake, home);
     let mut x = Exchange::new(&fake, &root, 2);
     send(&mut x);
     answer(&mut x, store_calls(&fake)[1].token, None);
@@ -673,17 +673,17 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
 
     let cfg = Rc::new(load_config(&store_config()).unwrap());
     let mut syncer = Syncer::default();
-    syncer.start(cfg, None);
-    mark_down(home);
+    syncer.start(&fake.envoy(), cfg, None);
+    mark_down(&fake, home);
     let seen = store_calls(&fake).len();
-    syncer.on_tick();
+    syncer.on_tick(&fake.envoy());
     let round = store_calls(&fake)[seen..].to_vec();
     let settle = round
         .iter()
         .find(|c| body_of(c).contains(r#""target":"CREATE""#))
         .unwrap();
     let on_home = exists(key, home);
-    syncer.on_response(settle.token, deliver(&fake, Some(("200", &on_home))));
+    syncer.on_response(&fake.envoy(), settle.token, deliver(&fake, Some(("200", &on_home))));
     assert_eq!(
         table(&fake).get(key).map(|e| e.host),
         Some(host_id(other)),
@@ -693,7 +693,7 @@ fn a_key_moved_while_etcd_failed_is_swapped_at_settling_when_etcd_still_holds_th
     let swap = store_calls(&fake).last().cloned().unwrap();
     let body = body_of(&swap);
     assert!(body.contains(r#""target":"VALUE""#) && body.contains(&b64(home)) && body.contains(&b64(other)));
-    syncer.on_response(swap.token, deliver(&fake, Some(("200", CREATED))));
+    syncer.on_response(&fake.envoy(), swap.token, deliver(&fake, Some(("200", CREATED))));
     assert!(pending(&fake).is_empty());
     assert_eq!(table(&fake).get(key).map(|e| e.host), Some(host_id(other)));
 }
@@ -718,7 +718,7 @@ fn stale(keys: &[(u64, &str)], revision: i64) -> String {
     )
 }
 
-fn revision(fake: &FakeHost) -> i64 {
+fn revision(fake: &Rc<FakeHost>) -> i64 {
     let bytes = fake
         .shared(&shared::store_revision("llama-a"))
         .map(|s| s.0)
@@ -850,12 +850,12 @@ fn authorization(c: &Callout) -> Option<String> {
 }
 
 /// The root's store calls of one tick, from `seen` on.
-fn tick(fake: &FakeHost, root: &mut Root, seen: usize) -> Vec<Callout> {
+fn tick(fake: &Rc<FakeHost>, root: &mut Root, seen: usize) -> Vec<Callout> {
     root.on_tick();
     store_calls(fake)[seen..].to_vec()
 }
 
-fn deliver_to_root(fake: &FakeHost, root: &mut Root, token: u32, a: Answer) {
+fn deliver_to_root(fake: &Rc<FakeHost>, root: &mut Root, token: u32, a: Answer) {
     use proxy_wasm::traits::Context;
     let size = deliver(fake, a);
     root.on_http_call_response(token, 0, size, 0);
@@ -864,7 +864,7 @@ fn deliver_to_root(fake: &FakeHost, root: &mut Root, token: u32, a: Answer) {
 #[test]
 fn with_auth_the_root_authenticates_first_and_every_call_then_carries_the_token() {
     std::env::set_var(PASSWORD_VAR, PASSWORD);
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &auth_config());
 
     // Before a token, a new key's request does not wait: placed locally, settled later.
@@ -928,7 +928,7 @@ fn with_auth_the_root_authenticates_first_and_every_call_then_carries_the_token(
 #[test]
 fn a_refused_password_is_logged_without_it_and_tried_again_ten_seconds_later() {
     std::env::set_var(PASSWORD_VAR, PASSWORD);
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let mut root = root(&fake, &auth_config());
     let first = tick(&fake, &mut root, 0);
     let refused = r#"{"error":"etcdserver: authentication failed, invalid user ID or password","code":3}"#;
@@ -953,16 +953,16 @@ fn a_refused_password_is_logged_without_it_and_tried_again_ten_seconds_later() {
     assert_eq!(again.iter().map(path_of).collect::<Vec<_>>(), ["/v3/auth/authenticate"]);
 }
 
-fn token_now(fake: &FakeHost) -> Option<Vec<u8>> {
+fn token_now(fake: &Rc<FakeHost>) -> Option<Vec<u8>> {
     fake.shared(shared::STORE_TOKEN).map(|s| s.0).filter(|t| !t.is_empty())
 }
 
 #[test]
 fn an_unset_password_refuses_the_configuration_naming_the_variable() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let config = auth_config().replace(PASSWORD_VAR, "LLMROUTE_TEST_STORE_PASSWORD_NEVER_SET");
     fake.set_buffer_bytes(BufferType::PluginConfiguration, config.as_bytes());
-    let mut root = Root::default();
+    let mut root = Root::new(fake.envoy());
     assert!(!root.on_configure(config.len()));
     let logs = fake.logs();
     assert!(

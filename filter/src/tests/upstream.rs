@@ -18,7 +18,7 @@ const FAILOVER: &str = r#"{
     { "backend": "vllm-b", "upstream_model": "Qwen/Qwen3-32B", "priority": 2 } ] } ]
 }"#;
 
-fn upstream_root(fake: &FakeHost) -> Root {
+fn upstream_root(fake: &Rc<FakeHost>) -> Root {
     fake.set_property_bytes(&["plugin_root_id"], UPSTREAM_ROOT_ID.as_bytes());
     root(fake, FAILOVER)
 }
@@ -43,7 +43,7 @@ fn attempt(fake: &Rc<FakeHost>, root: &Root, backend: Option<&str>, body: &[u8])
 
 #[test]
 fn each_attempt_carries_the_model_of_the_backend_envoy_picked() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = upstream_root(&fake);
     let body = br#"{"model":"qwen3-0.6b","messages":[]}"#;
     let (actions, x) = attempt(&fake, &root, Some("vllm-b"), body);
@@ -61,7 +61,7 @@ fn each_attempt_carries_the_model_of_the_backend_envoy_picked() {
 
 #[test]
 fn a_body_that_cannot_carry_the_model_is_a_json_503_and_unknown_hosts_pass() {
-    let fake = FakeHost::install();
+    let fake = FakeHost::new();
     let root = upstream_root(&fake);
     let (actions, x) = attempt(&fake, &root, Some("vllm-b"), b"{not json");
     assert_eq!(actions[1], Action::Pause);

@@ -1,4 +1,4 @@
-//! The headers phase: `request::start` on a fuzzed method, path and headers, then what `filter/src/http.rs`
+//! The headers phase: `request::start` on a fuzzed method, path and headers, then what `filter/src/http/`
 //! answers from headers alone: the `/v1/models` bodies, a refusal's body and headers, the request id check and
 //! the list of client headers to strip.
 //!

@@ -1,4 +1,4 @@
-//! Request parsing and inspection per API: `route(cfg, api, body, session)` as `filter/src/http.rs` calls it at
+//! Request parsing and inspection per API: `route(cfg, api, body, session)` as the body plan (`request_plan::body`) calls it at
 //! the end of the body, then the body edit it applies.
 //!
 //! Input: one selector byte (the API, and whether a session header was sent), then the body.

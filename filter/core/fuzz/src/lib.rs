@@ -1,7 +1,7 @@
 //! What the fuzz targets share: the fixed config they route with, and the small input formats that let one
 //! byte string carry several arguments (an API choice, chunk boundaries, header lines).
 //!
-//! The targets call the core exactly as the filter does (`filter/src/http.rs`, `response.rs`,
+//! The targets call the core exactly as the filter does (`filter/src/http/`, `response.rs`,
 //! `key_placement.rs`); the oracle is Rust's own checks (bounds, overflow, debug assertions) and any panic,
 //! plus the few invariants each target asserts because the filter relies on them.
 

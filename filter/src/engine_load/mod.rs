@@ -11,6 +11,8 @@
 //! worker's ORCA fold may write it too), each host's gauges are set, and the hosts that gave none are noted for
 //! the status page. Requests never wait for it: placement reads the stored value once per request, and only on
 //! a backend with `load`.
+//!
+//! The request path's side (the ORCA ask and fold, work in flight, the status page's view) is in `requests.rs`.
 
 use std::rc::Rc;
 
@@ -24,9 +26,12 @@ use llmroute_core::load::{self, orca, EngineLoad, METRICS_PATH};
 use llmroute_core::status::{self, BackendHealth, TICK_MS};
 use llmroute_core::RouteDecision;
 
-use crate::host;
+use crate::host::{self, Envoy};
 use crate::key_placement::Pin;
 use crate::metrics::Metrics;
+
+mod requests;
+pub use requests::{ask_report, fold_report, rebuild_work, StatusView, Work};
 
 /// One backend's round in progress in this root context.
 struct Round {
@@ -41,7 +46,6 @@ struct Round {
 }
 
 /// One root context's side of the engine load poll.
-#[derive(Default)]
 pub struct LoadPoller {
     /// Set when some backend has `load`.
     cfg: Option<Rc<Config>>,
@@ -52,9 +56,19 @@ pub struct LoadPoller {
 }
 
 impl LoadPoller {
+    /// Not polling yet; `metrics` are the root context's.
+    pub fn new(metrics: Metrics) -> LoadPoller {
+        LoadPoller {
+            cfg: None,
+            metrics,
+            rounds: Vec::new(),
+            missing_logged: false,
+        }
+    }
+
     /// Starts polling the backends of `cfg` that have `load`, from `on_configure`; does nothing without any. The
     /// root ticks at least as often as the shortest `poll_ms`.
-    pub fn start(&mut self, cfg: Rc<Config>, metrics: Metrics) {
+    pub fn start(&mut self, envoy: &Envoy, cfg: Rc<Config>, metrics: Metrics) {
         self.rounds.clear();
         let Some(shortest) = poll::polled_backends(&cfg)
             .filter_map(|b| b.load)
@@ -70,14 +84,14 @@ impl LoadPoller {
         }
         self.cfg = Some(cfg);
         self.metrics = metrics;
-        host::set_tick_period(shortest.min(TICK_MS));
+        envoy.set_tick_period(shortest.min(TICK_MS));
     }
 
-    pub fn on_tick(&mut self) {
+    pub fn on_tick(&mut self, envoy: &Envoy) {
         let Some(cfg) = self.cfg.clone() else {
             return;
         };
-        let now = host::now_ms();
+        let now = envoy.now_ms();
         for (i, b) in cfg.backends.iter().enumerate() {
             let Some(l) = b.load else { continue };
             if let Some(pos) = self.rounds.iter().position(|r| r.backend == i) {
@@ -87,26 +101,27 @@ impl LoadPoller {
                 }
                 // Some host never answered, not even with a timeout: finish with what came.
                 let round = self.rounds.swap_remove(pos);
-                self.finish(&cfg, round);
+                self.finish(envoy, &cfg, round);
             }
             let due = |last: u64, now: u64| poll::due(last, now, l.poll_ms);
-            if crate::lease::claim(&shared::load_lease(&b.name), now, due) {
-                self.begin(&cfg, i, b, now);
+            if crate::lease::claim(envoy, &shared::load_lease(&b.name), now, due) {
+                self.begin(envoy, &cfg, i, b, now);
             }
         }
     }
 
     /// Sends a round's calls to the hosts of `b` (backend `index`).
-    fn begin(&mut self, cfg: &Config, index: usize, b: &Backend, now: u64) {
+    fn begin(&mut self, envoy: &Envoy, cfg: &Config, index: usize, b: &Backend, now: u64) {
         let Some(l) = b.load else { return };
         let hosts = match b.discovered() {
-            true => host::shared_data(&shared::hosts(&b.name))
+            true => envoy
+                .shared_data(&shared::hosts(&b.name))
                 .0
                 .and_then(|v| table::decode_down_hosts(&v)),
             false => None,
         };
         let targets = poll::targets(b, now, hosts);
-        let stored = load::decode(&host::shared_data(&shared::load(&b.name)).0.unwrap_or_default());
+        let stored = load::decode(&envoy.shared_data(&shared::load(&b.name)).0.unwrap_or_default());
         let stale = poll::stale_count(&targets, &stored, now, l.poll_ms);
         if stale > 0 {
             self.metrics.count(
@@ -126,8 +141,8 @@ impl LoadPoller {
         let timeout = poll::timeout_ms(l.poll_ms);
         for (i, t) in round.targets.iter().enumerate() {
             let token = match t.original_dst {
-                false => host::dispatch_get(&t.cluster, METRICS_PATH, timeout),
-                true => host::dispatch_get_with(
+                false => envoy.dispatch_get(&t.cluster, METRICS_PATH, timeout),
+                true => envoy.dispatch_get_with(
                     &t.cluster,
                     METRICS_PATH,
                     &t.address,
@@ -153,12 +168,12 @@ impl LoadPoller {
             }
         }
         match round.pending.is_empty() {
-            true => self.finish(cfg, round),
+            true => self.finish(envoy, cfg, round),
             false => self.rounds.push(round),
         }
     }
 
-    pub fn on_response(&mut self, token: u32, body_size: usize) {
+    pub fn on_response(&mut self, envoy: &Envoy, token: u32, body_size: usize) {
         let Some(cfg) = self.cfg.clone() else {
             return;
         };
@@ -180,23 +195,25 @@ impl LoadPoller {
         };
         let (_, index) = round.pending.swap_remove(at);
         let address = round.targets.get(index).map(|t| t.address.clone()).unwrap_or_default();
-        let status = host::http_call_status();
+        let status = envoy.http_call_status();
         let page = match status {
-            Some(200) => host::http_call_body(body_size.min(load::MAX_METRICS_BYTES)).unwrap_or_default(),
+            Some(200) => envoy
+                .http_call_body(body_size.min(load::MAX_METRICS_BYTES))
+                .unwrap_or_default(),
             _ => Vec::new(),
         };
-        match poll::read_answer(kind, status, &page, host::now_ms()) {
+        match poll::read_answer(kind, status, &page, envoy.now_ms()) {
             Ok(reading) => round.readings.push((address, reading)),
             Err(p) => round.failed.push((address, p)),
         }
         if round.pending.is_empty() {
             let round = self.rounds.swap_remove(pos);
-            self.finish(&cfg, round);
+            self.finish(envoy, &cfg, round);
         }
     }
 
     /// Stores a round's readings and problems, and sets each host's gauges.
-    fn finish(&mut self, cfg: &Config, mut round: Round) {
+    fn finish(&mut self, envoy: &Envoy, cfg: &Config, mut round: Round) {
         let Some(b) = cfg.backends.get(round.backend) else {
             return;
         };
@@ -207,13 +224,13 @@ impl LoadPoller {
                 round.failed.push((t.address.clone(), Problem::Timeout));
             }
         }
-        let now = host::now_ms();
+        let now = envoy.now_ms();
         let key = shared::load(&b.name);
         if !round.readings.is_empty() {
             let written = (0..CAS_ATTEMPTS).any(|_| {
-                let (bytes, cas) = host::shared_data(&key);
+                let (bytes, cas) = envoy.shared_data(&key);
                 let merged = poll::merge(&bytes.unwrap_or_default(), &round.readings, now, l.poll_ms);
-                host::set_shared_data(&key, &merged, cas)
+                envoy.set_shared_data(&key, &merged, cas)
             });
             if !written {
                 log::debug!("llmroute: engine load of {} not stored this round (contention)", b.name);
@@ -221,11 +238,11 @@ impl LoadPoller {
         }
         let notes = shared::load_problems(&b.name);
         let ok: Vec<String> = round.readings.iter().map(|(a, _)| a.clone()).collect();
-        let stored = host::shared_data(&notes).0.unwrap_or_default();
+        let stored = envoy.shared_data(&notes).0.unwrap_or_default();
         if let Some(v) = poll::merge_problems(&stored, &ok, &round.failed, now, l.poll_ms) {
-            host::set_shared_data(&notes, &v, None);
+            envoy.set_shared_data(&notes, &v, None);
         }
-        let ids = crate::status::id_key();
+        let ids = crate::status::id_key(envoy);
         for (address, r) in &round.readings {
             let host_id = status::shown_host(ids, address);
             let labels = [("backend", b.name.as_str()), ("host", host_id.as_str())];
@@ -249,161 +266,5 @@ impl LoadPoller {
                 round.failed.iter().filter(|(_, p)| p.outcome() == outcome).count(),
             );
         }
-    }
-}
-
-/// True when a request routed by `decision` may reach a vLLM backend that polls its load: it then asks the
-/// engine for an ORCA report (`endpoint-load-metrics-format: JSON`).
-fn asks_orca(cfg: &Config, decision: &RouteDecision) -> bool {
-    let reports = |b: &Backend| b.kind == EngineKind::Vllm && b.load.is_some();
-    match decision.known_backend() {
-        Some(name) => cfg.backends.iter().any(|b| b.name == name && reports(b)),
-        None => cfg
-            .alias(&decision.alias)
-            .is_some_and(|a| a.routes.iter().any(|r| cfg.backend(r.backend).is_some_and(reports))),
-    }
-}
-
-/// Request side: asks a vLLM engine that polls its load for an ORCA report with its answer.
-pub fn ask_report(cfg: &Config, decision: &RouteDecision) {
-    if asks_orca(cfg, decision) {
-        host::set_request_header(orca::REQUEST_HEADER, Some(orca::REQUEST_FORMAT));
-    }
-}
-
-/// Response side: folds the ORCA report a vLLM engine of `backend` sent (header `value`) into its host's reading.
-/// The header itself never reaches the client: the response plan removes it.
-pub fn fold_report(cfg: &Config, backend: &str, value: &str) {
-    let Some(b) = cfg.backends.iter().find(|b| b.name == backend) else {
-        return;
-    };
-    let (Some(l), EngineKind::Vllm) = (b.load, b.kind) else {
-        return;
-    };
-    let Some(report) = orca::parse(value.as_bytes()) else {
-        return;
-    };
-    let Some(address) = host::property_string(&["upstream", "address"]) else {
-        return;
-    };
-    let key = shared::load(&b.name);
-    let now = host::now_ms();
-    for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::shared_data(&key);
-        let Some(v) = poll::fold_orca(&bytes.unwrap_or_default(), &address, report, now, l.poll_ms) else {
-            return;
-        };
-        if host::set_shared_data(&key, &v, cas) {
-            return;
-        }
-    }
-}
-
-/// A placed request's work in flight on its host: its estimated prompt tokens plus its requested output, kept
-/// per host in shared data until the log phase releases it.
-#[derive(Debug, Clone)]
-pub struct Work {
-    key: String,
-    host: usize,
-    hosts: usize,
-    tokens: i64,
-}
-
-impl Work {
-    /// Adds the request's tokens to the host `pin` chose, when its backend polls engine load.
-    pub fn hold(cfg: &Config, pin: &Pin, input_tokens: u64, max_output: Option<u64>) -> Option<Work> {
-        let (backend, host, hosts) = pin.place();
-        cfg.backends.iter().find(|b| b.name == backend)?.load?;
-        let tokens = i64::try_from(input_tokens.saturating_add(max_output.unwrap_or(0))).unwrap_or(i64::MAX);
-        let work = Work {
-            key: shared::work(backend),
-            host,
-            hosts,
-            tokens,
-        };
-        crate::key_placement::add_through_ledger(&work.key, hosts, host, tokens);
-        Some(work)
-    }
-
-    /// The request is over.
-    pub fn release(&self) {
-        crate::key_placement::add_through_ledger(&self.key, self.hosts, self.host, self.tokens.saturating_neg());
-    }
-}
-
-/// At the status poll: a host of a backend with `load` that Envoy finds with no request in flight carries no
-/// work either, whatever a worker that trapped never released (see `key_placement::rebuild_in_flight`).
-pub fn rebuild_work(cfg: &Config, health: &BackendHealth, now_ms: u64) {
-    let Some(b) = cfg.backends.iter().find(|b| b.name == health.name && b.load.is_some()) else {
-        return;
-    };
-    let Some(addresses) = llmroute_core::key_placement::views::addresses(b, now_ms, &host::SharedData) else {
-        return;
-    };
-    let key = shared::work(&b.name);
-    for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::shared_data(&key);
-        let before = table::decode_host_counts(&bytes.unwrap_or_default(), addresses.len());
-        let after: Vec<u32> = before
-            .iter()
-            .zip(&addresses)
-            .map(|(w, a)| match health.active.iter().any(|(x, n)| x == a && *n > 0) {
-                true => *w,
-                false => 0,
-            })
-            .collect();
-        if after == before || host::set_shared_data(&key, &table::encode_host_counts(&after), cas) {
-            return;
-        }
-    }
-}
-
-/// What the status page shows of the engine load of each backend that polls it, read once per page.
-pub struct StatusView {
-    backends: Vec<BackendView>,
-}
-
-/// One backend with `load`, as stored: its readings, its hosts' problems, and its work in flight by address.
-struct BackendView {
-    name: String,
-    readings: Vec<(String, EngineLoad)>,
-    problems: Vec<poll::Noted>,
-    work: Vec<(String, u64)>,
-}
-
-impl StatusView {
-    pub fn read(cfg: &Config, now_ms: u64) -> StatusView {
-        let read = |key: String| host::shared_data(&key).0.unwrap_or_default();
-        let backends = poll::polled_backends(cfg)
-            .map(|b| {
-                let work = llmroute_core::key_placement::views::addresses(b, now_ms, &host::SharedData)
-                    .map(|list| {
-                        let counts = table::decode_host_counts(&read(shared::work(&b.name)), list.len());
-                        list.into_iter().zip(counts.into_iter().map(u64::from)).collect()
-                    })
-                    .unwrap_or_default();
-                BackendView {
-                    name: b.name.clone(),
-                    readings: load::decode(&read(shared::load(&b.name))),
-                    problems: poll::decode_problems(&read(shared::load_problems(&b.name))),
-                    work,
-                }
-            })
-            .collect();
-        StatusView { backends }
-    }
-
-    /// What is known of the load of the host at `address` of `backend`, when the backend polls engine load.
-    pub fn host(&self, backend: &Backend, address: &str) -> Option<HostLoad> {
-        let b = self.backends.iter().find(|v| v.name == backend.name)?;
-        Some(HostLoad {
-            reading: b.readings.iter().find(|(a, _)| a == address).map(|(_, r)| *r),
-            problem: b
-                .problems
-                .iter()
-                .find(|(a, ..)| a == address)
-                .map(|(_, p, at)| (*p, *at)),
-            work_tokens: b.work.iter().find(|(a, _)| a == address).map(|(_, w)| *w),
-        })
     }
 }

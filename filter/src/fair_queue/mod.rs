@@ -30,15 +30,19 @@
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
-use llmroute_core::config::{Backend, TenantBy};
+use llmroute_core::config::Backend;
 use llmroute_core::envoy_contract::{log_fields, metrics as names, shared};
 use llmroute_core::fairness::{self, Arrival, FairQueue, QueueView, Refusal, Waiter};
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
+use llmroute_core::request_plan::{headers::Tenant, LocalReply};
 use llmroute_core::stream::Usage;
 use llmroute_core::{Config, Envelope, GatewayError, RouteDecision};
 
-use crate::host;
+use crate::host::Envoy;
 use crate::metrics::Metrics;
+
+mod updates;
+use updates::{owe, release, update, waiter_id, worker, Op};
 
 /// The root context's tick while `fairness` is on: how late, at most, a worker admits a waiter whose slot freed on
 /// another worker.
@@ -67,30 +71,6 @@ struct Entry {
     backend: String,
     id: u64,
     held: Weak<Held>,
-}
-
-/// A request's tenant and how long it may wait, read in the headers phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenant {
-    id: u64,
-    weight: u32,
-    wait_ms: u64,
-}
-
-/// The tenant of a request, with `fairness` on: the API key's name (`key`) or the tenant header's value (`find`
-/// reads a request header), hashed; and its wait, `fairness.max_wait_ms` or the client's shorter
-/// `x-max-wait-ms`. `None` without `fairness`. Reads no host state.
-pub fn tenant<'h>(cfg: &Config, key: Option<&str>, find: impl Fn(&str) -> Option<&'h [u8]>) -> Option<Tenant> {
-    let f = cfg.fairness.as_ref()?;
-    let name: &[u8] = match &f.by {
-        TenantBy::ApiKey => key.map_or(&[], str::as_bytes),
-        TenantBy::Header(h) => find(h).unwrap_or_default(),
-    };
-    Some(Tenant {
-        id: fairness::tenant_id(name),
-        weight: f.weight(name),
-        wait_ms: f.wait_ms(find(fairness::MAX_WAIT_HEADER)),
-    })
 }
 
 /// A request's place in its backend's queue, held by its request context until its log phase.
@@ -135,6 +115,7 @@ pub enum Gate {
 /// A routed request (decision `d`, of tenant `tenant`, in request context `context_id`) arrives at its backend's
 /// queue. See the module doc.
 pub fn enter(
+    envoy: &Envoy,
     cfg: &Config,
     tenant: Option<Tenant>,
     d: &RouteDecision,
@@ -148,9 +129,9 @@ pub fn enter(
     let Some(b) = queue_backend(cfg, d) else {
         return Gate::Go(None);
     };
-    let now = host::now_ms();
+    let now = envoy.now_ms();
     let w = Waiter {
-        id: waiter_id(worker(), context_id),
+        id: waiter_id(worker(envoy), context_id),
         tenant: t.id,
         weight: t.weight,
         input_tokens: u32::try_from(d.input_tokens).unwrap_or(u32::MAX),
@@ -158,7 +139,9 @@ pub fn enter(
         deadline_ms: now.saturating_add(t.wait_ms),
     };
     let capacity = u64::from(b.max_inflight);
-    let Some(arrival) = update(b, metrics, |q| fairness::arrive(q, w, now, capacity, f.max_queue)) else {
+    let Some(arrival) = update(envoy, b, metrics, |q| {
+        fairness::arrive(q, w, now, capacity, f.max_queue)
+    }) else {
         log::warn!(
             "llmroute: the fair queue of {} could not be updated; the request goes on unqueued",
             b.name
@@ -203,7 +186,7 @@ pub fn enter(
 
 /// The request that held `ticket` is over (its log phase), with the engine's `usage`. True when it was served;
 /// false when it never got a slot (it timed out, or its client left while it waited), so it took nothing.
-pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
+pub fn end(envoy: &Envoy, cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bool {
     let h = &ticket.0;
     let _ = LOCAL.with(|l| {
         l.try_borrow_mut()
@@ -226,7 +209,7 @@ pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bo
             output: usage.completion_tokens.unwrap_or(0),
         },
     };
-    if !release(b, metrics, Some(op)) {
+    if !release(envoy, b, metrics, Some(op)) {
         owe(&b.name, op);
     }
     h.state.get() == State::Running
@@ -234,7 +217,7 @@ pub fn end(cfg: &Config, ticket: Ticket, usage: &Usage, metrics: &Metrics) -> bo
 
 /// The root context's tick: each backend with a waiter this worker holds, or an update it owes, releases this
 /// worker's waiters (see the module doc). Nothing to do, no host call.
-pub fn tick(cfg: &Config, metrics: &Metrics) {
+pub fn tick(envoy: &Envoy, cfg: &Config, metrics: &Metrics) {
     if cfg.fairness.is_none() {
         return;
     }
@@ -249,32 +232,32 @@ pub fn tick(cfg: &Config, metrics: &Metrics) {
     let mut done: Vec<&str> = Vec::new();
     for (backend, op) in owed {
         match cfg.backends.iter().find(|b| b.name == backend) {
-            Some(b) if release(b, metrics, Some(op)) => done.push(&b.name),
+            Some(b) if release(envoy, b, metrics, Some(op)) => done.push(&b.name),
             Some(_) => owe(&backend, op),
             None => {}
         }
     }
     for b in &cfg.backends {
         if waiting.contains(&b.name) && !done.contains(&b.name.as_str()) {
-            release(b, metrics, None);
+            release(envoy, b, metrics, None);
         }
     }
 }
 
 /// Takes this worker's number, seeds each backend's queue, defines the queue's series, and ticks every
 /// [`TICK_MS`]; from `on_configure`, with `fairness` on. The number is kept across configurations.
-pub fn start(cfg: &Config, metrics: &Metrics) {
+pub fn start(envoy: &Envoy, cfg: &Config, metrics: &Metrics) {
     if cfg.fairness.is_none() {
         return;
     }
-    worker();
+    worker(envoy);
     for b in &cfg.backends {
         let key = shared::fair_queue(&b.name);
-        let (bytes, _) = host::shared_data(&key);
+        let (bytes, _) = envoy.shared_data(&key);
         let q = match bytes {
             Some(bytes) => fairness::decode(&bytes),
             None => {
-                host::set_shared_data(&key, &fairness::encode(&FairQueue::default()), None);
+                envoy.set_shared_data(&key, &fairness::encode(&FairQueue::default()), None);
                 FairQueue::default()
             }
         };
@@ -282,11 +265,11 @@ pub fn start(cfg: &Config, metrics: &Metrics) {
         metrics.set(names::QUEUE_DEPTH, &labels, q.depth() as u64);
         metrics.add(names::QUEUE_TIMEOUTS, &labels, 0);
     }
-    host::set_tick_period(TICK_MS);
+    envoy.set_tick_period(TICK_MS);
 }
 
 /// The status page's body with each backend's queue added, with `fairness` on.
-pub fn with_queues(cfg: &Config, body: Vec<u8>) -> Vec<u8> {
+pub fn with_queues(envoy: &Envoy, cfg: &Config, body: Vec<u8>) -> Vec<u8> {
     if cfg.fairness.is_none() {
         return body;
     }
@@ -294,7 +277,8 @@ pub fn with_queues(cfg: &Config, body: Vec<u8>) -> Vec<u8> {
         .backends
         .iter()
         .map(|b| {
-            let q = host::shared_data(&shared::fair_queue(&b.name))
+            let q = envoy
+                .shared_data(&shared::fair_queue(&b.name))
                 .0
                 .map(|bytes| fairness::decode(&bytes))
                 .unwrap_or_default();
@@ -311,188 +295,4 @@ fn queue_backend<'c>(cfg: &'c Config, d: &RouteDecision) -> Option<&'c Backend> 
         Some(name) => cfg.backends.iter().find(|b| b.name == name),
         None => cfg.backend(cfg.alias(&d.alias)?.routes.first()?.backend),
     }
-}
-
-/// An update to a backend's queue besides releasing waiters.
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    /// A waiter's client left: removed, charged nothing.
-    Leave(u64),
-    /// An admitted request ended.
-    Complete {
-        tenant: u64,
-        weight: u32,
-        input: u32,
-        measured_input: Option<u64>,
-        output: u64,
-    },
-}
-
-impl Op {
-    fn apply(self, q: &mut FairQueue) {
-        match self {
-            Op::Leave(id) => {
-                q.leave(id);
-            }
-            Op::Complete {
-                tenant,
-                weight,
-                input,
-                measured_input,
-                output,
-            } => q.complete_measured(tenant, weight, input, measured_input, output),
-        }
-    }
-}
-
-fn owe(backend: &str, op: Op) {
-    log::debug!("llmroute: the fair queue of {backend} owes an update until the next tick");
-    let _ = LOCAL.with(|l| {
-        l.try_borrow_mut().map(|mut l| {
-            if l.owed.len() >= MAX_OWED {
-                log::warn!("llmroute: the fair queue's owed updates are full; the oldest is dropped");
-                l.owed.remove(0);
-            }
-            l.owed.push((backend.to_string(), op));
-        })
-    });
-}
-
-/// Applies `op` to backend `b`'s queue, then releases this worker's waiters there: admits those that go next while
-/// a slot is free (and resumes them), answers those whose deadline passed, and removes those whose request context
-/// is gone. False when the queue could not be updated (nothing was applied).
-fn release(b: &Backend, metrics: &Metrics, op: Option<Op>) -> bool {
-    let me = worker();
-    let mine: Vec<u64> = LOCAL
-        .with(|l| {
-            l.try_borrow_mut().map(|mut l| {
-                l.waiting.retain(|e| e.held.strong_count() > 0);
-                l.waiting.iter().filter(|e| e.backend == b.name).map(|e| e.id).collect()
-            })
-        })
-        .unwrap_or_default();
-    let now = host::now_ms();
-    let capacity = u64::from(b.max_inflight);
-    let outcome = update(b, metrics, |q| {
-        if let Some(op) = op {
-            op.apply(q);
-        }
-        // This worker's waiters that no request context holds any more.
-        let stale: Vec<u64> = q
-            .waiters
-            .iter()
-            .filter(|w| worker_of(w.id) == me && !mine.contains(&w.id))
-            .map(|w| w.id)
-            .collect();
-        for id in stale {
-            q.leave(id);
-        }
-        let g = q.grant_own(now, capacity, |id| mine.contains(&id));
-        let gone: Vec<u64> = mine
-            .iter()
-            .copied()
-            .filter(|id| !q.waiters.iter().any(|w| w.id == *id) && !g.admitted.iter().any(|w| w.id == *id))
-            .collect();
-        (g.admitted, gone)
-    });
-    let Some((admitted, gone)) = outcome else {
-        return false;
-    };
-    let taken: Vec<u64> = admitted.iter().map(|w| w.id).chain(gone.iter().copied()).collect();
-    if taken.is_empty() {
-        return true;
-    }
-    let held: Vec<Rc<Held>> = LOCAL
-        .with(|l| {
-            l.try_borrow_mut().map(|mut l| {
-                let mut held = Vec::new();
-                l.waiting.retain(|e| match taken.contains(&e.id) {
-                    true => {
-                        held.extend(e.held.upgrade());
-                        false
-                    }
-                    false => true,
-                });
-                held
-            })
-        })
-        .unwrap_or_default();
-    let labels = [("backend", b.name.as_str())];
-    for h in held {
-        let waited = now.saturating_sub(h.waiter.arrived_ms);
-        if !host::set_effective_context(h.context_id) {
-            // Its context is gone after all: it will never run, so it gives its slot back.
-            if admitted.iter().any(|w| w.id == h.waiter.id) {
-                h.state.set(State::TimedOut);
-                owe(
-                    &b.name,
-                    Op::Complete {
-                        tenant: h.waiter.tenant,
-                        weight: h.waiter.weight,
-                        input: h.waiter.input_tokens,
-                        measured_input: None,
-                        output: 0,
-                    },
-                );
-            }
-            continue;
-        }
-        host::set_log_field(log_fields::QUEUE_WAIT_MS, &waited.to_string());
-        if admitted.iter().any(|w| w.id == h.waiter.id) {
-            h.state.set(State::Running);
-            metrics.observe(names::QUEUE_WAIT_MS, &labels, waited);
-            host::resume_request();
-        } else {
-            h.state.set(State::TimedOut);
-            let e = GatewayError::QueueTimeout { waited_ms: waited };
-            metrics.add(names::QUEUE_TIMEOUTS, &labels, 1);
-            metrics.rejected(e.metric_reason());
-            crate::http::send_refusal(&e, h.envelope, h.request_id.as_deref());
-        }
-    }
-    true
-}
-
-/// Runs `f` on backend `b`'s queue and writes the result with compare-and-swap, at most `CAS_ATTEMPTS` tries;
-/// `f` runs again on a fresh read after a lost race. An unchanged queue is not written. Sets the depth gauge when
-/// the depth changed. `None` when the queue could not be read or written.
-fn update<R>(b: &Backend, metrics: &Metrics, mut f: impl FnMut(&mut FairQueue) -> R) -> Option<R> {
-    let key = shared::fair_queue(&b.name);
-    for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host::try_shared_data(&key)?;
-        let bytes = bytes.unwrap_or_default();
-        let mut q = fairness::decode(&bytes);
-        let before = q.depth();
-        let r = f(&mut q);
-        let encoded = fairness::encode(&q);
-        if encoded == bytes || host::set_shared_data(&key, &encoded, cas) {
-            if q.depth() != before {
-                metrics.set(names::QUEUE_DEPTH, &[("backend", &b.name)], q.depth() as u64);
-            }
-            return Some(r);
-        }
-    }
-    None
-}
-
-/// A waiter's id: the worker that holds it in the high 32 bits, its request context in the low.
-fn waiter_id(worker: u32, context_id: u32) -> u64 {
-    (u64::from(worker) << 32) | u64::from(context_id)
-}
-
-fn worker_of(id: u64) -> u32 {
-    (id >> 32) as u32
-}
-
-/// This worker VM's number, drawn once from the VM's random source (std's `RandomState` keys come from WASI
-/// `random_get`, which Envoy serves from its CSPRNG): two VMs of one process share a number with odds of about
-/// `workers² / 2³³`.
-fn worker() -> u32 {
-    if let Some(n) = WORKER.with(Cell::get) {
-        return n;
-    }
-    use std::hash::BuildHasher;
-    let n = std::hash::RandomState::new().hash_one(host::now_ms()) as u32;
-    WORKER.with(|w| w.set(Some(n)));
-    n
 }
