@@ -273,7 +273,7 @@ fn run(command: Command) -> Result<(), String> {
                 cfg.backends.len(),
                 endpoints,
                 cfg.models.len(),
-                cfg.listen,
+                cfg.render_only.listen,
                 cfg.admin
             );
             Ok(())
@@ -374,7 +374,7 @@ fn run(command: Command) -> Result<(), String> {
 
 /// `--paste-into TEMPLATE`: the template with the sections in place of its markers.
 fn pasted(
-    cfg: &llmroute_core::Config,
+    cfg: &llmroute_core::Document,
     text: &str,
     opts: &RenderOptions,
     template: &std::path::Path,
@@ -416,9 +416,9 @@ impl EnvCheck {
     }
 }
 
-fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Config, String), String> {
+fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Document, String), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cfg = llmroute_core::load_config(&text).map_err(|errs| errors(path, &errs.0))?;
+    let cfg = llmroute_core::load_document(&text).map_err(|errs| errors(path, &errs.0))?;
     for w in &cfg.warnings {
         eprintln!("{}: warning: {w}", path.display());
     }

@@ -103,7 +103,7 @@ mod tests {
 
     fn render(extra: &str) -> Value {
         let doc = format!("{DOC}{extra}");
-        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let cfg = llmroute_core::load_document(&doc).unwrap();
         bootstrap(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap()
     }
 
@@ -193,8 +193,8 @@ mod tests {
     fn the_shipped_ratelimit_config_uses_the_rendered_descriptors() {
         let doc: Value = serde_yaml_ng::from_str(include_str!("../../ratelimit/config.yaml")).unwrap();
         let cfg =
-            llmroute_core::load_config(&format!("{DOC}global_limits: {{ address: '127.0.0.1:8081' }}\n")).unwrap();
-        let domain = cfg.global_limits.map(|g| g.domain);
+            llmroute_core::load_document(&format!("{DOC}global_limits: {{ address: '127.0.0.1:8081' }}\n")).unwrap();
+        let domain = cfg.config.global_limits.map(|g| g.domain);
         assert_eq!(
             doc["domain"].as_str(),
             domain.as_deref(),

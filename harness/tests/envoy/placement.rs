@@ -93,7 +93,7 @@ impl Predictor {
     /// For the llmroute config `doc` and its alias `alias` (whose first route's backend places keys), over the
     /// hosts at `addresses` (in the order the filter indexes them) weighing `weights`, all up and idle.
     pub(crate) fn with(doc: &Value, alias: &str, addresses: Vec<String>, weights: &[u32]) -> Predictor {
-        let cfg = llmroute_core::load_config(&doc.to_string()).unwrap();
+        let cfg = llmroute_core::load_document(&doc.to_string()).unwrap().config;
         let a = cfg.alias(alias).unwrap();
         let backend = &cfg.backends[a.routes[0].backend];
         let bounds = Bounds::new(a.affinity.placement.bounded().unwrap(), backend.balance_factor);

@@ -26,7 +26,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             format!("unsupported schema version; this build reads version {SCHEMA_VERSION}"),
         );
     }
-    let (listen, admin) = listen_and_admin(&mut errs, &raw);
+    let admin = listen_addr(&mut errs, "admin", raw.admin.as_deref(), DEFAULT_ADMIN);
 
     let backends: Vec<Backend> = raw
         .backends
@@ -69,39 +69,28 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     placement_warnings(&mut errs, &affinity, &models, &backends);
     let (session_headers_shared, session_header_names) = session_header_names(&affinity, &models);
     let limits = limits(&mut errs, raw.limits.as_ref());
-    let listen_tls = tls::listen_tls(raw.listen_tls.as_ref(), &mut errs);
-    let retries = retries_within(&mut errs, &raw, &limits);
     let image_tokens = image_tokens(&mut errs, &raw);
 
     let auth = raw.auth.as_ref().map(|a| auth(&mut errs, a));
-    let access_log_path = raw.access_log.as_ref().and_then(|a| a.path.clone());
-    if let Some(path) = &access_log_path {
-        check_abs_path(&mut errs, "access_log.path", path);
-    }
     let global_limits = raw.global_limits.as_ref().and_then(|g| global_limits(&mut errs, g));
     let fairness = raw
         .fairness
         .as_ref()
         .and_then(|f| super::fairness::fairness(&mut errs, f, auth.is_some(), &limits));
 
-    match (errs.errors.is_empty(), listen, admin) {
-        (true, Some(listen), Some(admin)) => {
+    match (errs.errors.is_empty(), admin) {
+        (true, Some(admin)) => {
             let alias_index = models.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
             Ok(Config {
-                listen,
                 admin,
                 backends,
                 models,
                 affinity,
                 limits,
                 debug_headers: raw.debug_headers.unwrap_or(false),
-                compress_responses: raw.compress_responses.unwrap_or(false),
                 image_tokens,
-                listen_tls,
-                retries,
                 stream_include_usage: raw.usage.as_ref().and_then(|u| u.stream_include_usage).unwrap_or(false),
                 auth,
-                access_log_path,
                 global_limits,
                 fairness,
                 warnings: errs.warnings,
@@ -112,19 +101,6 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         }
         _ => Err(ConfigErrors(errs.errors)),
     }
-}
-
-/// `listen` and `admin`, parsed, and not on the same port of an overlapping address.
-fn listen_and_admin(errs: &mut Diagnostics, raw: &RawConfig) -> (Option<SocketAddr>, Option<SocketAddr>) {
-    let listen = listen_addr(errs, "listen", raw.listen.as_deref(), "127.0.0.1:10000");
-    let admin = listen_addr(errs, "admin", raw.admin.as_deref(), "127.0.0.1:9901");
-    if let (Some(l), Some(a)) = (listen, admin) {
-        let overlap = l.ip() == a.ip() || l.ip().is_unspecified() || a.ip().is_unspecified();
-        if l.port() == a.port() && overlap {
-            errs.push("admin", a, "binds the same port as `listen`");
-        }
-    }
-    (listen, admin)
 }
 
 /// Whether every alias reads the top-level session headers, and every session header name any of them reads, once
@@ -145,22 +121,6 @@ fn session_header_names(affinity: &AffinityConfig, models: &[ModelAlias]) -> (bo
     (shared, names)
 }
 
-/// `retries`, whose per-try timeout may not outlast the whole request.
-fn retries_within(errs: &mut Diagnostics, raw: &RawConfig, limits: &Limits) -> Retries {
-    let retries = resilience::retries(raw.retries.as_ref(), errs);
-    if retries.per_try_timeout_ms > limits.request_timeout_ms {
-        errs.push(
-            "retries.per_try_timeout_ms",
-            retries.per_try_timeout_ms,
-            format!(
-                "must be at most limits.request_timeout_ms ({}): a try cannot outlast the whole request",
-                limits.request_timeout_ms
-            ),
-        );
-    }
-    retries
-}
-
 /// `tokens.image_tokens`: the tokens one image counts for, at most 100000.
 fn image_tokens(errs: &mut Diagnostics, raw: &RawConfig) -> u32 {
     let image_tokens = raw
@@ -174,7 +134,12 @@ fn image_tokens(errs: &mut Diagnostics, raw: &RawConfig) -> u32 {
     image_tokens
 }
 
-fn listen_addr(errs: &mut Diagnostics, field: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
+pub(super) fn listen_addr(
+    errs: &mut Diagnostics,
+    field: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<SocketAddr> {
     let text = value.unwrap_or(default);
     parse_listen(text).map_err(|reason| errs.push(field, text, reason)).ok()
 }
@@ -372,7 +337,7 @@ fn hosts(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> (Vec<Endpoint>, Op
 }
 
 /// An absolute file path: not a directory, bounded, without control characters.
-fn check_abs_path(errs: &mut Diagnostics, field: &str, path: &str) {
+pub(super) fn check_abs_path(errs: &mut Diagnostics, field: &str, path: &str) {
     let ok = (2..=PATH_MAX).contains(&path.len())
         && path.starts_with('/')
         && !path.ends_with('/')
@@ -1086,7 +1051,7 @@ fn placement(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: b
     (placement, params)
 }
 
-fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits {
+pub(super) fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits {
     let max_body_bytes = raw.and_then(|l| l.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
     if !(1024..=MAX_MAX_BODY_BYTES).contains(&max_body_bytes) {
         errs.push(
