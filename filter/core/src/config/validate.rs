@@ -17,6 +17,7 @@ const MODEL_NAME_MAX: usize = 256;
 /// Most session headers one list may name: each is looked up per request.
 const MAX_SESSION_HEADERS: usize = 16;
 
+/// The filter's document, checked whole: every problem, in document order, or the config with its defaults.
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     let mut errs = Diagnostics::default();
     if raw.version != SCHEMA_VERSION {
@@ -28,44 +29,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
     let admin = listen_addr(&mut errs, "admin", raw.admin.as_deref(), DEFAULT_ADMIN);
 
-    let backends: Vec<Backend> = raw
-        .backends
-        .iter()
-        .enumerate()
-        .filter_map(|(i, b)| backend(&mut errs, i, b))
-        .collect();
-    if raw.backends.is_empty() {
-        errs.push("backends", "[]", "at least one backend is needed");
-    }
-    check_unique(&mut errs, "backends", raw.backends.iter().map(|b| b.name.as_str()));
-    // Indexed over every declared backend, valid or not, so a backend with its own error does not also make
-    // its routes look undefined. The indices match `backends` whenever the config as a whole is valid.
-    let backend_index: HashMap<&str, usize> = raw
-        .backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (b.name.as_str(), i))
-        .collect();
-
-    let alias_bounded = raw
-        .models
-        .iter()
-        .any(|m| m.affinity.as_ref().and_then(|a| a.placement.as_deref()) == Some("bounded_keys"));
-    // Checked ahead of the aliases, which inherit it, but reported after them, in document order.
-    let mut affinity_errs = Diagnostics::default();
-    let (affinity, bounded_keys) = affinity(&mut affinity_errs, raw.affinity.as_ref(), alias_bounded);
-    let models: Vec<ModelAlias> = raw
-        .models
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| model(&mut errs, i, m, &backend_index, (&affinity, bounded_keys)))
-        .collect();
-    if raw.models.is_empty() {
-        errs.push("models", "[]", "at least one model alias is needed");
-    }
-    check_unique(&mut errs, "models", raw.models.iter().map(|m| m.name.as_str()));
-    errs.errors.append(&mut affinity_errs.errors);
-    errs.warnings.append(&mut affinity_errs.warnings);
+    let (backends, backend_index) = backends(&mut errs, &raw);
+    let (affinity, models) = aliases(&mut errs, &raw, &backend_index);
     placement_warnings(&mut errs, &affinity, &models, &backends);
     let (session_headers_shared, session_header_names) = session_header_names(&affinity, &models);
     let limits = limits(&mut errs, raw.limits.as_ref());
@@ -101,6 +66,58 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         }
         _ => Err(ConfigErrors(errs.errors)),
     }
+}
+
+/// `backends`, each one valid and named once; and every declared backend's index by name, valid or not, so that a
+/// backend with its own error does not also make its routes look undefined (the indices match the list whenever
+/// the config as a whole is valid).
+fn backends<'r>(errs: &mut Diagnostics, raw: &'r RawConfig) -> (Vec<Backend>, HashMap<&'r str, usize>) {
+    let backends: Vec<Backend> = raw
+        .backends
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| backend(errs, i, b))
+        .collect();
+    if raw.backends.is_empty() {
+        errs.push("backends", "[]", "at least one backend is needed");
+    }
+    check_unique(errs, "backends", raw.backends.iter().map(|b| b.name.as_str()));
+    let index = raw
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name.as_str(), i))
+        .collect();
+    (backends, index)
+}
+
+/// The top-level `affinity` and `models`, each alias named once, its routes on declared backends, and its own
+/// affinity over the top-level one.
+fn aliases(
+    errs: &mut Diagnostics,
+    raw: &RawConfig,
+    backend_index: &HashMap<&str, usize>,
+) -> (AffinityConfig, Vec<ModelAlias>) {
+    let alias_bounded = raw
+        .models
+        .iter()
+        .any(|m| m.affinity.as_ref().and_then(|a| a.placement.as_deref()) == Some("bounded_keys"));
+    // Checked ahead of the aliases, which inherit it, but reported after them, in document order.
+    let mut affinity_errs = Diagnostics::default();
+    let (affinity, bounded_keys) = affinity(&mut affinity_errs, raw.affinity.as_ref(), alias_bounded);
+    let models: Vec<ModelAlias> = raw
+        .models
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| model(errs, i, m, backend_index, (&affinity, bounded_keys)))
+        .collect();
+    if raw.models.is_empty() {
+        errs.push("models", "[]", "at least one model alias is needed");
+    }
+    check_unique(errs, "models", raw.models.iter().map(|m| m.name.as_str()));
+    errs.errors.append(&mut affinity_errs.errors);
+    errs.warnings.append(&mut affinity_errs.warnings);
+    (affinity, models)
 }
 
 /// Whether every alias reads the top-level session headers, and every session header name any of them reads, once
@@ -525,6 +542,20 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
             ),
         );
     }
+    let (share_keys, max_creates_per_s) = store_sharing(errs, store);
+    Some(PlacementStore {
+        endpoints,
+        prefix,
+        timeout_ms,
+        tls,
+        auth,
+        share_keys,
+        max_creates_per_s,
+    })
+}
+
+/// `affinity.placement_store.share_keys` and `max_creates_per_s`: which keys reach etcd, and how many a second.
+fn store_sharing(errs: &mut Diagnostics, store: &RawPlacementStore) -> (ShareKeys, u32) {
     let share_name = store.share_keys.as_deref().unwrap_or("returning");
     let share_keys = ShareKeys::parse(share_name).unwrap_or_else(|| {
         errs.push(
@@ -551,15 +582,7 @@ fn placement_store(errs: &mut Diagnostics, raw: Option<&RawAffinity>, bounded: b
             ),
         );
     }
-    Some(PlacementStore {
-        endpoints,
-        prefix,
-        timeout_ms,
-        tls,
-        auth,
-        share_keys,
-        max_creates_per_s,
-    })
+    (share_keys, max_creates_per_s)
 }
 
 /// When `text` is a host without its port: the address to write instead, `text` with `port`, which `whose` names.
@@ -1051,25 +1074,9 @@ fn placement(errs: &mut Diagnostics, raw: Option<&RawAffinity>, alias_bounded: b
     (placement, params)
 }
 
+/// `limits`: each bound in its range, with its default.
 pub(super) fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits {
-    let max_body_bytes = raw.and_then(|l| l.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    if !(1024..=MAX_MAX_BODY_BYTES).contains(&max_body_bytes) {
-        errs.push(
-            "limits.max_body_bytes",
-            max_body_bytes,
-            format!("must be between 1024 and {MAX_MAX_BODY_BYTES}"),
-        );
-    }
-    let max_assembled_bytes = raw
-        .and_then(|l| l.max_assembled_bytes)
-        .unwrap_or(DEFAULT_MAX_ASSEMBLED_BYTES);
-    if !(4096..=MAX_MAX_BODY_BYTES).contains(&max_assembled_bytes) {
-        errs.push(
-            "limits.max_assembled_bytes",
-            max_assembled_bytes,
-            format!("must be between 4096 and {MAX_MAX_BODY_BYTES}"),
-        );
-    }
+    let (max_body_bytes, max_assembled_bytes) = body_bounds(errs, raw);
     let request_timeout_ms = raw.and_then(|l| l.request_timeout_ms).unwrap_or(600_000);
     if request_timeout_ms == 0 || request_timeout_ms > 86_400_000 {
         errs.push(
@@ -1078,34 +1085,7 @@ pub(super) fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits 
             "must be between 1 and 86400000 (one day); 0 would time every request out at once",
         );
     }
-    let ranged = |errs: &mut Diagnostics, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)| {
-        let v = value.unwrap_or(default);
-        if !(lo..=hi).contains(&v) {
-            errs.push(format!("limits.{field}"), v, format!("must be between {lo} and {hi}"));
-        }
-        v
-    };
-    let headers_timeout_ms = ranged(
-        errs,
-        "headers_timeout_ms",
-        raw.and_then(|l| l.headers_timeout_ms),
-        60_000,
-        (1_000, 600_000),
-    );
-    let body_timeout_ms = ranged(
-        errs,
-        "body_timeout_ms",
-        raw.and_then(|l| l.body_timeout_ms),
-        120_000,
-        (1_000, 3_600_000),
-    );
-    if body_timeout_ms < headers_timeout_ms {
-        errs.push(
-            "limits.body_timeout_ms",
-            body_timeout_ms,
-            format!("must be at least limits.headers_timeout_ms ({headers_timeout_ms}): it counts from the first header byte"),
-        );
-    }
+    let (headers_timeout_ms, body_timeout_ms) = client_timeouts(errs, raw);
     let stream_idle_timeout_ms = ranged(
         errs,
         "stream_idle_timeout_ms",
@@ -1137,6 +1117,64 @@ pub(super) fn limits(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> Limits 
         max_concurrent_streams: u32::try_from(max_concurrent_streams).unwrap_or(100),
         max_heap_bytes,
     }
+}
+
+/// `limits.FIELD`, or `default` without it, between `lo` and `hi`.
+fn ranged(errs: &mut Diagnostics, field: &str, value: Option<u64>, default: u64, (lo, hi): (u64, u64)) -> u64 {
+    let v = value.unwrap_or(default);
+    errs.range(&format!("limits.{field}"), v, lo, hi);
+    v
+}
+
+/// `limits.max_body_bytes` and `limits.max_assembled_bytes`: the most the filter holds of a request, and of an
+/// answer it rebuilds from a stream.
+fn body_bounds(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> (usize, usize) {
+    let max_body_bytes = raw.and_then(|l| l.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    if !(1024..=MAX_MAX_BODY_BYTES).contains(&max_body_bytes) {
+        errs.push(
+            "limits.max_body_bytes",
+            max_body_bytes,
+            format!("must be between 1024 and {MAX_MAX_BODY_BYTES}"),
+        );
+    }
+    let max_assembled_bytes = raw
+        .and_then(|l| l.max_assembled_bytes)
+        .unwrap_or(DEFAULT_MAX_ASSEMBLED_BYTES);
+    if !(4096..=MAX_MAX_BODY_BYTES).contains(&max_assembled_bytes) {
+        errs.push(
+            "limits.max_assembled_bytes",
+            max_assembled_bytes,
+            format!("must be between 4096 and {MAX_MAX_BODY_BYTES}"),
+        );
+    }
+    (max_body_bytes, max_assembled_bytes)
+}
+
+/// `limits.headers_timeout_ms` and `limits.body_timeout_ms`: how long a client may take to send its headers, and
+/// its whole request, which cannot take less than its headers.
+fn client_timeouts(errs: &mut Diagnostics, raw: Option<&RawLimits>) -> (u64, u64) {
+    let headers_timeout_ms = ranged(
+        errs,
+        "headers_timeout_ms",
+        raw.and_then(|l| l.headers_timeout_ms),
+        60_000,
+        (1_000, 600_000),
+    );
+    let body_timeout_ms = ranged(
+        errs,
+        "body_timeout_ms",
+        raw.and_then(|l| l.body_timeout_ms),
+        120_000,
+        (1_000, 3_600_000),
+    );
+    if body_timeout_ms < headers_timeout_ms {
+        errs.push(
+            "limits.body_timeout_ms",
+            body_timeout_ms,
+            format!("must be at least limits.headers_timeout_ms ({headers_timeout_ms}): it counts from the first header byte"),
+        );
+    }
+    (headers_timeout_ms, body_timeout_ms)
 }
 
 /// Any name Envoy accepts as a cluster name and the filter can carry in its `x-llmroute-cluster` header:
