@@ -30,6 +30,8 @@ mod probe;
 mod ratelimit;
 mod store;
 pub mod target;
+#[cfg(test)]
+mod testing;
 mod tls;
 
 use llmroute_core::config::Document;

@@ -169,11 +169,7 @@ fn mapper(r: &EnvoyReply, envelope: Envelope, conditions: Vec<Value>) -> Value {
 mod tests {
     use super::*;
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
-
-    fn cfg(extra: &str) -> Document {
-        llmroute_core::load_document(&format!("{DOC}{extra}")).unwrap()
-    }
+    use crate::render::testing::one_backend as cfg;
 
     #[test]
     fn defaults_cut_slow_headers_at_60_s_and_slow_bodies_at_120_s() {

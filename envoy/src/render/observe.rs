@@ -82,11 +82,7 @@ pub(crate) fn access_log(cfg: &Document) -> Value {
 mod tests {
     use super::*;
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
-
-    fn cfg(extra: &str) -> Document {
-        llmroute_core::load_document(&format!("{DOC}{extra}")).unwrap()
-    }
+    use crate::render::testing::one_backend as cfg;
 
     #[test]
     fn every_label_gets_a_tag_whose_regex_cuts_only_its_own_part() {

@@ -99,7 +99,7 @@ mod tests {
     use super::*;
     use crate::render::{bootstrap, RenderOptions};
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
+    use crate::render::testing::ONE_BACKEND as DOC;
 
     fn render(extra: &str) -> Value {
         let doc = format!("{DOC}{extra}");
