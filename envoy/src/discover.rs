@@ -319,18 +319,7 @@ fn follow(
                 update(stats, stats_path, name, |c| c.reconnects += 1);
             }
             let m = membership(&source.prefix, &range.kvs, rules);
-            for (key, why) in &m.rejected {
-                eprintln!("llmroute discover: {name}: left out {key}: {why}");
-            }
-            for (key, r) in &m.refused {
-                eprintln!("llmroute discover: {name}: refused {key}: {}", r.reason());
-            }
-            for (key, w) in &m.capped {
-                eprintln!(
-                    "llmroute discover: {name}: {key} asked for weight {w}; cut to max_weight {}",
-                    rules.max_weight
-                );
-            }
+            log_left_out(name, &m, rules.max_weight);
             if range.more {
                 eprintln!(
                     "llmroute discover: {name}: more than {} keys under {dir}; the rest are ignored",
@@ -373,6 +362,19 @@ fn follow(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
+    }
+}
+
+/// Logs each registered instance the membership leaves out, refuses, or weighs less than it asked.
+fn log_left_out(name: &str, m: &Membership, max_weight: u32) {
+    for (key, why) in &m.rejected {
+        eprintln!("llmroute discover: {name}: left out {key}: {why}");
+    }
+    for (key, r) in &m.refused {
+        eprintln!("llmroute discover: {name}: refused {key}: {}", r.reason());
+    }
+    for (key, w) in &m.capped {
+        eprintln!("llmroute discover: {name}: {key} asked for weight {w}; cut to max_weight {max_weight}");
     }
 }
 
