@@ -52,15 +52,7 @@ async fn wait_all_up(envoy: &Envoy) {
 
 /// Healthy hosts of the backend, as the filter's status snapshot has them.
 async fn healthy_in_snapshot(envoy: &Envoy) -> Option<u64> {
-    let status: Value = client()
-        .get(envoy.url("/llmroute/status"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    status["backends"][0]["healthy_hosts"].as_u64()
+    status_page(envoy).await?["backends"][0]["healthy_hosts"].as_u64()
 }
 
 /// One request with tenant `t`'s system prompt: (status, engine index, placement reason header, response headers).

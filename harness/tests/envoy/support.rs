@@ -159,3 +159,24 @@ pub fn stat_name(metric: &str, labels: &[(&str, &str)]) -> String {
         llmroute_core::envoy_contract::metrics::labelled(metric, labels)
     )
 }
+
+/// Waits until `n` hosts of `cluster` pass their health checks. Envoy's first round can time out while the
+/// wasm module compiles at start-up; the next round, one interval later, passes.
+pub async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
+    let ok = wait_for(Duration::from_secs(10), || async {
+        let h = envoy.host_health(cluster).await;
+        h.len() == n && h.values().all(|f| f == "healthy")
+    })
+    .await;
+    assert!(
+        ok.is_some(),
+        "hosts never became healthy: {:?}",
+        envoy.host_health(cluster).await
+    );
+}
+
+/// The filter's status page, `/llmroute/status`; `None` while it cannot be read.
+pub async fn status_page(envoy: &Envoy) -> Option<Value> {
+    let r = client().get(envoy.url("/llmroute/status")).send().await.ok()?;
+    r.json::<Value>().await.ok()
+}
