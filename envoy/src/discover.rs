@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use llmroute_core::config::{parse_endpoint, Backend, EtcdSource};
 use llmroute_core::envoy_contract as contract;
-use llmroute_core::Config;
+use llmroute_core::Document;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -75,12 +75,12 @@ pub struct Rules {
 
 impl Rules {
     /// The rules of `source`, next to the Envoy that `cfg` renders.
-    pub fn of(cfg: &Config, source: &EtcdSource) -> Rules {
+    pub fn of(cfg: &Document, source: &EtcdSource) -> Rules {
         Rules {
             addresses: Policy {
                 allow_loopback: source.allow_loopback,
                 admin: cfg.admin,
-                listener: cfg.listen,
+                listener: cfg.render_only.listen,
             },
             max_weight: source.max_weight,
         }
@@ -241,7 +241,7 @@ fn update(stats: &Stats, stats_path: Option<&Path>, backend: &str, f: impl FnOnc
 }
 
 /// The backends `discover` serves: those with `discovery.etcd` (and so an `eds_path`).
-pub fn etcd_backends(cfg: &Config) -> Vec<(&Backend, &EtcdSource, &str)> {
+pub fn etcd_backends(cfg: &Document) -> Vec<(&Backend, &EtcdSource, &str)> {
     cfg.backends
         .iter()
         .filter_map(|b| {
@@ -252,7 +252,7 @@ pub fn etcd_backends(cfg: &Config) -> Vec<(&Backend, &EtcdSource, &str)> {
 }
 
 /// Runs until the process is stopped: one thread per etcd-discovered backend.
-pub fn run(cfg: &Config, stats_path: Option<PathBuf>) -> Result<(), String> {
+pub fn run(cfg: &Document, stats_path: Option<PathBuf>) -> Result<(), String> {
     let backends = etcd_backends(cfg);
     if backends.is_empty() {
         return Err("no backend has `discovery.etcd`: nothing to discover".into());
@@ -319,18 +319,7 @@ fn follow(
                 update(stats, stats_path, name, |c| c.reconnects += 1);
             }
             let m = membership(&source.prefix, &range.kvs, rules);
-            for (key, why) in &m.rejected {
-                eprintln!("llmroute discover: {name}: left out {key}: {why}");
-            }
-            for (key, r) in &m.refused {
-                eprintln!("llmroute discover: {name}: refused {key}: {}", r.reason());
-            }
-            for (key, w) in &m.capped {
-                eprintln!(
-                    "llmroute discover: {name}: {key} asked for weight {w}; cut to max_weight {}",
-                    rules.max_weight
-                );
-            }
+            log_left_out(name, &m, rules.max_weight);
             if range.more {
                 eprintln!(
                     "llmroute discover: {name}: more than {} keys under {dir}; the rest are ignored",
@@ -373,6 +362,19 @@ fn follow(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
+    }
+}
+
+/// Logs each registered instance the membership leaves out, refuses, or weighs less than it asked.
+fn log_left_out(name: &str, m: &Membership, max_weight: u32) {
+    for (key, why) in &m.rejected {
+        eprintln!("llmroute discover: {name}: left out {key}: {why}");
+    }
+    for (key, r) in &m.refused {
+        eprintln!("llmroute discover: {name}: refused {key}: {}", r.reason());
+    }
+    for (key, w) in &m.capped {
+        eprintln!("llmroute discover: {name}: {key} asked for weight {w}; cut to max_weight {max_weight}");
     }
 }
 

@@ -30,9 +30,11 @@ mod probe;
 mod ratelimit;
 mod store;
 pub mod target;
+#[cfg(test)]
+mod testing;
 mod tls;
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 
 pub use json::config_json;
 use json::socket;
@@ -41,7 +43,7 @@ use serde_json::{json, Value};
 
 /// Renders the bootstrap as a JSON value. `config_text` must be the document `cfg` was loaded from. It is
 /// assembled from the same [`target::pieces`] that `--target filter` prints.
-pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<Value, String> {
+pub fn bootstrap(cfg: &Document, config_text: &str, opts: &RenderOptions) -> Result<Value, String> {
     let p = target::pieces(cfg, config_text, opts)?;
     let mut http_filters = p.http_filters.clone();
     http_filters.push(target::router());
@@ -69,7 +71,7 @@ pub fn bootstrap(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Resul
 }
 
 /// Renders the bootstrap as YAML text, with a header comment.
-pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
+pub fn bootstrap_yaml(cfg: &Document, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
     let value = bootstrap(cfg, config_text, opts)?;
     let body = serde_yaml_ng::to_string(&value).map_err(|e| e.to_string())?;
     Ok(format!(
@@ -78,7 +80,7 @@ pub fn bootstrap_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> 
     ))
 }
 
-fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &target::Pieces) -> Value {
+fn listener(cfg: &Document, http_filters: Vec<Value>, route_config: Value, p: &target::Pieces) -> Value {
     let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llmroute",
@@ -99,7 +101,7 @@ fn listener(cfg: &Config, http_filters: Vec<Value>, route_config: Value, p: &tar
     }
     let mut l = json!({
         "name": "llmroute",
-        "address": socket(&cfg.listen.ip().to_string(), cfg.listen.port()),
+        "address": socket(&cfg.render_only.listen.ip().to_string(), cfg.render_only.listen.port()),
         "filter_chains": [chain],
     });
     if let Value::Object(m) = &mut l {
@@ -117,7 +119,7 @@ mod tests {
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    balance_factor: 175\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\n    lb: least_request\nmodels:\n  - name: m\n    routes: [{ backend: a, upstream_model: up }]\nlimits: { max_body_bytes: 2097152, request_timeout_ms: 1500 }\n";
 
     fn render() -> Value {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         bootstrap(&cfg, DOC, &RenderOptions::new("/x/llmroute.wasm")).unwrap()
     }
 
@@ -133,7 +135,7 @@ mod tests {
 
     #[test]
     fn without_filter_routes_statically_and_keeps_the_rest() {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         let with = render();
         let plain = bootstrap(&cfg, DOC, &RenderOptions::new("/x/llmroute.wasm").without_filter()).unwrap();
         let hcm =
@@ -169,7 +171,7 @@ mod tests {
 
     #[test]
     fn with_a_module_the_dynamic_module_filter_replaces_the_wasm_one() {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         let opts = RenderOptions::new("/x.wasm").with_module("/x/libllmroute_native.so");
         let v = bootstrap(&cfg, DOC, &opts).unwrap();
         let hcm = &v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];

@@ -82,7 +82,7 @@ impl Engines {
 /// The whole demo: engines, Envoy, a routing tour, examples, then wait for Ctrl-C (or SIGTERM), and stop them.
 /// With `discovery` = `etcd`, the engines are found through a local etcd instead of the config's list.
 pub async fn run(engine: &str, discovery: &str) -> Result<(), String> {
-    let cfg = llmroute_core::load_config(CONFIG).map_err(|e| e.to_string())?;
+    let cfg = llmroute_core::load_document(CONFIG).map_err(|e| e.to_string())?;
     let engines = Engines::start(engine, &cfg).await?;
     let mut doc: Value = serde_json::from_str(&crate::render::config_json(CONFIG)?).map_err(|e| e.to_string())?;
     let _etcd = match discovery {

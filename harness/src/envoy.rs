@@ -186,7 +186,8 @@ impl Envoy {
 
     async fn start_once(doc: &Value, opts: &EnvoyOptions) -> Result<Envoy, StartError> {
         let text = doc.to_string();
-        let cfg = llmroute_core::load_config(&text).map_err(|e| StartError::Failed(format!("invalid config:\n{e}")))?;
+        let cfg =
+            llmroute_core::load_document(&text).map_err(|e| StartError::Failed(format!("invalid config:\n{e}")))?;
         let module = match (&opts.module, &opts.wasm) {
             (Some(m), _) => Some(m.clone()),
             (None, None) if native_build() => Some(native_module()),
@@ -216,7 +217,7 @@ impl Envoy {
         } else {
             bootstrap_yaml(&cfg, &text, &render).map_err(StartError::Failed)?
         };
-        Self::spawn(&yaml, cfg.listen, cfg.admin, opts).await
+        Self::spawn(&yaml, cfg.render_only.listen, cfg.admin, opts).await
     }
 
     /// Starts Envoy from a bootstrap text that `make(listen_port, admin_port)` writes (a hand-written config

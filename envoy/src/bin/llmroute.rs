@@ -264,20 +264,7 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Validate { config, require_env } => {
-            let (cfg, _) = load(&config, EnvCheck::from_flag(require_env))?;
-            let endpoints: usize = cfg.backends.iter().map(|b| b.endpoints.len()).sum();
-            println!(
-                "{}: ok: {} backend(s), {} endpoint(s), {} model alias(es); listen {}, admin {}",
-                config.display(),
-                cfg.backends.len(),
-                endpoints,
-                cfg.models.len(),
-                cfg.listen,
-                cfg.admin
-            );
-            Ok(())
-        }
+        Command::Validate { config, require_env } => validate(&config, require_env),
         Command::Render {
             config,
             wasm,
@@ -314,24 +301,7 @@ fn run(command: Command) -> Result<(), String> {
             let mut opts = RenderOptions::new(wasm);
             opts.ecds_path = ecds_path;
             opts.module_path = module;
-            let yaml = match target {
-                Target::Envoy => bootstrap_yaml(&cfg, &text, &opts)?,
-                Target::Filter => {
-                    for l in target::notes(&cfg) {
-                        eprintln!("{}: note: {l}", config.display());
-                    }
-                    match &paste_into {
-                        Some(t) => pasted(&cfg, &text, &opts, t)?,
-                        None => target::filter_yaml(&cfg, &text, &opts)?,
-                    }
-                }
-                Target::Ecds if opts.ecds_path.is_some() => {
-                    return Err("--ecds-path goes with --target envoy or filter, not ecds".into());
-                }
-                Target::Ecds => ecds::ecds_yaml(&cfg, &text, &opts)?,
-                // Written as a directory of manifests by `render_istio`, above.
-                Target::Istio => return Err("--target istio writes a directory: give -o DIR".into()),
-            };
+            let yaml = rendered(&config, target, (&cfg, text.as_str()), &opts, paste_into.as_deref())?;
             match output {
                 Some(path) => std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display())),
                 None => {
@@ -372,9 +342,54 @@ fn run(command: Command) -> Result<(), String> {
     }
 }
 
+/// `llmroute validate`: the one-line summary of a config that loads.
+fn validate(config: &PathBuf, require_env: bool) -> Result<(), String> {
+    let (cfg, _) = load(config, EnvCheck::from_flag(require_env))?;
+    let endpoints: usize = cfg.backends.iter().map(|b| b.endpoints.len()).sum();
+    println!(
+        "{}: ok: {} backend(s), {} endpoint(s), {} model alias(es); listen {}, admin {}",
+        config.display(),
+        cfg.backends.len(),
+        endpoints,
+        cfg.models.len(),
+        cfg.render_only.listen,
+        cfg.admin
+    );
+    Ok(())
+}
+
+/// The text `llmroute render` writes for `target` (not Istio's, a directory) from the document `cfg` loaded from
+/// `text`, the file `config`; `--target filter` also prints its notes on standard error.
+fn rendered(
+    config: &Path,
+    target: Target,
+    (cfg, text): (&llmroute_core::Document, &str),
+    opts: &RenderOptions,
+    paste_into: Option<&Path>,
+) -> Result<String, String> {
+    match target {
+        Target::Envoy => bootstrap_yaml(cfg, text, opts),
+        Target::Filter => {
+            for l in target::notes(cfg) {
+                eprintln!("{}: note: {l}", config.display());
+            }
+            match paste_into {
+                Some(t) => pasted(cfg, text, opts, t),
+                None => target::filter_yaml(cfg, text, opts),
+            }
+        }
+        Target::Ecds if opts.ecds_path.is_some() => {
+            Err("--ecds-path goes with --target envoy or filter, not ecds".into())
+        }
+        Target::Ecds => ecds::ecds_yaml(cfg, text, opts),
+        // Written as a directory of manifests by `render_istio`.
+        Target::Istio => Err("--target istio writes a directory: give -o DIR".into()),
+    }
+}
+
 /// `--paste-into TEMPLATE`: the template with the sections in place of its markers.
 fn pasted(
-    cfg: &llmroute_core::Config,
+    cfg: &llmroute_core::Document,
     text: &str,
     opts: &RenderOptions,
     template: &std::path::Path,
@@ -416,9 +431,9 @@ impl EnvCheck {
     }
 }
 
-fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Config, String), String> {
+fn load(path: &PathBuf, env: EnvCheck) -> Result<(llmroute_core::Document, String), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cfg = llmroute_core::load_config(&text).map_err(|errs| errors(path, &errs.0))?;
+    let cfg = llmroute_core::load_document(&text).map_err(|errs| errors(path, &errs.0))?;
     for w in &cfg.warnings {
         eprintln!("{}: warning: {w}", path.display());
     }

@@ -11,14 +11,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::envoy_contract::ADMIN_CLUSTER;
 use serde_json::{json, Value};
 
 use super::json::{push, socket};
 
 /// Appends the admin cluster to the bootstrap's clusters.
-pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+pub fn apply(cfg: &Document, bootstrap: &mut Value) {
     push(&mut bootstrap["static_resources"]["clusters"], cluster(cfg.admin));
 }
 
@@ -54,7 +54,7 @@ mod tests {
     const DOC: &str = "version: 1\nadmin: 127.0.0.1:9911\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\nmodels:\n  - name: m\n    routes: [{ backend: a, upstream_model: up }]\n";
 
     fn render(doc: &str, opts: &RenderOptions) -> Value {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         bootstrap(&cfg, doc, opts).unwrap()
     }
 

@@ -11,7 +11,7 @@
 //!   queues at `max_inflight` and the breaker is twice it, a backstop: see `config::circuit_breaker_limit`);
 //! - endpoint metadata naming the backend, which the filter's upstream side reads.
 
-use llmroute_core::config::{circuit_breaker_limit, Backend, Config, Health, LbPolicy, Outlier};
+use llmroute_core::config::{circuit_breaker_limit, Backend, Document, Health, LbPolicy, Outlier};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
@@ -19,16 +19,16 @@ use super::json::{duration_ms, socket};
 
 /// Every backend's cluster, except a discovered backend without an EDS file: that cluster is defined outside
 /// the bootstrap (CDS, Istio), and the route reaches it by name.
-pub fn clusters(cfg: &Config) -> Vec<Value> {
+pub fn clusters(cfg: &Document) -> Vec<Value> {
     cfg.backends
         .iter()
         .filter(|b| b.discovery.as_ref().is_none_or(|d| d.eds_path.is_some()))
-        .map(|b| cluster(b, cfg.retries.attempts, cfg.fairness.is_some()))
+        .map(|b| cluster(b, cfg.render_only.retries.attempts, cfg.fairness.is_some()))
         .collect()
 }
 
 /// True when some backend's cluster is fed by EDS, which needs the bootstrap's `node` identity.
-pub fn uses_xds(cfg: &Config) -> bool {
+pub fn uses_xds(cfg: &Document) -> bool {
     cfg.backends
         .iter()
         .any(|b| b.discovery.as_ref().is_some_and(|d| d.eds_path.is_some()))
@@ -151,8 +151,8 @@ fn lb_policy(b: &Backend) -> Value {
 }
 
 /// The route's retry policy: only failures before the first response byte, each retry on another host.
-pub fn retry_policy(cfg: &Config) -> Option<Value> {
-    let r = &cfg.retries;
+pub fn retry_policy(cfg: &Document) -> Option<Value> {
+    let r = &cfg.render_only.retries;
     if r.attempts == 0 {
         return None;
     }
@@ -183,7 +183,7 @@ mod discovery_tests {
     #[test]
     fn an_etcd_backend_is_an_eds_cluster_on_the_file_discover_writes() {
         let doc = "version: 1\nbackends:\n  - name: llama-a\n    kind: llamacpp\n    discovery:\n      eds_path: /var/lib/llmroute/a.json\n      etcd: { endpoints: ['127.0.0.1:2379'], prefix: /llmroute/backends/llama-a }\nmodels:\n  - name: m\n    routes: [{ backend: llama-a }]\n";
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         let c = &v["static_resources"]["clusters"]
             .as_array()
@@ -201,7 +201,7 @@ mod discovery_tests {
 
     #[test]
     fn an_eds_backend_is_an_eds_cluster_and_an_external_one_is_left_out() {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         let v = bootstrap(&cfg, DOC, &RenderOptions::new("/x.wasm")).unwrap();
         let clusters = v["static_resources"]["clusters"].as_array().unwrap();
         let by_name = |n: &str| clusters.iter().find(|c| c["name"] == n);
@@ -222,7 +222,7 @@ mod discovery_tests {
     #[test]
     fn no_node_without_xds() {
         let doc = "version: 1\nbackends:\n  - { name: a, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - { name: m, routes: [{ backend: a }] }\n";
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         assert!(v.get("node").is_none());
     }
@@ -234,7 +234,7 @@ mod breaker_tests {
 
     /// The breaker's `max_requests` of the backend's cluster, rendered from `doc`.
     fn max_requests(doc: &str) -> u64 {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         let clusters = v["static_resources"]["clusters"].as_array().unwrap();
         let c = clusters.iter().find(|c| c["name"] == "a").unwrap();

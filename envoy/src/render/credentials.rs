@@ -22,7 +22,7 @@
 //! header changes made on one attempt are still there on a retry, so without it a retry on another backend
 //! would carry the first backend's token. The members' endpoints get the `llmroute.backend` metadata.
 
-use llmroute_core::config::{Backend, Config};
+use llmroute_core::config::{Backend, Document};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
@@ -37,7 +37,7 @@ const PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolO
 const AGGREGATE: &str = "envoy.clusters.aggregate";
 
 /// Adds the secrets and the injectors to a rendered bootstrap. Does nothing when no backend has a credential.
-pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+pub fn apply(cfg: &Document, bootstrap: &mut Value) {
     let with_credential: Vec<&Backend> = cfg.backends.iter().filter(|b| b.credential_env.is_some()).collect();
     if with_credential.is_empty() {
         return;
@@ -245,7 +245,7 @@ mod tests {
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\n    credential_env: LLAMA_A_TOKEN\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\n  - name: c\n    kind: openai\n    endpoints: ['127.0.0.1:9100']\n    credential_env: OPENAI_KEY\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
 
     fn render(doc: &str) -> Value {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         bootstrap(&cfg, doc, &RenderOptions::new("/x/llmroute.wasm")).unwrap()
     }
 
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn the_bootstrap_names_the_variable_never_its_value() {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         let yaml = bootstrap_yaml(&cfg, DOC, &RenderOptions::new("/x/llmroute.wasm")).unwrap();
         assert!(yaml.contains("environment_variable: LLAMA_A_TOKEN"));
         assert!(!yaml.contains("inline_string"));
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn an_aggregate_strips_then_injects_per_member_host() {
-        let cfg = llmroute_core::load_config(DOC).unwrap();
+        let cfg = llmroute_core::load_document(DOC).unwrap();
         let mut v = bootstrap(&cfg, DOC, &RenderOptions::new("/x/llmroute.wasm")).unwrap();
         // Undo the direct render, add an aggregate over a, b and c, and apply again.
         let clusters = v["static_resources"]["clusters"].as_array_mut().unwrap();

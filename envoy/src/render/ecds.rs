@@ -14,7 +14,7 @@
 //! What ECDS carries is the downstream filter only. Backends and the failover aggregates (with the filter's
 //! upstream role) are clusters: a change to them needs a new bootstrap or CDS.
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
@@ -66,7 +66,7 @@ pub fn discovery_response_raw(plugin_config: &str, opts: &RenderOptions) -> Resu
 }
 
 /// `--target ecds` as YAML, with a header that says how to deliver it.
-pub fn ecds_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
+pub fn ecds_yaml(cfg: &Document, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
     let v = discovery_response(config_text, opts)?;
     let body = serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())?;
     // The extension config carries no cluster: say which one the store's callouts need.
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn the_header_says_admin_must_stay_the_running_envoys_admin() {
         let doc = format!("{DOC}admin: 127.0.0.1:9911\n");
-        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let cfg = llmroute_core::load_document(&doc).unwrap();
         let text = ecds_yaml(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
         let line = text.lines().find(|l| l.starts_with("# admin:")).unwrap_or_default();
         assert!(

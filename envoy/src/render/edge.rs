@@ -22,7 +22,7 @@
 //!   filter sent itself carry the request header [`contract::LOCAL_REPLY`] and are left as they are.
 
 use llmroute_core::anthropic::REQUEST_ID_HEADER;
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::endpoint::{Api, Envelope};
 use llmroute_core::envoy_contract as contract;
 use llmroute_core::error::{envoy_fallback, system_one, EnvoyReply, ENVOY_REPLIES};
@@ -35,7 +35,7 @@ pub const STREAM_WINDOW: u32 = 64 * 1024;
 pub const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// The connection manager's edge fields, to merge into its `typed_config`.
-pub fn hcm_fields(cfg: &Config) -> Map<String, Value> {
+pub fn hcm_fields(cfg: &Document) -> Map<String, Value> {
     let l = &cfg.limits;
     let v = json!({
         "request_headers_timeout": duration_ms(l.headers_timeout_ms),
@@ -62,7 +62,7 @@ pub fn hcm_fields(cfg: &Config) -> Map<String, Value> {
 }
 
 /// The bootstrap's overload manager: a fixed heap budget, shrink at 95%, refuse new requests at 98%.
-pub fn overload_manager(cfg: &Config) -> Value {
+pub fn overload_manager(cfg: &Document) -> Value {
     const MONITOR: &str = "envoy.resource_monitors.fixed_heap";
     let trigger =
         |name: &str, at: f64| json!({ "name": name, "triggers": [{ "name": MONITOR, "threshold": { "value": at } }] });
@@ -169,11 +169,7 @@ fn mapper(r: &EnvoyReply, envelope: Envelope, conditions: Vec<Value>) -> Value {
 mod tests {
     use super::*;
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
-
-    fn cfg(extra: &str) -> Config {
-        llmroute_core::load_config(&format!("{DOC}{extra}")).unwrap()
-    }
+    use crate::render::testing::one_backend as cfg;
 
     #[test]
     fn defaults_cut_slow_headers_at_60_s_and_slow_bodies_at_120_s() {

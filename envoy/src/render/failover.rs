@@ -10,7 +10,7 @@
 //! Requests for such an alias carry `x-llmroute-alias`, which selects a route whose retry policy adds
 //! `previous_priorities`; other requests keep the plain route.
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::envoy_contract::{self as contract, failover_cluster};
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
@@ -22,7 +22,7 @@ use super::options::RenderOptions;
 pub use llmroute_core::envoy_contract::UPSTREAM_ROOT_ID;
 
 /// The aggregate clusters, one per alias with failover.
-pub fn clusters(cfg: &Config, plugin_config: &str, opts: &RenderOptions) -> Vec<Value> {
+pub fn clusters(cfg: &Document, plugin_config: &str, opts: &RenderOptions) -> Vec<Value> {
     cfg.models
         .iter()
         .enumerate()
@@ -38,7 +38,7 @@ pub fn clusters(cfg: &Config, plugin_config: &str, opts: &RenderOptions) -> Vec<
         .collect()
 }
 
-fn aggregate(name: &str, members: &[&str], cfg: &Config, plugin_config: &str, opts: &RenderOptions) -> Value {
+fn aggregate(name: &str, members: &[&str], cfg: &Document, plugin_config: &str, opts: &RenderOptions) -> Value {
     let upstream_filter = wasm_plugin("llmroute-upstream", UPSTREAM_ROOT_ID, plugin_config, opts);
     let budget = cfg.backends.iter().map(|b| b.max_inflight).max().unwrap_or(1024);
     json!({
@@ -54,7 +54,7 @@ fn aggregate(name: &str, members: &[&str], cfg: &Config, plugin_config: &str, op
         },
         "circuit_breakers": { "thresholds": [{
             "priority": "DEFAULT",
-            "max_retries": budget.saturating_mul(cfg.retries.attempts.max(1)),
+            "max_retries": budget.saturating_mul(cfg.render_only.retries.attempts.max(1)),
         }] },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -73,7 +73,7 @@ fn aggregate(name: &str, members: &[&str], cfg: &Config, plugin_config: &str, op
 
 /// The route for failover requests: the plain route plus `previous_priorities`, matched on the alias header.
 /// `None` when no alias has failover.
-pub fn route(cfg: &Config, plain: &Value) -> Option<Value> {
+pub fn route(cfg: &Document, plain: &Value) -> Option<Value> {
     if !cfg.models.iter().any(has_failover) {
         return None;
     }
@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn the_upstream_filter_runs_only_on_the_failover_cluster() {
         let doc = "version: 1\nbackends:\n  - { name: a, kind: llamacpp, endpoints: ['127.0.0.1:8081'] }\n  - { name: b, kind: vllm, endpoints: ['127.0.0.1:9000'] }\nmodels:\n  - name: pair\n    routes: [{ backend: a, upstream_model: up, priority: 1 }, { backend: b, upstream_model: other, priority: 2 }]\n  - { name: solo, routes: [{ backend: a }] }\n";
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         let clusters = v["static_resources"]["clusters"].as_array().unwrap();
         let with_upstream: Vec<&str> = clusters
@@ -134,7 +134,7 @@ mod tests {
             ", priority: 1 }, { backend: b, upstream_model: other, priority: 2 }",
             " }",
         );
-        let cfg = llmroute_core::load_config(&plain).unwrap();
+        let cfg = llmroute_core::load_document(&plain).unwrap();
         let v = bootstrap(&cfg, &plain, &RenderOptions::new("/x.wasm")).unwrap();
         assert!(
             !v.to_string().contains(UPSTREAM_ROOT_ID),

@@ -29,7 +29,7 @@ mod workload;
 
 use std::collections::BTreeSet;
 
-use llmroute_core::config::{Backend, Config, EngineKind};
+use llmroute_core::config::{Backend, Document, EngineKind};
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
 
@@ -180,7 +180,7 @@ pub struct Rendered {
 }
 
 /// Every reason `cfg` cannot be rendered for Istio with `opts`, each naming its field and its fix. Empty: it can.
-pub fn check(cfg: &Config, opts: &IstioOptions) -> Vec<String> {
+pub fn check(cfg: &Document, opts: &IstioOptions) -> Vec<String> {
     let mut errs = Vec::new();
     if cfg.backends.is_empty() {
         errs.push("backends: at least one backend is needed".into());
@@ -192,13 +192,13 @@ pub fn check(cfg: &Config, opts: &IstioOptions) -> Vec<String> {
         // Refused rather than dropped: without the rate-limit filter the limits would silently not apply.
         errs.push("global_limits: the Istio manifests do not carry Envoy's rate-limit filter yet; render --target envoy or --target filter, or leave global_limits out".into());
     }
-    if cfg.listen_tls.is_some() {
+    if cfg.render_only.listen_tls.is_some() {
         errs.push("listen_tls: under Istio, TLS toward clients is the Gateway's (a server with `tls.credentialName`); remove listen_tls and set it on the Gateway".into());
     }
-    if ISTIO_PORTS.contains(&cfg.listen.port()) {
+    if ISTIO_PORTS.contains(&cfg.render_only.listen.port()) {
         errs.push(format!(
             "listen: port {} is one of the ports an Istio proxy keeps for itself (15000-15090); choose another, e.g. 0.0.0.0:8000",
-            cfg.listen.port()
+            cfg.render_only.listen.port()
         ));
     }
     if cfg.models.iter().any(has_failover) && matches!(opts.wasm, WasmSource::Remote { .. }) {
@@ -250,7 +250,7 @@ fn check_backend(b: &Backend, opts: &IstioOptions) -> Vec<String> {
 
 /// Every manifest, in the order to apply them, and the notes. `config_text` is the document `cfg` was loaded
 /// from. The error lists every reason at once ([`check`]).
-pub fn manifests(cfg: &Config, config_text: &str, opts: &IstioOptions) -> Result<Rendered, Vec<String>> {
+pub fn manifests(cfg: &Document, config_text: &str, opts: &IstioOptions) -> Result<Rendered, Vec<String>> {
     let errs = check(cfg, opts);
     if !errs.is_empty() {
         return Err(errs);
@@ -320,7 +320,7 @@ fn admin_address(opts: &IstioOptions) -> String {
 }
 
 /// What the operator must know or do besides applying the manifests, one sentence each.
-pub fn notes(cfg: &Config, config_text: &str, opts: &IstioOptions) -> Vec<String> {
+pub fn notes(cfg: &Document, config_text: &str, opts: &IstioOptions) -> Vec<String> {
     let ns = &opts.namespace;
     let mut out = Vec::new();
     let admin = admin_address(opts);

@@ -8,7 +8,7 @@
 //! and HTTP semantic conventions where one exists; the rest are `llmroute.*`. Nothing in it is prompt text, a
 //! credential, a key value or a URL.
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::envoy_contract::{self as contract, log_fields, metrics};
 use serde_json::{json, Map, Value};
 
@@ -52,13 +52,13 @@ pub fn log_format_fields() -> Vec<(&'static str, String)> {
 }
 
 /// The connection manager's `access_log`: one JSON line per request, to `access_log.path` or standard output.
-pub(crate) fn access_log(cfg: &Config) -> Value {
+pub(crate) fn access_log(cfg: &Document) -> Value {
     let format: Map<String, Value> = log_format_fields()
         .into_iter()
         .map(|(k, v)| (k.to_string(), Value::String(v)))
         .collect();
     let log_format = json!({ "json_format": format, "json_format_options": { "sort_properties": false } });
-    let logger = match &cfg.access_log_path {
+    let logger = match &cfg.render_only.access_log_path {
         Some(path) => json!({
             "name": "envoy.access_loggers.file",
             "typed_config": {
@@ -82,11 +82,7 @@ pub(crate) fn access_log(cfg: &Config) -> Value {
 mod tests {
     use super::*;
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
-
-    fn cfg(extra: &str) -> Config {
-        llmroute_core::load_config(&format!("{DOC}{extra}")).unwrap()
-    }
+    use crate::render::testing::one_backend as cfg;
 
     #[test]
     fn every_label_gets_a_tag_whose_regex_cuts_only_its_own_part() {

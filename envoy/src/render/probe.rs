@@ -23,7 +23,7 @@
 //! the backend cluster's connect timeout and upstream filters when `llmroute render` writes that cluster, and
 //! takes the backend's `tls` (verifying its `sni`) whoever writes the backend's cluster.
 
-use llmroute_core::config::{Backend, Config};
+use llmroute_core::config::{Backend, Document};
 use llmroute_core::envoy_contract::{discovered_probe_cluster, ORIGINAL_DST_HEADER};
 use llmroute_core::fleet_check::ProbeTarget;
 use serde_json::{json, Value};
@@ -35,7 +35,7 @@ const COPIED: [&str; 2] = ["transport_socket", "typed_extension_protocol_options
 
 /// Appends the probe clusters to the bootstrap's clusters. Runs after the TLS and credential passes, so the
 /// backend clusters it copies from are complete.
-pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+pub fn apply(cfg: &Document, bootstrap: &mut Value) {
     let Some(clusters) = bootstrap["static_resources"]["clusters"].as_array_mut() else {
         return;
     };
@@ -124,7 +124,7 @@ mod tests {
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', 'llama.internal:8082']\n    connect_timeout_ms: 750\n  - name: solo\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8090']\n  - name: v\n    kind: vllm\n    endpoints: ['127.0.0.1:9001', '127.0.0.1:9002']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
 
     fn render(doc: &str) -> Value {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap()
     }
 

@@ -99,11 +99,11 @@ mod tests {
     use super::*;
     use crate::render::{bootstrap, RenderOptions};
 
-    const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
+    use crate::render::testing::ONE_BACKEND as DOC;
 
     fn render(extra: &str) -> Value {
         let doc = format!("{DOC}{extra}");
-        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let cfg = llmroute_core::load_document(&doc).unwrap();
         bootstrap(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap()
     }
 
@@ -193,8 +193,8 @@ mod tests {
     fn the_shipped_ratelimit_config_uses_the_rendered_descriptors() {
         let doc: Value = serde_yaml_ng::from_str(include_str!("../../ratelimit/config.yaml")).unwrap();
         let cfg =
-            llmroute_core::load_config(&format!("{DOC}global_limits: {{ address: '127.0.0.1:8081' }}\n")).unwrap();
-        let domain = cfg.global_limits.map(|g| g.domain);
+            llmroute_core::load_document(&format!("{DOC}global_limits: {{ address: '127.0.0.1:8081' }}\n")).unwrap();
+        let domain = cfg.config.global_limits.map(|g| g.domain);
         assert_eq!(
             doc["domain"].as_str(),
             domain.as_deref(),

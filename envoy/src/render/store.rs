@@ -14,14 +14,14 @@
 //! that the running Envoy needs this cluster (without it every store call is `not_sent`, and keys are placed
 //! locally).
 
-use llmroute_core::config::{Config, PlacementStore};
+use llmroute_core::config::{Document, PlacementStore};
 use llmroute_core::envoy_contract::PLACEMENT_STORE_CLUSTER;
 use serde_json::{json, Value};
 
 use super::json::{duration_ms, push, socket};
 
 /// Appends the store's cluster when the config has a placement store.
-pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+pub fn apply(cfg: &Document, bootstrap: &mut Value) {
     if let Some(store) = &cfg.affinity.placement_store {
         push(&mut bootstrap["static_resources"]["clusters"], cluster(store));
     }
@@ -72,7 +72,7 @@ mod tests {
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\nmodels:\n  - name: m\n    routes: [{ backend: a }]\naffinity:\n  placement: bounded_keys\n";
 
     fn store_clusters(doc: &str) -> Vec<Value> {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         let v = bootstrap(&cfg, doc, &RenderOptions::new("/x.wasm")).unwrap();
         v["static_resources"]["clusters"]
             .as_array()
@@ -105,9 +105,9 @@ mod tests {
         assert_eq!(c["common_lb_config"]["healthy_panic_threshold"]["value"], 0);
     }
 
-    fn with_store() -> (llmroute_core::Config, String) {
+    fn with_store() -> (llmroute_core::Document, String) {
         let doc = format!("{DOC}  placement_store:\n    etcd:\n      endpoints: ['127.0.0.1:2379']\n");
-        (llmroute_core::load_config(&doc).unwrap(), doc)
+        (llmroute_core::load_document(&doc).unwrap(), doc)
     }
 
     #[test]
@@ -135,7 +135,7 @@ mod tests {
                 .any(|l| l.contains(PLACEMENT_STORE_CLUSTER) && l.contains("--target filter")),
             "{header:?}"
         );
-        let plain = llmroute_core::load_config(DOC).unwrap();
+        let plain = llmroute_core::load_document(DOC).unwrap();
         let text = crate::render::ecds::ecds_yaml(&plain, DOC, &opts).unwrap();
         assert!(!text.contains(PLACEMENT_STORE_CLUSTER));
     }
@@ -185,7 +185,7 @@ mod tests {
         let c = &store_clusters(&doc)[0];
         assert_eq!(certs(c), want, "{c}");
         assert!(c["health_checks"][0].get("transport_socket_match_criteria").is_none());
-        let cfg = llmroute_core::load_config(&doc).unwrap();
+        let cfg = llmroute_core::load_document(&doc).unwrap();
         let p = crate::render::target::pieces(&cfg, &doc, &RenderOptions::new("/x.wasm")).unwrap();
         let piece = p
             .clusters
@@ -198,7 +198,7 @@ mod tests {
             "etcd: { endpoints: [\"etcd-0",
             &format!("etcd: {{ {tls}, endpoints: [\"etcd-0"),
         );
-        let cfg = llmroute_core::load_config(&istio).unwrap();
+        let cfg = llmroute_core::load_document(&istio).unwrap();
         let wasm = crate::render::istio::WasmSource::Local("/w.wasm".into());
         let opts = crate::render::istio::IstioOptions::proxy(wasm, "llmroute");
         let docs = crate::render::istio::manifests(&cfg, &istio, &opts).unwrap().files;

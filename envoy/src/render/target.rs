@@ -30,7 +30,7 @@
 //! [`notes`] names what the pieces still leave to the operator for a given config (the admin address, clusters
 //! defined elsewhere); the CLI prints them.
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Map, Value};
 
@@ -67,7 +67,7 @@ pub struct Pieces {
 }
 
 /// Renders the pieces. `config_text` must be the document `cfg` was loaded from.
-pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<Pieces, String> {
+pub fn pieces(cfg: &Document, config_text: &str, opts: &RenderOptions) -> Result<Pieces, String> {
     let plugin_config = config_json(config_text)?;
     let mut clusters = cluster::clusters(cfg);
     clusters.extend(cfg.global_limits.as_ref().map(ratelimit::cluster));
@@ -86,7 +86,7 @@ pub fn pieces(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<P
     let (backend_clusters, clusters): (Vec<Value>, Vec<Value>) = all.into_iter().partition(is_backend);
 
     let mut http_filters = Vec::new();
-    if cfg.compress_responses {
+    if cfg.render_only.compress_responses {
         // First in the chain, so on the way back it runs last: the wasm filter sees the engine's bytes as sent.
         http_filters.push(compressor());
     }
@@ -162,7 +162,7 @@ fn object(v: Value) -> Map<String, Value> {
 }
 
 /// The RouteAction. With the filter, the cluster comes from the filter's header; without it, the first backend.
-fn route_action(cfg: &Config, with_filter: bool) -> Value {
+fn route_action(cfg: &Document, with_filter: bool) -> Value {
     let mut route = json!({
         "timeout": duration_ms(cfg.limits.request_timeout_ms),
         "hash_policy": [{ "header": { "header_name": contract::AFFINITY } }],
@@ -279,7 +279,7 @@ pub fn filter_document(p: &Pieces) -> Value {
 }
 
 /// `--target filter` as YAML: one document, with a header that says where each section goes, and the notes.
-pub fn filter_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
+pub fn filter_yaml(cfg: &Document, config_text: &str, opts: &RenderOptions) -> Result<String, String> {
     let doc = filter_document(&pieces(cfg, config_text, opts)?);
     let mut head = vec![format!(
         "# Rendered by `llmroute render --target filter` {}: everything llmroute adds to an Envoy you run, in \
@@ -307,7 +307,7 @@ pub fn filter_yaml(cfg: &Config, config_text: &str, opts: &RenderOptions) -> Res
 }
 
 /// What the pieces leave to the operator for this config, as sentences for notes and the header.
-pub fn notes(cfg: &Config) -> Vec<String> {
+pub fn notes(cfg: &Document) -> Vec<String> {
     let to = admin::target(cfg.admin);
     let mut out = vec![format!(
         "admin: the filter polls Envoy's admin API at {to} through llmroute_admin for /readyz and /llmroute/status; \
@@ -348,8 +348,8 @@ mod tests {
 
     const DOC: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081', '127.0.0.1:8082']\n    credential_env: A_TOKEN\n  - name: b\n    kind: vllm\n    endpoints: ['127.0.0.1:9000']\n    tls: { ca_file: /etc/ca.pem }\nmodels:\n  - name: m\n    routes: [{ backend: a, upstream_model: up, priority: 1 }, { backend: b, upstream_model: other, priority: 2 }]\n  - name: solo\n    routes: [{ backend: a }]\naffinity: { placement: bounded_keys }\n";
 
-    fn load(doc: &str) -> Config {
-        llmroute_core::load_config(doc).unwrap()
+    fn load(doc: &str) -> Document {
+        llmroute_core::load_document(doc).unwrap()
     }
 
     fn hcm(v: &Value) -> &Value {
@@ -359,7 +359,7 @@ mod tests {
     #[test]
     fn the_compressor_comes_first_and_only_when_asked() {
         let plain = load(DOC);
-        let filters = |cfg: &Config| {
+        let filters = |cfg: &Document| {
             let v = bootstrap(cfg, DOC, &RenderOptions::new("/f.wasm")).unwrap();
             hcm(&v)["http_filters"]
                 .as_array()
@@ -522,8 +522,8 @@ static_resources:
 "#,
                 admin_ip = cfg.admin.ip(),
                 admin_port = cfg.admin.port(),
-                ip = cfg.listen.ip(),
-                port = cfg.listen.port(),
+                ip = cfg.render_only.listen.ip(),
+                port = cfg.render_only.listen.port(),
             );
             let opts = RenderOptions::new("/x.wasm");
             let sections = filter_document(&pieces(&cfg, doc, &opts).unwrap());

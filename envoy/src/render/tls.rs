@@ -23,7 +23,7 @@
 //!
 //! Envoy reads the PEM files itself, at start-up; they never enter the rendered bootstrap.
 
-use llmroute_core::config::{Backend, CertKey, Config, Endpoint, ListenTls, UpstreamTls};
+use llmroute_core::config::{Backend, CertKey, Document, Endpoint, ListenTls, UpstreamTls};
 use serde_json::{json, Value};
 
 const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
@@ -32,7 +32,7 @@ const UPSTREAM: &str = "type.googleapis.com/envoy.extensions.transport_sockets.t
 
 /// Adds the transport sockets to a rendered bootstrap: on every listener's filter chains when `listen_tls` is
 /// set, and on the cluster of each backend with `tls`.
-pub fn apply(cfg: &Config, bootstrap: &mut Value) {
+pub fn apply(cfg: &Document, bootstrap: &mut Value) {
     apply_listeners(cfg, bootstrap);
     for cluster in array_mut(&mut bootstrap["static_resources"]["clusters"]) {
         let backend = cfg
@@ -46,8 +46,8 @@ pub fn apply(cfg: &Config, bootstrap: &mut Value) {
 }
 
 /// The listeners' transport socket only (`listen_tls`); the clusters' come with the renderer's pieces.
-pub fn apply_listeners(cfg: &Config, bootstrap: &mut Value) {
-    if let Some(t) = &cfg.listen_tls {
+pub fn apply_listeners(cfg: &Document, bootstrap: &mut Value) {
+    if let Some(t) = &cfg.render_only.listen_tls {
         for listener in array_mut(&mut bootstrap["static_resources"]["listeners"]) {
             for chain in array_mut(&mut listener["filter_chains"]) {
                 chain["transport_socket"] = downstream(t);
@@ -193,7 +193,7 @@ mod tests {
     const PLAIN: &str = "version: 1\nbackends:\n  - name: a\n    kind: llamacpp\n    endpoints: ['127.0.0.1:8081']\n  - name: b\n    kind: vllm\n    endpoints: ['10.0.0.2:8000']\n    tls: { sni: vllm.internal, ca_file: /etc/llmroute/ca.pem }\n  - name: c\n    kind: openai\n    endpoints: ['api.example.com:443']\n    tls: { ca_file: /etc/ssl/ca.pem }\nmodels:\n  - name: m\n    routes: [{ backend: a }]\n";
 
     fn render(doc: &str) -> Value {
-        let cfg = llmroute_core::load_config(doc).unwrap();
+        let cfg = llmroute_core::load_document(doc).unwrap();
         bootstrap(&cfg, doc, &RenderOptions::new("/x/llmroute.wasm")).unwrap()
     }
 

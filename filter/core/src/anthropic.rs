@@ -1,4 +1,4 @@
-//! Anthropic Messages the way the real API behaves (the NVCF gateway seed's `/v1/messages` contract):
+//! Anthropic Messages the way the real API behaves (the NVCF LLM Gateway's `/v1/messages` contract):
 //!
 //! - **Request id.** Every `/v1/messages` response carries the gateway's request id in [`REQUEST_ID_HEADER`],
 //!   which Anthropic SDKs report as the request id, and every error body carries it as `request_id`.

@@ -18,9 +18,9 @@ pub enum Api {
     Embeddings,
     /// `POST /v1/messages` (Anthropic)
     Messages,
-    /// `POST /v1/decisions` (OpenAI Decisions format, the NVCF seed's beta route): only `model` is read.
+    /// `POST /v1/decisions` (OpenAI Decisions format, the NVCF LLM Gateway's beta route): only `model` is read.
     Decisions,
-    /// `POST /v1/systemone` (TypeSafe System One format, the NVCF seed's beta route): only `model` is read.
+    /// `POST /v1/systemone` (TypeSafe System One format, the NVCF LLM Gateway's beta route): only `model` is read.
     SystemOne,
 }
 

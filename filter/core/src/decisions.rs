@@ -1,4 +1,4 @@
-//! The decision-model routes of the NVCF gateway seed: `POST /v1/decisions` (OpenAI Decisions format) and
+//! The decision-model routes of the NVCF LLM Gateway: `POST /v1/decisions` (OpenAI Decisions format) and
 //! `POST /v1/systemone` (TypeSafe System One format).
 //!
 //! Their bodies are opaque to the gateway but for `model`: it is read, resolved to an alias and rewritten, and

@@ -4,7 +4,7 @@
 //! The estimate is deliberately simple and the same for every API (the decision routes included), so it is cheap
 //! and predictable:
 //! - every string value in the body counts ceil(bytes / 4) tokens (keys do not count);
-//! - each image counts a flat `image_tokens`. An image is (as in the NVCF gateway seed) an object whose `type`
+//! - each image counts a flat `image_tokens`. An image is (as in the NVCF LLM Gateway) an object whose `type`
 //!   is `image`, `image_url` or `input_image`; an element of an `images` array; a value of an `assets` object
 //!   (or an element of an `assets` array); or a string `data:image/<type>[;params];base64,<base64>` outside such
 //!   an image object (members in any order: a payload met before its object's `type` looks its object up);

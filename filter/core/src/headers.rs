@@ -16,9 +16,9 @@ pub use crate::envoy_contract::{
 pub const REQUESTS_REMAINING: &str = "x-llmroute-requests-remaining";
 pub const TOKENS_REMAINING: &str = "x-llmroute-tokens-remaining";
 /// Upstream request header with the hash of the client's explicit session key (16 hex digits, never the raw
-/// value), for a cache-aware router behind the gateway. The NVCF gateway seed sets the same header.
+/// value), for a cache-aware router behind the gateway. The NVCF LLM Gateway sets the same header.
 pub const CACHE_AFFINITY_KEY: &str = "x-cache-affinity-key";
-/// Control headers of the NVCF gateway seed that only the gateway may set upstream: a client's copy could jump a
+/// Control headers of the NVCF LLM Gateway that only the gateway may set upstream: a client's copy could jump a
 /// queue (`x-max-wait-ms`, `x-request-slo-ms`) or steer a cache-aware router (`x-cache-affinity-key`).
 pub const GATEWAY_CONTROL: [&str; 3] = ["x-max-wait-ms", "x-request-slo-ms", CACHE_AFFINITY_KEY];
 

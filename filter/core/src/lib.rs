@@ -49,7 +49,7 @@ pub mod text;
 pub mod upstream;
 
 pub use affinity::{Affinity, AffinitySource};
-pub use config::{load as load_config, Config, ConfigError, ConfigErrors};
+pub use config::{load as load_config, load_document, Config, ConfigError, ConfigErrors, Document};
 pub use endpoint::{classify, Api, Endpoint, Envelope};
 pub use error::GatewayError;
 pub use route::{route, BodyPatch, RouteDecision};

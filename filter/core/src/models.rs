@@ -7,8 +7,8 @@
 //! Every model object names the APIs its alias serves (`supported_endpoints`, so a client can tell a
 //! Messages-only model apart) and its `status`: `available`, `unavailable` when the latest fresh health snapshot
 //! (see [`crate::status`]) shows no healthy host on any of its routes, or `unknown` without a fresh snapshot.
-//! `GET /v1/models/{id}` for an unavailable alias answers 503 with `Retry-After`, in the API's shape (the NVCF
-//! gateway seed's behaviour); unknown health never refuses.
+//! `GET /v1/models/{id}` for an unavailable alias answers 503 with `Retry-After`, in the API's shape (the NVCF LLM
+//! Gateway's behaviour); unknown health never refuses.
 
 use serde_json::{json, Value};
 

@@ -14,8 +14,9 @@ use llmroute_core::config::{
     DEFAULT_IMAGE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_SESSION_HEADERS, DEFAULT_USER_PREFIX_BYTES,
     MAX_MAX_BODY_BYTES, MAX_USER_PREFIX_BYTES, SCHEMA_VERSION,
 };
+use llmroute_core::config::{strip_render_only, RENDER_ONLY_FIELDS};
 use llmroute_core::endpoint::ApiSet;
-use llmroute_core::{load_config, Api, Config, ConfigError, ConfigErrors};
+use llmroute_core::{load_config, load_document, Api, ConfigError, ConfigErrors, Document};
 use serde_json::{json, Value};
 
 /// The smallest valid config: every optional field left out.
@@ -41,11 +42,12 @@ fn two() -> Value {
     serde_json::from_str(TWO_BACKENDS).unwrap()
 }
 
-fn load(v: &Value) -> Result<Config, ConfigErrors> {
-    load_config(&v.to_string())
+/// The whole document, as `llmroute validate` reads it.
+fn load(v: &Value) -> Result<Document, ConfigErrors> {
+    load_document(&v.to_string())
 }
 
-fn loads(v: &Value) -> Config {
+fn loads(v: &Value) -> Document {
     load(v).unwrap_or_else(|e| panic!("should load:\n{e}\n{v:#}"))
 }
 
@@ -82,8 +84,8 @@ fn refused(v: &Value, field: &str, value: &str, reason: &str) -> ConfigError {
 
 #[test]
 fn readme_example_loads() {
-    let cfg = common::config(README_EXAMPLE);
-    assert_eq!(cfg.listen, "127.0.0.1:10000".parse::<SocketAddr>().unwrap());
+    let cfg = common::document(README_EXAMPLE);
+    assert_eq!(cfg.render_only.listen, "127.0.0.1:10000".parse::<SocketAddr>().unwrap());
     assert_eq!(cfg.admin, "127.0.0.1:9901".parse::<SocketAddr>().unwrap());
     assert_eq!(cfg.backends.len(), 1);
     let b = &cfg.backends[0];
@@ -138,7 +140,7 @@ fn two_backend_config_loads() {
 #[test]
 fn defaults_fill_every_optional_field() {
     let cfg = loads(&minimal());
-    assert_eq!(cfg.listen.to_string(), "127.0.0.1:10000");
+    assert_eq!(cfg.render_only.listen.to_string(), "127.0.0.1:10000");
     assert_eq!(cfg.admin.to_string(), "127.0.0.1:9901");
     let b = &cfg.backends[0];
     assert_eq!(b.lb, LbPolicy::Chwbl);
@@ -316,7 +318,7 @@ fn explicit_values_are_kept() {
             json!({ "session_headers": ["X-Session-Id", "x-claude-code-session-id"], "user_prefix_bytes": 0 });
         v["limits"] = json!({ "max_body_bytes": 1024, "request_timeout_ms": 1 });
     }));
-    assert_eq!(cfg.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(cfg.render_only.listen.to_string(), "0.0.0.0:8080");
     assert_eq!(cfg.admin.to_string(), "[::1]:9000");
     assert!(cfg.debug_headers);
     assert_eq!(cfg.backends[0].connect_timeout_ms, 250);
@@ -924,7 +926,7 @@ fn load_on_an_engine_that_reports_none_is_refused() {
 #[test]
 fn a_spill_queue_nothing_places_on_is_a_warning() {
     let v = edit(minimal(), |v| v["backends"][0]["load"] = json!({ "spill_queue": 3 }));
-    let warnings = loads(&v).warnings;
+    let warnings = loads(&v).config.warnings;
     assert!(
         warnings
             .iter()
@@ -932,7 +934,7 @@ fn a_spill_queue_nothing_places_on_is_a_warning() {
         "{warnings:?}"
     );
     let placed = edit(v, |v| v["affinity"] = json!({ "placement": "bounded_keys" }));
-    let warnings = loads(&placed).warnings;
+    let warnings = loads(&placed).config.warnings;
     assert!(
         warnings.iter().all(|w| !w.field.contains("spill_queue")),
         "{warnings:?}"
@@ -971,7 +973,7 @@ fn per_try_timeout_cannot_outlast_the_request() {
         v["limits"] = json!({ "request_timeout_ms": 1000 });
         v["retries"] = json!({ "attempts": 2, "per_try_timeout_ms": 1000 });
     }));
-    assert_eq!(cfg.retries.per_try_timeout_ms, 1000);
+    assert_eq!(cfg.render_only.retries.per_try_timeout_ms, 1000);
 }
 
 #[test]
@@ -1123,7 +1125,7 @@ fn listen_and_admin_may_share_a_port_on_different_addresses() {
         v["listen"] = json!("127.0.0.1:9000");
         v["admin"] = json!("127.0.0.2:9000");
     }));
-    assert_eq!(cfg.listen.port(), cfg.admin.port());
+    assert_eq!(cfg.render_only.listen.port(), cfg.admin.port());
 }
 
 #[test]
@@ -1550,7 +1552,7 @@ fn global_limits_are_off_by_default_and_filled_with_defaults_when_set() {
     let cfg = loads(&edit(minimal(), |v| {
         v["global_limits"] = json!({ "address": "rls.internal:8081" })
     }));
-    let g = cfg.global_limits.unwrap();
+    let g = cfg.config.global_limits.unwrap();
     assert_eq!(g.address, parse_endpoint("rls.internal:8081").unwrap());
     assert_eq!((g.domain.as_str(), g.timeout_ms), ("llmroute", 100));
     assert!(g.failure_mode_allow);
@@ -1562,7 +1564,7 @@ fn global_limits_are_off_by_default_and_filled_with_defaults_when_set() {
                 v["global_limits"] = json!({ "address": "127.0.0.1:8081", "failure_mode": "deny", "domain": "a.b-c_d" })
             },
         ));
-    assert!(!deny.global_limits.unwrap().failure_mode_allow);
+    assert!(!deny.config.global_limits.unwrap().failure_mode_allow);
 }
 
 #[test]
@@ -1736,5 +1738,73 @@ fn keys_may_have_budgets_of_their_own() {
     assert!(
         e[0].field.contains("key_limits") && e[0].reason.contains("burst"),
         "{e:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The fields only the renderer reads
+
+/// A document with every field only `llmroute render` reads.
+fn with_renderer_fields() -> Value {
+    edit(minimal(), |v| {
+        v["listen"] = json!("127.0.0.1:10001");
+        v["compress_responses"] = json!(true);
+        v["listen_tls"] = json!({ "cert_file": "/c.pem", "key_file": "/k.pem" });
+        v["retries"] = json!({ "attempts": 1 });
+        v["access_log"] = json!({ "path": "/var/log/access.json" });
+    })
+}
+
+#[test]
+fn the_document_reads_the_renderers_fields_and_the_filter_refuses_each_one_saying_what_to_give_it() {
+    let v = with_renderer_fields();
+    let doc = loads(&v);
+    assert_eq!(doc.render_only.listen.port(), 10001);
+    assert!(doc.render_only.compress_responses);
+    assert_eq!(doc.render_only.retries.attempts, 1);
+    assert_eq!(doc.render_only.access_log_path.as_deref(), Some("/var/log/access.json"));
+    assert!(doc.render_only.listen_tls.is_some());
+    let ConfigErrors(list) = load_config(&v.to_string()).unwrap_err();
+    let fields: Vec<&str> = list.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, RENDER_ONLY_FIELDS);
+    for e in &list {
+        assert!(
+            e.reason.contains("only `llmroute render` reads this field")
+                && e.reason.contains("`llmroute render --target filter`"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn the_document_without_the_renderers_fields_is_what_the_filter_takes() {
+    let mut v = with_renderer_fields();
+    strip_render_only(&mut v);
+    let cfg = load_config(&v.to_string()).unwrap();
+    assert_eq!(&cfg, &loads(&with_renderer_fields()).config);
+}
+
+#[test]
+fn a_renderers_field_is_checked_by_the_document_alone_and_its_typos_by_both() {
+    // A misspelled name is refused by both, with the name it resembles.
+    let typo = edit(minimal(), |v| v["compres_responses"] = json!(true));
+    for list in [errors(&typo), load_config(&typo.to_string()).unwrap_err().0] {
+        assert_eq!(list[0].field, "compres_responses");
+        assert!(list[0].reason.contains("did you mean `compress_responses`"), "{list:?}");
+    }
+    // Inside one, the document names the field's path; the filter never reads that far.
+    let inner = edit(minimal(), |v| {
+        v["listen_tls"] = json!({ "cert_fiel": "/c.pem", "key_file": "/k.pem" })
+    });
+    let list = errors(&inner);
+    assert_eq!(list[0].field, "listen_tls.cert_fiel");
+    assert!(list[0].reason.contains("line 1 column"), "{list:?}");
+    assert_eq!(load_config(&inner.to_string()).unwrap_err().0[0].field, "listen_tls");
+    // A value out of range is the document's error, as any other.
+    refused(
+        &edit(minimal(), |v| v["retries"] = json!({ "attempts": 11 })),
+        "retries.attempts",
+        "11",
+        "at most 10",
     );
 }

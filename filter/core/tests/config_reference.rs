@@ -17,7 +17,9 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use llmroute_core::config::{EngineKind, KeyPlacement, LbPolicy, RawConfig, StreamUpstream};
+use llmroute_core::config::{
+    EngineKind, KeyPlacement, LbPolicy, RawConfig, RawRenderOnly, StreamUpstream, RENDER_ONLY_FIELDS,
+};
 use llmroute_core::Api;
 use serde::de::value::{Error, StrDeserializer};
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, MapAccess, SeqAccess};
@@ -33,10 +35,14 @@ fn page() -> String {
 // ---------------------------------------------------------------------------------------------------------------
 // The fields, from the types
 
-/// Every field path `RawConfig` accepts that holds a value rather than more fields: `backends[].health.path`,
-/// `models[].endpoints`. `[]` marks a list's element, `*` a map's key.
+/// Every field path the document accepts that holds a value rather than more fields: `backends[].health.path`,
+/// `models[].endpoints`. `[]` marks a list's element, `*` a map's key. The filter's `RawConfig` knows the fields
+/// only the renderer reads by name alone; `RawRenderOnly` gives them their shape.
 fn accepted_fields() -> BTreeSet<String> {
-    fields_of::<RawConfig>()
+    let mut fields = fields_of::<RawConfig>();
+    fields.retain(|f| !RENDER_ONLY_FIELDS.contains(&f.as_str()));
+    fields.extend(fields_of::<RawRenderOnly>());
+    fields
 }
 
 /// The fields of `T` that hold values, as [`accepted_fields`] finds them.
@@ -513,4 +519,24 @@ fn config_md_lists_every_value_of_fields_with_a_fixed_set() {
         }
     }
     assert!(absent.is_empty(), "{PAGE} does not list:\n  {}", absent.join("\n  "));
+}
+
+/// The top-level fields whose every row on the page says `render` are exactly those the filter's document leaves
+/// out: the renderer reads them alone, and the filter refuses them.
+#[test]
+fn config_md_says_render_alone_reads_exactly_the_fields_the_filter_leaves_out() {
+    let mut read_by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (path, row) in documented_rows(&page()) {
+        let top = path.split(['.', '[']).next().unwrap_or_default().to_string();
+        let who = cells(row.strip_prefix('|').unwrap_or(&row))
+            .get(3)
+            .map(|c| c.trim().to_string());
+        read_by.entry(top).or_default().extend(who);
+    }
+    let render_alone: BTreeSet<&str> = read_by
+        .iter()
+        .filter(|(_, who)| who.iter().all(|w| w == "render"))
+        .map(|(top, _)| top.as_str())
+        .collect();
+    assert_eq!(render_alone, RENDER_ONLY_FIELDS.into_iter().collect::<BTreeSet<_>>());
 }

@@ -56,7 +56,7 @@ fn list_body_never_names_upstream_models_or_backends() {
 
 #[test]
 fn readme_example_lists_one_model() {
-    let cfg = common::config(common::README_EXAMPLE);
+    let cfg = common::document(common::README_EXAMPLE);
     let v: Value = serde_json::from_slice(&list_body(&cfg)).unwrap();
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
     assert_eq!(v["data"][0]["id"], "local-chat");

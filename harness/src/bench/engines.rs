@@ -1118,8 +1118,8 @@ mod tests {
             affinity.remove("placement_store");
         }
         assert_eq!(without_store, one, "the store is the only difference");
-        let cfg = llmroute_core::load_config(&shared.to_string()).expect("the filter accepts it");
-        let store = cfg.affinity.placement_store.expect("a store");
+        let cfg = llmroute_core::load_document(&shared.to_string()).expect("the filter accepts it");
+        let store = cfg.affinity.placement_store.as_ref().expect("a store");
         assert_eq!((store.endpoints.len(), store.timeout_ms), (1, STORE_TIMEOUT_MS));
         assert_eq!(cfg.backends[0].slots, Some(vec![SLOTS; 3]));
         let chwbl = llmroute_config(SystemKind::LlmrouteChwbl, base.clone(), &[SLOTS; 3], member);
@@ -1187,7 +1187,7 @@ mod tests {
             doc["affinity"]["session_headers"][0], "x-session-id",
             "the rest is kept"
         );
-        let cfg = llmroute_core::load_config(&doc.to_string()).expect("the filter accepts it");
+        let cfg = llmroute_core::load_document(&doc.to_string()).expect("the filter accepts it");
         assert_eq!(cfg.backends[0].slots, Some(vec![SLOTS; 3]));
         assert_ne!(cfg.affinity.placement, llmroute_core::config::KeyPlacement::Hash);
     }

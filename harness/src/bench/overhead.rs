@@ -651,7 +651,7 @@ async fn wasm_stats(envoy: &crate::envoy::Envoy) -> Vec<(String, String)> {
 /// filter sends it), median of 7 batches.
 pub fn native_cost(size: usize, seed: u64) -> NativeCost {
     let config = super::systems::bench_config(&["127.0.0.1:1".to_string()]);
-    let cfg = llmroute_core::load_config(&config.to_string()).ok();
+    let cfg = llmroute_core::load_document(&config.to_string()).ok();
     let body = chat_body(size, 0, seed);
     let route = || {
         cfg.as_ref()

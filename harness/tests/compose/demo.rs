@@ -45,15 +45,7 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     let ip = stack.ip("llama-a-1", NETWORK).unwrap_or_else(|e| panic!("{e}"));
     stack.kill(&["llama-a-1"]).unwrap_or_else(|e| panic!("{e}"));
     let killed = Instant::now();
-    let out = wait_for(Duration::from_secs(30), || async {
-        !envoy
-            .healthy(BACKEND)
-            .await
-            .iter()
-            .any(|h| h.starts_with(&format!("{ip}:")))
-    })
-    .await
-    .expect("the killed engine stayed in Envoy's rotation for 30 s");
+    let out = out_of_rotation(&envoy, &ip, "killed").await;
     traffic.more(Instant::now(), 10).await;
     stack.start("llama-a-1").unwrap_or_else(|e| panic!("{e}"));
     let restarted = Instant::now();
@@ -80,15 +72,7 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     let retries_before = envoy.stat(&format!("cluster.{BACKEND}.upstream_rq_retry")).await;
     stack.disconnect("llama-a-2", NETWORK).unwrap_or_else(|e| panic!("{e}"));
     let cut = Instant::now();
-    let ejected = wait_for(Duration::from_secs(30), || async {
-        !envoy
-            .healthy(BACKEND)
-            .await
-            .iter()
-            .any(|h| h.starts_with(&format!("{ip}:")))
-    })
-    .await
-    .expect("the cut-off engine stayed in Envoy's rotation for 30 s");
+    let ejected = out_of_rotation(&envoy, &ip, "cut-off").await;
     traffic.more(Instant::now(), 20).await;
     let sent = traffic.stop().await;
     let retries = envoy.stat(&format!("cluster.{BACKEND}.upstream_rq_retry")).await - retries_before;
@@ -107,4 +91,17 @@ async fn the_demo_stack_serves_from_every_engine_and_fails_no_request_when_one_i
     assert!(late.is_empty(), "answers from the cut-off engine: {late:?}");
 
     take_down(stack);
+}
+
+/// How long until Envoy's rotation of the backend holds no host at `ip`, the `what` engine's address; at most 30 s.
+async fn out_of_rotation(envoy: &Envoy, ip: &str, what: &str) -> Duration {
+    wait_for(Duration::from_secs(30), || async {
+        !envoy
+            .healthy(BACKEND)
+            .await
+            .iter()
+            .any(|h| h.starts_with(&format!("{ip}:")))
+    })
+    .await
+    .unwrap_or_else(|| panic!("the {what} engine stayed in Envoy's rotation for 30 s"))
 }

@@ -46,7 +46,7 @@ fn llmroute_config(a: &Fleet, b: &Fleet, admin_port: u16) -> Value {
 
 fn filter_pieces(doc: &Value, opts: &RenderOptions) -> Value {
     let text = doc.to_string();
-    let cfg = llmroute_core::load_config(&text).unwrap();
+    let cfg = llmroute_core::load_document(&text).unwrap();
     target::filter_document(&target::pieces(&cfg, &text, opts).unwrap())
 }
 
@@ -298,12 +298,12 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        let cfg = llmroute_core::load_config(&text).unwrap();
+        let cfg = llmroute_core::load_document(&text).unwrap();
         let opts = RenderOptions::new(wasm_module().display().to_string());
         let sections = target::filter_document(&target::pieces(&cfg, &text, &opts).unwrap());
         let template = BARE
             .replace("${ADMIN_PORT}", &cfg.admin.port().to_string())
-            .replace("${LISTEN_PORT}", &cfg.listen.port().to_string());
+            .replace("${LISTEN_PORT}", &cfg.render_only.listen.port().to_string());
         let mut boot = paste::paste(&template, &sections).unwrap_or_else(|e| panic!("{name}: {e}"));
         let clusters = boot["static_resources"]["clusters"].as_array_mut().unwrap();
         let elsewhere: Vec<Value> = cfg
@@ -404,7 +404,7 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
             let text = doc.to_string();
             push(&ecds_path, &ecds::discovery_response(&text, &opts).unwrap());
             *admin_port.lock().unwrap() = admin;
-            let cfg = llmroute_core::load_config(&text).unwrap();
+            let cfg = llmroute_core::load_document(&text).unwrap();
             bootstrap_yaml(&cfg, &text, &opts).unwrap()
         },
         EnvoyOptions::default(),
@@ -547,9 +547,11 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     assert_eq!(accepted, Some(3), "the first config and two pushes");
     let version_b = ecds::discovery_response(&doc_b.to_string(), &opts).unwrap()["version_info"].clone();
 
-    // (c) A push that fails validation (raw text, past our CLI): refused, and the old config stays.
+    // (c) A push that fails validation (raw text, past our CLI): refused, and the old config stays. It also holds a
+    // field only the renderer reads, as a whole llmroute.yaml would: the filter names it and what to give it instead.
     let mut bad = doc_b.clone();
     bad["models"][1]["routes"][0]["backend"] = Value::from("llama-zz");
+    bad["compress_responses"] = Value::from(true);
     let raw = ecds::discovery_response_raw(&bad.to_string(), &opts).unwrap();
     push(&ecds_path, &raw);
     let refused = wait_for(Duration::from_secs(15), || async {
@@ -595,10 +597,19 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
     assert_eq!((status, backend.as_str()), (200, "llama-b-0"));
     let log_has = wait_for(Duration::from_secs(5), || {
         let log = envoy.log();
-        async move { log.contains("llmroute config:") && log.contains("llama-zz") }
+        async move {
+            log.contains("llmroute config:")
+                && log.contains("llama-zz")
+                && log.contains("compress_responses: only `llmroute render` reads this field")
+                && log.contains("`llmroute render --target filter`")
+        }
     })
     .await;
-    assert!(log_has.is_some(), "the filter logs why it refused the push");
+    assert!(
+        log_has.is_some(),
+        "the filter logs why it refused the push:\n{}",
+        envoy.log()
+    );
 
     // (d) One alias' own routing method: local-chat reads x-session-id again for itself, while the top-level
     // list stays x-tenant; the next requests follow it, and none fails.

@@ -60,15 +60,7 @@ fn discovered_config(eds: &Path) -> Value {
 
 /// The backend's entry in `/llmroute/status`.
 async fn backend_status(envoy: &Envoy) -> Option<Value> {
-    let status: Value = client()
-        .get(envoy.url("/llmroute/status"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    Some(status["backends"][0].clone())
+    Some(status_page(envoy).await?["backends"][0].clone())
 }
 
 /// Waits until the filter's snapshot lists `n` hosts, all healthy and up.

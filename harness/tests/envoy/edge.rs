@@ -28,19 +28,6 @@ fn config(fleet: &Fleet, limits: Value, extra: Value) -> Value {
     })
 }
 
-async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
-    let ok = wait_for(Duration::from_secs(10), || async {
-        let h = envoy.host_health(cluster).await;
-        h.len() == n && h.values().all(|f| f == "healthy")
-    })
-    .await;
-    assert!(
-        ok.is_some(),
-        "hosts never became healthy: {:?}",
-        envoy.host_health(cluster).await
-    );
-}
-
 fn messages_body() -> Value {
     json!({"model": ALIAS, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
 }

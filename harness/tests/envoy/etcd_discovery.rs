@@ -150,15 +150,10 @@ fn stats(path: &Path) -> Value {
 }
 
 async fn backend_status(envoy: &Envoy) -> Value {
-    let r = client().get(envoy.url("/llmroute/status")).send().await;
-    match r {
-        Ok(r) => r
-            .json::<Value>()
-            .await
-            .map(|v| v["backends"][0].clone())
-            .unwrap_or_default(),
-        Err(_) => Value::Null,
-    }
+    status_page(envoy)
+        .await
+        .map(|v| v["backends"][0].clone())
+        .unwrap_or_default()
 }
 
 /// Waits until Envoy's admin lists exactly `n` hosts of the backend, all healthy.

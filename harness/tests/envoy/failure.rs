@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use llmroute_harness::envoy::{trap_wasm_module, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support::*;
 
@@ -130,10 +130,7 @@ async fn after_a_trap_the_in_flight_counts_of_the_dead_vms_requests_come_back() 
     };
     let envoy = Envoy::start_with(config, opts).await.unwrap();
     let c = client();
-    let status = || async {
-        let r = c.get(envoy.url("/llmroute/status")).send().await.ok()?;
-        r.json::<Value>().await.ok()
-    };
+    let status = || status_page(&envoy);
     let up = wait_for(Duration::from_secs(10), || async {
         status().await.is_some_and(|s| s["backends"][0]["healthy_hosts"] == 2)
     })

@@ -219,7 +219,7 @@ fn write_eds(path: &Path, addrs: &[String]) {
 
 /// The rendered manifests for `doc`, with the proxy's admin at `admin`, parsed.
 fn rendered(doc: &str, admin: u16) -> Vec<(String, Value)> {
-    let cfg = llmroute_core::load_config(doc).unwrap();
+    let cfg = llmroute_core::load_document(doc).unwrap();
     let mut opts = IstioOptions::proxy(WasmSource::Local(wasm_module().display().to_string()), NS);
     opts.admin_port = admin;
     let r = manifests(&cfg, doc, &opts).unwrap();

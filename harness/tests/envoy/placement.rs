@@ -52,15 +52,7 @@ async fn wait_all_up(envoy: &Envoy) {
 
 /// Healthy hosts of the backend, as the filter's status snapshot has them.
 async fn healthy_in_snapshot(envoy: &Envoy) -> Option<u64> {
-    let status: Value = client()
-        .get(envoy.url("/llmroute/status"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    status["backends"][0]["healthy_hosts"].as_u64()
+    status_page(envoy).await?["backends"][0]["healthy_hosts"].as_u64()
 }
 
 /// One request with tenant `t`'s system prompt: (status, engine index, placement reason header, response headers).
@@ -93,7 +85,7 @@ impl Predictor {
     /// For the llmroute config `doc` and its alias `alias` (whose first route's backend places keys), over the
     /// hosts at `addresses` (in the order the filter indexes them) weighing `weights`, all up and idle.
     pub(crate) fn with(doc: &Value, alias: &str, addresses: Vec<String>, weights: &[u32]) -> Predictor {
-        let cfg = llmroute_core::load_config(&doc.to_string()).unwrap();
+        let cfg = llmroute_core::load_document(&doc.to_string()).unwrap().config;
         let a = cfg.alias(alias).unwrap();
         let backend = &cfg.backends[a.routes[0].backend];
         let bounds = Bounds::new(a.affinity.placement.bounded().unwrap(), backend.balance_factor);

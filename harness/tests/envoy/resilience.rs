@@ -31,21 +31,6 @@ async fn resilient_fleet(extra: Value) -> (Fleet, Envoy) {
     (fleet, envoy)
 }
 
-/// Waits until `n` hosts of `cluster` pass their health checks. Envoy's first round can time out while the
-/// wasm module compiles at start-up; the next round, one interval later, passes.
-async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
-    let ok = wait_for(Duration::from_secs(10), || async {
-        let h = envoy.host_health(cluster).await;
-        h.len() == n && h.values().all(|f| f == "healthy")
-    })
-    .await;
-    assert!(
-        ok.is_some(),
-        "hosts never became healthy: {:?}",
-        envoy.host_health(cluster).await
-    );
-}
-
 fn host(fleet: &Fleet, i: usize) -> String {
     fleet.engines[i].addr().to_string()
 }

@@ -293,7 +293,7 @@ async fn a_wrong_admin_address_is_named_by_readyz_the_status_page_and_one_log_li
             let mut doc = doc.clone();
             doc["listen"] = json!(format!("127.0.0.1:{listen}"));
             let text = doc.to_string();
-            let cfg = llmroute_core::load_config(&text).unwrap();
+            let cfg = llmroute_core::load_document(&text).unwrap();
             let mut v = bootstrap(&cfg, &text, &RenderOptions::new(wasm.clone())).unwrap();
             v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
             v.to_string()

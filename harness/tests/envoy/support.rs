@@ -3,12 +3,39 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use llmroute_harness::emulator::RecordedRequest;
 use llmroute_harness::envoy::Envoy;
 use llmroute_harness::fleet::{single_backend_config, Fleet};
 use serde_json::{json, Value};
 
 pub const ALIAS: &str = "local-chat";
 pub const UPSTREAM: &str = "qwen3-0.6b";
+
+/// The exact body a client sends to [`ALIAS`] in the rewrite tests: unusual spacing, unknown fields and `model` in
+/// the middle.
+pub const RAW_BODY: &str = "{ \"temperature\" :0.25,\n  \"model\":   \"local-chat\" ,\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":\"Hi \\u00e9\"}],\"x_custom\":{\"a\":[1,2,{\"b\":null}]}  }";
+
+/// What the `vllm-b` engine got for [`RAW_BODY`]: one request, the same bytes with only the model's value made
+/// [`UPSTREAM`], its new length, none of the client's credentials, and the cluster the filter chose.
+pub fn assert_only_model_rewritten(got: &[RecordedRequest]) {
+    assert_eq!(got.len(), 1);
+    let expected = RAW_BODY.replacen("\"local-chat\"", "\"qwen3-0.6b\"", 1);
+    assert_eq!(
+        std::str::from_utf8(&got[0].body).unwrap(),
+        expected,
+        "only the model value may change"
+    );
+    assert_eq!(
+        got[0].header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    assert_eq!(
+        got[0].header("authorization"),
+        None,
+        "client credentials must not reach the engine"
+    );
+    assert_eq!(got[0].header("x-llmroute-cluster"), Some("vllm-b"));
+}
 
 /// One 3-engine llama.cpp fleet behind Envoy with one alias.
 pub async fn one_fleet(balance_factor: u32) -> (Fleet, Envoy) {
@@ -131,4 +158,25 @@ pub fn stat_name(metric: &str, labels: &[(&str, &str)]) -> String {
         "wasmcustom.{}",
         llmroute_core::envoy_contract::metrics::labelled(metric, labels)
     )
+}
+
+/// Waits until `n` hosts of `cluster` pass their health checks. Envoy's first round can time out while the
+/// wasm module compiles at start-up; the next round, one interval later, passes.
+pub async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
+    let ok = wait_for(Duration::from_secs(10), || async {
+        let h = envoy.host_health(cluster).await;
+        h.len() == n && h.values().all(|f| f == "healthy")
+    })
+    .await;
+    assert!(
+        ok.is_some(),
+        "hosts never became healthy: {:?}",
+        envoy.host_health(cluster).await
+    );
+}
+
+/// The filter's status page, `/llmroute/status`; `None` while it cannot be read.
+pub async fn status_page(envoy: &Envoy) -> Option<Value> {
+    let r = client().get(envoy.url("/llmroute/status")).send().await.ok()?;
+    r.json::<Value>().await.ok()
 }

@@ -17,7 +17,7 @@
 //! - `LISTENER` `MERGE`: `per_connection_buffer_limit_bytes` above the filter's body limit (Istio's 1 MiB
 //!   default would answer long prompts with Envoy's plain 413).
 
-use llmroute_core::config::{Backend, Config, LbPolicy};
+use llmroute_core::config::{Backend, Document, LbPolicy};
 use llmroute_core::envoy_contract as contract;
 use llmroute_core::route_choice::has_failover;
 use serde_json::{json, Value};
@@ -35,7 +35,7 @@ pub(super) const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.fil
 pub const CONTEXT: &str = "GATEWAY";
 
 pub fn envoy_filter(
-    cfg: &Config,
+    cfg: &Document,
     plugin_config: &str,
     opts: &IstioOptions,
     backends: &[(&Backend, IstioCluster)],
@@ -44,7 +44,7 @@ pub fn envoy_filter(
     // llmroute's own proxies: every listener; an ingress gateway: the listener of `listen`'s port only.
     let port = match opts.deployment {
         Deployment::Proxy => None,
-        Deployment::Gateway { .. } => Some(cfg.listen.port()),
+        Deployment::Gateway { .. } => Some(cfg.render_only.listen.port()),
     };
     let local_path = match &opts.wasm {
         WasmSource::Local(p) => p.clone(),
@@ -79,7 +79,7 @@ pub fn envoy_filter(
 /// The HTTP filters, inserted before the router of the listeners llmroute serves: the wasm filter (inline, or
 /// through ECDS for a remote module) and, with `bounded_keys`, the stateful-session filter after it.
 fn filter_patches(
-    cfg: &Config,
+    cfg: &Document,
     plugin_config: &str,
     opts: &IstioOptions,
     port: Option<u16>,
@@ -126,7 +126,7 @@ fn filter_patches(
 
 /// The route: the cluster and hash headers merged into llmroute's route, and with failover aliases the
 /// failover route and its aggregate clusters ahead of it.
-fn route_patches(cfg: &Config, plugin_config: &str, render: &RenderOptions) -> Vec<Value> {
+fn route_patches(cfg: &Document, plugin_config: &str, render: &RenderOptions) -> Vec<Value> {
     let ctx = CONTEXT;
     let mut patches = Vec::new();
     let route_match = json!({ "context": ctx, "routeConfiguration": { "vhost": { "route": { "name": ROUTE_NAME } } } });
@@ -157,7 +157,7 @@ fn route_patches(cfg: &Config, plugin_config: &str, render: &RenderOptions) -> V
 
 /// The clusters llmroute adds (admin, placement store, per-pod probes) and what it merges into each backend's
 /// own cluster (hash balance factor, health check).
-fn cluster_patches(cfg: &Config, opts: &IstioOptions, backends: &[(&Backend, IstioCluster)]) -> Vec<Value> {
+fn cluster_patches(cfg: &Document, opts: &IstioOptions, backends: &[(&Backend, IstioCluster)]) -> Vec<Value> {
     let ctx = CONTEXT;
     let mut patches = Vec::new();
     patches.push(add_cluster(admin::cluster(std::net::SocketAddr::from((

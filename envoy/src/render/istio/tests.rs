@@ -4,8 +4,8 @@ use llmroute_core::envoy_contract as contract;
 const DOC: &str = include_str!("../../../../testdata/istio/llmroute.yaml");
 const NS: &str = "llmroute";
 
-fn load(doc: &str) -> Config {
-    llmroute_core::load_config(doc).unwrap()
+fn load(doc: &str) -> Document {
+    llmroute_core::load_document(doc).unwrap()
 }
 
 fn render_with(doc: &str, opts: &IstioOptions) -> Vec<(String, Value)> {

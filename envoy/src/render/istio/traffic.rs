@@ -5,7 +5,7 @@
 //! workloads and of no other client. The `VirtualService` binds to the Gateway of those workloads, never to the
 //! mesh's sidecars.
 
-use llmroute_core::config::{Backend, Config, LbPolicy};
+use llmroute_core::config::{Backend, Document, LbPolicy};
 use llmroute_core::envoy_contract as contract;
 use serde_json::{json, Value};
 
@@ -17,7 +17,7 @@ pub(super) fn metadata(name: &str, opts: &IstioOptions) -> Value {
     json!({ "name": name, "namespace": opts.namespace, "labels": { "app.kubernetes.io/managed-by": "llmroute" } })
 }
 
-pub fn virtual_service(cfg: &Config, opts: &IstioOptions, first: &IstioCluster) -> Value {
+pub fn virtual_service(cfg: &Document, opts: &IstioOptions, first: &IstioCluster) -> Value {
     let (hosts, gateway) = match &opts.deployment {
         Deployment::Proxy => (vec!["*".to_string()], format!("{}/{PROXY_NAME}", opts.namespace)),
         Deployment::Gateway { gateway, host, .. } => (vec![host.clone()], gateway.clone()),

@@ -10,7 +10,7 @@
 //!   namespace only (`./*`).
 //! - The ConfigMap of the bootstrap override, rendered for an ingress gateway too (whose pods you patch).
 
-use llmroute_core::config::Config;
+use llmroute_core::config::Document;
 use serde_json::{json, Value};
 
 use super::traffic::metadata;
@@ -65,7 +65,7 @@ pub fn bootstrap_patch_hint(namespace: &str) -> String {
     format!("kubectl -n {namespace} patch deployment/<your gateway> -p '{patch}'")
 }
 
-pub fn deployment(cfg: &Config, opts: &IstioOptions) -> Value {
+pub fn deployment(cfg: &Document, opts: &IstioOptions) -> Value {
     let mut env = vec![bootstrap_env()];
     if let Some(auth) = &cfg.auth {
         env.push(json!({
@@ -83,7 +83,7 @@ pub fn deployment(cfg: &Config, opts: &IstioOptions) -> Value {
             "image": "auto",
             "env": env,
             "volumeMounts": [bootstrap_mount()],
-            "ports": [{ "name": "http", "containerPort": cfg.listen.port() }],
+            "ports": [{ "name": "http", "containerPort": cfg.render_only.listen.port() }],
             "securityContext": {
                 "capabilities": { "drop": ["ALL"] },
                 "runAsUser": 1337,
@@ -94,7 +94,7 @@ pub fn deployment(cfg: &Config, opts: &IstioOptions) -> Value {
         }],
         "volumes": [bootstrap_volume()],
     });
-    if cfg.listen.port() < 1024 {
+    if cfg.render_only.listen.port() < 1024 {
         // istio-proxy runs unprivileged; let it bind a low port.
         pod["securityContext"] =
             json!({ "sysctls": [{ "name": "net.ipv4.ip_unprivileged_port_start", "value": "0" }] });
@@ -118,8 +118,8 @@ pub fn deployment(cfg: &Config, opts: &IstioOptions) -> Value {
 }
 
 /// The Service clients call: the proxies' pods, on `listen`'s port.
-pub fn service(cfg: &Config, opts: &IstioOptions) -> Value {
-    let port = cfg.listen.port();
+pub fn service(cfg: &Document, opts: &IstioOptions) -> Value {
+    let port = cfg.render_only.listen.port();
     json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -132,7 +132,7 @@ pub fn service(cfg: &Config, opts: &IstioOptions) -> Value {
 }
 
 /// The Istio Gateway on the proxies: one plain-HTTP server on `listen`'s port.
-pub fn gateway(cfg: &Config, opts: &IstioOptions) -> Value {
+pub fn gateway(cfg: &Document, opts: &IstioOptions) -> Value {
     json!({
         "apiVersion": "networking.istio.io/v1",
         "kind": "Gateway",
@@ -140,7 +140,7 @@ pub fn gateway(cfg: &Config, opts: &IstioOptions) -> Value {
         "spec": {
             "selector": { "istio": PROXY_NAME },
             "servers": [{
-                "port": { "number": cfg.listen.port(), "name": "http", "protocol": "HTTP" },
+                "port": { "number": cfg.render_only.listen.port(), "name": "http", "protocol": "HTTP" },
                 "hosts": ["./*"],
             }],
         },

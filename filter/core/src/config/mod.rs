@@ -11,6 +11,7 @@ mod etcd_trust;
 mod fairness;
 pub mod rates;
 mod raw;
+mod render_only;
 mod resilience;
 mod suggest;
 mod tls;
@@ -29,8 +30,9 @@ pub use raw::{
     RawAffinity, RawAliasAffinity, RawAuth, RawBackend, RawConfig, RawDiscovery, RawEtcd, RawGlobalLimits, RawLimits,
     RawLoad, RawModel, RawPlacementStore, RawRateLimits, RawRoute, RawStoreEtcd, RawTokens, RawUpstreamTls, RawUsage,
 };
-pub use resilience::{default_health_path, Health, Outlier, Retries};
-pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, UpstreamTls};
+pub use render_only::{strip as strip_render_only, RawAccessLog, RawRenderOnly, RenderOnly};
+pub use resilience::{default_health_path, Health, Outlier, RawRetries, Retries};
+pub use tls::{is_loopback, upstream_tls, CertKey, ListenTls, RawListenTls, UpstreamTls};
 
 use crate::api_kind::ApiSet;
 pub use crate::envoy_contract::stat_token;
@@ -38,6 +40,12 @@ pub use rates::RateLimits;
 
 /// The only schema version.
 pub const SCHEMA_VERSION: u32 = 1;
+/// Where Envoy listens for clients unless `listen` says otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10000";
+/// Where Envoy's admin interface listens unless `admin` says otherwise.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
+/// The top-level fields only `llmroute render` reads; the renderer leaves them out of the filter's document.
+pub use render_only::FIELDS as RENDER_ONLY_FIELDS;
 /// Default body bound: 8 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// The most a body bound may be raised to: 64 MiB.
@@ -474,27 +482,21 @@ pub struct Limits {
     pub max_heap_bytes: u64,
 }
 
-/// The validated config. Build it with [`load`] or [`Config::try_from`].
+/// The validated config, as the filter reads it: every field but those only `llmroute render` reads
+/// ([`RenderOnly`]). Build it with [`load`] or [`Config::try_from`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    pub listen: SocketAddr,
     pub admin: SocketAddr,
     pub backends: Vec<Backend>,
     pub models: Vec<ModelAlias>,
     pub affinity: AffinityConfig,
     pub limits: Limits,
     pub debug_headers: bool,
-    /// Envoy compresses responses toward clients that accept gzip (`compress_responses`).
-    pub compress_responses: bool,
     pub image_tokens: u32,
-    pub listen_tls: Option<ListenTls>,
-    pub retries: Retries,
     /// Ask streamed chat/completions for usage on the client's behalf.
     pub stream_include_usage: bool,
     /// `None`: no key is asked for.
     pub auth: Option<Auth>,
-    /// The access log's file (`access_log.path`); `None` writes it to Envoy's standard output.
-    pub access_log_path: Option<String>,
     /// Envoy's rate-limit filter and its service (`global_limits`); `None`: limits are this Envoy's alone.
     pub global_limits: Option<GlobalLimits>,
     /// The fair queue (`fairness`); `None`: a full backend refuses at once (Envoy's circuit breaker).
@@ -566,13 +568,58 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
-/// Parses and validates a config document. JSON is always accepted; YAML when built with the `yaml` feature.
+/// The whole `llmroute.yaml`, validated: the filter's [`Config`] and the fields only `llmroute render` reads. What
+/// `llmroute validate` checks and `llmroute render` renders from; it reads as its [`Config`] too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Document {
+    pub config: Config,
+    pub render_only: RenderOnly,
+}
+
+impl std::ops::Deref for Document {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.config
+    }
+}
+
+/// Parses and validates the filter's configuration: the document `llmroute render` embeds, which leaves out the
+/// fields only the renderer reads. Each of those present is refused, with the reason. JSON is always accepted;
+/// YAML when built with the `yaml` feature.
 pub fn load(text: &str) -> Result<Config, ConfigErrors> {
-    Config::try_from(parse(text)?)
+    let raw = parse(text)?;
+    let refused = render_only::refused(&raw);
+    match Config::try_from(raw) {
+        Ok(cfg) if refused.is_empty() => Ok(cfg),
+        Ok(_) => Err(ConfigErrors(refused)),
+        Err(ConfigErrors(errs)) => Err(ConfigErrors(render_only::in_document_order(errs, refused))),
+    }
+}
+
+/// Parses and validates a whole `llmroute.yaml`, the renderer-only fields included (`llmroute validate`,
+/// `llmroute render`). Every problem is reported at once, in document order.
+pub fn load_document(text: &str) -> Result<Document, ConfigErrors> {
+    let raw = parse(text)?;
+    let raw_render: RawRenderOnly = parse_as(text)?;
+    let mut diag = Diagnostics::default();
+    let render_only = render_only::validate(&raw_render, &raw, &mut diag);
+    match (Config::try_from(raw), render_only) {
+        (Ok(mut config), Some(render_only)) if diag.errors.is_empty() => {
+            config.warnings.append(&mut diag.warnings);
+            Ok(Document { config, render_only })
+        }
+        (Ok(_), _) => Err(ConfigErrors(diag.errors)),
+        (Err(ConfigErrors(errs)), _) => Err(ConfigErrors(render_only::in_document_order(errs, diag.errors))),
+    }
 }
 
 /// Stage one only: the document's shape, with unknown fields rejected and the path of the offending field named.
 pub fn parse(text: &str) -> Result<RawConfig, ConfigErrors> {
+    parse_as(text)
+}
+
+fn parse_as<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigErrors> {
     if text.trim_start().starts_with('{') {
         let mut de = serde_json::Deserializer::from_str(text);
         return serde_path_to_error::deserialize(&mut de).map_err(|e| shape_error(e.path(), e.inner()));
@@ -581,13 +628,13 @@ pub fn parse(text: &str) -> Result<RawConfig, ConfigErrors> {
 }
 
 #[cfg(feature = "yaml")]
-fn parse_yaml(text: &str) -> Result<RawConfig, ConfigErrors> {
+fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigErrors> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| shape_error(e.path(), e.inner()))
 }
 
 #[cfg(not(feature = "yaml"))]
-fn parse_yaml(_text: &str) -> Result<RawConfig, ConfigErrors> {
+fn parse_yaml<T>(_text: &str) -> Result<T, ConfigErrors> {
     Err(ConfigErrors(vec![ConfigError {
         field: "(document)".into(),
         value: String::new(),

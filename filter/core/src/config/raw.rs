@@ -4,21 +4,20 @@
 //! silently falls back to a default. Everything about *values* (ranges, references, addresses, duplicates) is
 //! checked in stage two, [`super::validate`], which can report every problem at once.
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 pub use super::etcd_trust::RawEtcdAuth;
-pub use super::resilience::{RawHealth, RawOutlier, RawRetries};
-pub use super::tls::{RawListenTls, RawUpstreamTls};
+pub use super::resilience::{RawHealth, RawOutlier};
+pub use super::tls::RawUpstreamTls;
 
-/// The whole `llmroute.yaml` document, schema version 1.
+/// The `llmroute.yaml` document as the filter reads it, schema version 1: every field but those only
+/// `llmroute render` reads ([`super::RawRenderOnly`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Schema version. Only `1` exists.
     pub version: u32,
-    /// Where Envoy listens for clients, `IP:PORT`. Default `127.0.0.1:10000`.
-    #[serde(default)]
-    pub listen: Option<String>,
     /// Where Envoy's admin interface listens, `IP:PORT`. Default `127.0.0.1:9901`.
     #[serde(default)]
     pub admin: Option<String>,
@@ -35,29 +34,15 @@ pub struct RawConfig {
     /// Add `x-llmroute-*` response headers that show how a request was routed. Default false.
     #[serde(default)]
     pub debug_headers: Option<bool>,
-    /// Compress responses (gzip) toward clients that accept it, with Envoy's compressor filter, which
-    /// `llmroute render` adds ahead of the wasm filter. Upstreams are always asked for `accept-encoding: identity`,
-    /// so the filter reads usage and stream ends uncompressed. Default false.
-    #[serde(default)]
-    pub compress_responses: Option<bool>,
     /// How the gateway estimates input tokens.
     #[serde(default)]
     pub tokens: Option<RawTokens>,
-    /// Terminate TLS for clients (HTTP/1.1 and HTTP/2 by ALPN). Without it the listener is plain HTTP.
-    #[serde(default)]
-    pub listen_tls: Option<RawListenTls>,
-    /// Retries before the first response byte.
-    #[serde(default)]
-    pub retries: Option<RawRetries>,
     /// Usage accounting.
     #[serde(default)]
     pub usage: Option<RawUsage>,
     /// Inbound API keys. Without it, anyone who reaches the listener is served.
     #[serde(default)]
     pub auth: Option<RawAuth>,
-    /// The access log: one JSON line per request. Default: Envoy's standard output.
-    #[serde(default)]
-    pub access_log: Option<RawAccessLog>,
     /// Limits shared by several Envoys, through Envoy's rate-limit filter and a rate-limit service such as
     /// envoyproxy/ratelimit. Off without it.
     #[serde(default)]
@@ -65,6 +50,18 @@ pub struct RawConfig {
     /// The fair queue: a request to a full backend waits, and the least-served tenant goes next. Off without it.
     #[serde(default)]
     pub fairness: Option<super::RawFairness>,
+    // The fields only `llmroute render` reads (`super::render_only`): known by name, so that a misspelling is
+    // still refused, and skipped unread. The filter refuses each one present; `load_document` reads them.
+    #[serde(default)]
+    pub listen: Option<IgnoredAny>,
+    #[serde(default)]
+    pub compress_responses: Option<IgnoredAny>,
+    #[serde(default)]
+    pub listen_tls: Option<IgnoredAny>,
+    #[serde(default)]
+    pub retries: Option<IgnoredAny>,
+    #[serde(default)]
+    pub access_log: Option<IgnoredAny>,
 }
 
 /// Envoy's rate-limit filter, in front of a gRPC rate-limit service (`docs/admission.md`).
@@ -154,15 +151,6 @@ pub struct RawRateLimits {
     /// `default_max_tokens`, capped by what the token budget has left. Default false.
     #[serde(default)]
     pub inject_max_tokens: Option<bool>,
-}
-
-/// Where the access log goes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawAccessLog {
-    /// An absolute file path Envoy appends the JSON lines to. Default: Envoy's standard output.
-    #[serde(default)]
-    pub path: Option<String>,
 }
 
 /// Usage accounting.

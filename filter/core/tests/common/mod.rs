@@ -5,7 +5,9 @@
 
 use llmroute_core::json::{scan_object, Member, Span, MAX_DEPTH};
 use llmroute_core::key_placement::{Bounds, HostView};
-use llmroute_core::{load_config, route, Api, Config, GatewayError, RouteDecision, SessionKey};
+use llmroute_core::{
+    load_config, load_document, route, Api, Config, Document, GatewayError, RouteDecision, SessionKey,
+};
 
 /// Two backends, four aliases. `local-chat` is renamed upstream, `same` is not, `big` has two routes whose
 /// priorities reverse their listed order, `embedder` exists so the embeddings capture resolves.
@@ -49,6 +51,14 @@ pub fn config(text: &str) -> Config {
     match load_config(text) {
         Ok(c) => c,
         Err(e) => panic!("config should load:\n{e}"),
+    }
+}
+
+/// A whole `llmroute.yaml`, the fields only the renderer reads included, as `llmroute validate` loads it.
+pub fn document(text: &str) -> Document {
+    match load_document(text) {
+        Ok(c) => c,
+        Err(e) => panic!("document should load:\n{e}"),
     }
 }
 

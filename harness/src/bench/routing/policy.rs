@@ -492,7 +492,7 @@ mod tests {
         ];
         for p in Policy::ALL.into_iter().filter(|p| p.peer().is_none()) {
             let config = llmroute_config(p, &endpoints, 2, None);
-            llmroute_core::load_config(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
+            llmroute_core::load_document(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
         }
         let chwbl = llmroute_config(Policy::Chwbl(200), &endpoints, 2, None);
         assert_eq!(chwbl["backends"][0]["balance_factor"], 200);
@@ -505,7 +505,7 @@ mod tests {
         let members = vec!["http://127.0.0.1:4".to_string()];
         for p in Policy::EXTRA {
             let config = llmroute_config(p, &endpoints, 2, Some(&members));
-            llmroute_core::load_config(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
+            llmroute_core::load_document(&config.to_string()).unwrap_or_else(|e| panic!("{}: {e:?}", p.label()));
             let store = config.pointer("/affinity/placement_store/etcd/endpoints");
             assert_eq!(store.is_some(), p.store(), "{}", p.label());
         }
