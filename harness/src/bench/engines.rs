@@ -114,6 +114,12 @@ pub enum SystemKind {
     /// `LlmrouteBoundedKeys` that also reads the engines' load (`backends[].load`) and queues fairly per tenant
     /// (`fairness`, `max_inflight` at the fleet's slots): the hot-tenant workload's subject.
     LlmrouteLoadFairness,
+    /// `LlmrouteBoundedKeys` that also reads the engines' load, with no fair queue: a known key stays on its host
+    /// however long its queue (only the in-flight bound, raised to [`LOAD_BALANCE_FACTOR`], moves its requests).
+    LlmrouteLoad,
+    /// `LlmrouteLoadFairness` with `max_inflight` at the fleet's slots: the fair queue holds every request past
+    /// one per slot.
+    LlmrouteLoadFairnessAtSlots,
 }
 
 impl SystemKind {
@@ -124,7 +130,11 @@ impl SystemKind {
     ];
 
     /// In the hot-tenant workload's default run only (see [`super::hot_tenant::SYSTEMS`]).
-    pub const HOT: [SystemKind; 1] = [SystemKind::LlmrouteLoadFairness];
+    pub const HOT: [SystemKind; 3] = [
+        SystemKind::LlmrouteLoad,
+        SystemKind::LlmrouteLoadFairness,
+        SystemKind::LlmrouteLoadFairnessAtSlots,
+    ];
 
     pub const ALL: [SystemKind; 8] = [
         SystemKind::LlmrouteChwbl,
@@ -150,6 +160,8 @@ impl SystemKind {
             SystemKind::LlmrouteBoundedKeysReplicas => "llmroute bounded_keys x2 replicas",
             SystemKind::LlmrouteBoundedKeysEtcdReplicas => "llmroute bounded_keys+etcd x2 replicas",
             SystemKind::LlmrouteLoadFairness => "llmroute bounded_keys + load + fairness",
+            SystemKind::LlmrouteLoad => "llmroute bounded_keys + load",
+            SystemKind::LlmrouteLoadFairnessAtSlots => "llmroute bounded_keys + load + fairness at the slots",
         }
     }
 
@@ -167,6 +179,8 @@ impl SystemKind {
             SystemKind::LlmrouteBoundedKeysReplicas => "bounded_keys_x2_replicas",
             SystemKind::LlmrouteBoundedKeysEtcdReplicas => "bounded_keys_etcd_x2_replicas",
             SystemKind::LlmrouteLoadFairness => "load_fairness",
+            SystemKind::LlmrouteLoad => "load",
+            SystemKind::LlmrouteLoadFairnessAtSlots => "load_fairness_at_slots",
         }
     }
 
@@ -192,6 +206,8 @@ impl SystemKind {
                 | SystemKind::LlmrouteBoundedKeysReplicas
                 | SystemKind::LlmrouteBoundedKeysEtcdReplicas
                 | SystemKind::LlmrouteLoadFairness
+                | SystemKind::LlmrouteLoad
+                | SystemKind::LlmrouteLoadFairnessAtSlots
         )
     }
 
@@ -216,8 +232,14 @@ impl SystemKind {
                  through etcd (`affinity.placement_store`)"
             }
             SystemKind::LlmrouteLoadFairness => {
-                "as `bounded_keys`, plus the engines' queues polled every 250 ms (a queued host takes no new key; a \
-                 known key spills past a queue of 1) and a fair queue by `x-tenant-id` at `max_inflight` 6"
+                "as `bounded_keys + load`, plus a fair queue by `x-tenant-id` at `max_inflight` 48 (8 per slot)"
+            }
+            SystemKind::LlmrouteLoad => {
+                "as `bounded_keys`, plus the engines' queues polled every 250 ms (a queued host takes no new key); a \
+                 known key stays on its host, in-flight bound 400 %"
+            }
+            SystemKind::LlmrouteLoadFairnessAtSlots => {
+                "as `bounded_keys + load`, plus a fair queue by `x-tenant-id` at `max_inflight` 6 (1 per slot)"
             }
         }
     }
@@ -228,7 +250,9 @@ impl SystemKind {
             | SystemKind::LlmrouteBoundedKeys
             | SystemKind::LlmrouteBoundedKeysReplicas
             | SystemKind::LlmrouteBoundedKeysEtcdReplicas
-            | SystemKind::LlmrouteLoadFairness => Some("chwbl"),
+            | SystemKind::LlmrouteLoadFairness
+            | SystemKind::LlmrouteLoad
+            | SystemKind::LlmrouteLoadFairnessAtSlots => Some("chwbl"),
             SystemKind::LlmrouteLeastRequest => Some("least_request"),
             SystemKind::LlmrouteRoundRobin => Some("round_robin"),
             _ => None,
@@ -592,8 +616,13 @@ fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&
     if kind.bounded_keys() {
         config = bounded_keys_config(config, slots);
     }
-    if kind == SystemKind::LlmrouteLoadFairness {
-        config = load_fairness_config(config, slots);
+    match kind {
+        SystemKind::LlmrouteLoadFairness => config = load_fairness_config(config, slots, QUEUE_PER_SLOT),
+        SystemKind::LlmrouteLoadFairnessAtSlots => config = load_fairness_config(config, slots, 1),
+        _ => {}
+    }
+    if kind == SystemKind::LlmrouteLoad {
+        config = load_config(config);
     }
     if let Some(member) = store.filter(|_| kind.store()) {
         config["affinity"]["placement_store"] = json!({
@@ -616,17 +645,30 @@ fn bounded_keys_config(mut config: Value, slots: &[u32]) -> Value {
 pub const TENANT_HEADER: &str = "x-tenant-id";
 /// How often [`SystemKind::LlmrouteLoadFairness`] polls the engines' `/metrics`.
 pub const LOAD_POLL_MS: u64 = 250;
+/// [`SystemKind::LlmrouteLoad`]'s in-flight bound, in percent of a host's share: high, so a known key's requests
+/// stay with its host's prompt cache.
+pub const LOAD_BALANCE_FACTOR: u32 = 400;
+/// [`SystemKind::LlmrouteLoadFairness`]'s `max_inflight`, per slot of the fleet: the engines queue up to this
+/// many requests per slot before the filter's fair queue holds the rest.
+pub const QUEUE_PER_SLOT: u32 = 8;
 /// The longest a request waits in [`SystemKind::LlmrouteLoadFairness`]'s fair queue.
 pub const MAX_WAIT_MS: u64 = 30_000;
 
-/// [`SystemKind::LlmrouteLoadFairness`]'s additions to the `bounded_keys` config: the engines' queues polled
-/// every [`LOAD_POLL_MS`] (a known key's request passes a host with more than one request queued), and a fair
-/// queue by [`TENANT_HEADER`] in front of a `max_inflight` of the fleet's slots, so requests wait in the filter,
-/// in fair order, rather than in the engines' first-come queues.
-fn load_fairness_config(mut config: Value, slots: &[u32]) -> Value {
-    let backend = &mut config["backends"][0];
-    backend["load"] = json!({ "poll_ms": LOAD_POLL_MS, "spill_queue": 1 });
-    backend["max_inflight"] = json!(slots.iter().sum::<u32>().max(1));
+/// [`SystemKind::LlmrouteLoad`]'s additions to the `bounded_keys` config: the engines' queues polled every
+/// [`LOAD_POLL_MS`] (a queued host takes no new key), and an in-flight bound of [`LOAD_BALANCE_FACTOR`], so a
+/// known key's requests stay with its host's prompt cache, and a tenant that floods its host floods only that one.
+fn load_config(mut config: Value) -> Value {
+    config["backends"][0]["load"] = json!({ "poll_ms": LOAD_POLL_MS });
+    config["backends"][0]["balance_factor"] = json!(LOAD_BALANCE_FACTOR);
+    config
+}
+
+/// [`SystemKind::LlmrouteLoadFairness`]: [`load_config`], and a fair queue by [`TENANT_HEADER`] in front of a
+/// `max_inflight` of `per_slot` requests per slot of the fleet: past that many in flight, requests wait in the
+/// filter and the least-served tenant goes first, instead of all waiting in the engines' first-come queues.
+fn load_fairness_config(config: Value, slots: &[u32], per_slot: u32) -> Value {
+    let mut config = load_config(config);
+    config["backends"][0]["max_inflight"] = json!((slots.iter().sum::<u32>() * per_slot).max(1));
     config["fairness"] = json!({ "by": { "header": TENANT_HEADER }, "max_wait_ms": MAX_WAIT_MS });
     config
 }
@@ -1122,7 +1164,10 @@ mod tests {
             .iter()
             .chain(&SystemKind::HOT)
             .all(|k| k.replicas() == 1 && !k.store()));
-        assert_eq!(parse_systems("load_fairness").unwrap(), SystemKind::HOT.to_vec());
+        assert_eq!(
+            parse_systems("load,load_fairness,load_fairness_at_slots").unwrap(),
+            SystemKind::HOT.to_vec()
+        );
         assert!(!Settings::full(1).systems.contains(&SystemKind::LlmrouteLoadFairness));
         assert!(SystemKind::LlmrouteBoundedKeysEtcdReplicas.store());
         assert!(!SystemKind::LlmrouteBoundedKeysReplicas.store());
@@ -1235,12 +1280,20 @@ mod tests {
         let doc = llmroute_config(SystemKind::LlmrouteLoadFairness, base_config(), &[SLOTS; 3], None);
         let cfg = llmroute_core::load_config(&doc.to_string()).expect("the filter accepts it");
         let b = &cfg.backends[0];
-        assert_eq!((b.slots.clone(), b.max_inflight), (Some(vec![SLOTS; 3]), 3 * SLOTS));
         assert_eq!(
-            b.load.map(|l| (l.poll_ms, l.spill_queue)),
-            Some((LOAD_POLL_MS, Some(1)))
+            (b.slots.clone(), b.max_inflight),
+            (Some(vec![SLOTS; 3]), 3 * SLOTS * QUEUE_PER_SLOT)
         );
+        assert_eq!(b.load.map(|l| (l.poll_ms, l.spill_queue)), Some((LOAD_POLL_MS, None)));
+        assert_eq!(b.balance_factor, LOAD_BALANCE_FACTOR);
         assert!(cfg.fairness.is_some());
+        let tight = llmroute_config(
+            SystemKind::LlmrouteLoadFairnessAtSlots,
+            base_config(),
+            &[SLOTS; 3],
+            None,
+        );
+        assert_eq!(tight["backends"][0]["max_inflight"], json!(3 * SLOTS));
         let plain = llmroute_config(SystemKind::LlmrouteBoundedKeys, base_config(), &[SLOTS; 3], None);
         assert!(plain.get("fairness").is_none() && plain["backends"][0].get("load").is_none());
     }
