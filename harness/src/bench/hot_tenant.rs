@@ -14,9 +14,10 @@
 //! answer that was not a complete stream, and among them those that came back before [`MAX_WAIT_MS`], the longest
 //! the fair queue lets a request wait.
 //!
-//! Goals, each printed as met or missed with its figures: the quiet tenants' TTFT p99 with load and fairness is at
-//! most half the best peer's (the routers that read neither load nor tenants, [`is_peer`]); its cache hit is within
-//! 0.02 of the best row's; no request is refused before it has waited [`MAX_WAIT_MS`].
+//! Goals, printed met or missed with their figures for each llmroute row that reads the engines' load ([`goals`]):
+//! the quiet tenants' TTFT p99 is at most half the best peer's (the routers that read neither load nor tenants,
+//! [`is_peer`]); the cache hit is within 0.02 of the best row's; no request is refused before it has waited
+//! [`MAX_WAIT_MS`].
 
 use std::time::{Duration, Instant};
 
@@ -45,9 +46,6 @@ pub const SYSTEMS: [SystemKind; 8] = [
     SystemKind::SglangCacheAware,
     SystemKind::VllmConsistentHash,
 ];
-
-/// The system the goals are about.
-pub const SUBJECT: SystemKind = SystemKind::LlmrouteLoadFairness;
 
 /// The systems the goals compare with: every router that reads neither the engines' load nor tenants
 /// (llmroute's own rows with load are shown, not compared with).
@@ -339,66 +337,57 @@ async fn run_once(s: &HotSettings, kind: SystemKind, round: usize) -> Result<Hot
     Ok(HotRun::of(&outcomes, &arrivals, prefilled, cached, wall_s))
 }
 
-/// A goal: its line and whether it was met (`None` when a figure is missing).
-fn goals(o: &HotOutcome) -> Vec<(String, Option<bool>)> {
-    let subject = o.results.iter().find(|r| r.kind == SUBJECT && r.missing.is_none());
-    let best_quiet = o
-        .results
-        .iter()
-        .filter(|r| is_peer(r.kind) && r.missing.is_none())
+/// One llmroute row's goals, each as `(figure, met)`; `met` is `None` when a figure is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Goals {
+    pub kind: SystemKind,
+    /// The quiet tenants' TTFT p99 over the best peer's, and that peer.
+    pub quiet_ratio: (Option<f64>, Option<SystemKind>),
+    /// How far the cache hit is below the best row's.
+    pub hit_gap: Option<f64>,
+    /// Requests refused before `max_wait_ms`.
+    pub refused_early: usize,
+}
+
+impl Goals {
+    pub fn quiet_met(&self) -> Option<bool> {
+        self.quiet_ratio.0.map(|r| r <= 0.5)
+    }
+
+    pub fn hit_met(&self) -> Option<bool> {
+        self.hit_gap.map(|g| g <= 0.02)
+    }
+}
+
+/// The goals of every llmroute row that reads load ([`SystemKind::HOT`]), against the best peer ([`is_peer`]) for
+/// the quiet tenants' TTFT p99 and against the best row for the cache hit.
+pub fn goals(o: &HotOutcome) -> Vec<Goals> {
+    let ran = || o.results.iter().filter(|r| r.missing.is_none());
+    let best_quiet = ran()
+        .filter(|r| is_peer(r.kind))
         .filter_map(|r| Some((r.quiet_p99()?, r.kind)))
         .min_by(|a, b| a.0.total_cmp(&b.0));
-    let best_hit = o
-        .results
-        .iter()
-        .filter(|r| r.missing.is_none())
-        .filter_map(|r| Some((r.cache_hit()?, r.kind)))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    let mut out = Vec::new();
-    let ours_quiet = subject.and_then(HotResult::quiet_p99);
-    out.push(match (ours_quiet, best_quiet) {
-        (Some(ours), Some((best, kind))) => {
-            let ratio = ours / best;
-            (
-                format!(
-                    "Quiet tenants' TTFT p99: {} {ours:.0} ms ÷ the best peer ({}) {best:.0} ms = {ratio:.2} (goal \
-                     ≤ 0.50)",
-                    SUBJECT.name(),
-                    kind.name()
-                ),
-                Some(ratio <= 0.5),
-            )
-        }
-        _ => ("Quiet tenants' TTFT p99: a figure is missing".into(), None),
-    });
-    let ours_hit = subject.and_then(HotResult::cache_hit);
-    out.push(match (ours_hit, best_hit) {
-        (Some(ours), Some((best, kind))) => (
-            format!(
-                "Cache hit: {} {ours:.3}, the best ({}) {best:.3}, {:.3} below (goal ≤ 0.02)",
-                SUBJECT.name(),
-                kind.name(),
-                best - ours
-            ),
-            Some(best - ours <= 0.02),
-        ),
-        _ => ("Cache hit: a figure is missing".into(), None),
-    });
-    out.push(match subject {
-        Some(r) => {
-            let early = r.sum(|x| x.failed_early);
-            (
-                format!(
-                    "Refused before waiting {MAX_WAIT_MS} ms (`max_wait_ms`): {early} of {} requests of {} (goal 0)",
-                    r.sum(|x| x.requests),
-                    SUBJECT.name()
-                ),
-                Some(early == 0),
-            )
-        }
-        None => ("Refusals: the system did not run".into(), None),
-    });
-    out
+    let best_hit = ran().filter_map(HotResult::cache_hit).reduce(f64::max);
+    ran()
+        .filter(|r| !is_peer(r.kind))
+        .map(|r| Goals {
+            kind: r.kind,
+            quiet_ratio: match (r.quiet_p99(), best_quiet) {
+                (Some(ours), Some((best, peer))) if best > 0.0 => (Some(ours / best), Some(peer)),
+                _ => (None, None),
+            },
+            hit_gap: r.cache_hit().zip(best_hit).map(|(ours, best)| best - ours),
+            refused_early: r.sum(|x| x.failed_early),
+        })
+        .collect()
+}
+
+fn mark(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
 }
 
 /// The section of `bench/ENGINES.md` this workload owns.
@@ -416,14 +405,24 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
         s.quiet_tenants,
         s.runs
     ));
-    md.push_str("### Goals\n\n");
-    for (line, met) in goals(o) {
-        let mark = match met {
-            Some(true) => "met",
-            Some(false) => "**missed**",
-            None => "not measured",
-        };
-        md.push_str(&format!("- {line}: {mark}.\n"));
+    md.push_str(
+        "### Goals\n\nFor each llmroute row that reads the engines' load: the quiet tenants' TTFT p99 over the best \
+         peer's (a router that reads neither load nor tenants; goal ≤ 0.50), the cache hit's distance below the best \
+         row's (goal ≤ 0.02), and the requests refused before they had waited `max_wait_ms` (goal 0).\n\n| system | \
+         quiet p99 ÷ best peer | cache hit below the best | refused before max_wait_ms |\n|---|---|---|---|\n",
+    );
+    for g in goals(o) {
+        md.push_str(&format!(
+            "| {} | {} ({}): {} | {}: {} | {}: {} |\n",
+            g.kind.name(),
+            fmt(g.quiet_ratio.0, 2),
+            g.quiet_ratio.1.map_or("-", SystemKind::name),
+            mark(g.quiet_met()),
+            fmt(g.hit_gap, 3),
+            mark(g.hit_met()),
+            g.refused_early,
+            mark(Some(g.refused_early == 0)),
+        ));
     }
     md.push_str(
         "\n### Results\n\n| system | quiet TTFT p50 ms | quiet TTFT p99 ms | worst quiet tenant p99 ms | hot TTFT p50 ms | \
@@ -492,11 +491,13 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
         s.max_tokens,
     ));
     md.push_str(&format!(
-        "- **Engines and routers**: as in the tables above ({} servers × {SLOTS} slots). `{}`: {}.\n",
-        s.servers,
-        SUBJECT.name(),
-        SUBJECT.key()
+        "- **Engines and routers**: as in the tables above ({} servers × {SLOTS} slots).",
+        s.servers
     ));
+    for kind in s.systems.iter().filter(|k| !is_peer(**k)) {
+        md.push_str(&format!(" `{}`: {}.", kind.name(), kind.key()));
+    }
+    md.push('\n');
     md.push_str(
         "- **TTFT**: client-side, from sending the request to the first content delta, complete answers only. \
          **Refused**: answers that were not a complete stream (a 429 or 503, a cut stream); *before max_wait_ms* \
@@ -597,31 +598,35 @@ mod tests {
         let met = outcome(vec![
             result(SystemKind::LlmrouteBoundedKeys, 1000.0, 0.50, 0),
             result(SystemKind::LlmrouteLoad, 100.0, 0.45, 0),
-            result(SUBJECT, 400.0, 0.49, 0),
+            result(SystemKind::LlmrouteLoadFairness, 400.0, 0.49, 0),
             result(SystemKind::SglangCacheAware, 900.0, 0.40, 3),
         ]);
         let g = goals(&met);
+        assert_eq!(g.len(), 2, "one line per llmroute row with load: {g:?}");
+        let subject = g.iter().find(|x| x.kind == SystemKind::LlmrouteLoadFairness).unwrap();
         assert_eq!(
-            g.iter().map(|x| x.1).collect::<Vec<_>>(),
-            vec![Some(true), Some(true), Some(true)]
+            subject.quiet_ratio.1,
+            Some(SystemKind::SglangCacheAware),
+            "llmroute + load is not a peer"
         );
-        assert!(
-            g[0].0.contains("sglang-router cache_aware") && g[0].0.contains("0.44"),
-            "{}",
-            g[0].0
-        );
+        assert!((subject.quiet_ratio.0.unwrap() - 400.0 / 900.0).abs() < 1e-9);
+        assert_eq!((subject.quiet_met(), subject.hit_met()), (Some(true), Some(true)));
         let missed = outcome(vec![
             result(SystemKind::LlmrouteChwbl, 600.0, 0.60, 0),
-            result(SUBJECT, 400.0, 0.50, 2),
+            result(SystemKind::LlmrouteLoadFairness, 400.0, 0.50, 2),
         ]);
         let g = goals(&missed);
         assert_eq!(
-            g.iter().map(|x| x.1).collect::<Vec<_>>(),
-            vec![Some(false), Some(false), Some(false)]
+            (g[0].quiet_met(), g[0].hit_met(), g[0].refused_early),
+            (Some(false), Some(false), 2)
         );
         let md = markdown(&missed, &Machine::probe());
         assert!(md.contains("**missed**") && md.contains("| llmroute chwbl |"), "{md}");
-        assert_eq!(goals(&outcome(vec![]))[0].1, None);
+        assert!(
+            goals(&outcome(vec![result(SystemKind::LlmrouteLoadFairness, 1.0, 0.1, 0)]))[0]
+                .quiet_met()
+                .is_none()
+        );
     }
 
     #[test]
