@@ -154,7 +154,7 @@ real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind
 
 BENCH_ENGINES_ARGS ?=
 
-bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers, 6 and 12 tenants (~11 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run
+bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers: tenants sharing system prompts (6 and 12 tenants, ~11 min), then one hot tenant flooding five quiet ones, llmroute with and without load and fairness (~12 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run, --workload hot_tenant for one workload
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 
@@ -162,7 +162,7 @@ ENGINES_REPLICA_SYSTEMS := bounded_keys,bounded_keys_x2_replicas,bounded_keys_et
 
 bench-engines-replicas: build envoy etcd engines ## Envoy replicas on 3 real llama-servers: bounded_keys on one Envoy, on 2 replicas each with its own key table, and on 2 sharing it through a 1-member etcd, 6 and 12 tenants (~10 min): bench/replicas/ENGINES.md and a section of bench/RESULTS.md; BENCH_ENGINES_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
-	target/release/llmroute-bench-engines --systems $(ENGINES_REPLICA_SYSTEMS) --out bench/replicas/ENGINES.md \
+	target/release/llmroute-bench-engines --workload shared_prompt --systems $(ENGINES_REPLICA_SYSTEMS) --out bench/replicas/ENGINES.md \
 		--results bench/RESULTS.md --section placement-engines-replicas $(BENCH_ENGINES_ARGS)
 
 .PHONY: bench bench-overhead bench-micro bench-peers bench-routing bench-replicas

@@ -32,14 +32,14 @@ use super::machine::Machine;
 use super::routing::agreement::{off_home_of, HIT_SLACK};
 use super::routing::policy::{start_envoy_healthy, store_counts, StoreCounts, STORE_PREFIX};
 use super::routing::replay::replica;
-use super::stats::{median, median_of};
+use super::stats::{median, median_of, quantile};
 use super::systems::{peer_python, peer_version, Peer};
 use crate::envoy::{random_ports, Envoy};
 use crate::etcd::Etcd;
 use crate::llama::workload::{chat_body, client, prompt_text, run_jobs_on, tenant_system_prompt, ChatOutcome, Job};
 use crate::llama::{llama_server_binary, LlamaFleet, LlamaOptions};
 
-const ALIAS: &str = "local-chat";
+pub(super) const ALIAS: &str = "local-chat";
 const BACKEND: &str = "llama";
 const CHAT_PATH: &str = "/v1/chat/completions";
 const PEER_START_LIMIT: Duration = Duration::from_secs(90);
@@ -111,6 +111,15 @@ pub enum SystemKind {
     LlmrouteBoundedKeysReplicas,
     /// The same, sharing one key table through `affinity.placement_store.etcd`.
     LlmrouteBoundedKeysEtcdReplicas,
+    /// `LlmrouteBoundedKeys` that also reads the engines' load (`backends[].load`) and queues fairly per tenant
+    /// (`fairness`, `max_inflight` at the fleet's slots): the hot-tenant workload's subject.
+    LlmrouteLoadFairness,
+    /// `LlmrouteBoundedKeys` that also reads the engines' load, with no fair queue: a known key stays on its host
+    /// however long its queue (only the in-flight bound, raised to [`LOAD_BALANCE_FACTOR`], moves its requests).
+    LlmrouteLoad,
+    /// `LlmrouteLoadFairness` with `max_inflight` at the fleet's slots: the fair queue holds every request past
+    /// one per slot.
+    LlmrouteLoadFairnessAtSlots,
 }
 
 impl SystemKind {
@@ -118,6 +127,13 @@ impl SystemKind {
     pub const EXTRA: [SystemKind; 2] = [
         SystemKind::LlmrouteBoundedKeysReplicas,
         SystemKind::LlmrouteBoundedKeysEtcdReplicas,
+    ];
+
+    /// In the hot-tenant workload's default run only (see [`super::hot_tenant::SYSTEMS`]).
+    pub const HOT: [SystemKind; 3] = [
+        SystemKind::LlmrouteLoad,
+        SystemKind::LlmrouteLoadFairness,
+        SystemKind::LlmrouteLoadFairnessAtSlots,
     ];
 
     pub const ALL: [SystemKind; 8] = [
@@ -143,6 +159,9 @@ impl SystemKind {
             SystemKind::VllmCacheAware => "vllm-router cache_aware",
             SystemKind::LlmrouteBoundedKeysReplicas => "llmroute bounded_keys x2 replicas",
             SystemKind::LlmrouteBoundedKeysEtcdReplicas => "llmroute bounded_keys+etcd x2 replicas",
+            SystemKind::LlmrouteLoadFairness => "llmroute bounded_keys + load + fairness",
+            SystemKind::LlmrouteLoad => "llmroute bounded_keys + load",
+            SystemKind::LlmrouteLoadFairnessAtSlots => "llmroute bounded_keys + load + fairness at the slots",
         }
     }
 
@@ -159,6 +178,9 @@ impl SystemKind {
             SystemKind::VllmCacheAware => "vllm_cache_aware",
             SystemKind::LlmrouteBoundedKeysReplicas => "bounded_keys_x2_replicas",
             SystemKind::LlmrouteBoundedKeysEtcdReplicas => "bounded_keys_etcd_x2_replicas",
+            SystemKind::LlmrouteLoadFairness => "load_fairness",
+            SystemKind::LlmrouteLoad => "load",
+            SystemKind::LlmrouteLoadFairnessAtSlots => "load_fairness_at_slots",
         }
     }
 
@@ -183,6 +205,9 @@ impl SystemKind {
             SystemKind::LlmrouteBoundedKeys
                 | SystemKind::LlmrouteBoundedKeysReplicas
                 | SystemKind::LlmrouteBoundedKeysEtcdReplicas
+                | SystemKind::LlmrouteLoadFairness
+                | SystemKind::LlmrouteLoad
+                | SystemKind::LlmrouteLoadFairnessAtSlots
         )
     }
 
@@ -206,6 +231,16 @@ impl SystemKind {
                 "as `bounded_keys`, on 2 Envoys each sent a random share of the requests, sharing one key table \
                  through etcd (`affinity.placement_store`)"
             }
+            SystemKind::LlmrouteLoadFairness => {
+                "as `bounded_keys + load`, plus a fair queue by `x-tenant-id` at `max_inflight` 48 (8 per slot)"
+            }
+            SystemKind::LlmrouteLoad => {
+                "as `bounded_keys`, plus the engines' queues polled every 250 ms (a queued host takes no new key); a \
+                 known key stays on its host, in-flight bound 400 %"
+            }
+            SystemKind::LlmrouteLoadFairnessAtSlots => {
+                "as `bounded_keys + load`, plus a fair queue by `x-tenant-id` at `max_inflight` 6 (1 per slot)"
+            }
         }
     }
 
@@ -214,7 +249,10 @@ impl SystemKind {
             SystemKind::LlmrouteChwbl
             | SystemKind::LlmrouteBoundedKeys
             | SystemKind::LlmrouteBoundedKeysReplicas
-            | SystemKind::LlmrouteBoundedKeysEtcdReplicas => Some("chwbl"),
+            | SystemKind::LlmrouteBoundedKeysEtcdReplicas
+            | SystemKind::LlmrouteLoadFairness
+            | SystemKind::LlmrouteLoad
+            | SystemKind::LlmrouteLoadFairnessAtSlots => Some("chwbl"),
             SystemKind::LlmrouteLeastRequest => Some("least_request"),
             SystemKind::LlmrouteRoundRobin => Some("round_robin"),
             _ => None,
@@ -233,7 +271,7 @@ impl SystemKind {
     }
 
     /// The routing header this system reads, if any, for tenant `tenant`.
-    fn header(self, tenant: usize) -> Option<(String, String)> {
+    pub(super) fn header(self, tenant: usize) -> Option<(String, String)> {
         let name = match self {
             SystemKind::SglangManual => "x-smg-routing-key",
             SystemKind::VllmConsistentHash => "x-session-id",
@@ -443,14 +481,7 @@ fn figures(fleet: &LlamaFleet, outcomes: &[ChatOutcome], prefilled: u64, cached:
         .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * 1000.0))
         .collect();
     ttft.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        let n = ttft.len();
-        if n == 0 {
-            return f64::NAN;
-        }
-        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
-        ttft[rank - 1]
-    };
+    let pct = |q: f64| quantile(&ttft, q).unwrap_or(f64::NAN);
     let mut per_server = vec![0usize; fleet.servers.len()];
     for o in &ok {
         if let Some(i) = fleet.index_of(&o.model) {
@@ -495,7 +526,7 @@ fn off_home(order: &[usize], outcomes: &[ChatOutcome]) -> Option<f64> {
 }
 
 /// `(prefilled, cached)` prompt tokens summed over the fleet's `/metrics`.
-async fn engine_prompt_tokens(fleet: &LlamaFleet) -> Result<(u64, u64), String> {
+pub(super) async fn engine_prompt_tokens(fleet: &LlamaFleet) -> Result<(u64, u64), String> {
     let c = client();
     let (mut prefilled, mut cached) = (0, 0);
     for s in &fleet.servers {
@@ -521,16 +552,16 @@ async fn engine_prompt_tokens(fleet: &LlamaFleet) -> Result<(u64, u64), String> 
 
 /// A router in front of the fleet (a peer, one Envoy, or Envoy replicas and the etcd they share); stopped on
 /// drop, the Envoys before etcd.
-struct Router {
+pub(super) struct Router {
     /// The chat URL of each replica (one, except for the replicated systems).
-    urls: Vec<String>,
+    pub(super) urls: Vec<String>,
     envoys: Vec<Envoy>,
     _etcd: Option<Etcd>,
     _peer: Option<Peer>,
 }
 
 impl Router {
-    async fn start(kind: SystemKind, fleet: &LlamaFleet) -> Result<Router, String> {
+    pub(super) async fn start(kind: SystemKind, fleet: &LlamaFleet) -> Result<Router, String> {
         if let Some(lb) = kind.lb() {
             let etcd = if kind.store() { Some(Etcd::start().await?) } else { None };
             // The slots each server was really started with.
@@ -585,6 +616,14 @@ fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&
     if kind.bounded_keys() {
         config = bounded_keys_config(config, slots);
     }
+    match kind {
+        SystemKind::LlmrouteLoadFairness => config = load_fairness_config(config, slots, QUEUE_PER_SLOT),
+        SystemKind::LlmrouteLoadFairnessAtSlots => config = load_fairness_config(config, slots, 1),
+        _ => {}
+    }
+    if kind == SystemKind::LlmrouteLoad {
+        config = load_config(config);
+    }
     if let Some(member) = store.filter(|_| kind.store()) {
         config["affinity"]["placement_store"] = json!({
             "etcd": { "endpoints": [member], "prefix": STORE_PREFIX, "timeout_ms": STORE_TIMEOUT_MS }
@@ -598,6 +637,39 @@ fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&
 fn bounded_keys_config(mut config: Value, slots: &[u32]) -> Value {
     config["affinity"]["placement"] = json!("bounded_keys");
     config["backends"][0]["slots"] = json!(slots);
+    config
+}
+
+/// The tenant header of the fair queue in [`SystemKind::LlmrouteLoadFairness`]; the hot-tenant workload sends it
+/// to every router.
+pub const TENANT_HEADER: &str = "x-tenant-id";
+/// How often [`SystemKind::LlmrouteLoadFairness`] polls the engines' `/metrics`.
+pub const LOAD_POLL_MS: u64 = 250;
+/// [`SystemKind::LlmrouteLoad`]'s in-flight bound, in percent of a host's share: high, so a known key's requests
+/// stay with its host's prompt cache.
+pub const LOAD_BALANCE_FACTOR: u32 = 400;
+/// [`SystemKind::LlmrouteLoadFairness`]'s `max_inflight`, per slot of the fleet: the engines queue up to this
+/// many requests per slot before the filter's fair queue holds the rest.
+pub const QUEUE_PER_SLOT: u32 = 8;
+/// The longest a request waits in [`SystemKind::LlmrouteLoadFairness`]'s fair queue.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// [`SystemKind::LlmrouteLoad`]'s additions to the `bounded_keys` config: the engines' queues polled every
+/// [`LOAD_POLL_MS`] (a queued host takes no new key), and an in-flight bound of [`LOAD_BALANCE_FACTOR`], so a
+/// known key's requests stay with its host's prompt cache, and a tenant that floods its host floods only that one.
+fn load_config(mut config: Value) -> Value {
+    config["backends"][0]["load"] = json!({ "poll_ms": LOAD_POLL_MS });
+    config["backends"][0]["balance_factor"] = json!(LOAD_BALANCE_FACTOR);
+    config
+}
+
+/// [`SystemKind::LlmrouteLoadFairness`]: [`load_config`], and a fair queue by [`TENANT_HEADER`] in front of a
+/// `max_inflight` of `per_slot` requests per slot of the fleet: past that many in flight, requests wait in the
+/// filter and the least-served tenant goes first, instead of all waiting in the engines' first-come queues.
+fn load_fairness_config(config: Value, slots: &[u32], per_slot: u32) -> Value {
+    let mut config = load_config(config);
+    config["backends"][0]["max_inflight"] = json!((slots.iter().sum::<u32>() * per_slot).max(1));
+    config["fairness"] = json!({ "by": { "header": TENANT_HEADER }, "max_wait_ms": MAX_WAIT_MS });
     config
 }
 
@@ -626,7 +698,7 @@ async fn wait_ok(url: &str, mut peer: Option<&mut Peer>) -> Result<(), String> {
     }
 }
 
-fn llama_version() -> String {
+pub(super) fn llama_version() -> String {
     std::process::Command::new(llama_server_binary())
         .arg("--version")
         .output()
@@ -648,7 +720,7 @@ fn share(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
 }
 
-fn fmt(v: Option<f64>, digits: usize) -> String {
+pub(super) fn fmt(v: Option<f64>, digits: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
         _ => "-".into(),
@@ -964,7 +1036,8 @@ fn usage_gap(o: &Outcome) -> Option<f64> {
 
 /// The systems a `--systems` list names, by their [`SystemKind::short`] names: `chwbl`, `bounded_keys`,
 /// `least_request`, `round_robin`, `sglang_cache_aware`, `sglang_manual`, `vllm_consistent_hash`,
-/// `vllm_cache_aware`, and the replicated `bounded_keys_x2_replicas` and `bounded_keys_etcd_x2_replicas`.
+/// `vllm_cache_aware`, the replicated `bounded_keys_x2_replicas` and `bounded_keys_etcd_x2_replicas`, and the hot
+/// tenant's `load_fairness`.
 pub fn parse_systems(list: &str) -> Result<Vec<SystemKind>, String> {
     list.split(',')
         .map(|s| {
@@ -972,11 +1045,13 @@ pub fn parse_systems(list: &str) -> Result<Vec<SystemKind>, String> {
             SystemKind::ALL
                 .into_iter()
                 .chain(SystemKind::EXTRA)
+                .chain(SystemKind::HOT)
                 .find(|k| k.short() == s)
                 .ok_or_else(|| {
                     let known: Vec<&str> = SystemKind::ALL
                         .iter()
                         .chain(&SystemKind::EXTRA)
+                        .chain(&SystemKind::HOT)
                         .map(|k| k.short())
                         .collect();
                     format!("unknown system {s:?} (known: {})", known.join(", "))
@@ -1085,7 +1160,15 @@ mod tests {
             assert!(k.name().contains(&format!("x{REPLICAS} replicas")), "{}", k.name());
             assert_eq!((k.lb(), k.peer(), k.header(1)), (Some("chwbl"), None, None));
         }
-        assert!(SystemKind::ALL.iter().all(|k| k.replicas() == 1 && !k.store()));
+        assert!(SystemKind::ALL
+            .iter()
+            .chain(&SystemKind::HOT)
+            .all(|k| k.replicas() == 1 && !k.store()));
+        assert_eq!(
+            parse_systems("load,load_fairness,load_fairness_at_slots").unwrap(),
+            SystemKind::HOT.to_vec()
+        );
+        assert!(!Settings::full(1).systems.contains(&SystemKind::LlmrouteLoadFairness));
         assert!(SystemKind::LlmrouteBoundedKeysEtcdReplicas.store());
         assert!(!SystemKind::LlmrouteBoundedKeysReplicas.store());
     }
@@ -1190,6 +1273,29 @@ mod tests {
         let cfg = llmroute_core::load_document(&doc.to_string()).expect("the filter accepts it");
         assert_eq!(cfg.backends[0].slots, Some(vec![SLOTS; 3]));
         assert_ne!(cfg.affinity.placement, llmroute_core::config::KeyPlacement::Hash);
+    }
+
+    #[test]
+    fn the_load_fairness_config_loads() {
+        let doc = llmroute_config(SystemKind::LlmrouteLoadFairness, base_config(), &[SLOTS; 3], None);
+        let cfg = llmroute_core::load_config(&doc.to_string()).expect("the filter accepts it");
+        let b = &cfg.backends[0];
+        assert_eq!(
+            (b.slots.clone(), b.max_inflight),
+            (Some(vec![SLOTS; 3]), 3 * SLOTS * QUEUE_PER_SLOT)
+        );
+        assert_eq!(b.load.map(|l| (l.poll_ms, l.spill_queue)), Some((LOAD_POLL_MS, None)));
+        assert_eq!(b.balance_factor, LOAD_BALANCE_FACTOR);
+        assert!(cfg.fairness.is_some());
+        let tight = llmroute_config(
+            SystemKind::LlmrouteLoadFairnessAtSlots,
+            base_config(),
+            &[SLOTS; 3],
+            None,
+        );
+        assert_eq!(tight["backends"][0]["max_inflight"], json!(3 * SLOTS));
+        let plain = llmroute_config(SystemKind::LlmrouteBoundedKeys, base_config(), &[SLOTS; 3], None);
+        assert!(plain.get("fairness").is_none() && plain["backends"][0].get("load").is_none());
     }
 
     #[test]

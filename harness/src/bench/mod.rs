@@ -5,7 +5,8 @@
 //! - [`upstream`]: a minimal upstream fast enough not to be the bottleneck;
 //! - [`systems`]: starting llmroute, plain Envoy, sglang-router and vllm-router;
 //! - [`load`]: the closed-loop load generator; [`stats`]: percentiles and medians; [`procstat`]: `/proc`;
-//! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`);
+//! - [`engines`]: routers side by side in front of real llama.cpp servers (`make bench-engines`); [`hot_tenant`]:
+//!   its workload where one tenant floods the fleet;
 //! - [`overhead`]: the interleaved rounds; [`goals`]: the goals, met or missed;
 //! - [`phases`]: the filter's cost phase by phase inside Envoy, from a build with later phases switched off;
 //! - [`ab`]: one lever, the filter built before it against the filter now, in interleaved rounds (`llmroute-bench ab`);
@@ -21,6 +22,7 @@ pub use llmroute_synth::body;
 pub mod engines;
 pub mod glue;
 pub mod goals;
+pub mod hot_tenant;
 pub mod load;
 pub mod machine;
 pub mod micro;

@@ -7,6 +7,13 @@ pub fn percentile(sorted: &[u32], q: f64) -> Option<u32> {
     sorted.get(rank.saturating_sub(1).min(last)).copied()
 }
 
+/// The `q`-quantile (0.0..=1.0) of `sorted` samples by the nearest-rank method; `None` when empty.
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.saturating_sub(1).min(last)).copied()
+}
+
 /// The median of `values` (mean of the middle two for an even count); `None` when empty or when a value is NaN.
 pub fn median(values: &[f64]) -> Option<f64> {
     if values.is_empty() || values.iter().any(|v| v.is_nan()) {
@@ -40,6 +47,10 @@ mod tests {
         assert_eq!(percentile(&v, 0.0), Some(1));
         assert_eq!(percentile(&[7], 0.99), Some(7));
         assert_eq!(percentile(&[], 0.5), None);
+        let f: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&f, 0.99), Some(99.0));
+        assert_eq!(quantile(&f, 0.5), Some(50.0));
+        assert_eq!(quantile(&[], 0.5), None);
     }
 
     #[test]

@@ -211,6 +211,20 @@ pub async fn run_jobs_on(
         .await
 }
 
+/// Sends each job at its own time after the start (open loop: a slow answer delays no later request), job `i` to
+/// `url`; the outcomes are in job order, each with the time it was really sent.
+pub async fn run_timed(client: &reqwest::Client, url: &str, jobs: Vec<(Duration, Job)>) -> Vec<ChatOutcome> {
+    let run_start = tokio::time::Instant::now();
+    let sends = jobs.into_iter().map(|(at, job)| async move {
+        tokio::time::sleep_until(run_start + at).await;
+        let sent_at = run_start.elapsed();
+        let mut out = stream_chat(client, url, &job.body, &job.headers).await;
+        out.sent_at = sent_at;
+        out
+    });
+    futures_util::future::join_all(sends).await
+}
+
 /// Sums over outcomes: the engine-reported cache-hit ratio, cached ÷ prompt tokens of the successful requests.
 pub fn cache_hit_ratio(outcomes: &[ChatOutcome]) -> f64 {
     let (prompt, cached) = outcomes

@@ -1,0 +1,659 @@
+//! The hot-tenant workload of `make bench-engines`: does one tenant that floods the fleet starve the others?
+//!
+//! One tenant (tenant 0, "hot") sends half of all requests, in bursts of [`HotSettings::burst_size`] at once, each
+//! with a long prompt: its system prompt and a long document of its own, so most of it must be prefilled. Five
+//! quiet tenants send the other half, spread evenly over the run with seeded jitter, each with a short system prompt
+//! of its own and a short question. The arrivals are open loop ([`run_timed`]): a slow answer holds back no later
+//! request, as with real clients. Every request carries the tenant's name in [`TENANT_HEADER`], which only the
+//! fair queue reads.
+//!
+//! Each run starts a fresh fleet of three `llama-server`s (as the shared-prompt workload: [`SLOTS`] slots each, no
+//! host-RAM prompt cache) and a fresh router; the systems take turns within each round. The report pools every
+//! run's requests per system and gives, per tenant and for the quiet tenants together, TTFT p50 and p99 (client
+//! side, to the first content delta), the engines' cache-hit ratio (median over runs), and the refusals: every
+//! answer that was not a complete stream, and among them those that came back before [`MAX_WAIT_MS`], the longest
+//! the fair queue lets a request wait.
+//!
+//! Goals, printed met or missed with their figures for each llmroute row that reads the engines' load ([`goals`]):
+//! the quiet tenants' TTFT p99 is at most half the best peer's (the routers that read neither load nor tenants,
+//! [`is_peer`]); the cache hit is within 0.02 of the best row's; no request is refused before it has waited
+//! [`MAX_WAIT_MS`].
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::engines::{
+    engine_prompt_tokens, fmt, llama_version, tenant_order, Router, SystemKind, ALIAS, MAX_WAIT_MS, SLOTS,
+    TENANT_HEADER,
+};
+use super::machine::Machine;
+use super::stats::{median, quantile};
+use crate::llama::workload::{chat_body, client, prompt_text, run_timed, tenant_system_prompt, ChatOutcome, Job};
+use crate::llama::LlamaFleet;
+
+const BACKEND: &str = "llama";
+
+/// The systems of a default run: llmroute without and with load and fairness, Envoy's own balancers behind the
+/// filter, and the peer routers' load-aware and affinity policies.
+pub const SYSTEMS: [SystemKind; 8] = [
+    SystemKind::LlmrouteBoundedKeys,
+    SystemKind::LlmrouteLoad,
+    SystemKind::LlmrouteLoadFairness,
+    SystemKind::LlmrouteLoadFairnessAtSlots,
+    SystemKind::LlmrouteChwbl,
+    SystemKind::LlmrouteLeastRequest,
+    SystemKind::SglangCacheAware,
+    SystemKind::VllmConsistentHash,
+];
+
+/// The systems the goals compare with: every router that reads neither the engines' load nor tenants
+/// (llmroute's own rows with load are shown, not compared with).
+pub fn is_peer(kind: SystemKind) -> bool {
+    !SystemKind::HOT.contains(&kind)
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct HotSettings {
+    pub quiet_tenants: usize,
+    pub bursts: usize,
+    /// Requests of the hot tenant sent at once, per burst.
+    pub burst_size: usize,
+    pub burst_every: Duration,
+    /// Words of the hot tenant's system prompt and of each of its documents (about 1.08 tokens a word).
+    pub hot_system_words: usize,
+    pub hot_doc_words: usize,
+    /// Words of each quiet tenant's system prompt.
+    pub quiet_system_words: usize,
+    pub max_tokens: u32,
+    pub runs: usize,
+    pub seed: u64,
+    pub servers: usize,
+    pub systems: Vec<SystemKind>,
+}
+
+impl HotSettings {
+    /// 3 bursts of 16 long requests 8 s apart, and 48 quiet requests over the same 24 s; 3 runs of 7 systems
+    /// (about 35 s a run here, so about 12 min).
+    pub fn full(seed: u64) -> Self {
+        HotSettings {
+            quiet_tenants: 5,
+            bursts: 3,
+            burst_size: 16,
+            burst_every: Duration::from_secs(8),
+            hot_system_words: 920,
+            hot_doc_words: 1500,
+            quiet_system_words: 300,
+            max_tokens: 8,
+            runs: 3,
+            seed,
+            servers: 3,
+            systems: SYSTEMS.to_vec(),
+        }
+    }
+
+    /// One run of each system: a sanity check.
+    pub fn quick(seed: u64) -> Self {
+        HotSettings {
+            runs: 1,
+            ..HotSettings::full(seed)
+        }
+    }
+
+    /// Requests per run: the hot tenant's and as many quiet ones.
+    pub fn requests(&self) -> usize {
+        2 * self.bursts * self.burst_size
+    }
+}
+
+/// One request of the schedule: when it is sent (from the start of the run) and whose it is (0 is the hot tenant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    pub at: Duration,
+    pub tenant: usize,
+}
+
+/// The run's arrivals in time order: the hot tenant's bursts at `0, every, 2 × every, ...`, and as many quiet
+/// requests spread evenly over `bursts × every`, each moved by up to half its spacing (seeded), their tenants a
+/// seeded shuffle with each quiet tenant equally often (±1).
+pub fn schedule(s: &HotSettings) -> Vec<Arrival> {
+    let hot = s.bursts * s.burst_size;
+    let span = s.burst_every.saturating_mul(s.bursts as u32);
+    let gap = span.checked_div(hot.max(1) as u32).unwrap_or_default();
+    let mut out: Vec<Arrival> = (0..hot)
+        .map(|i| Arrival {
+            at: s.burst_every.saturating_mul((i / s.burst_size.max(1)) as u32),
+            tenant: 0,
+        })
+        .collect();
+    let tenants = tenant_order(s.quiet_tenants.max(1), hot, s.seed);
+    let mut x = s.seed.wrapping_mul(0xa076_1d64_78bd_642f) | 1;
+    for (i, t) in tenants.into_iter().enumerate() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Jitter in [-gap/2, +gap/2), in microseconds.
+        let gap_us = gap.as_micros().max(1) as u64;
+        let jitter = (x % gap_us) as i64 - (gap_us / 2) as i64;
+        let base = gap.saturating_mul(i as u32).as_micros() as i64 + (gap_us / 2) as i64;
+        out.push(Arrival {
+            at: Duration::from_micros((base + jitter).max(0) as u64),
+            tenant: 1 + t,
+        });
+    }
+    out.sort_by_key(|a| a.at);
+    out
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Default)]
+pub struct HotRun {
+    /// `(tenant, TTFT ms)` of each complete answer.
+    pub ttft_ms: Vec<(usize, f64)>,
+    /// Engine-reported cached ÷ (prefilled + cached), from the servers' `/metrics`.
+    pub cache_hit: f64,
+    pub requests: usize,
+    /// Answers that were not a complete stream.
+    pub failed: usize,
+    /// Of those, the ones that came back before [`MAX_WAIT_MS`].
+    pub failed_early: usize,
+    pub wall_s: f64,
+    pub first_error: Option<String>,
+}
+
+impl HotRun {
+    fn of(outcomes: &[ChatOutcome], arrivals: &[Arrival], prefilled: u64, cached: u64, wall_s: f64) -> HotRun {
+        let mut run = HotRun {
+            requests: outcomes.len(),
+            wall_s,
+            cache_hit: if prefilled + cached == 0 {
+                0.0
+            } else {
+                cached as f64 / (prefilled + cached) as f64
+            },
+            ..HotRun::default()
+        };
+        for (o, a) in outcomes.iter().zip(arrivals) {
+            match (o.ok, o.ttft) {
+                (true, Some(t)) => run.ttft_ms.push((a.tenant, t.as_secs_f64() * 1000.0)),
+                _ => {
+                    run.failed += 1;
+                    if o.total < Duration::from_millis(MAX_WAIT_MS) {
+                        run.failed_early += 1;
+                    }
+                    if run.first_error.is_none() {
+                        run.first_error = o.error.clone().or_else(|| Some("no first token".into()));
+                    }
+                }
+            }
+        }
+        run
+    }
+}
+
+/// A system's runs.
+#[derive(Debug, Clone)]
+pub struct HotResult {
+    pub kind: SystemKind,
+    pub runs: Vec<HotRun>,
+    /// Why it could not run, when it could not.
+    pub missing: Option<String>,
+}
+
+impl HotResult {
+    /// TTFT `q`-quantile over every run's answers of the tenants `which` picks.
+    pub fn ttft(&self, which: impl Fn(usize) -> bool, q: f64) -> Option<f64> {
+        let mut v: Vec<f64> = self
+            .runs
+            .iter()
+            .flat_map(|r| r.ttft_ms.iter())
+            .filter(|(t, _)| which(*t))
+            .map(|(_, ms)| *ms)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        quantile(&v, q)
+    }
+
+    pub fn quiet_p99(&self) -> Option<f64> {
+        self.ttft(|t| t > 0, 0.99)
+    }
+
+    pub fn cache_hit(&self) -> Option<f64> {
+        median(&self.runs.iter().map(|r| r.cache_hit).collect::<Vec<_>>())
+    }
+
+    fn sum(&self, f: impl Fn(&HotRun) -> usize) -> usize {
+        self.runs.iter().map(f).sum()
+    }
+}
+
+/// Everything the report needs.
+pub struct HotOutcome {
+    pub settings: HotSettings,
+    pub results: Vec<HotResult>,
+    pub llama_version: String,
+    pub elapsed: Duration,
+}
+
+/// Runs the workload and prints a progress line per run.
+pub async fn run(settings: HotSettings) -> Result<HotOutcome, String> {
+    crate::llama::check_installed()?;
+    let started = Instant::now();
+    let mut results: Vec<HotResult> = settings
+        .systems
+        .iter()
+        .map(|&kind| HotResult {
+            kind,
+            runs: Vec::new(),
+            missing: None,
+        })
+        .collect();
+    for round in 0..settings.runs {
+        for result in results.iter_mut().filter(|r| r.missing.is_none()) {
+            match run_once(&settings, result.kind, round).await {
+                Ok(r) => {
+                    let one = HotResult {
+                        kind: result.kind,
+                        runs: vec![r.clone()],
+                        missing: None,
+                    };
+                    eprintln!(
+                        "[{:>5.0}s] hot tenant run {}/{} {:<44} quiet ttft p50 {} ms p99 {} ms, hot p99 {} ms, cache \
+                         hit {:.3}, failed {}/{}{}",
+                        started.elapsed().as_secs_f64(),
+                        round + 1,
+                        settings.runs,
+                        result.kind.name(),
+                        fmt(one.ttft(|t| t > 0, 0.5), 0),
+                        fmt(one.quiet_p99(), 0),
+                        fmt(one.ttft(|t| t == 0, 0.99), 0),
+                        r.cache_hit,
+                        r.failed,
+                        r.requests,
+                        r.first_error
+                            .as_deref()
+                            .map_or(String::new(), |e| format!(" (first: {e})")),
+                    );
+                    result.runs.push(r);
+                }
+                Err(e) => {
+                    eprintln!("{} (hot tenant): cannot run: {e}", result.kind.name());
+                    result.missing = Some(e);
+                }
+            }
+        }
+    }
+    Ok(HotOutcome {
+        settings,
+        results,
+        llama_version: llama_version(),
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The request bodies and headers of `arrivals` for `kind`: each tenant's own system prompt; the hot tenant's
+/// user message a long document of its own per request and round, the quiet tenants' a short question.
+fn jobs(s: &HotSettings, kind: SystemKind, arrivals: &[Arrival], round: usize) -> Vec<(Duration, Job)> {
+    let systems: Vec<String> = (0..=s.quiet_tenants)
+        .map(|t| match t {
+            0 => tenant_system_prompt(0, s.hot_system_words),
+            t => tenant_system_prompt(t, s.quiet_system_words),
+        })
+        .collect();
+    arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let n = (round * 10_000 + i) as u64;
+            let user = match a.tenant {
+                0 => format!(
+                    "Document {i}: {} Summarise it.",
+                    prompt_text(50_000 + n, s.hot_doc_words)
+                ),
+                _ => format!("Question {i}: {}", prompt_text(n, 12)),
+            };
+            let system = systems.get(a.tenant).map_or("", String::as_str);
+            let mut headers = vec![(TENANT_HEADER.to_string(), format!("tenant-{}", a.tenant))];
+            headers.extend(kind.header(a.tenant));
+            let job = Job {
+                body: chat_body(ALIAS, system, &user, s.max_tokens),
+                headers,
+            };
+            (a.at, job)
+        })
+        .collect()
+}
+
+async fn run_once(s: &HotSettings, kind: SystemKind, round: usize) -> Result<HotRun, String> {
+    let fleet = LlamaFleet::start(BACKEND, s.servers, |_, o| o.parallel = SLOTS).await?;
+    let router = Router::start(kind, &fleet).await?;
+    let url = router.urls.first().ok_or("the router has no URL")?.clone();
+    let arrivals = schedule(s);
+    let t0 = Instant::now();
+    let outcomes = run_timed(&client(), &url, jobs(s, kind, &arrivals, round)).await;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let (prefilled, cached) = engine_prompt_tokens(&fleet).await?;
+    Ok(HotRun::of(&outcomes, &arrivals, prefilled, cached, wall_s))
+}
+
+/// One llmroute row's goals, each as `(figure, met)`; `met` is `None` when a figure is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Goals {
+    pub kind: SystemKind,
+    /// The quiet tenants' TTFT p99 over the best peer's, and that peer.
+    pub quiet_ratio: (Option<f64>, Option<SystemKind>),
+    /// How far the cache hit is below the best row's.
+    pub hit_gap: Option<f64>,
+    /// Requests refused before `max_wait_ms`.
+    pub refused_early: usize,
+}
+
+impl Goals {
+    pub fn quiet_met(&self) -> Option<bool> {
+        self.quiet_ratio.0.map(|r| r <= 0.5)
+    }
+
+    pub fn hit_met(&self) -> Option<bool> {
+        self.hit_gap.map(|g| g <= 0.02)
+    }
+}
+
+/// The goals of every llmroute row that reads load ([`SystemKind::HOT`]), against the best peer ([`is_peer`]) for
+/// the quiet tenants' TTFT p99 and against the best row for the cache hit.
+pub fn goals(o: &HotOutcome) -> Vec<Goals> {
+    let ran = || o.results.iter().filter(|r| r.missing.is_none());
+    let best_quiet = ran()
+        .filter(|r| is_peer(r.kind))
+        .filter_map(|r| Some((r.quiet_p99()?, r.kind)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let best_hit = ran().filter_map(HotResult::cache_hit).reduce(f64::max);
+    ran()
+        .filter(|r| !is_peer(r.kind))
+        .map(|r| Goals {
+            kind: r.kind,
+            quiet_ratio: match (r.quiet_p99(), best_quiet) {
+                (Some(ours), Some((best, peer))) if best > 0.0 => (Some(ours / best), Some(peer)),
+                _ => (None, None),
+            },
+            hit_gap: r.cache_hit().zip(best_hit).map(|(ours, best)| best - ours),
+            refused_early: r.sum(|x| x.failed_early),
+        })
+        .collect()
+}
+
+fn mark(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+/// The section of `bench/ENGINES.md` this workload owns.
+pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
+    let s = &o.settings;
+    let mut md = String::new();
+    md.push_str("## Hot tenant\n\n");
+    md.push_str(&format!(
+        "Written by `llmroute-bench-engines` (`make bench-engines`) on {}, in {:.0} s. One tenant sends half of the \
+         requests in bursts of long prompts; {} quiet tenants send the rest, spread over the run. Every figure pools \
+         the requests of {} run(s) per system (the cache hit is the median over runs); every run starts a fresh \
+         fleet and router.\n\n",
+        machine.date,
+        o.elapsed.as_secs_f64(),
+        s.quiet_tenants,
+        s.runs
+    ));
+    md.push_str(
+        "### Goals\n\nFor each llmroute row that reads the engines' load: the quiet tenants' TTFT p99 over the best \
+         peer's (a router that reads neither load nor tenants; goal ≤ 0.50), the cache hit's distance below the best \
+         row's (goal ≤ 0.02), and the requests refused before they had waited `max_wait_ms` (goal 0).\n\n| system | \
+         quiet p99 ÷ best peer | cache hit below the best | refused before max_wait_ms |\n|---|---|---|---|\n",
+    );
+    for g in goals(o) {
+        md.push_str(&format!(
+            "| {} | {} ({}): {} | {}: {} | {}: {} |\n",
+            g.kind.name(),
+            fmt(g.quiet_ratio.0, 2),
+            g.quiet_ratio.1.map_or("-", SystemKind::name),
+            mark(g.quiet_met()),
+            fmt(g.hit_gap, 3),
+            mark(g.hit_met()),
+            g.refused_early,
+            mark(Some(g.refused_early == 0)),
+        ));
+    }
+    md.push_str(
+        "\n### Results\n\n| system | quiet TTFT p50 ms | quiet TTFT p99 ms | worst quiet tenant p99 ms | hot TTFT p50 ms | \
+         hot TTFT p99 ms | cache hit (engines) | refused | of them before max_wait_ms | requests |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &o.results {
+        if let Some(why) = &r.missing {
+            let why = why.lines().next().unwrap_or("").replace('|', "/");
+            md.push_str(&format!("| {} | could not run: {why} |||||||||\n", r.kind.name()));
+            continue;
+        }
+        let worst = (1..=s.quiet_tenants)
+            .filter_map(|t| r.ttft(|x| x == t, 0.99))
+            .reduce(f64::max);
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.kind.name(),
+            fmt(r.ttft(|t| t > 0, 0.5), 0),
+            fmt(r.quiet_p99(), 0),
+            fmt(worst, 0),
+            fmt(r.ttft(|t| t == 0, 0.5), 0),
+            fmt(r.ttft(|t| t == 0, 0.99), 0),
+            fmt(r.cache_hit(), 3),
+            r.sum(|x| x.failed),
+            r.sum(|x| x.failed_early),
+            r.sum(|x| x.requests),
+        ));
+    }
+    md.push_str("\n### TTFT p50 / p99 ms per tenant\n\n| system | tenant-0 (hot) |");
+    for t in 1..=s.quiet_tenants {
+        md.push_str(&format!(" tenant-{t} |"));
+    }
+    md.push_str("\n|---|---|");
+    md.push_str(&"---|".repeat(s.quiet_tenants));
+    md.push('\n');
+    for r in o.results.iter().filter(|r| r.missing.is_none()) {
+        md.push_str(&format!("| {} |", r.kind.name()));
+        for t in 0..=s.quiet_tenants {
+            md.push_str(&format!(
+                " {} / {} |",
+                fmt(r.ttft(|x| x == t, 0.5), 0),
+                fmt(r.ttft(|x| x == t, 0.99), 0)
+            ));
+        }
+        md.push('\n');
+    }
+    md.push_str(&format!(
+        "\n- **Workload**: per run, tenant-0 sends {} bursts of {} streamed chat requests at once, {} s apart, each \
+         its system prompt of {} words and a document of {} words of its own (about {} prompt tokens, most of it \
+         to prefill); tenant-1 to tenant-{} send {} requests over the same {} s (evenly spaced, seeded jitter, seed \
+         {}), each its system prompt of {} words and a question of 12 words. `max_tokens` {}; open loop: every \
+         request is sent at its time, whatever is still in flight. Every request carries `{TENANT_HEADER}: \
+         tenant-N`, which only the fair queue reads.\n",
+        s.bursts,
+        s.burst_size,
+        s.burst_every.as_secs(),
+        s.hot_system_words,
+        s.hot_doc_words,
+        ((s.hot_system_words + s.hot_doc_words) as f64 * 1.08) as u64,
+        s.quiet_tenants,
+        s.bursts * s.burst_size,
+        s.burst_every.as_secs() * s.bursts as u64,
+        s.seed,
+        s.quiet_system_words,
+        s.max_tokens,
+    ));
+    md.push_str(&format!(
+        "- **Engines and routers**: as in the tables above ({} servers × {SLOTS} slots).",
+        s.servers
+    ));
+    for kind in s.systems.iter().filter(|k| !is_peer(**k)) {
+        md.push_str(&format!(" `{}`: {}.", kind.name(), kind.key()));
+    }
+    md.push('\n');
+    md.push_str(
+        "- **TTFT**: client-side, from sending the request to the first content delta, complete answers only. \
+         **Refused**: answers that were not a complete stream (a 429 or 503, a cut stream); *before max_wait_ms* \
+         counts those that came back sooner than the fair queue's longest wait.\n",
+    );
+    md.push_str(&format!(
+        "- Machine: {} CPUs ({}), shared with other work: compare the systems with each other; llama-server {}.\n",
+        machine.nproc, machine.cpu_model, o.llama_version
+    ));
+    md
+}
+
+/// The console summary: per system, the pooled figures as JSON.
+pub fn summary(o: &HotOutcome) -> Vec<(String, Value)> {
+    o.results
+        .iter()
+        .map(|r| {
+            (
+                format!("{}, hot tenant", r.kind.name()),
+                json!({
+                    "quiet_ttft_p50_ms": r.ttft(|t| t > 0, 0.5),
+                    "quiet_ttft_p99_ms": r.quiet_p99(),
+                    "hot_ttft_p99_ms": r.ttft(|t| t == 0, 0.99),
+                    "cache_hit": r.cache_hit(),
+                    "refused": r.sum(|x| x.failed),
+                    "refused_before_max_wait": r.sum(|x| x.failed_early),
+                    "missing": r.missing,
+                }),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hot_tenant_sends_half_in_bursts_and_the_quiet_ones_spread() {
+        let s = HotSettings::full(42);
+        let a = schedule(&s);
+        assert_eq!(a.len(), s.requests());
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at), "in time order");
+        let hot: Vec<&Arrival> = a.iter().filter(|x| x.tenant == 0).collect();
+        assert_eq!(hot.len(), s.requests() / 2);
+        for b in 0..s.bursts {
+            let at = s.burst_every * b as u32;
+            assert_eq!(hot.iter().filter(|x| x.at == at).count(), s.burst_size, "burst {b}");
+        }
+        let span = s.burst_every * s.bursts as u32;
+        let quiet: Vec<&Arrival> = a.iter().filter(|x| x.tenant > 0).collect();
+        assert!(quiet.iter().all(|x| x.at < span && x.tenant <= s.quiet_tenants));
+        for t in 1..=s.quiet_tenants {
+            let n = quiet.iter().filter(|x| x.tenant == t).count();
+            let even = quiet.len() / s.quiet_tenants;
+            assert!(n.abs_diff(even) <= 1, "tenant {t}: {n} requests, {even} even");
+        }
+        // Spread: every second of the span but the first has a quiet request in its neighbourhood.
+        for sec in 0..span.as_secs() {
+            let lo = Duration::from_secs(sec);
+            let hi = lo + Duration::from_secs(1);
+            assert!(
+                quiet.iter().any(|x| x.at >= lo && x.at < hi),
+                "no quiet request in second {sec}"
+            );
+        }
+        assert_eq!(schedule(&s), a, "seeded");
+        assert_ne!(schedule(&HotSettings::full(7)), a);
+    }
+
+    fn outcome(results: Vec<HotResult>) -> HotOutcome {
+        HotOutcome {
+            settings: HotSettings::quick(1),
+            results,
+            llama_version: "test".into(),
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    fn result(kind: SystemKind, quiet_ms: f64, cache_hit: f64, failed_early: usize) -> HotResult {
+        HotResult {
+            kind,
+            runs: vec![HotRun {
+                ttft_ms: (1..=5).map(|t| (t, quiet_ms)).chain([(0, 900.0)]).collect(),
+                cache_hit,
+                requests: 6 + failed_early,
+                failed: failed_early,
+                failed_early,
+                wall_s: 1.0,
+                first_error: None,
+            }],
+            missing: None,
+        }
+    }
+
+    #[test]
+    fn the_goals_compare_with_the_best_peer() {
+        let met = outcome(vec![
+            result(SystemKind::LlmrouteBoundedKeys, 1000.0, 0.50, 0),
+            result(SystemKind::LlmrouteLoad, 100.0, 0.45, 0),
+            result(SystemKind::LlmrouteLoadFairness, 400.0, 0.49, 0),
+            result(SystemKind::SglangCacheAware, 900.0, 0.40, 3),
+        ]);
+        let g = goals(&met);
+        assert_eq!(g.len(), 2, "one line per llmroute row with load: {g:?}");
+        let subject = g.iter().find(|x| x.kind == SystemKind::LlmrouteLoadFairness).unwrap();
+        assert_eq!(
+            subject.quiet_ratio.1,
+            Some(SystemKind::SglangCacheAware),
+            "llmroute + load is not a peer"
+        );
+        assert!((subject.quiet_ratio.0.unwrap() - 400.0 / 900.0).abs() < 1e-9);
+        assert_eq!((subject.quiet_met(), subject.hit_met()), (Some(true), Some(true)));
+        let missed = outcome(vec![
+            result(SystemKind::LlmrouteChwbl, 600.0, 0.60, 0),
+            result(SystemKind::LlmrouteLoadFairness, 400.0, 0.50, 2),
+        ]);
+        let g = goals(&missed);
+        assert_eq!(
+            (g[0].quiet_met(), g[0].hit_met(), g[0].refused_early),
+            (Some(false), Some(false), 2)
+        );
+        let md = markdown(&missed, &Machine::probe());
+        assert!(md.contains("**missed**") && md.contains("| llmroute chwbl |"), "{md}");
+        assert!(
+            goals(&outcome(vec![result(SystemKind::LlmrouteLoadFairness, 1.0, 0.1, 0)]))[0]
+                .quiet_met()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_failure_is_early_only_before_the_longest_wait() {
+        let ok = ChatOutcome {
+            ok: true,
+            ttft: Some(Duration::from_millis(120)),
+            ..ChatOutcome::default()
+        };
+        let refused = ChatOutcome {
+            status: 429,
+            total: Duration::from_millis(5),
+            error: Some("status 429".into()),
+            ..ChatOutcome::default()
+        };
+        let timed_out = ChatOutcome {
+            total: Duration::from_millis(MAX_WAIT_MS + 1),
+            ..refused.clone()
+        };
+        let arrivals = [0, 1, 2].map(|tenant| Arrival {
+            at: Duration::ZERO,
+            tenant,
+        });
+        let r = HotRun::of(&[ok, refused, timed_out], &arrivals, 30, 10, 1.0);
+        assert_eq!((r.failed, r.failed_early), (2, 1));
+        assert_eq!(r.ttft_ms, vec![(0, 120.0)]);
+        assert!((r.cache_hit - 0.25).abs() < 1e-9);
+        assert_eq!(r.first_error.as_deref(), Some("status 429"));
+    }
+}
