@@ -69,7 +69,7 @@ fn stderr(out: &Output) -> String {
 fn command_for(path: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmroute"));
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    if let Ok(cfg) = llmroute_core::load_config(&text) {
+    if let Ok(cfg) = llmroute_core::load_document(&text) {
         for v in cfg.env_vars() {
             cmd.env(v.name, placeholder(v.holds));
         }

@@ -622,7 +622,7 @@ fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&
         _ => {}
     }
     if kind == SystemKind::LlmrouteLoad {
-        config = load_config(config);
+        config = with_load(config);
     }
     if let Some(member) = store.filter(|_| kind.store()) {
         config["affinity"]["placement_store"] = json!({
@@ -657,17 +657,17 @@ pub const MAX_WAIT_MS: u64 = 30_000;
 /// [`SystemKind::LlmrouteLoad`]'s additions to the `bounded_keys` config: the engines' queues polled every
 /// [`LOAD_POLL_MS`] (a queued host takes no new key), and an in-flight bound of [`LOAD_BALANCE_FACTOR`], so a
 /// known key's requests stay with its host's prompt cache, and a tenant that floods its host floods only that one.
-fn load_config(mut config: Value) -> Value {
+fn with_load(mut config: Value) -> Value {
     config["backends"][0]["load"] = json!({ "poll_ms": LOAD_POLL_MS });
     config["backends"][0]["balance_factor"] = json!(LOAD_BALANCE_FACTOR);
     config
 }
 
-/// [`SystemKind::LlmrouteLoadFairness`]: [`load_config`], and a fair queue by [`TENANT_HEADER`] in front of a
+/// [`SystemKind::LlmrouteLoadFairness`]: [`with_load`], and a fair queue by [`TENANT_HEADER`] in front of a
 /// `max_inflight` of `per_slot` requests per slot of the fleet: past that many in flight, requests wait in the
 /// filter and the least-served tenant goes first, instead of all waiting in the engines' first-come queues.
 fn load_fairness_config(config: Value, slots: &[u32], per_slot: u32) -> Value {
-    let mut config = load_config(config);
+    let mut config = with_load(config);
     config["backends"][0]["max_inflight"] = json!((slots.iter().sum::<u32>() * per_slot).max(1));
     config["fairness"] = json!({ "by": { "header": TENANT_HEADER }, "max_wait_ms": MAX_WAIT_MS });
     config
