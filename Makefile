@@ -98,7 +98,7 @@ unit: cli ## Native tests: the core's decisions, the renderer, the emulator, the
 
 # The real-Envoy modules that pass on the native build (docs/native.md), about three minutes; `deployments` passes too
 # and is left to LLMROUTE_BUILD=native make e2e for its length. The corpus's trap test and `failure` are the wasm VM's.
-NATIVE_E2E := native:: chat:: apis:: corpus:: credentials:: discovery:: etcd_discovery:: fairness:: fleet_check:: \
+NATIVE_E2E := native:: chat:: apis:: corpus:: credentials:: discovery:: etcd_discovery:: fairness:: fair_hosts:: fleet_check:: \
 	global_limits:: istio:: load:: nvcf:: observability:: placement:: replicas:: resilience:: smuggling:: status:: \
 	stream_upstream:: streams:: tls:: admission::
 

@@ -39,6 +39,8 @@ pub struct Pin {
     backend: String,
     host: usize,
     hosts: usize,
+    /// The chosen host's id in the key table (the fair queue's per-host count names it so).
+    pub host_id: u32,
     pub choice: HostChoice,
 }
 
@@ -121,13 +123,15 @@ pub fn pin_stored(
         }
     }
     let choice = choice?;
-    let address = &hosts.get(choice.host)?.address;
+    let chosen = hosts.get(choice.host)?;
+    let address = &chosen.address;
     envoy.set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(address)));
     adjust_in_flight(envoy, cluster, hosts.len(), choice.host, true);
     Some(Pin {
         backend: cluster.to_string(),
         host: choice.host,
         hosts: hosts.len(),
+        host_id: chosen.id(),
         choice,
     })
 }

@@ -2,7 +2,7 @@
 //! banks no credit, a client that leaves is charged nothing, and the shared-data encoding round-trips.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-use llmroute_core::fairness::{self, Arrival, FairQueue, Refusal, Waiter};
+use llmroute_core::fairness::{self, Arrival, Capacity, FairQueue, Refusal, Waiter, NO_HOST};
 use proptest::prelude::*;
 
 fn waiter(id: u64, tenant: u64, weight: u32, input: u32, at: u64) -> Waiter {
@@ -13,7 +13,12 @@ fn waiter(id: u64, tenant: u64, weight: u32, input: u32, at: u64) -> Waiter {
         input_tokens: input,
         arrived_ms: at,
         deadline_ms: at + 30_000,
+        host: NO_HOST,
     }
+}
+
+fn on_host(w: Waiter, host: u32) -> Waiter {
+    Waiter { host, ..w }
 }
 
 #[derive(Debug, Clone)]
@@ -137,7 +142,7 @@ proptest! {
                 0 | 1 => {
                     next_id += 1;
                     let id = (worker << 32) | next_id;
-                    let w = Waiter { id, tenant, weight: weight_of(tenant), input_tokens: n, arrived_ms: now, deadline_ms: now + ms };
+                    let w = Waiter { id, tenant, weight: weight_of(tenant), input_tokens: n, arrived_ms: now, deadline_ms: now + ms, host: NO_HOST };
                     let before = q.clone();
                     match fairness::arrive(&mut q, w, now, capacity, 8) {
                         Arrival::Admitted => {
@@ -172,7 +177,7 @@ proptest! {
                         }
                         // The next grant sees this one admitted and charged.
                         seen.leave(w.id);
-                        seen.admit_now(w.tenant, w.weight, w.input_tokens);
+                        seen.admit_now(w.tenant, w.weight, w.input_tokens, NO_HOST);
                         running.push(w.tenant);
                     }
                     if g.admitted.is_empty() && q.running() < capacity {
@@ -186,7 +191,7 @@ proptest! {
                 3 => {
                     if !running.is_empty() {
                         let t = running.remove(n as usize % running.len());
-                        q.complete_measured(t, weight_of(t), 0, None, ms);
+                        q.complete_measured(t, weight_of(t), NO_HOST, 0, None, ms);
                     }
                 }
                 _ => now += ms,
@@ -202,9 +207,9 @@ proptest! {
         estimate in 0u32..5000, measured in proptest::option::of(0u64..5000), output in 0u64..5000, weight in 1u32..5,
     ) {
         let mut q = FairQueue::default();
-        q.admit_now(1, weight, estimate);
+        q.admit_now(1, weight, estimate, NO_HOST);
         let start = q.tenant(1).unwrap().counter - u64::from(estimate) * fairness::SCALE / u64::from(weight);
-        q.complete_measured(1, weight, estimate, measured, output);
+        q.complete_measured(1, weight, NO_HOST, estimate, measured, output);
         let input = measured.unwrap_or(u64::from(estimate));
         let want = (input + 2 * output) * fairness::SCALE / u64::from(weight);
         let got = q.tenant(1).unwrap().counter - start;
@@ -241,10 +246,10 @@ fn a_tenant_back_from_idle_starts_level_with_the_least_active() {
 #[test]
 fn a_new_tenant_on_an_idle_backend_starts_at_the_floor() {
     let mut q = FairQueue::default();
-    q.admit_now(1, 1, 5000);
+    q.admit_now(1, 1, 5000, NO_HOST);
     q.complete(1, 1, 0);
     assert_eq!(q.floor, 5000 * fairness::SCALE);
-    q.admit_now(2, 1, 0);
+    q.admit_now(2, 1, 0, NO_HOST);
     assert_eq!(q.tenant(2).unwrap().counter, 5000 * fairness::SCALE);
 }
 
@@ -293,7 +298,7 @@ fn a_request_arriving_at_a_free_slot_goes_at_once_and_at_a_full_one_waits() {
     assert_eq!(q.grant_own(0, 1, |id| id == 2).admitted.len(), 1);
     // Expired waiters leave whoever looks, before a full queue is judged.
     let mut q = FairQueue::default();
-    q.admit_now(9, 1, 0);
+    q.admit_now(9, 1, 0, NO_HOST);
     q.arrive(waiter(5, 5, 1, 1, 0), 0, 1).unwrap();
     assert_eq!(
         fairness::arrive(&mut q, waiter(6, 6, 1, 1, 30_000), 30_000, 1, 1),
@@ -311,4 +316,113 @@ fn a_full_queue_and_expired_waiters_are_refused() {
     assert_eq!(g.admitted, None);
     assert_eq!(g.expired.len(), 1);
     assert_eq!(q.tenant(1).unwrap().active, 0);
+}
+
+proptest! {
+    /// With a per-host bound: under any order of arrivals on three hosts, admissions by any worker, completions and
+    /// clock steps, no host runs more than its bound and the backend no more than its own; each admission is the
+    /// least-served tenant's earliest waiter among the waiters whose host has room (a waiter on a full host holds
+    /// nobody back); a request admitted on arrival found room on its host and jumped no waiter that could go with
+    /// less service; after a
+    /// worker that holds every waiter releases, no waiter whose host has room is left while the backend has room;
+    /// and the queue still round-trips through its encoding.
+    #[test]
+    fn hosts_hold_their_bound_and_a_full_host_holds_nobody_back(
+        backend in 1u64..8,
+        per_host in 1u32..3,
+        ops in proptest::collection::vec((0u8..5, 1u32..4, 0u64..4, 1u32..3000, 0u64..3000), 1..200),
+    ) {
+        let cap = Capacity { backend, per_host: Some(per_host) };
+        let mut q = FairQueue::default();
+        let (mut now, mut next_id) = (0u64, 0u64);
+        let mut running: Vec<(u64, u32)> = Vec::new();
+        let eligible = |q: &FairQueue, w: &Waiter| q.host_has_room(w.host, cap);
+        for (kind, host, tenant, n, ms) in ops {
+            match kind {
+                0 | 1 => {
+                    next_id += 1;
+                    let w = on_host(Waiter { deadline_ms: now + ms.max(1), ..waiter(next_id, tenant, weight_of(tenant), n, now) }, host);
+                    let mut before = q.clone();
+                    before.expire(now);
+                    if fairness::arrive(&mut q, w, now, cap, 64) == Arrival::Admitted {
+                        prop_assert!(before.running() < backend && before.host_has_room(host, cap));
+                        // It jumped no waiter that could go and had less service.
+                        let lifted = q.tenant(tenant).unwrap().counter - u64::from(n) * fairness::SCALE / u64::from(weight_of(tenant));
+                        for x in before.waiters.iter().filter(|x| eligible(&before, x)) {
+                            prop_assert!(lifted <= before.tenant(x.tenant).unwrap().counter);
+                        }
+                        running.push((tenant, host));
+                    }
+                }
+                2 => {
+                    let mut seen = q.clone();
+                    seen.expire(now);
+                    let g = q.grant_own(now, cap, |_| true);
+                    for w in &g.admitted {
+                        prop_assert!(eligible(&seen, w));
+                        let c = |t: u64| seen.tenant(t).unwrap().counter;
+                        for other in seen.waiters.iter().filter(|o| eligible(&seen, o)) {
+                            prop_assert!(c(w.tenant) <= c(other.tenant));
+                            if other.tenant == w.tenant { prop_assert!(w.arrived_ms <= other.arrived_ms); }
+                        }
+                        seen.leave(w.id);
+                        seen.admit_now(w.tenant, w.weight, w.input_tokens, w.host);
+                        running.push((w.tenant, w.host));
+                    }
+                    if q.running() < backend {
+                        prop_assert!(!q.waiters.iter().any(|w| eligible(&q, w)), "a waiter with room was left");
+                    }
+                }
+                3 => {
+                    if !running.is_empty() {
+                        let (t, h) = running.remove(n as usize % running.len());
+                        q.complete_measured(t, weight_of(t), h, 0, None, ms);
+                    }
+                }
+                _ => now += ms,
+            }
+            prop_assert!(q.running() <= backend);
+            prop_assert_eq!(q.running(), running.len() as u64);
+            for h in 1..4u32 {
+                let model = running.iter().filter(|(_, x)| *x == h).count() as u32;
+                prop_assert_eq!(q.host_running(h), model);
+                prop_assert!(model <= per_host, "host {} runs {} over {}", h, model, per_host);
+            }
+            prop_assert_eq!(fairness::decode(&fairness::encode(&q)), q.clone());
+        }
+    }
+}
+
+/// A flood that fills its host waits there, while a quiet tenant on another host goes at once, even though the
+/// flood's tenant is less served and arrived first.
+#[test]
+fn a_flood_held_at_its_full_host_does_not_hold_back_a_quiet_tenant_elsewhere() {
+    let cap = Capacity {
+        backend: 8,
+        per_host: Some(1),
+    };
+    let mut q = FairQueue::default();
+    assert_eq!(
+        fairness::arrive(&mut q, on_host(waiter(1, 7, 1, 10, 0), 1), 0, cap, 64),
+        Arrival::Admitted
+    );
+    for id in 2..6 {
+        assert_eq!(
+            fairness::arrive(&mut q, on_host(waiter(id, 7, 1, 10, 0), 1), 0, cap, 64),
+            Arrival::Queued
+        );
+    }
+    // The quiet tenant is charged far more than the flood so far, and still goes: its host is free.
+    q.admit_now(8, 1, 100_000, NO_HOST);
+    q.complete(8, 1, 0);
+    let quiet = on_host(waiter(9, 8, 1, 10, 0), 2);
+    assert_eq!(fairness::arrive(&mut q, quiet, 0, cap, 64), Arrival::Admitted);
+    assert_eq!((q.host_running(1), q.host_running(2), q.depth()), (1, 1, 4));
+    // The flood's host frees: its next waiter goes, one at a time.
+    q.complete_measured(7, 1, 1, 10, None, 0);
+    let g = q.grant_own(0, cap, |_| true);
+    assert_eq!(g.admitted.iter().map(|w| w.id).collect::<Vec<_>>(), vec![2]);
+    // Without the per-host bound, the same queue would let every flood waiter run.
+    let g = q.grant_own(0, 8u64, |_| true);
+    assert_eq!(g.admitted.len(), 3);
 }

@@ -178,3 +178,54 @@ proptest! {
         }
     }
 }
+
+fn in_flight(mut h: Vec<HostView>, n: &[u32]) -> Vec<HostView> {
+    for (h, n) in h.iter_mut().zip(n) {
+        h.in_flight = *n;
+    }
+    h
+}
+
+fn host_bound(max: u32) -> Bounds {
+    Bounds {
+        host_max_inflight: Some(max),
+        in_flight_factor: 100_000,
+        ..bounds(100)
+    }
+}
+
+/// `host_max_inflight`: a host at its bound takes no new key while another has room (the shares are over the
+/// others), a known key on it stays there (its request waits in the fair queue), and when every host is at its
+/// bound keys are placed as without it.
+#[test]
+fn a_host_at_its_in_flight_bound_takes_no_new_key_and_its_keys_stay() {
+    let full = in_flight(hosts(3), &[2, 0, 1]);
+    let mut t = KeyTable::default();
+    for i in 0..6 {
+        let c = choose(&mut t, &full, key(i), 1000, &host_bound(2)).unwrap();
+        assert_eq!(c.reason, PlacementReason::Placed);
+        assert_ne!(c.host, 0, "key {i} went to the full host");
+    }
+    assert_eq!(live_keys(&t, &full), vec![0, 3, 3]);
+
+    let mut t = KeyTable::default();
+    let k = key(1);
+    let home = choose(&mut t, &hosts(3), k, 1000, &host_bound(2)).unwrap().host;
+    let mut n = vec![0; 3];
+    n[home] = 9;
+    let c = choose(&mut t, &in_flight(hosts(3), &n), k, 1001, &host_bound(2)).unwrap();
+    assert_eq!((c.host, c.reason), (home, PlacementReason::Pinned));
+
+    let all = in_flight(hosts(3), &[2, 3, 2]);
+    let (mut a, mut b) = (KeyTable::default(), KeyTable::default());
+    let without = Bounds {
+        host_max_inflight: None,
+        ..host_bound(2)
+    };
+    for i in 0..12 {
+        assert_eq!(
+            choose(&mut a, &all, key(i), 1000, &host_bound(2)),
+            choose(&mut b, &all, key(i), 1000, &without)
+        );
+    }
+}

@@ -5,7 +5,7 @@
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use llmroute_core::key_placement::policy::{EngineQueue, Health, InFlight};
+use llmroute_core::key_placement::policy::{EngineQueue, Health, HostLimit, InFlight};
 use llmroute_core::key_placement::{BoundedKeysPolicy, PlacementReason, Signal};
 
 mod common;
@@ -13,10 +13,26 @@ mod common;
 use common::{bounds, hosts};
 
 #[test]
-fn bounded_keys_weighs_health_then_the_engine_queue_then_requests_in_flight() {
+fn bounded_keys_weighs_health_then_the_engine_queue_then_the_host_bound_then_requests_in_flight() {
     let policy = BoundedKeysPolicy::new(bounds(150));
     let names: Vec<&str> = policy.signals().iter().map(|s| s.name()).collect();
-    assert_eq!(names, ["health", "engine_queue", "in_flight"]);
+    assert_eq!(names, ["health", "engine_queue", "host_limit", "in_flight"]);
+}
+
+#[test]
+fn a_host_at_its_bound_takes_no_key_and_holds_no_request_back() {
+    let mut h = hosts(2);
+    h[0].in_flight = 2;
+    h[1].in_flight = 1;
+    let limit = HostLimit { max: Some(2) };
+    assert!(!limit.takes_keys(&h, 0));
+    assert!(limit.takes_keys(&h, 1));
+    assert_eq!(
+        limit.holds_back(&h, 0),
+        None,
+        "a known key's request waits for its host in the fair queue"
+    );
+    assert!(HostLimit { max: None }.takes_keys(&h, 0));
 }
 
 #[test]

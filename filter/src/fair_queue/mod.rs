@@ -8,7 +8,9 @@
 //!   alias' first backend.
 //! - **Arrival** ([`enter`], once the request is routed and placed): with a free slot and nobody waiting it goes
 //!   on; else it joins the queue and pauses, unless the queue is full or the client asked not to wait (a 429 at
-//!   once). It is admitted at once if a slot is free and its tenant is the least served.
+//!   once). It is admitted at once if a slot is free and its tenant is the least served. With
+//!   `host_max_inflight`, a slot is a place on the backend and on the host its pin names ([`capacity`]), and
+//!   waiters whose host is full are passed over (see `llmroute_core::fairness`).
 //! - **Release.** A waiter is named by the worker that holds it (a number each worker VM draws once at random)
 //!   and its context id. Each worker releases only its own: on the root context's tick (every [`TICK_MS`] while
 //!   this worker holds a waiter) and when one of its requests ends, it admits its waiters while one of them goes
@@ -32,7 +34,7 @@ use std::rc::{Rc, Weak};
 
 use llmroute_core::config::Backend;
 use llmroute_core::envoy_contract::{log_fields, metrics as names, shared};
-use llmroute_core::fairness::{self, Arrival, FairQueue, QueueView, Refusal, Waiter};
+use llmroute_core::fairness::{self, Arrival, Capacity, FairQueue, QueueView, Refusal, Waiter};
 use llmroute_core::key_placement::in_flight::CAS_ATTEMPTS;
 use llmroute_core::request_plan::{headers::Tenant, LocalReply};
 use llmroute_core::stream::Usage;
@@ -112,17 +114,31 @@ pub enum Gate {
     Refuse(GatewayError),
 }
 
-/// A routed request (decision `d`, of tenant `tenant`, in request context `context_id`) arrives at its backend's
-/// queue. See the module doc.
-pub fn enter(
-    envoy: &Envoy,
-    cfg: &Config,
-    tenant: Option<Tenant>,
-    d: &RouteDecision,
-    context_id: u32,
-    request_id: Option<&str>,
-    metrics: &Metrics,
-) -> Gate {
+/// Who a routed request is, at its backend's queue.
+pub struct Queued<'a> {
+    pub tenant: Option<Tenant>,
+    /// The host placement pinned it to (`fairness::NO_HOST` when Envoy picks).
+    pub host: u32,
+    pub context_id: u32,
+    pub request_id: Option<&'a str>,
+}
+
+/// What one backend runs at once: its `max_inflight`, and its `host_max_inflight`.
+pub(crate) fn capacity(b: &Backend) -> Capacity {
+    Capacity {
+        backend: u64::from(b.max_inflight),
+        per_host: b.host_max_inflight,
+    }
+}
+
+/// A routed request (decision `d`) arrives at its backend's queue. See the module doc.
+pub fn enter(envoy: &Envoy, cfg: &Config, d: &RouteDecision, r: Queued, metrics: &Metrics) -> Gate {
+    let Queued {
+        tenant,
+        host,
+        context_id,
+        request_id,
+    } = r;
     let (Some(f), Some(t)) = (&cfg.fairness, tenant) else {
         return Gate::Go(None);
     };
@@ -137,8 +153,9 @@ pub fn enter(
         input_tokens: u32::try_from(d.input_tokens).unwrap_or(u32::MAX),
         arrived_ms: now,
         deadline_ms: now.saturating_add(t.wait_ms),
+        host,
     };
-    let capacity = u64::from(b.max_inflight);
+    let capacity = capacity(b);
     let Some(arrival) = update(envoy, b, metrics, |q| {
         fairness::arrive(q, w, now, capacity, f.max_queue)
     }) else {
@@ -204,6 +221,7 @@ pub fn end(envoy: &Envoy, cfg: &Config, ticket: Ticket, usage: &Usage, metrics: 
         State::Running => Op::Complete {
             tenant: h.waiter.tenant,
             weight: h.waiter.weight,
+            host: h.waiter.host,
             input: h.waiter.input_tokens,
             measured_input: usage.prompt_tokens,
             output: usage.completion_tokens.unwrap_or(0),
@@ -282,7 +300,7 @@ pub fn with_queues(envoy: &Envoy, cfg: &Config, body: Vec<u8>) -> Vec<u8> {
                 .0
                 .map(|bytes| fairness::decode(&bytes))
                 .unwrap_or_default();
-            (b.name.as_str(), QueueView::of(&q, b.max_inflight))
+            (b.name.as_str(), QueueView::of(&q, capacity(b)))
         })
         .collect();
     fairness::add_to_status(body, &views)

@@ -13,6 +13,7 @@ pub(super) enum Op {
     Complete {
         tenant: u64,
         weight: u32,
+        host: u32,
         input: u32,
         measured_input: Option<u64>,
         output: u64,
@@ -28,10 +29,11 @@ impl Op {
             Op::Complete {
                 tenant,
                 weight,
+                host,
                 input,
                 measured_input,
                 output,
-            } => q.complete_measured(tenant, weight, input, measured_input, output),
+            } => q.complete_measured(tenant, weight, host, input, measured_input, output),
         }
     }
 }
@@ -63,7 +65,7 @@ pub(super) fn release(envoy: &Envoy, b: &Backend, metrics: &Metrics, op: Option<
         })
         .unwrap_or_default();
     let now = envoy.now_ms();
-    let capacity = u64::from(b.max_inflight);
+    let capacity = capacity(b);
     let outcome = update(envoy, b, metrics, |q| {
         if let Some(op) = op {
             op.apply(q);
@@ -120,6 +122,7 @@ pub(super) fn release(envoy: &Envoy, b: &Backend, metrics: &Metrics, op: Option<
                     Op::Complete {
                         tenant: h.waiter.tenant,
                         weight: h.waiter.weight,
+                        host: h.waiter.host,
                         input: h.waiter.input_tokens,
                         measured_input: None,
                         output: 0,

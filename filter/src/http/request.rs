@@ -5,7 +5,7 @@ use llmroute_core::envoy_contract::log_fields;
 use llmroute_core::request_plan;
 use llmroute_core::request_plan::body::{self, Edit, Facts, Length, RoutePlan};
 use llmroute_core::request_plan::headers::{self as headers_plan, Next};
-use llmroute_core::{headers, models, Config, Endpoint, GatewayError};
+use llmroute_core::{fairness, headers, models, Config, Endpoint, GatewayError};
 use proxy_wasm::types::Action;
 
 use super::Http;
@@ -230,7 +230,14 @@ impl Http {
             return Action::Continue;
         };
         let id = self.request_id.as_deref();
-        match crate::fair_queue::enter(&self.envoy, cfg, self.tenant, d, self.context_id, id, &self.metrics) {
+        let host = self.pin.as_ref().map_or(fairness::NO_HOST, |p| p.host_id);
+        let queued = crate::fair_queue::Queued {
+            tenant: self.tenant,
+            host,
+            context_id: self.context_id,
+            request_id: id,
+        };
+        match crate::fair_queue::enter(&self.envoy, cfg, d, queued, &self.metrics) {
             Gate::Go(ticket) => {
                 self.ticket = ticket;
                 Action::Continue

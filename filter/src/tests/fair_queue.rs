@@ -314,6 +314,7 @@ fn another_workers_waiter_that_goes_next_is_left_to_that_worker() {
         input_tokens: 5,
         arrived_ms: now,
         deadline_ms: now + 500,
+        host: fairness::NO_HOST,
     };
     rewrite_queue(&fake, |q| q.arrive(theirs, now, 8).unwrap());
     let (_b, action) = arrive(&fake, &root, 2, "bob");
@@ -396,4 +397,49 @@ fn without_fairness_nothing_is_queued() {
     let mut x = Exchange::new(&fake, &root, 1);
     run_chat(&mut x, false);
     assert_eq!(fake.shared(&shared::fair_queue(BACKEND)), None);
+}
+
+/// `host_max_inflight: 1` on two hosts with `bounded_keys`: the flood's second request waits for its key's host,
+/// a quiet tenant's new key goes to the other host at once (the backend has room), and the flood's waiter goes when
+/// its host frees.
+#[test]
+fn a_request_waits_for_its_full_host_while_another_host_serves_a_quiet_tenant() {
+    let fake = FakeHost::new();
+    let config = fair_config(8)
+        .replace(
+            r#""max_inflight": 1 }"#,
+            r#""max_inflight": 8, "host_max_inflight": 1 }"#,
+        )
+        .replace(
+            r#""affinity": { "session_headers": ["x-session-id"] }"#,
+            r#""affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" }"#,
+        );
+    let mut root = root(&fake, &config);
+    let flood_key = [("x-session-id", "flood-doc")];
+    let (mut first, action) = arrive_with(&fake, &root, 1, "flood", &flood_key, None);
+    assert_eq!(action, Action::Continue);
+    let (mut second, action) = arrive_with(&fake, &root, 2, "flood", &flood_key, None);
+    assert_eq!(action, Action::Pause, "its key's host runs one already");
+    let q = queue(&fake);
+    assert_eq!((q.running(), q.depth()), (1, 1));
+    let flood_host = q.waiters[0].host;
+    assert_eq!(q.host_running(flood_host), 1);
+    let (mut quiet, action) = arrive_with(&fake, &root, 3, "quiet", &[("x-session-id", "quiet-chat")], None);
+    assert_eq!(
+        action,
+        Action::Continue,
+        "a new key goes to the host with room, at once"
+    );
+    let q = queue(&fake);
+    assert_eq!((q.running(), q.depth()), (2, 1));
+    assert_eq!(q.hosts.len(), 2, "the quiet tenant runs on the other host");
+    answer(&mut quiet);
+    assert_eq!(fake.resumes(), 0, "the flood's host is still full");
+    answer(&mut first);
+    assert_eq!(fake.resumes(), 1, "its host freed: the flood's waiter goes");
+    tick(&fake, &mut root);
+    let q = queue(&fake);
+    assert_eq!((q.running(), q.depth(), q.host_running(flood_host)), (1, 0, 1));
+    answer(&mut second);
+    assert_eq!(queue(&fake).hosts, vec![]);
 }

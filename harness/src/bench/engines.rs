@@ -120,6 +120,9 @@ pub enum SystemKind {
     /// `LlmrouteLoadFairness` with `max_inflight` at the fleet's slots: the fair queue holds every request past
     /// one per slot.
     LlmrouteLoadFairnessAtSlots,
+    /// `LlmrouteLoadFairness` with `host_max_inflight` at each engine's slots: a request whose engine is full
+    /// waits in the filter for it, and waiters on a full engine hold nobody else back.
+    LlmrouteLoadFairnessPerHost,
 }
 
 impl SystemKind {
@@ -130,10 +133,11 @@ impl SystemKind {
     ];
 
     /// In the hot-tenant workload's default run only (see [`super::hot_tenant::SYSTEMS`]).
-    pub const HOT: [SystemKind; 3] = [
+    pub const HOT: [SystemKind; 4] = [
         SystemKind::LlmrouteLoad,
         SystemKind::LlmrouteLoadFairness,
         SystemKind::LlmrouteLoadFairnessAtSlots,
+        SystemKind::LlmrouteLoadFairnessPerHost,
     ];
 
     pub const ALL: [SystemKind; 8] = [
@@ -162,6 +166,7 @@ impl SystemKind {
             SystemKind::LlmrouteLoadFairness => "llmroute bounded_keys + load + fairness",
             SystemKind::LlmrouteLoad => "llmroute bounded_keys + load",
             SystemKind::LlmrouteLoadFairnessAtSlots => "llmroute bounded_keys + load + fairness at the slots",
+            SystemKind::LlmrouteLoadFairnessPerHost => "llmroute bounded_keys + load + fairness per host",
         }
     }
 
@@ -181,6 +186,7 @@ impl SystemKind {
             SystemKind::LlmrouteLoadFairness => "load_fairness",
             SystemKind::LlmrouteLoad => "load",
             SystemKind::LlmrouteLoadFairnessAtSlots => "load_fairness_at_slots",
+            SystemKind::LlmrouteLoadFairnessPerHost => "load_fairness_per_host",
         }
     }
 
@@ -208,6 +214,7 @@ impl SystemKind {
                 | SystemKind::LlmrouteLoadFairness
                 | SystemKind::LlmrouteLoad
                 | SystemKind::LlmrouteLoadFairnessAtSlots
+                | SystemKind::LlmrouteLoadFairnessPerHost
         )
     }
 
@@ -241,6 +248,10 @@ impl SystemKind {
             SystemKind::LlmrouteLoadFairnessAtSlots => {
                 "as `bounded_keys + load`, plus a fair queue by `x-tenant-id` at `max_inflight` 6 (1 per slot)"
             }
+            SystemKind::LlmrouteLoadFairnessPerHost => {
+                "as `bounded_keys + load + fairness`, plus `host_max_inflight` 2 (each engine's slots): a request \
+                 whose engine is full waits in the filter for it"
+            }
         }
     }
 
@@ -252,7 +263,8 @@ impl SystemKind {
             | SystemKind::LlmrouteBoundedKeysEtcdReplicas
             | SystemKind::LlmrouteLoadFairness
             | SystemKind::LlmrouteLoad
-            | SystemKind::LlmrouteLoadFairnessAtSlots => Some("chwbl"),
+            | SystemKind::LlmrouteLoadFairnessAtSlots
+            | SystemKind::LlmrouteLoadFairnessPerHost => Some("chwbl"),
             SystemKind::LlmrouteLeastRequest => Some("least_request"),
             SystemKind::LlmrouteRoundRobin => Some("round_robin"),
             _ => None,
@@ -619,6 +631,10 @@ fn llmroute_config(kind: SystemKind, base: Value, slots: &[u32], store: Option<&
     match kind {
         SystemKind::LlmrouteLoadFairness => config = load_fairness_config(config, slots, QUEUE_PER_SLOT),
         SystemKind::LlmrouteLoadFairnessAtSlots => config = load_fairness_config(config, slots, 1),
+        SystemKind::LlmrouteLoadFairnessPerHost => {
+            config = load_fairness_config(config, slots, QUEUE_PER_SLOT);
+            config["backends"][0]["host_max_inflight"] = json!(slots.iter().copied().max().unwrap_or(1).max(1));
+        }
         _ => {}
     }
     if kind == SystemKind::LlmrouteLoad {
@@ -1165,7 +1181,7 @@ mod tests {
             .chain(&SystemKind::HOT)
             .all(|k| k.replicas() == 1 && !k.store()));
         assert_eq!(
-            parse_systems("load,load_fairness,load_fairness_at_slots").unwrap(),
+            parse_systems("load,load_fairness,load_fairness_at_slots,load_fairness_per_host").unwrap(),
             SystemKind::HOT.to_vec()
         );
         assert!(!Settings::full(1).systems.contains(&SystemKind::LlmrouteLoadFairness));
@@ -1294,6 +1310,17 @@ mod tests {
             None,
         );
         assert_eq!(tight["backends"][0]["max_inflight"], json!(3 * SLOTS));
+        let per_host = llmroute_config(
+            SystemKind::LlmrouteLoadFairnessPerHost,
+            base_config(),
+            &[SLOTS; 3],
+            None,
+        );
+        let cfg = llmroute_core::load_config(&per_host.to_string()).expect("the filter accepts it");
+        assert_eq!(
+            (cfg.backends[0].max_inflight, cfg.backends[0].host_max_inflight),
+            (3 * SLOTS * QUEUE_PER_SLOT, Some(SLOTS))
+        );
         let plain = llmroute_config(SystemKind::LlmrouteBoundedKeys, base_config(), &[SLOTS; 3], None);
         assert!(plain.get("fairness").is_none() && plain["backends"][0].get("load").is_none());
     }

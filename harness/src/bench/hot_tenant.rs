@@ -36,11 +36,12 @@ const BACKEND: &str = "llama";
 
 /// The systems of a default run: llmroute without and with load and fairness, Envoy's own balancers behind the
 /// filter, and the peer routers' load-aware and affinity policies.
-pub const SYSTEMS: [SystemKind; 8] = [
+pub const SYSTEMS: [SystemKind; 9] = [
     SystemKind::LlmrouteBoundedKeys,
     SystemKind::LlmrouteLoad,
     SystemKind::LlmrouteLoadFairness,
     SystemKind::LlmrouteLoadFairnessAtSlots,
+    SystemKind::LlmrouteLoadFairnessPerHost,
     SystemKind::LlmrouteChwbl,
     SystemKind::LlmrouteLeastRequest,
     SystemKind::SglangCacheAware,

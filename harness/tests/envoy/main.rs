@@ -15,6 +15,7 @@ mod discovery;
 mod edge;
 mod etcd_discovery;
 mod failure;
+mod fair_hosts;
 mod fairness;
 mod fleet_check;
 mod global_limits;

@@ -237,6 +237,8 @@ pub struct Backend {
     pub balance_factor: u32,
     pub connect_timeout_ms: u64,
     pub max_inflight: u32,
+    /// With `fairness` and bounded-keys placement: most requests in flight per host (see `crate::fairness`).
+    pub host_max_inflight: Option<u32>,
     pub max_context: Option<u32>,
     /// `None` when active health checks are off.
     pub health: Option<Health>,

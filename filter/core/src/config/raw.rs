@@ -195,6 +195,10 @@ pub struct RawBackend {
     /// `Retry-After`. Default 1024.
     #[serde(default)]
     pub max_inflight: Option<u32>,
+    /// With `fairness`: most requests this Envoy runs at once on one host of the backend (with bounded-keys
+    /// placement, which names the host); a request whose host is full waits in the fair queue. `1` to `100000`.
+    #[serde(default)]
+    pub host_max_inflight: Option<u32>,
     /// The engines' context window in tokens; requests that cannot fit are refused or sent elsewhere.
     #[serde(default)]
     pub max_context: Option<u32>,

@@ -26,6 +26,9 @@
 //!   [`Bounds::spill_queue`] goes to the next host in the key's rendezvous order whose queue is within it
 //!   ([`PlacementReason::Queued`]), while the key stays. A host with no fresh reading counts as not queued, so a
 //!   stale poll falls back to the in-flight counts alone.
+//! - **A host at `host_max_inflight`** (with `fairness`; [`Bounds::host_max_inflight`]) takes no new key while
+//!   another up host has room, so a new key is not placed behind a flood that fills its host. A known key's
+//!   request stays on its full host and waits in the fair queue for it (see [`crate::fairness`]).
 //! - A host weighs its `slots` (config, or the server's `/props` `total_slots`), at most [`MAX_SLOTS`].
 //!
 //! Everything here is a pure function of the table, the hosts' view and the clock, so two replicas that saw the
@@ -163,6 +166,9 @@ pub struct Bounds {
     /// The engine queue past which a known key's request goes to another host (`backends[].load.spill_queue`);
     /// `None`: never.
     pub spill_queue: Option<u32>,
+    /// Most of this Envoy's requests in flight on one host before it takes no new key
+    /// (`backends[].host_max_inflight`); `None`: no such bound.
+    pub host_max_inflight: Option<u32>,
 }
 
 impl Bounds {
@@ -173,13 +179,16 @@ impl Bounds {
             idle_ttl_ms: keys.idle_ttl_ms,
             max_keys: keys.max_keys,
             spill_queue: None,
+            host_max_inflight: None,
         }
     }
 
-    /// The bounds of `backend`: its `balance_factor`, and its `load.spill_queue` when it polls engine load.
+    /// The bounds of `backend`: its `balance_factor`, its `load.spill_queue` when it polls engine load, and its
+    /// `host_max_inflight`.
     pub fn for_backend(keys: &BoundedKeys, backend: &Backend) -> Bounds {
         Bounds {
             spill_queue: backend.load.and_then(|l| l.spill_queue),
+            host_max_inflight: backend.host_max_inflight,
             ..Bounds::new(keys, backend.balance_factor)
         }
     }

@@ -14,7 +14,8 @@
 //!
 //! `bounded_keys` weighs, in this order: [`Health`] (Envoy's view: down hosts neither take keys nor serve),
 //! [`EngineQueue`] (the engine's own queue from its `/metrics`: a queued host takes no new key, and one past
-//! `spill_queue` passes its requests on as [`PlacementReason::Queued`]) and [`InFlight`] (this Envoy's requests in
+//! `spill_queue` passes its requests on as [`PlacementReason::Queued`]), [`HostLimit`] (a host carrying
+//! `host_max_inflight` of this Envoy's requests takes no new key) and [`InFlight`] (this Envoy's requests in
 //! flight, over the backend's `balance_factor` bound: [`PlacementReason::Spilled`]).
 //!
 //! **Adding a signal** (KV-cache use, say): implement [`Signal`] over a new [`HostView`] field that the views
@@ -122,10 +123,31 @@ impl Signal for InFlight {
     }
 }
 
+/// A host's absolute bound on this Envoy's requests in flight (`backends[].host_max_inflight`, kept by the fair
+/// queue): a host at it takes no new key while another up host has room, so a new key does not land behind a flood
+/// that fills its host before any engine poll shows a queue. It holds no request back: a known key's request stays
+/// with its cache and waits in the fair queue for its host. Like engine load, it is an input of this Envoy's view;
+/// with a placement store, replicas' proposals are settled in commit order.
+pub struct HostLimit {
+    pub max: Option<u32>,
+}
+
+impl Signal for HostLimit {
+    fn name(&self) -> &'static str {
+        "host_limit"
+    }
+
+    fn takes_keys(&self, hosts: &[HostView], i: usize) -> bool {
+        let in_flight = hosts.get(i).map_or(0, |h| h.in_flight);
+        self.max.is_none_or(|m| in_flight < m)
+    }
+}
+
 /// `affinity.placement: bounded_keys`.
 pub struct BoundedKeysPolicy {
     bounds: Bounds,
     queue: EngineQueue,
+    host_limit: HostLimit,
     in_flight: InFlight,
 }
 
@@ -136,6 +158,9 @@ impl BoundedKeysPolicy {
             queue: EngineQueue {
                 spill: bounds.spill_queue,
             },
+            host_limit: HostLimit {
+                max: bounds.host_max_inflight,
+            },
             in_flight: InFlight {
                 factor: bounds.in_flight_factor,
             },
@@ -143,8 +168,8 @@ impl BoundedKeysPolicy {
     }
 
     /// The signals weighed, in the order their reasons are given.
-    pub fn signals(&self) -> [&dyn Signal; 3] {
-        [&Health, &self.queue, &self.in_flight]
+    pub fn signals(&self) -> [&dyn Signal; 4] {
+        [&Health, &self.queue, &self.host_limit, &self.in_flight]
     }
 
     /// The first signal's reason for holding host `i` back from this request.

@@ -292,5 +292,6 @@ pub fn bounds(key_factor: u32) -> Bounds {
         idle_ttl_ms: PLACEMENT_TTL,
         max_keys: 4096,
         spill_queue: None,
+        host_max_inflight: None,
     }
 }

@@ -178,7 +178,8 @@ pub(super) fn placement_name(errs: &mut Diagnostics, field: &str, name: &str) ->
     bounded
 }
 
-/// Settings that load but would do nothing: `slots` and `load.spill_queue` on a backend no alias places keys on,
+/// Settings that load but would do nothing: `slots`, `load.spill_queue` and `host_max_inflight` on a backend no
+/// alias places keys on,
 /// and bounded-keys
 /// placement on a backend it cannot pin (not `chwbl`, or endpoints named by DNS, whose Envoy hosts carry resolved
 /// addresses). A backend is placed on when the top-level placement is `bounded_keys`, or an alias whose own
@@ -213,6 +214,13 @@ pub(super) fn placement_warnings(
                 .to_string();
             errs.warnings
                 .push(warn(format!("backends[{i}].load.spill_queue"), q.to_string(), reason));
+        }
+        if let (Some(n), false) = (b.host_max_inflight, bounded && b.lb == LbPolicy::Chwbl) {
+            let reason = "needs affinity.placement: bounded_keys on an lb: chwbl backend (top-level, or an alias' own \
+                          on a route here) to know each request's host; only max_inflight bounds this backend"
+                .to_string();
+            errs.warnings
+                .push(warn(format!("backends[{i}].host_max_inflight"), n.to_string(), reason));
         }
         if bounded && b.lb != LbPolicy::Chwbl {
             let reason = format!("{setting}: bounded_keys applies only to lb: chwbl; this backend is not pinned");

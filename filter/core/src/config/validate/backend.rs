@@ -31,6 +31,13 @@ pub(super) fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Optio
     if max_inflight == 0 {
         errs.push(at("max_inflight"), 0, "must be at least 1");
     }
+    if let Some(n) = b.host_max_inflight.filter(|n| !(1..=MAX_HOST_INFLIGHT).contains(n)) {
+        errs.push(
+            at("host_max_inflight"),
+            n,
+            format!("must be between 1 and {MAX_HOST_INFLIGHT} requests"),
+        );
+    }
     if b.max_context == Some(0) {
         errs.push(at("max_context"), 0, "must be at least 1 token");
     }
@@ -61,6 +68,7 @@ pub(super) fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Optio
             balance_factor,
             connect_timeout_ms,
             max_inflight,
+            host_max_inflight: b.host_max_inflight,
             max_context: b.max_context,
             health,
             outlier,
@@ -72,6 +80,9 @@ pub(super) fn backend(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> Optio
         _ => None,
     }
 }
+
+/// The largest `host_max_inflight`.
+const MAX_HOST_INFLIGHT: u32 = 100_000;
 
 /// `backends[i].lb` and `balance_factor`: a known policy, and a factor of at least 100 only where it applies.
 pub(super) fn lb_policy(errs: &mut Diagnostics, i: usize, b: &RawBackend) -> (Option<LbPolicy>, u32) {

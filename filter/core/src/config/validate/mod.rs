@@ -57,6 +57,9 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         .fairness
         .as_ref()
         .and_then(|f| super::fairness::fairness(&mut errs, f, auth.is_some(), &limits));
+    if raw.fairness.is_none() {
+        host_bound_needs_fairness(&mut errs, &raw);
+    }
 
     match (errs.errors.is_empty(), admin) {
         (true, Some(admin)) => {
@@ -80,6 +83,19 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             })
         }
         _ => Err(ConfigErrors(errs.errors)),
+    }
+}
+
+/// `backends[].host_max_inflight` bounds a host through the fair queue: refused without `fairness`.
+fn host_bound_needs_fairness(errs: &mut Diagnostics, raw: &RawConfig) {
+    for (i, b) in raw.backends.iter().enumerate() {
+        if let Some(n) = b.host_max_inflight {
+            errs.push(
+                format!("backends[{i}].host_max_inflight"),
+                n,
+                "is kept by the fair queue: add a `fairness` block (docs/load-and-fairness.md), or remove it",
+            );
+        }
     }
 }
 

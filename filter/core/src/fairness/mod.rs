@@ -18,6 +18,12 @@
 //!
 //! - A request that arrives ([`arrive`]) goes at once when a slot is free and nobody waits (or it is the one that
 //!   goes next); the requests in flight are those admitted and not complete ([`FairQueue::running`]).
+//! - **Hosts.** With a per-host bound (`backends[].host_max_inflight`, [`Capacity::per_host`]), a slot is a place
+//!   on the backend *and* on the host placement chose for the request ([`Waiter::host`]). A waiter whose host is at
+//!   its bound is passed over, not waited behind: the least-served tenant among the waiters whose host has room
+//!   goes next, so a flood held at its own host never holds back a quiet tenant whose host is free. Placement
+//!   gives a new key a host with room whenever one has (`key_placement::policy::HostLimit`), so a request waits for
+//!   a host only when every host is at its bound, or when its key is known on a full host.
 //!
 //! The queue is plain data, kept by the filter as one shared-data value per backend ([`encode`], [`decode`]) so
 //! every worker sees one order; each worker resumes only its own paused requests ([`FairQueue::grant_own`]
@@ -34,6 +40,36 @@ pub const MAX_WAIT_HEADER: &str = "x-max-wait-ms";
 pub const SCALE: u64 = 1000;
 
 pub use crate::config::MAX_TENANTS;
+
+mod codec;
+mod view;
+pub use codec::{decode, encode};
+pub use view::{add_to_status, QueueView};
+
+/// What a backend runs at once: its `max_inflight`, and with `host_max_inflight` the bound on each host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub backend: u64,
+    pub per_host: Option<u32>,
+}
+
+impl From<u64> for Capacity {
+    /// A backend bounded as a whole only.
+    fn from(backend: u64) -> Capacity {
+        Capacity {
+            backend,
+            per_host: None,
+        }
+    }
+}
+
+/// The requests admitted and not complete on one host, for a backend with a per-host bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRunning {
+    /// The host's id in the key table (`key_placement::host_id`).
+    pub id: u32,
+    pub running: u32,
+}
 
 /// One tenant's standing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +95,13 @@ pub struct Waiter {
     pub arrived_ms: u64,
     /// When it stops waiting and is refused.
     pub deadline_ms: u64,
+    /// The host placement chose for it (its id in the key table); [`NO_HOST`] when placement chose none (Envoy
+    /// picks the host), and then only the backend's bound applies.
+    pub host: u32,
 }
+
+/// [`Waiter::host`] of a request whose host Envoy picks.
+pub const NO_HOST: u32 = 0;
 
 /// Why a request could not join the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +145,8 @@ pub struct FairQueue {
     pub waiters: Vec<Waiter>,
     /// The counter of the last tenant that went idle: where a tenant returning to an idle backend starts.
     pub floor: u64,
+    /// Requests running per host, sorted by id; only hosts with one running.
+    pub hosts: Vec<HostRunning>,
 }
 
 impl FairQueue {
@@ -209,30 +253,74 @@ impl FairQueue {
         Ok(())
     }
 
-    /// A request is admitted at once (the backend had a free slot and no one was waiting): its tenant becomes
-    /// active and is charged its input.
-    pub fn admit_now(&mut self, tenant: u64, weight: u32, input_tokens: u32) {
+    /// A request is admitted at once (its backend and its host had a free slot and no one who could go was
+    /// waiting): its tenant becomes active and is charged its input, and it runs on `host`.
+    pub fn admit_now(&mut self, tenant: u64, weight: u32, input_tokens: u32, host: u32) {
         self.activate(tenant);
         self.charge(tenant, weight, u64::from(input_tokens));
+        self.take_host(host);
     }
 
-    /// A slot is free at `now_ms`: removes the waiters whose deadline has passed, then admits the waiter of the
-    /// least-served tenant (the earliest of that tenant's), charging its input.
+    /// A slot is free at `now_ms`, whatever the hosts carry: removes the waiters whose deadline has passed, then
+    /// admits the waiter of the least-served tenant (the earliest of that tenant's), charging its input.
     pub fn grant(&mut self, now_ms: u64) -> Grant {
         let expired = self.expire(now_ms);
-        let admitted = self.next().map(|i| self.admit(i));
+        let admitted = self.next(Capacity::from(u64::MAX)).map(|i| self.admit(i));
         Grant { admitted, expired }
+    }
+
+    /// Requests running on `host`.
+    pub fn host_running(&self, host: u32) -> u32 {
+        self.hosts
+            .binary_search_by_key(&host, |h| h.id)
+            .ok()
+            .and_then(|i| self.hosts.get(i))
+            .map_or(0, |h| h.running)
+    }
+
+    /// True when `host` may take one more request under `cap` (always for [`NO_HOST`], or without a per-host
+    /// bound).
+    pub fn host_has_room(&self, host: u32, cap: Capacity) -> bool {
+        host == NO_HOST || cap.per_host.is_none_or(|m| self.host_running(host) < m)
+    }
+
+    /// One request more runs on `host`.
+    fn take_host(&mut self, host: u32) {
+        if host == NO_HOST {
+            return;
+        }
+        match self.hosts.binary_search_by_key(&host, |h| h.id) {
+            Ok(i) => {
+                if let Some(h) = self.hosts.get_mut(i) {
+                    h.running = h.running.saturating_add(1);
+                }
+            }
+            Err(i) => self.hosts.insert(i, HostRunning { id: host, running: 1 }),
+        }
+    }
+
+    /// One request less runs on `host`; a host with none is forgotten.
+    fn free_host(&mut self, host: u32) {
+        if let Ok(i) = self.hosts.binary_search_by_key(&host, |h| h.id) {
+            if let Some(h) = self.hosts.get_mut(i) {
+                h.running = h.running.saturating_sub(1);
+                if h.running == 0 {
+                    self.hosts.remove(i);
+                }
+            }
+        }
     }
 
     /// The slots free at `now_ms` (`capacity` less [`FairQueue::running`]) go to the waiters one worker holds
     /// (`owns`), in the order [`FairQueue::grant`] would admit them, while the waiter that goes next is one of
     /// them: at the first that another worker holds, it stops, and that worker admits it on its own turn. Waiters
     /// whose deadline has passed are removed first, whoever holds them.
-    pub fn grant_own(&mut self, now_ms: u64, capacity: u64, owns: impl Fn(u64) -> bool) -> Grants {
+    pub fn grant_own(&mut self, now_ms: u64, capacity: impl Into<Capacity>, owns: impl Fn(u64) -> bool) -> Grants {
+        let cap = capacity.into();
         let expired = self.expire(now_ms);
         let mut admitted = Vec::new();
-        while self.running() < capacity {
-            match self.next() {
+        while self.running() < cap.backend {
+            match self.next(cap) {
                 Some(i) if self.waiters.get(i).is_some_and(|w| owns(w.id)) => admitted.push(self.admit(i)),
                 _ => break,
             }
@@ -256,21 +344,29 @@ impl FairQueue {
         expired
     }
 
-    /// The index of the waiter that goes next: the earliest waiter of the tenant with the least counter.
-    fn next(&self) -> Option<usize> {
+    /// The index of the waiter that goes next under `cap`: among the waiters whose host has room, the earliest
+    /// of the tenant with the least counter.
+    fn next(&self, cap: Capacity) -> Option<usize> {
         let counter = |t: u64| self.tenant(t).map_or(0, |t| t.counter);
         // `min_by_key` keeps the first of equal keys, and waiters are in arrival order.
         self.waiters
             .iter()
             .enumerate()
+            .filter(|(_, w)| self.host_has_room(w.host, cap))
             .min_by_key(|(_, w)| counter(w.tenant))
             .map(|(i, _)| i)
     }
 
-    /// Admits the waiter at `i` (which must exist), charging its input.
+    /// True when some waiter could go now under `cap`, its host having room.
+    fn any_could_go(&self, cap: Capacity) -> bool {
+        self.waiters.iter().any(|w| self.host_has_room(w.host, cap))
+    }
+
+    /// Admits the waiter at `i` (which must exist), charging its input; it runs on its host.
     fn admit(&mut self, i: usize) -> Waiter {
         let w = self.waiters.remove(i);
         self.charge(w.tenant, w.weight, u64::from(w.input_tokens));
+        self.take_host(w.host);
         w
     }
 
@@ -297,17 +393,20 @@ impl FairQueue {
         self.deactivate(tenant);
     }
 
-    /// [`FairQueue::complete`], with the input measured: a request charged `charged_input` tokens at admission (the
-    /// gateway's estimate) whose engine reported `measured_input` is charged, or refunded, the difference, so the
-    /// counter holds the input as measured plus twice the output.
+    /// [`FairQueue::complete`], with the input measured, for a request that ran on `host`: a request charged
+    /// `charged_input` tokens at admission (the gateway's estimate) whose engine reported `measured_input` is
+    /// charged, or refunded, the difference, so the counter holds the input as measured plus twice the output; its
+    /// host carries one request less.
     pub fn complete_measured(
         &mut self,
         tenant: u64,
         weight: u32,
+        host: u32,
         charged_input: u32,
         measured_input: Option<u64>,
         output_tokens: u64,
     ) {
+        self.free_host(host);
         if let Some(measured) = measured_input {
             let charged = u64::from(charged_input);
             self.charge(tenant, weight, measured.saturating_sub(charged));
@@ -348,23 +447,25 @@ pub enum Arrival {
     Refused(Refusal),
 }
 
-/// A request `w` arrives at a backend of `capacity` requests in flight, at `now_ms`. Waiters whose deadline has
-/// passed are removed first (whoever holds them; each worker notices its own are gone). Then:
+/// A request `w` arrives at a backend of `capacity` (requests in flight, and per host), at `now_ms`. Waiters whose
+/// deadline has passed are removed first (whoever holds them; each worker notices its own are gone). Then:
 ///
-/// - with a free slot and nobody waiting, it is admitted;
+/// - with a free slot on the backend and on its host, and no waiter that could go now (nobody waiting, or only
+///   waiters whose hosts are full), it is admitted;
 /// - else it must wait: refused when its deadline is already past ([`Refusal::NoWait`], a client that asked to
 ///   wait 0 ms) or the queue holds `max_queue` ([`Refusal::QueueFull`]); otherwise it joins the queue, and is
 ///   admitted at once if a slot is free and it is the waiter that goes next (its tenant is the least served).
-pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: u64, max_queue: usize) -> Arrival {
+pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: impl Into<Capacity>, max_queue: usize) -> Arrival {
+    let cap = capacity.into();
     q.expire(now_ms);
-    if q.waiters.is_empty() && q.running() < capacity {
-        q.admit_now(w.tenant, w.weight, w.input_tokens);
+    if q.running() < cap.backend && q.host_has_room(w.host, cap) && !q.any_could_go(cap) {
+        q.admit_now(w.tenant, w.weight, w.input_tokens, w.host);
         return Arrival::Admitted;
     }
     if let Err(r) = q.arrive(w, now_ms, max_queue) {
         return Arrival::Refused(r);
     }
-    let grants = q.grant_own(now_ms, capacity, |id| id == w.id);
+    let grants = q.grant_own(now_ms, cap, |id| id == w.id);
     match grants.admitted.is_empty() {
         true => Arrival::Queued,
         false => Arrival::Admitted,
@@ -375,156 +476,4 @@ pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: u64, max_queu
 /// the name itself.
 pub fn tenant_id(name: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name)
-}
-
-/// One backend's queue, as the status page shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueView {
-    /// Requests waiting.
-    pub waiting: usize,
-    /// Tenants with a request waiting.
-    pub tenants_waiting: usize,
-    /// Requests admitted and not yet complete.
-    pub in_flight: u64,
-    /// The backend's `max_inflight`.
-    pub capacity: u32,
-}
-
-impl QueueView {
-    pub fn of(q: &FairQueue, capacity: u32) -> QueueView {
-        QueueView {
-            waiting: q.depth(),
-            tenants_waiting: q.tenants_waiting(),
-            in_flight: q.running(),
-            capacity,
-        }
-    }
-}
-
-/// The status page's body with a `queue` object added to each backend named in `queues` (see `QueueView`); the
-/// body unchanged when it does not parse.
-pub fn add_to_status(body: Vec<u8>, queues: &[(&str, QueueView)]) -> Vec<u8> {
-    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return body;
-    };
-    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
-        for b in backends {
-            let name = b.get("name").and_then(|n| n.as_str()).map(str::to_string);
-            let view = queues.iter().find(|(n, _)| Some(*n) == name.as_deref()).map(|(_, q)| q);
-            if let (Some(q), Some(obj)) = (view, b.as_object_mut()) {
-                obj.insert(
-                    "queue".into(),
-                    serde_json::json!({
-                        "waiting": q.waiting,
-                        "tenants_waiting": q.tenants_waiting,
-                        "in_flight": q.in_flight,
-                        "max_inflight": q.capacity,
-                    }),
-                );
-            }
-        }
-    }
-    serde_json::to_vec(&v).unwrap_or(body)
-}
-
-const VERSION: u8 = 1;
-const TENANT_BYTES: usize = 20;
-const WAITER_BYTES: usize = 40;
-
-/// The queue as bytes: a version byte, `floor: u64`, the tenant count and waiter count (`u32` each), then
-/// tenants (`id: u64, counter: u64, active: u32`) and waiters (`id, tenant: u64, weight, input_tokens: u32,
-/// arrived_ms, deadline_ms: u64`), little-endian.
-pub fn encode(q: &FairQueue) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        17usize
-            .saturating_add(q.tenants.len().saturating_mul(TENANT_BYTES))
-            .saturating_add(q.waiters.len().saturating_mul(WAITER_BYTES)),
-    );
-    out.push(VERSION);
-    out.extend_from_slice(&q.floor.to_le_bytes());
-    out.extend_from_slice(&u32::try_from(q.tenants.len()).unwrap_or(0).to_le_bytes());
-    out.extend_from_slice(&u32::try_from(q.waiters.len()).unwrap_or(0).to_le_bytes());
-    for t in &q.tenants {
-        out.extend_from_slice(&t.id.to_le_bytes());
-        out.extend_from_slice(&t.counter.to_le_bytes());
-        out.extend_from_slice(&t.active.to_le_bytes());
-    }
-    for w in &q.waiters {
-        for v in [w.id, w.tenant] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [w.weight, w.input_tokens] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [w.arrived_ms, w.deadline_ms] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    out
-}
-
-/// Reads [`encode`]'s bytes. Empty or malformed bytes read as an empty queue.
-pub fn decode(bytes: &[u8]) -> FairQueue {
-    decode_checked(bytes).unwrap_or_default()
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-}
-
-fn decode_checked(bytes: &[u8]) -> Option<FairQueue> {
-    let mut r = Reader(bytes);
-    if r.take::<1>()? != [VERSION] {
-        return None;
-    }
-    let floor = r.u64()?;
-    let tenants = usize::try_from(r.u32()?).ok()?;
-    let waiters = usize::try_from(r.u32()?).ok()?;
-    let need = tenants
-        .checked_mul(TENANT_BYTES)?
-        .checked_add(waiters.checked_mul(WAITER_BYTES)?)?;
-    if r.0.len() != need {
-        return None;
-    }
-    let mut q = FairQueue {
-        tenants: Vec::with_capacity(tenants),
-        waiters: Vec::with_capacity(waiters),
-        floor,
-    };
-    for _ in 0..tenants {
-        q.tenants.push(Tenant {
-            id: r.u64()?,
-            counter: r.u64()?,
-            active: r.u32()?,
-        });
-    }
-    if q.tenants
-        .windows(2)
-        .any(|p| p.first().map(|t| t.id) >= p.get(1).map(|t| t.id))
-    {
-        return None;
-    }
-    for _ in 0..waiters {
-        q.waiters.push(Waiter {
-            id: r.u64()?,
-            tenant: r.u64()?,
-            weight: r.u32()?,
-            input_tokens: r.u32()?,
-            arrived_ms: r.u64()?,
-            deadline_ms: r.u64()?,
-        });
-    }
-    Some(q)
 }
