@@ -1,6 +1,7 @@
 //! Shared set-up for the real-Envoy tests: fleets, clients, request helpers.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use llmroute_harness::emulator::RecordedRequest;
@@ -179,4 +180,32 @@ pub async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
 pub async fn status_page(envoy: &Envoy) -> Option<Value> {
     let r = client().get(envoy.url("/llmroute/status")).send().await.ok()?;
     r.json::<Value>().await.ok()
+}
+
+/// Writes the discovery response to `path` the way an operator should: a temporary file, then a rename.
+pub fn push(path: &Path, response: &Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_yaml_ng::to_string(response).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// One ECDS counter, whatever prefix Envoy gives it: the first `/stats` line ending in `.llmroute.<name>`.
+pub async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
+    let text = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let suffix = format!(".{}.{name}: ", llmroute_core::envoy_contract::ROOT_ID);
+    text.lines()
+        .find_map(|l| l.split_once(&suffix).map(|(_, v)| v))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The `model` of the last chat request `engine` got; the engine must have got one.
+pub fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
+    let reqs = engine.chat_requests();
+    let body: Value = serde_json::from_slice(&reqs.last().expect("the engine got a request").body).unwrap();
+    body["model"].as_str().unwrap_or_default().to_string()
 }
