@@ -82,24 +82,9 @@ fn panel_chart(
     }
     // The throughput goals apply to loaded cases only.
     if concurrency >= 16 {
-        let goals = chart
-            .draw_series(GOALS.iter().map(|&p| Cross::new(p, 7, BLACK.stroke_width(2))))
-            .map_err(err)?;
-        if text {
-            goals
-                .label("goal (minimum)")
-                .legend(|(x, y)| Cross::new((x + 9, y), 5, BLACK.stroke_width(2)));
-        }
-        let color = NATIVE_COLOR;
         let native = super::goals::NATIVE_MIN_RATIO.map(|(size, min)| (size as f64 / 1024.0, min));
-        let goals = chart
-            .draw_series(native.iter().map(|&p| Cross::new(p, 7, color.stroke_width(2))))
-            .map_err(err)?;
-        if text {
-            goals
-                .label("native goal (minimum)")
-                .legend(move |(x, y)| Cross::new((x + 9, y), 5, color.stroke_width(2)));
-        }
+        draw_goals(&mut chart, &GOALS, BLACK, "goal (minimum)", text)?;
+        draw_goals(&mut chart, &native, NATIVE_COLOR, "native goal (minimum)", text)?;
     }
     if text {
         chart
@@ -144,6 +129,19 @@ fn frame<'a, 'b>(
     }
     mesh.draw().map_err(err)?;
     Ok(chart)
+}
+
+/// Goals as crosses in `color`, and their legend entry.
+fn draw_goals(chart: &mut Chart, pts: &[(f64, f64)], color: RGBColor, name: &str, text: bool) -> Result<(), String> {
+    let goals = chart
+        .draw_series(pts.iter().map(|&p| Cross::new(p, 7, color.stroke_width(2))))
+        .map_err(err)?;
+    if text {
+        goals
+            .label(name)
+            .legend(move |(x, y)| Cross::new((x + 9, y), 5, color.stroke_width(2)));
+    }
+    Ok(())
 }
 
 /// One system's ratios as a line with dots, and its legend entry.

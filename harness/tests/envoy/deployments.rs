@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use llmroute_harness::envoy::{envoy_binary, repo_root, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
-use llmroute_harness::render::{bootstrap_yaml, ecds, paste, target, RenderOptions};
+use llmroute_harness::render::{ecds, paste, target, RenderOptions};
 use serde_json::{json, Value};
 
-use crate::support::{client, ecds_stat, last_model, post, post_json, push, tally, wait_for};
+use crate::support::{client, ecds_stat, last_model, post, post_json, push, start_ecds, tally, wait_for};
 
 /// The hand-written config with `${NAME}` placeholders filled and the sections pasted in, as YAML.
 fn handwritten(vars: &[(&str, String)], sections: &Value) -> String {
@@ -368,22 +368,7 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
             json!([{ "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v1" }] }]);
         doc
     };
-    let admin_port = Arc::new(Mutex::new(0u16));
-    let envoy = Envoy::start_bootstrap(
-        |listen, admin| {
-            let mut doc = base(admin);
-            doc["listen"] = Value::from(format!("127.0.0.1:{listen}"));
-            let text = doc.to_string();
-            push(&ecds_path, &ecds::discovery_response(&text, &opts).unwrap());
-            *admin_port.lock().unwrap() = admin;
-            let cfg = llmroute_core::load_document(&text).unwrap();
-            bootstrap_yaml(&cfg, &text, &opts).unwrap()
-        },
-        EnvoyOptions::default(),
-    )
-    .await
-    .unwrap();
-    let admin = *admin_port.lock().unwrap();
+    let (envoy, admin) = start_ecds(&ecds_path, &opts, &base).await;
     assert!(envoy.bootstrap_yaml().contains("config_discovery"));
     let c = client();
 

@@ -10,12 +10,11 @@
 //!   accepts the dynamic-module filter's extension config, the module routes with it, a pushed change takes
 //!   effect without a restart, and a push the module refuses leaves the previous one in force.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmroute_harness::envoy::{native_module, trap_native_module, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
-use llmroute_harness::render::{bootstrap_yaml, ecds, RenderOptions};
+use llmroute_harness::render::{ecds, RenderOptions};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -140,27 +139,12 @@ async fn native_filter_config_is_accepted_through_ecds() {
     let opts = RenderOptions::new(wasm_module().display().to_string())
         .with_module(module.display().to_string())
         .with_ecds(ecds_path.display().to_string());
-    let admin_port = Arc::new(Mutex::new(0u16));
     let doc = |admin: u16, upstream: &str| {
         let mut doc = single_backend_config(&fleet, ALIAS, upstream, 150);
         doc["admin"] = Value::from(format!("127.0.0.1:{admin}"));
         doc
     };
-    let envoy = Envoy::start_bootstrap(
-        |listen, admin| {
-            let mut first = doc(admin, UPSTREAM);
-            first["listen"] = Value::from(format!("127.0.0.1:{listen}"));
-            let text = first.to_string();
-            push(&ecds_path, &ecds::discovery_response(&text, &opts).unwrap());
-            *admin_port.lock().unwrap() = admin;
-            let cfg = llmroute_core::load_document(&text).unwrap();
-            bootstrap_yaml(&cfg, &text, &opts).unwrap()
-        },
-        EnvoyOptions::default(),
-    )
-    .await
-    .unwrap();
-    let admin = *admin_port.lock().unwrap();
+    let (envoy, admin) = start_ecds(&ecds_path, &opts, |admin| doc(admin, UPSTREAM)).await;
     let bootstrap = envoy.bootstrap_yaml();
     assert!(
         bootstrap.contains("config_discovery") && bootstrap.contains("DynamicModuleFilter"),
@@ -187,12 +171,7 @@ async fn native_filter_config_is_accepted_through_ecds() {
     })
     .await;
     assert!(matched.is_some(), "Envoy loaded the module: {}", envoy.log());
-    let stats = reqwest::get(envoy.admin_url("/stats?filter=^dynamicmodulescustom"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let stats = admin_text(&envoy, "/stats?filter=^dynamicmodulescustom").await;
     assert!(
         stats.contains("dynamicmodulescustom.llmroute_requests_total."),
         "the module counts the request in its own stats:\n{stats}"

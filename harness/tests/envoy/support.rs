@@ -5,8 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use llmroute_harness::emulator::RecordedRequest;
-use llmroute_harness::envoy::Envoy;
+use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
+use llmroute_harness::render::{bootstrap_yaml, ecds, RenderOptions};
 use serde_json::{json, Value};
 
 pub const ALIAS: &str = "local-chat";
@@ -208,4 +209,32 @@ pub fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
     let reqs = engine.chat_requests();
     let body: Value = serde_json::from_slice(&reqs.last().expect("the engine got a request").body).unwrap();
     body["model"].as_str().unwrap_or_default().to_string()
+}
+
+/// The text of the admin page `path` (e.g. `/stats?filter=...`).
+pub async fn admin_text(envoy: &Envoy, path: &str) -> String {
+    reqwest::get(envoy.admin_url(path)).await.unwrap().text().await.unwrap()
+}
+
+/// Starts Envoy with the filter delivered through ECDS from `ecds_path`, rendered with `opts`: `doc(admin_port)` is
+/// the first llmroute document (its `listen` is filled in here), pushed before Envoy starts. Returns Envoy and its
+/// admin port, which every later push must name again.
+pub async fn start_ecds(ecds_path: &Path, opts: &RenderOptions, doc: impl Fn(u16) -> Value) -> (Envoy, u16) {
+    let admin_port = std::sync::Mutex::new(0u16);
+    let envoy = Envoy::start_bootstrap(
+        |listen, admin| {
+            let mut first = doc(admin);
+            first["listen"] = Value::from(format!("127.0.0.1:{listen}"));
+            let text = first.to_string();
+            push(ecds_path, &ecds::discovery_response(&text, opts).unwrap());
+            *admin_port.lock().unwrap() = admin;
+            let cfg = llmroute_core::load_document(&text).unwrap();
+            bootstrap_yaml(&cfg, &text, opts).unwrap()
+        },
+        EnvoyOptions::default(),
+    )
+    .await
+    .unwrap();
+    let admin = *admin_port.lock().unwrap();
+    (envoy, admin)
 }
