@@ -175,7 +175,7 @@ VLLM_ROUTER_VERSION   ?= 0.1.17
 
 bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md holds the overhead and micro figures, bench/ROUTING.md the routing ones
 
-bench-overhead: build build-phases envoy etcd bench-peers ## Filter overhead vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy, and bounded_keys with and without the etcd placement store vs hash (<=15 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
+bench-overhead: build build-phases native envoy etcd bench-peers ## Filter overhead (wasm and native builds) vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy, and bounded_keys with and without the etcd placement store vs hash (<=20 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
 

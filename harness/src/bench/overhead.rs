@@ -1,4 +1,5 @@
-//! The overhead bench: llmroute against plain Envoy and the peer routers, side by side in one run.
+//! The overhead bench: llmroute, its wasm and its native build, against plain Envoy and the peer routers, side by
+//! side in one run.
 //!
 //! Method. One set of fast upstreams ([`super::upstream`]) serves every system. For each case (body size ×
 //! concurrency) every system is warmed up, then measured in interleaved rounds (A B C D, B C D A, ...), so slow
@@ -43,8 +44,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The full run: 5 sizes × concurrency 1 (unloaded latency), 16 and 64 × 5 rounds of 1.2 s for 6 systems,
-    /// about 10 minutes.
+    /// The full run: 5 sizes × concurrency 1 (unloaded latency), 16 and 64 × 5 rounds of 1.2 s for 8 systems,
+    /// about 15 minutes.
     pub fn full(seed: u64) -> Self {
         Settings {
             sizes: SIZES.to_vec(),
@@ -159,10 +160,10 @@ impl CaseResult {
         median_of(sys.rounds.iter().zip(&base.rounds).map(|(s, b)| f(s, b)))
     }
 
-    /// Against llmroute with `placement: hash` ([`Kind::Llmroute`]), per round: requests/s ÷ hash's, added p50 µs
-    /// and added proxy CPU µs per request; medians over rounds.
+    /// Against the same build with `placement: hash` ([`Kind::hash_row`]), per round: requests/s ÷ hash's, added
+    /// p50 µs and added proxy CPU µs per request; medians over rounds.
     pub fn against_hash(&self, kind: Kind) -> (Option<f64>, Option<f64>, Option<f64>) {
-        let base = Kind::Llmroute;
+        let base = kind.hash_row();
         (
             self.paired_with(kind, base, |s, b| (b.rps > 0.0).then(|| s.rps / b.rps)),
             self.paired_with(kind, base, |s, b| Some(s.p50_us? - b.p50_us?)),
@@ -705,7 +706,8 @@ pub(crate) mod sample {
         }
     }
 
-    fn case(size: usize, concurrency: usize, ours: f64) -> CaseResult {
+    /// One case: the wasm build at `ours` × plain Envoy, the native build at `native` ×.
+    fn case(size: usize, concurrency: usize, ours: f64, native: f64) -> CaseResult {
         let runs = |kind, rps: f64, p50, cpu| SystemRuns {
             kind,
             rounds: vec![measure(rps, p50, cpu); 3],
@@ -715,8 +717,15 @@ pub(crate) mod sample {
             case: Case { size, concurrency },
             systems: vec![
                 runs(Kind::Llmroute, 1000.0 * ours, 330.0, 100.0 / ours),
+                runs(Kind::Native, 1000.0 * native, 310.0, 100.0 / native),
                 runs(Kind::PlainEnvoy, 1000.0, 300.0, 100.0),
                 runs(Kind::BoundedKeys, 1000.0 * ours * 0.95, 335.0, 100.0 / ours + 4.0),
+                runs(
+                    Kind::NativeBoundedKeys,
+                    1000.0 * native * 0.98,
+                    312.0,
+                    100.0 / native + 1.0,
+                ),
                 runs(Kind::Sglang, 700.0, 400.0, 150.0),
             ],
             direct: measure(9000.0, 30.0, 0.0),
@@ -731,10 +740,10 @@ pub(crate) mod sample {
         settings.bench_cpus = Some("1".into());
         Outcome {
             cases: vec![
-                case(4 << 10, 1, 0.9),
-                case(256 << 10, 1, 0.5),
-                case(4 << 10, 16, 0.9),
-                case(256 << 10, 16, 0.5),
+                case(4 << 10, 1, 0.9, 0.95),
+                case(256 << 10, 1, 0.5, 0.85),
+                case(4 << 10, 16, 0.9, 0.95),
+                case(256 << 10, 16, 0.5, 0.75),
             ],
             settings,
             missing: vec![Missing {
@@ -772,5 +781,10 @@ pub(crate) mod sample {
         assert_eq!(p50, Some(5.0));
         assert!((cpu.unwrap() - 4.0).abs() < 1e-6);
         assert_eq!(c.against_hash(Kind::BoundedKeysStore), (None, None, None));
+        // The native build's bounded_keys row is measured against the native hash row, not the wasm one.
+        let (ratio, p50, cpu) = c.against_hash(Kind::NativeBoundedKeys);
+        assert!((ratio.unwrap() - 0.98).abs() < 1e-9);
+        assert_eq!(p50, Some(2.0));
+        assert!((cpu.unwrap() - 1.0).abs() < 1e-6);
     }
 }

@@ -21,15 +21,18 @@ const FONT_PATHS: [&str; 3] = [
 ];
 /// The family name the loaded font is registered under.
 pub(crate) const FONT: &str = "sans-serif";
-const SERIES: [(Kind, RGBColor); 3] = [
+const SERIES: [(Kind, RGBColor); 4] = [
     (Kind::Llmroute, RGBColor(0x1f, 0x77, 0xb4)),
+    (Kind::Native, NATIVE_COLOR),
     (Kind::Sglang, RGBColor(0xd6, 0x27, 0x28)),
     (Kind::Vllm, RGBColor(0x2c, 0xa0, 0x2c)),
 ];
+const NATIVE_COLOR: RGBColor = RGBColor(0x94, 0x67, 0xbd);
 /// One system's line: its points, (body KiB, ratio).
 type Series = (Kind, RGBColor, Vec<(f64, f64)>);
 
-/// The throughput goals, (KiB, minimum ratio), drawn as crosses.
+/// The wasm build's throughput goals, (KiB, minimum ratio), drawn as black crosses; the native build's
+/// ([`super::goals::NATIVE_MIN_RATIO`]) as crosses in its colour.
 const GOALS: [(f64, f64); 2] = [(4.0, 0.85), (256.0, 0.6)];
 
 /// Draws the chart to `path`. Returns whether text could be drawn.
@@ -79,14 +82,9 @@ fn panel_chart(
     }
     // The throughput goals apply to loaded cases only.
     if concurrency >= 16 {
-        let goals = chart
-            .draw_series(GOALS.iter().map(|&p| Cross::new(p, 7, BLACK.stroke_width(2))))
-            .map_err(err)?;
-        if text {
-            goals
-                .label("goal (minimum)")
-                .legend(|(x, y)| Cross::new((x + 9, y), 5, BLACK.stroke_width(2)));
-        }
+        let native = super::goals::NATIVE_MIN_RATIO.map(|(size, min)| (size as f64 / 1024.0, min));
+        draw_goals(&mut chart, &GOALS, BLACK, "goal (minimum)", text)?;
+        draw_goals(&mut chart, &native, NATIVE_COLOR, "native goal (minimum)", text)?;
     }
     if text {
         chart
@@ -131,6 +129,19 @@ fn frame<'a, 'b>(
     }
     mesh.draw().map_err(err)?;
     Ok(chart)
+}
+
+/// Goals as crosses in `color`, and their legend entry.
+fn draw_goals(chart: &mut Chart, pts: &[(f64, f64)], color: RGBColor, name: &str, text: bool) -> Result<(), String> {
+    let goals = chart
+        .draw_series(pts.iter().map(|&p| Cross::new(p, 7, color.stroke_width(2))))
+        .map_err(err)?;
+    if text {
+        goals
+            .label(name)
+            .legend(move |(x, y)| Cross::new((x + 9, y), 5, color.stroke_width(2)));
+    }
+    Ok(())
 }
 
 /// One system's ratios as a line with dots, and its legend entry.

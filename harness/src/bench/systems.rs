@@ -1,6 +1,9 @@
 //! The proxies the overhead bench compares, each started once, in front of the same upstreams.
 //!
 //! - **llmroute**: Envoy with the filter, rendered from an llmroute config.
+//! - **llmroute native**: the same render with the native build (`make native`, Envoy's dynamic-module filter
+//!   loading `libllmroute_native.so`) in place of the wasm filter; and **llmroute native bounded_keys**, its
+//!   `placement: bounded_keys` row, against which the native build's placement path is measured;
 //! - **llmroute bounded_keys**, with and without the placement store: the same render with
 //!   `affinity.placement: bounded_keys`; the store variant shares its key table through a 3-member etcd cluster on
 //!   loopback, started with it and ready once Envoy sees every member healthy. After the warm-up every prompt
@@ -20,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::body::{ALIAS, UPSTREAM_MODEL};
 use super::upstream::Upstreams;
-use crate::envoy::{pinned_command, random_ports, repo_root, Envoy, EnvoyOptions};
+use crate::envoy::{native_module, pinned_command, random_ports, repo_root, wasm_module, Envoy, EnvoyOptions};
 use crate::etcd::EtcdCluster;
 
 /// The chat path every system serves.
@@ -33,22 +36,28 @@ const PEER_START_LIMIT: Duration = Duration::from_secs(90);
 pub enum Kind {
     /// The filter with `placement: hash` (Envoy's CHWBL).
     Llmroute,
+    /// The native build (the dynamic module) with `placement: hash`.
+    Native,
     PlainEnvoy,
     /// The filter with `placement: bounded_keys`, no store.
     BoundedKeys,
     /// The filter with `placement: bounded_keys` and `placement_store.etcd`.
     BoundedKeysStore,
+    /// The native build with `placement: bounded_keys`, no store.
+    NativeBoundedKeys,
     Sglang,
     Vllm,
 }
 
 impl Kind {
     /// Every system, in the order of each round.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Llmroute,
+        Kind::Native,
         Kind::PlainEnvoy,
         Kind::BoundedKeys,
         Kind::BoundedKeysStore,
+        Kind::NativeBoundedKeys,
         Kind::Sglang,
         Kind::Vllm,
     ];
@@ -56,9 +65,11 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Llmroute => "llmroute (Envoy + filter)",
+            Kind::Native => "llmroute native (Envoy + dynamic module)",
             Kind::PlainEnvoy => "plain Envoy",
             Kind::BoundedKeys => "llmroute bounded_keys",
             Kind::BoundedKeysStore => "llmroute bounded_keys + etcd store",
+            Kind::NativeBoundedKeys => "llmroute native bounded_keys",
             Kind::Sglang => "sglang-router",
             Kind::Vllm => "vllm-router",
         }
@@ -68,11 +79,35 @@ impl Kind {
     pub fn short(self) -> &'static str {
         match self {
             Kind::Llmroute => "llmroute",
+            Kind::Native => "native",
             Kind::PlainEnvoy => "plain",
             Kind::BoundedKeys => "bounded",
             Kind::BoundedKeysStore => "bk+etcd",
+            Kind::NativeBoundedKeys => "nbounded",
             Kind::Sglang => "sglang",
             Kind::Vllm => "vllm",
+        }
+    }
+
+    /// True for the native build's rows.
+    pub fn is_native(self) -> bool {
+        matches!(self, Kind::Native | Kind::NativeBoundedKeys)
+    }
+
+    /// True for the rows with `placement: bounded_keys`.
+    pub fn is_bounded_keys(self) -> bool {
+        matches!(
+            self,
+            Kind::BoundedKeys | Kind::BoundedKeysStore | Kind::NativeBoundedKeys
+        )
+    }
+
+    /// The same build with `placement: hash`, which a `bounded_keys` row is measured against.
+    pub fn hash_row(self) -> Kind {
+        if self.is_native() {
+            Kind::Native
+        } else {
+            Kind::Llmroute
         }
     }
 }
@@ -115,10 +150,8 @@ impl System {
     /// Starts `kind` in front of `upstreams`, pinned to `cpus` when given.
     pub async fn start(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
         match kind {
-            Kind::Llmroute | Kind::PlainEnvoy | Kind::BoundedKeys | Kind::BoundedKeysStore => {
-                start_envoy(kind, upstreams, cpus).await
-            }
             Kind::Sglang | Kind::Vllm => start_peer(kind, upstreams, cpus).await,
+            _ => start_envoy(kind, upstreams, cpus).await,
         }
     }
 
@@ -148,11 +181,18 @@ pub fn bounded_keys_config(endpoints: &[String], etcd: Option<&[String]>) -> Val
 }
 
 async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> Result<System, String> {
+    // Each row names its build, whatever `LLMROUTE_BUILD` says.
+    let (module, wasm) = match kind.is_native() {
+        true => (Some(native_module()), None),
+        false => (None, Some(wasm_module())),
+    };
     let opts = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
         with_filter: kind != Kind::PlainEnvoy,
         cpu_list: cpus.map(str::to_string),
+        module,
+        wasm,
         ..EnvoyOptions::default()
     };
     let etcd = match kind {
@@ -161,15 +201,15 @@ async fn start_envoy(kind: Kind, upstreams: &Upstreams, cpus: Option<&str>) -> R
     };
     let members = etcd.as_ref().map(EtcdCluster::urls);
     let endpoints = upstreams.endpoints();
-    let config = match kind {
-        Kind::BoundedKeys | Kind::BoundedKeysStore => bounded_keys_config(&endpoints, members.as_deref()),
-        _ => bench_config(&endpoints),
+    let config = match kind.is_bounded_keys() {
+        true => bounded_keys_config(&endpoints, members.as_deref()),
+        false => bench_config(&endpoints),
     };
     let envoy = Envoy::start_with(config, opts).await?;
     if let Some(members) = &members {
         wait_store_healthy(&envoy, members.len()).await?;
     }
-    if matches!(kind, Kind::BoundedKeys | Kind::BoundedKeysStore) {
+    if kind.is_bounded_keys() {
         let n = endpoints.len() as u64;
         envoy.wait_snapshot_healthy("bench", n, Duration::from_secs(30)).await?;
     }

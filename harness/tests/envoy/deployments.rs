@@ -9,17 +9,16 @@
 //!   alias' own affinity under load without a failed request, and refuses a bad push while keeping the old config
 //!   (stats and log show it).
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmroute_harness::envoy::{envoy_binary, repo_root, wasm_module, Envoy, EnvoyOptions};
 use llmroute_harness::fleet::Fleet;
-use llmroute_harness::render::{bootstrap_yaml, ecds, paste, target, RenderOptions};
+use llmroute_harness::render::{ecds, paste, target, RenderOptions};
 use serde_json::{json, Value};
 
-use crate::support::{client, post, post_json, tally, wait_for};
+use crate::support::{client, ecds_stat, last_model, post, post_json, push, start_ecds, tally, wait_for};
 
 /// The hand-written config with `${NAME}` placeholders filled and the sections pasted in, as YAML.
 fn handwritten(vars: &[(&str, String)], sections: &Value) -> String {
@@ -52,12 +51,6 @@ fn filter_pieces(doc: &Value, opts: &RenderOptions) -> Value {
 
 fn chat_for(model: &str, user: &str) -> Value {
     json!({ "model": model, "messages": [{ "role": "user", "content": user }] })
-}
-
-fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
-    let reqs = engine.chat_requests();
-    let body: Value = serde_json::from_slice(&reqs.last().expect("the engine got a request").body).unwrap();
-    body["model"].as_str().unwrap_or_default().to_string()
 }
 
 /// Starts Envoy from the hand-written config for fleets `a` and `b`, with the sections (after `edit`) pasted in.
@@ -347,27 +340,6 @@ fn every_good_fixtures_pieces_pass_envoy_validate() {
     assert!(checked >= 5, "only {checked} good fixtures");
 }
 
-/// Writes the discovery response to `path` the way an operator should: a temporary file, then a rename.
-fn push(path: &Path, response: &Value) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_yaml_ng::to_string(response).unwrap()).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-/// One ECDS counter, whatever prefix Envoy gives it: the first `/stats` line ending in `.llmroute.<name>`.
-async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
-    let text = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    let suffix = format!(".{}.{name}: ", llmroute_core::envoy_contract::ROOT_ID);
-    text.lines()
-        .find_map(|l| l.split_once(&suffix).map(|(_, v)| v))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// One chat request for `alias` carrying the header `(name, value)`: its status, `x-llmroute-affinity-source` and
 /// echoed `x-multi-turn-session-id` ("" when absent).
 async fn keyed(c: &reqwest::Client, envoy: &Envoy, alias: &str, header: (&str, &str)) -> (u16, String, String) {
@@ -396,22 +368,7 @@ async fn ecds_pushes_apply_under_load_and_a_bad_push_is_refused() {
             json!([{ "name": "local-chat", "routes": [{ "backend": "llama-a", "upstream_model": "model-v1" }] }]);
         doc
     };
-    let admin_port = Arc::new(Mutex::new(0u16));
-    let envoy = Envoy::start_bootstrap(
-        |listen, admin| {
-            let mut doc = base(admin);
-            doc["listen"] = Value::from(format!("127.0.0.1:{listen}"));
-            let text = doc.to_string();
-            push(&ecds_path, &ecds::discovery_response(&text, &opts).unwrap());
-            *admin_port.lock().unwrap() = admin;
-            let cfg = llmroute_core::load_document(&text).unwrap();
-            bootstrap_yaml(&cfg, &text, &opts).unwrap()
-        },
-        EnvoyOptions::default(),
-    )
-    .await
-    .unwrap();
-    let admin = *admin_port.lock().unwrap();
+    let (envoy, admin) = start_ecds(&ecds_path, &opts, &base).await;
     assert!(envoy.bootstrap_yaml().contains("config_discovery"));
     let c = client();
 

@@ -1,11 +1,13 @@
 //! Shared set-up for the real-Envoy tests: fleets, clients, request helpers.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use llmroute_harness::emulator::RecordedRequest;
-use llmroute_harness::envoy::Envoy;
+use llmroute_harness::envoy::{Envoy, EnvoyOptions};
 use llmroute_harness::fleet::{single_backend_config, Fleet};
+use llmroute_harness::render::{bootstrap_yaml, ecds, RenderOptions};
 use serde_json::{json, Value};
 
 pub const ALIAS: &str = "local-chat";
@@ -179,4 +181,60 @@ pub async fn all_healthy(envoy: &Envoy, cluster: &str, n: usize) {
 pub async fn status_page(envoy: &Envoy) -> Option<Value> {
     let r = client().get(envoy.url("/llmroute/status")).send().await.ok()?;
     r.json::<Value>().await.ok()
+}
+
+/// Writes the discovery response to `path` the way an operator should: a temporary file, then a rename.
+pub fn push(path: &Path, response: &Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_yaml_ng::to_string(response).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// One ECDS counter, whatever prefix Envoy gives it: the first `/stats` line ending in `.llmroute.<name>`.
+pub async fn ecds_stat(envoy: &Envoy, name: &str) -> Option<u64> {
+    let text = reqwest::get(envoy.admin_url("/stats?filter=extension_config_discovery"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let suffix = format!(".{}.{name}: ", llmroute_core::envoy_contract::ROOT_ID);
+    text.lines()
+        .find_map(|l| l.split_once(&suffix).map(|(_, v)| v))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The `model` of the last chat request `engine` got; the engine must have got one.
+pub fn last_model(engine: &llmroute_harness::emulator::Emulator) -> String {
+    let reqs = engine.chat_requests();
+    let body: Value = serde_json::from_slice(&reqs.last().expect("the engine got a request").body).unwrap();
+    body["model"].as_str().unwrap_or_default().to_string()
+}
+
+/// The text of the admin page `path` (e.g. `/stats?filter=...`).
+pub async fn admin_text(envoy: &Envoy, path: &str) -> String {
+    reqwest::get(envoy.admin_url(path)).await.unwrap().text().await.unwrap()
+}
+
+/// Starts Envoy with the filter delivered through ECDS from `ecds_path`, rendered with `opts`: `doc(admin_port)` is
+/// the first llmroute document (its `listen` is filled in here), pushed before Envoy starts. Returns Envoy and its
+/// admin port, which every later push must name again.
+pub async fn start_ecds(ecds_path: &Path, opts: &RenderOptions, doc: impl Fn(u16) -> Value) -> (Envoy, u16) {
+    let admin_port = std::sync::Mutex::new(0u16);
+    let envoy = Envoy::start_bootstrap(
+        |listen, admin| {
+            let mut first = doc(admin);
+            first["listen"] = Value::from(format!("127.0.0.1:{listen}"));
+            let text = first.to_string();
+            push(ecds_path, &ecds::discovery_response(&text, opts).unwrap());
+            *admin_port.lock().unwrap() = admin;
+            let cfg = llmroute_core::load_document(&text).unwrap();
+            bootstrap_yaml(&cfg, &text, opts).unwrap()
+        },
+        EnvoyOptions::default(),
+    )
+    .await
+    .unwrap();
+    let admin = *admin_port.lock().unwrap();
+    (envoy, admin)
 }
