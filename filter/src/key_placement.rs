@@ -170,7 +170,7 @@ pub fn settle(envoy: &Envoy) {
 }
 
 /// Overwrites the in-flight counts of the backend `health` describes with Envoy's `rq_active` per host, as the
-/// status poll read them (see `llmroute_core::key_placement::in_flight`). Only for a backend that bounded-keys
+/// status poll read them, plus the requests waiting for each host in the fair queue (see `llmroute_core::key_placement::in_flight`). Only for a backend that bounded-keys
 /// placement can use, and whose host list placement has at `now_ms` (for a discovered backend, store its hosts
 /// first). An update a worker still owes is applied on top later, as it would have been.
 pub fn rebuild_in_flight(envoy: &Envoy, cfg: &Config, health: &BackendHealth, now_ms: u64) {
@@ -186,7 +186,13 @@ pub fn rebuild_in_flight(envoy: &Envoy, cfg: &Config, health: &BackendHealth, no
     let Some(addresses) = key_placement::views::addresses(backend, now_ms, &host::SharedData(envoy)) else {
         return;
     };
-    let counts = in_flight::from_envoy(&addresses, &health.active);
+    let mut counts = in_flight::from_envoy(&addresses, &health.active);
+    // Requests paused in the fair queue are pinned here but not yet upstream, so Envoy does not count them.
+    if let Some(waiting) = crate::fair_queue::waiting_per_host(envoy, cfg, &backend.name, &addresses) {
+        for (c, w) in counts.iter_mut().zip(waiting) {
+            *c = c.saturating_add(w);
+        }
+    }
     envoy.set_shared_data(
         &shared::in_flight(&backend.name),
         &table::encode_host_counts(&counts),

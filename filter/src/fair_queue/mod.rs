@@ -306,6 +306,20 @@ pub fn with_queues(envoy: &Envoy, cfg: &Config, body: Vec<u8>) -> Vec<u8> {
     fairness::add_to_status(body, &views)
 }
 
+/// The requests waiting in `backend`'s queue for each of the hosts at `addresses` (placement's order); `None`
+/// without `fairness` or when the queue cannot be read. The in-flight rebuild adds them to Envoy's counts, which
+/// see only requests that went upstream.
+pub fn waiting_per_host(envoy: &Envoy, cfg: &Config, backend: &str, addresses: &[String]) -> Option<Vec<u32>> {
+    cfg.fairness.as_ref()?;
+    let (bytes, _) = envoy.try_shared_data(&shared::fair_queue(backend))?;
+    let q = fairness::decode(&bytes?);
+    let ids: Vec<u32> = addresses
+        .iter()
+        .map(|a| llmroute_core::key_placement::host_id(a))
+        .collect();
+    Some(q.waiting_on(&ids))
+}
+
 /// The backend whose queue a routed request joins: its cluster's, or on a failover cluster its alias' first
 /// backend (the one Envoy sends to while it is up).
 fn queue_backend<'c>(cfg: &'c Config, d: &RouteDecision) -> Option<&'c Backend> {

@@ -443,3 +443,46 @@ fn a_request_waits_for_its_full_host_while_another_host_serves_a_quiet_tenant() 
     answer(&mut second);
     assert_eq!(queue(&fake).hosts, vec![]);
 }
+
+/// The status poll rebuilds placement's in-flight counts from Envoy's `rq_active`, which does not count a request
+/// paused in the fair queue: the rebuild adds each host's waiters, so a host full of waiters still reads full.
+#[test]
+fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
+    let fake = FakeHost::new();
+    let config = fair_config(8)
+        .replace(r#""max_inflight": 1 }"#, r#""max_inflight": 8, "host_max_inflight": 1 }"#)
+        .replace(
+            r#""affinity": { "session_headers": ["x-session-id"] }"#,
+            r#""affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" }"#,
+        );
+    let root = root(&fake, &config);
+    let key = [("x-session-id", "flood-doc")];
+    let _running = arrive_with(&fake, &root, 1, "flood", &key, None);
+    let _waiting: Vec<_> = (2..5).map(|id| arrive_with(&fake, &root, id, "flood", &key, None)).collect();
+    let cfg = llmroute_core::load_config(&config).unwrap();
+    let addresses = ["127.0.0.1:8081", "127.0.0.1:8082"];
+    let host = queue(&fake).waiters[0].host;
+    let at = addresses
+        .iter()
+        .position(|a| llmroute_core::key_placement::host_id(a) == host)
+        .unwrap();
+    let health = llmroute_core::status::BackendHealth {
+        name: BACKEND.to_string(),
+        healthy: 2,
+        degraded: 0,
+        total: 2,
+        in_flight: 1,
+        down: vec![],
+        hosts: vec![],
+        weights: vec![],
+        active: vec![(addresses[at].to_string(), 1)],
+    };
+    crate::key_placement::rebuild_in_flight(&fake.envoy(), &cfg, &health, 0);
+    let counts = llmroute_core::key_placement::table::decode_host_counts(
+        &fake.shared(&shared::in_flight(BACKEND)).unwrap().0,
+        2,
+    );
+    let mut want = vec![0, 0];
+    want[at] = 4;
+    assert_eq!(counts, want, "one upstream and three waiting");
+}

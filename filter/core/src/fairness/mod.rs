@@ -415,6 +415,21 @@ impl FairQueue {
         self.complete(tenant, weight, output_tokens);
     }
 
+    /// The waiters placed on each of the hosts `ids` (their ids in the key table, in placement's order): requests
+    /// pinned there that Envoy does not count as active yet, since they have not gone upstream.
+    pub fn waiting_on(&self, ids: &[u32]) -> Vec<u32> {
+        ids.iter()
+            .map(|id| {
+                let n = self
+                    .waiters
+                    .iter()
+                    .filter(|w| w.host != NO_HOST && w.host == *id)
+                    .count();
+                u32::try_from(n).unwrap_or(u32::MAX)
+            })
+            .collect()
+    }
+
     /// Requests waiting, for the status page and the depth gauge.
     pub fn depth(&self) -> usize {
         self.waiters.len()

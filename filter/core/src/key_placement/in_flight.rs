@@ -22,7 +22,9 @@
 //! also rebuilt from Envoy's own figures: at each status poll (about once a second), the root context that polled
 //! writes each host's `rq_active` from the admin `/clusters` answer over the backend's counts ([`from_envoy`]).
 //! A request's count thus outlives the request by at most one poll interval plus the poll itself, whether or not
-//! its worker released it. In between polls the ledger keeps the counts exact for the requests placed since;
+//! its worker released it. A request paused in the fair queue is pinned but not yet upstream, so Envoy does not
+//! count it: the rebuild adds each host's waiters from the queue (else their later releases would drive the count
+//! below the requests really there). In between polls the ledger keeps the counts exact for the requests placed since;
 //! the rebuild itself is exact up to the requests that start or end while the poll is under way, which the next
 //! poll corrects. Envoy's figure counts every request this Envoy has in flight to the host, whichever alias or
 //! placement sent it.
