@@ -21,7 +21,7 @@ use llmroute_core::fleet_check;
 use std::cell::RefCell;
 
 use llmroute_core::key_placement::in_flight::{self, Ledger, CAS_ATTEMPTS};
-use llmroute_core::key_placement::{self, table, Bounds, HostChoice, KeyTable};
+use llmroute_core::key_placement::{self, table, Bounds, HostChoice, KeyTable, PlacementReason};
 use llmroute_core::status::BackendHealth;
 use llmroute_core::Config;
 
@@ -42,6 +42,17 @@ pub struct Pin {
     /// The chosen host's id in the key table (the fair queue's per-host count names it so).
     pub host_id: u32,
     pub choice: HostChoice,
+    /// With `host_max_inflight`: the other up hosts, in the key's rendezvous order, that the fair queue may send
+    /// this request to instead (see `llmroute_core::fairness::arrive_around`); empty otherwise.
+    alternates: Vec<Alternate>,
+}
+
+/// A host a pinned request may go to instead of its own.
+#[derive(Debug, Clone)]
+struct Alternate {
+    id: u32,
+    index: usize,
+    address: String,
 }
 
 /// Keeps the hosts of `backend` that the status poll taken at `taken_at_ms` found down.
@@ -127,12 +138,28 @@ pub fn pin_stored(
     let address = &chosen.address;
     envoy.set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(address)));
     adjust_in_flight(envoy, cluster, hosts.len(), choice.host, true);
+    let alternates = match backend.host_max_inflight {
+        Some(_) => key_placement::rendezvous_order(key, &hosts)
+            .into_iter()
+            .filter(|&i| i != choice.host)
+            .filter_map(|i| {
+                let h = hosts.get(i).filter(|h| h.up)?;
+                Some(Alternate {
+                    id: h.id(),
+                    index: i,
+                    address: h.address.clone(),
+                })
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     Some(Pin {
         backend: cluster.to_string(),
         host: choice.host,
         hosts: hosts.len(),
         host_id: chosen.id(),
         choice,
+        alternates,
     })
 }
 
@@ -140,6 +167,28 @@ impl Pin {
     /// The request is over: its host carries one request less.
     pub fn release(&self, envoy: &Envoy) {
         adjust_in_flight(envoy, &self.backend, self.hosts, self.host, false);
+    }
+
+    /// The ids of the hosts this request may go to instead of its own, in its key's order.
+    pub fn alternate_ids(&self) -> Vec<u32> {
+        self.alternates.iter().map(|a| a.id).collect()
+    }
+
+    /// Moves this request (not its key) to the alternate host `id`, which the fair queue admitted it on: the session
+    /// header names that host, the in-flight counts move with it, and its reason is
+    /// [`PlacementReason::HostFull`]. False when `id` is not one of its alternates (nothing changes).
+    pub fn move_to(&mut self, envoy: &Envoy, id: u32) -> bool {
+        let Some(a) = self.alternates.iter().find(|a| a.id == id) else {
+            return false;
+        };
+        envoy.set_request_header(SESSION_HEADER, Some(&key_placement::session_header_value(&a.address)));
+        adjust_in_flight(envoy, &self.backend, self.hosts, self.host, false);
+        adjust_in_flight(envoy, &self.backend, self.hosts, a.index, true);
+        self.host = a.index;
+        self.host_id = a.id;
+        self.choice.host = a.index;
+        self.choice.reason = PlacementReason::HostFull;
+        true
     }
 
     /// The backend, the chosen host's index and the number of hosts it was chosen among.

@@ -160,6 +160,7 @@ proptest! {
                         Arrival::Queued => prop_assert!(q.waiters.iter().any(|x| x.id == id)),
                         Arrival::Refused(Refusal::NoWait) => prop_assert_eq!(ms, 0),
                         Arrival::Refused(Refusal::QueueFull) => prop_assert!(q.waiters.len() >= 8),
+                        Arrival::Moved(_) => prop_assert!(false, "plain arrive never moves a request"),
                     }
                 }
                 2 => {
@@ -344,14 +345,27 @@ proptest! {
                     let w = on_host(Waiter { deadline_ms: now + ms.max(1), ..waiter(next_id, tenant, weight_of(tenant), n, now) }, host);
                     let mut before = q.clone();
                     before.expire(now);
-                    if fairness::arrive(&mut q, w, now, cap, 64) == Arrival::Admitted {
-                        prop_assert!(before.running() < backend && before.host_has_room(host, cap));
-                        // It jumped no waiter that could go and had less service.
-                        let lifted = q.tenant(tenant).unwrap().counter - u64::from(n) * fairness::SCALE / u64::from(weight_of(tenant));
-                        for x in before.waiters.iter().filter(|x| eligible(&before, x)) {
-                            prop_assert!(lifted <= before.tenant(x.tenant).unwrap().counter);
+                    // Half the arrivals may go around a full host.
+                    let alternates: &[u32] = if kind == 1 { &[3, 2, 1] } else { &[] };
+                    match fairness::arrive_around(&mut q, w, now, cap, 64, alternates) {
+                        Arrival::Admitted => {
+                            prop_assert!(before.running() < backend && before.host_has_room(host, cap));
+                            // It jumped no waiter that could go and had less service.
+                            let lifted = q.tenant(tenant).unwrap().counter - u64::from(n) * fairness::SCALE / u64::from(weight_of(tenant));
+                            for x in before.waiters.iter().filter(|x| eligible(&before, x)) {
+                                prop_assert!(lifted <= before.tenant(x.tenant).unwrap().counter);
+                            }
+                            running.push((tenant, host));
                         }
-                        running.push((tenant, host));
+                        Arrival::Moved(to) => {
+                            // Only an idle tenant, only around a full host, only to a host with room, jumping nobody.
+                            prop_assert!(before.tenant(tenant).is_none_or(|t| t.active == 0));
+                            prop_assert!(!before.host_has_room(host, cap) && before.host_has_room(to, cap));
+                            prop_assert!(to != host && alternates.contains(&to));
+                            prop_assert!(!before.waiters.iter().any(|x| eligible(&before, x)));
+                            running.push((tenant, to));
+                        }
+                        _ => {}
                     }
                 }
                 2 => {
@@ -425,4 +439,36 @@ fn a_flood_held_at_its_full_host_does_not_hold_back_a_quiet_tenant_elsewhere() {
     // Without the per-host bound, the same queue would let every flood waiter run.
     let g = q.grant_own(0, 8u64, |_| true);
     assert_eq!(g.admitted.len(), 3);
+}
+
+/// A quiet tenant whose key sits on a host the flood fills goes around it to a host with room; the flood, which
+/// holds its host itself, waits for it.
+#[test]
+fn an_idle_tenant_goes_around_a_host_others_fill_and_the_flood_does_not() {
+    let cap = Capacity {
+        backend: 8,
+        per_host: Some(1),
+    };
+    let mut q = FairQueue::default();
+    assert_eq!(
+        fairness::arrive(&mut q, on_host(waiter(1, 7, 1, 10, 0), 1), 0, cap, 64),
+        Arrival::Admitted
+    );
+    let flood = on_host(waiter(2, 7, 1, 10, 0), 1);
+    assert_eq!(
+        fairness::arrive_around(&mut q, flood, 0, cap, 64, &[2]),
+        Arrival::Queued
+    );
+    let quiet = on_host(waiter(3, 8, 1, 10, 0), 1);
+    assert_eq!(
+        fairness::arrive_around(&mut q, quiet, 0, cap, 64, &[2]),
+        Arrival::Moved(2)
+    );
+    assert_eq!((q.host_running(1), q.host_running(2), q.depth()), (1, 1, 1));
+    // Every other host full: the quiet tenant's next request waits, first in line for its own host.
+    let again = on_host(waiter(4, 9, 1, 10, 0), 1);
+    assert_eq!(
+        fairness::arrive_around(&mut q, again, 0, cap, 64, &[2]),
+        Arrival::Queued
+    );
 }

@@ -110,6 +110,8 @@ pub enum Gate {
     Go(Option<Ticket>),
     /// Pause: the root context's tick resumes or refuses it.
     Wait(Ticket),
+    /// Go on, to this other host (its key's host was full of other tenants' requests).
+    Moved(Ticket, u32),
     /// Answer with this 429.
     Refuse(GatewayError),
 }
@@ -121,6 +123,9 @@ pub struct Queued<'a> {
     pub host: u32,
     pub context_id: u32,
     pub request_id: Option<&'a str>,
+    /// The hosts it may go to instead of its own, when its tenant is idle and its host full (its pin's
+    /// alternates).
+    pub alternates: &'a [u32],
 }
 
 /// What one backend runs at once: its `max_inflight`, and its `host_max_inflight`.
@@ -138,6 +143,7 @@ pub fn enter(envoy: &Envoy, cfg: &Config, d: &RouteDecision, r: Queued, metrics:
         host,
         context_id,
         request_id,
+        alternates,
     } = r;
     let (Some(f), Some(t)) = (&cfg.fairness, tenant) else {
         return Gate::Go(None);
@@ -157,7 +163,7 @@ pub fn enter(envoy: &Envoy, cfg: &Config, d: &RouteDecision, r: Queued, metrics:
     };
     let capacity = capacity(b);
     let Some(arrival) = update(envoy, b, metrics, |q| {
-        fairness::arrive(q, w, now, capacity, f.max_queue)
+        fairness::arrive_around(q, w, now, capacity, f.max_queue, alternates)
     }) else {
         log::warn!(
             "llmroute: the fair queue of {} could not be updated; the request goes on unqueued",
@@ -165,10 +171,10 @@ pub fn enter(envoy: &Envoy, cfg: &Config, d: &RouteDecision, r: Queued, metrics:
         );
         return Gate::Go(None);
     };
-    let ticket = |state| {
+    let ticket = |state, host| {
         Ticket(Rc::new(Held {
             backend: b.name.clone(),
-            waiter: w,
+            waiter: Waiter { host, ..w },
             context_id,
             envelope: d.api.envelope(),
             request_id: request_id.map(str::to_string),
@@ -176,9 +182,10 @@ pub fn enter(envoy: &Envoy, cfg: &Config, d: &RouteDecision, r: Queued, metrics:
         }))
     };
     match arrival {
-        Arrival::Admitted => Gate::Go(Some(ticket(State::Running))),
+        Arrival::Admitted => Gate::Go(Some(ticket(State::Running, host))),
+        Arrival::Moved(to) => Gate::Moved(ticket(State::Running, to), to),
         Arrival::Queued => {
-            let t = ticket(State::Waiting);
+            let t = ticket(State::Waiting, host);
             let entry = Entry {
                 backend: b.name.clone(),
                 id: w.id,

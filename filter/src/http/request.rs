@@ -190,12 +190,11 @@ impl Http {
         Ok(())
     }
 
+    /// Keeps the request's pin and adds its work in flight; its reason is counted once the fair queue has placed
+    /// it (`count_placement`).
     pub(super) fn pinned(&mut self, pin: Option<Pin>) {
         self.pin = pin;
         if let Some(p) = &self.pin {
-            self.metrics.placement(p.choice.reason);
-            self.envoy
-                .set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
             if let Some(cfg) = &self.cfg {
                 self.work = crate::engine_load::Work::hold(&self.envoy, cfg, p, self.estimate.0, self.estimate.1);
             }
@@ -231,15 +230,22 @@ impl Http {
         };
         let id = self.request_id.as_deref();
         let host = self.pin.as_ref().map_or(fairness::NO_HOST, |p| p.host_id);
+        let alternates = self.pin.as_ref().map(Pin::alternate_ids).unwrap_or_default();
         let queued = crate::fair_queue::Queued {
             tenant: self.tenant,
             host,
             context_id: self.context_id,
             request_id: id,
+            alternates: &alternates,
         };
-        match crate::fair_queue::enter(&self.envoy, cfg, d, queued, &self.metrics) {
+        let action = match crate::fair_queue::enter(&self.envoy, cfg, d, queued, &self.metrics) {
             Gate::Go(ticket) => {
                 self.ticket = ticket;
+                Action::Continue
+            }
+            Gate::Moved(ticket, to) => {
+                self.ticket = Some(ticket);
+                self.go_around(cfg, to);
                 Action::Continue
             }
             Gate::Wait(ticket) => {
@@ -251,6 +257,34 @@ impl Http {
                 self.routed = None;
                 self.refuse(&e, envelope)
             }
+        };
+        self.count_placement();
+        action
+    }
+
+    /// The fair queue admitted this request on another host than its pin's (`fairness::arrive_around`): the pin,
+    /// and the work in flight it holds, move there.
+    fn go_around(&mut self, cfg: &Config, to: u32) {
+        let Some(pin) = self.pin.as_mut() else {
+            return;
+        };
+        if !pin.move_to(&self.envoy, to) {
+            return;
+        }
+        if let Some(w) = self.work.take() {
+            w.release(&self.envoy);
+        }
+        if let Some(p) = &self.pin {
+            self.work = crate::engine_load::Work::hold(&self.envoy, cfg, p, self.estimate.0, self.estimate.1);
+        }
+    }
+
+    /// Counts the pin's placement reason, once the fair queue has had its say (it may move the request).
+    fn count_placement(&self) {
+        if let Some(p) = &self.pin {
+            self.metrics.placement(p.choice.reason);
+            self.envoy
+                .set_log_field(log_fields::PLACEMENT, p.choice.reason.as_str());
         }
     }
 }

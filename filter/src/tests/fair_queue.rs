@@ -450,7 +450,10 @@ fn a_request_waits_for_its_full_host_while_another_host_serves_a_quiet_tenant() 
 fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
     let fake = FakeHost::new();
     let config = fair_config(8)
-        .replace(r#""max_inflight": 1 }"#, r#""max_inflight": 8, "host_max_inflight": 1 }"#)
+        .replace(
+            r#""max_inflight": 1 }"#,
+            r#""max_inflight": 8, "host_max_inflight": 1 }"#,
+        )
         .replace(
             r#""affinity": { "session_headers": ["x-session-id"] }"#,
             r#""affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" }"#,
@@ -458,7 +461,9 @@ fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
     let root = root(&fake, &config);
     let key = [("x-session-id", "flood-doc")];
     let _running = arrive_with(&fake, &root, 1, "flood", &key, None);
-    let _waiting: Vec<_> = (2..5).map(|id| arrive_with(&fake, &root, id, "flood", &key, None)).collect();
+    let _waiting: Vec<_> = (2..5)
+        .map(|id| arrive_with(&fake, &root, id, "flood", &key, None))
+        .collect();
     let cfg = llmroute_core::load_config(&config).unwrap();
     let addresses = ["127.0.0.1:8081", "127.0.0.1:8082"];
     let host = queue(&fake).waiters[0].host;
@@ -485,4 +490,61 @@ fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
     let mut want = vec![0, 0];
     want[at] = 4;
     assert_eq!(counts, want, "one upstream and three waiting");
+}
+
+/// `host_max_inflight: 1`: a quiet tenant whose key's host the flood fills goes around it to the other host, at once,
+/// counted as `host_full`, and the in-flight counts follow it; the flood's own waiter stays for its host.
+#[test]
+fn an_idle_tenant_goes_around_a_host_the_flood_fills() {
+    let fake = FakeHost::new();
+    let config = fair_config(8)
+        .replace(r#""max_inflight": 1 }"#, r#""max_inflight": 8, "host_max_inflight": 1 }"#)
+        .replace(
+            r#""affinity": { "session_headers": ["x-session-id"] }"#,
+            r#""affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" }, "debug_headers": true"#,
+        );
+    let mut root = root(&fake, &config);
+    let key = [("x-session-id", "shared-doc")];
+    let (mut first, _) = arrive_with(&fake, &root, 1, "flood", &key, None);
+    let (mut second, action) = arrive_with(&fake, &root, 2, "flood", &key, None);
+    assert_eq!(action, Action::Pause, "the flood waits for its own host");
+    let home = queue(&fake).waiters[0].host;
+    let (mut quiet, action) = arrive_with(&fake, &root, 3, "quiet", &key, None);
+    assert_eq!(
+        action,
+        Action::Continue,
+        "the quiet tenant goes around the full host at once"
+    );
+    let q = queue(&fake);
+    assert_eq!((q.depth(), q.host_running(home), q.hosts.len()), (1, 1, 2));
+    let counts = llmroute_core::key_placement::table::decode_host_counts(
+        &fake.shared(&shared::in_flight(BACKEND)).unwrap().0,
+        2,
+    );
+    assert_eq!(counts.iter().sum::<u32>(), 3);
+    assert!(
+        counts.iter().all(|c| *c >= 1),
+        "the quiet request counts on the other host: {counts:?}"
+    );
+    assert_eq!(
+        fake.header(
+            proxy_wasm::types::MapType::HttpRequestHeaders,
+            llmroute_core::envoy_contract::SESSION_HEADER
+        )
+        .map(|v| v
+            != llmroute_core::key_placement::session_header_value(
+                ["127.0.0.1:8081", "127.0.0.1:8082"]
+                    .into_iter()
+                    .find(|a| llmroute_core::key_placement::host_id(a) == home)
+                    .unwrap()
+            )),
+        Some(true),
+        "the session header names the other host"
+    );
+    answer(&mut quiet);
+    answer(&mut first);
+    tick(&fake, &mut root);
+    answer(&mut second);
+    let q = queue(&fake);
+    assert_eq!((q.depth(), q.running(), q.hosts.len()), (0, 0, 0));
 }

@@ -1,7 +1,9 @@
 //! The fair queue's per-host bound (`backends[].host_max_inflight`) through the real filter in a real Envoy, in
 //! front of two engines with `bounded_keys` placement: a flooding key's second request waits for its own host,
 //! which runs one already, while a quiet tenant's new key goes to the other engine at once and is answered while
-//! the flood still holds its host; the flood's waiter then goes to its key's host when it frees.
+//! the flood still holds its host; the flood's waiter then goes to its key's host when it frees. A quiet tenant
+//! whose key is on the host the flood fills goes around it to the other engine (`host_full`), while the flood's
+//! own waiter stays for its host.
 
 use std::time::Duration;
 
@@ -31,8 +33,9 @@ async fn queue(envoy: &Envoy) -> Value {
     r.body["backends"][0]["queue"].clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_waits_for_its_full_host_while_a_quiet_key_is_served_on_the_other() {
+/// Two engines with `bounded_keys`, `max_inflight: 8` and `host_max_inflight: 1`, tenants by `x-tenant-id`, debug
+/// headers on; returned once the filter's snapshot lists both hosts up (placement pins only then).
+async fn per_host_fleet() -> (Fleet, Envoy) {
     let fleet = Fleet::start("llama-a", 2).await.unwrap();
     let mut backend = fleet.backend_entry(100_000);
     backend["max_inflight"] = json!(8);
@@ -43,9 +46,9 @@ async fn a_flood_waits_for_its_full_host_while_a_quiet_key_is_served_on_the_othe
         "models": [{ "name": ALIAS, "routes": [{ "backend": fleet.backend, "upstream_model": UPSTREAM }] }],
         "affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" },
         "fairness": { "by": { "header": "x-tenant-id" }, "max_wait_ms": 20000 },
+        "debug_headers": true,
     });
     let envoy = Envoy::start(cfg).await.unwrap();
-    // Placement pins a host only once the filter's status snapshot lists the hosts up.
     let up = wait_for(Duration::from_secs(10), || async {
         let r = get_json(&client(), envoy.url("/llmroute/status"), &[]).await;
         r.body["backends"][0]["healthy_hosts"] == 2
@@ -56,10 +59,20 @@ async fn a_flood_waits_for_its_full_host_while_a_quiet_key_is_served_on_the_othe
         "the hosts never came up in the filter's snapshot\n{}",
         envoy.log()
     );
-    let busy = || fleet.engines.iter().position(|e| e.inflight() == 1);
+    (fleet, envoy)
+}
+
+/// The engine running a request, if one is.
+fn busy(fleet: &Fleet) -> Option<usize> {
+    fleet.engines.iter().position(|e| e.inflight() == 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_waits_for_its_full_host_while_a_quiet_key_is_served_on_the_other() {
+    let (fleet, envoy) = per_host_fleet().await;
     let holder = spawn_keyed(&envoy, "flood", "flood-doc", "flood-0", 5000);
-    let got = wait_for(Duration::from_secs(5), || async { busy().is_some() }).await;
-    let (Some(_), Some(flood_host)) = (got, busy()) else {
+    let got = wait_for(Duration::from_secs(5), || async { busy(&fleet).is_some() }).await;
+    let (Some(_), Some(flood_host)) = (got, busy(&fleet)) else {
         panic!("no engine got the flood's first request\n{}", envoy.log());
     };
     let waiter = spawn_keyed(&envoy, "flood", "flood-doc", "flood-1", 10);
@@ -104,4 +117,42 @@ async fn a_flood_waits_for_its_full_host_while_a_quiet_key_is_served_on_the_othe
         (Some(0), Some(0)),
         "{q}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_goes_around_the_host_a_flood_fills() {
+    let (fleet, envoy) = per_host_fleet().await;
+    let holder = spawn_keyed(&envoy, "flood", "shared-doc", "flood-0", 5000);
+    let got = wait_for(Duration::from_secs(5), || async { busy(&fleet).is_some() }).await;
+    let (Some(_), Some(home)) = (got, busy(&fleet)) else {
+        panic!("no engine got the flood's first request\n{}", envoy.log());
+    };
+    let waiter = spawn_keyed(&envoy, "flood", "shared-doc", "flood-1", 10);
+    let waiting = wait_for(Duration::from_secs(5), || async { queue(&envoy).await["waiting"] == 1 }).await;
+    assert!(
+        waiting.is_some(),
+        "the flood's second request did not wait\n{}",
+        envoy.log()
+    );
+
+    // The quiet tenant's key is the flood's, on the full host: its request goes around it.
+    let quiet = spawn_keyed(&envoy, "quiet", "shared-doc", "quiet-0", 10).await.unwrap();
+    assert_eq!(quiet.status, 200, "{}\n{}", quiet.text, envoy.log());
+    assert_eq!(fleet.chat_counts()[1 - home], 1, "served by the other engine");
+    assert_eq!(
+        quiet
+            .headers
+            .get("x-llmroute-placement")
+            .map(|v| v.to_str().unwrap_or_default()),
+        Some("host_full")
+    );
+    assert_eq!(
+        queue(&envoy).await["waiting"],
+        1,
+        "the flood's waiter still waits for its host"
+    );
+    assert!(!holder.is_finished(), "{}", envoy.log());
+    assert_eq!(holder.await.unwrap().status, 200);
+    assert_eq!(waiter.await.unwrap().status, 200);
+    assert_eq!(fleet.chat_counts()[home], 2, "the flood stayed on its host");
 }

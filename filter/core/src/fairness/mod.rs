@@ -460,6 +460,8 @@ pub enum Arrival {
     Queued,
     /// Refused, and its tenant untouched.
     Refused(Refusal),
+    /// Admitted at once on another host than its own, this one (see [`arrive_around`]).
+    Moved(u32),
 }
 
 /// A request `w` arrives at a backend of `capacity` (requests in flight, and per host), at `now_ms`. Waiters whose
@@ -485,6 +487,38 @@ pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: impl Into<Cap
         true => Arrival::Queued,
         false => Arrival::Admitted,
     }
+}
+
+/// [`arrive`], for a request that may go around its full host. A tenant with nothing waiting or running does not
+/// wait behind a host that other tenants fill: when the request's host has no room, the backend has room and no
+/// waiter could go now, it is admitted at once on the first of `alternates` (the other hosts, in its key's order)
+/// with room, and [`Arrival::Moved`] names that host. Its key stays where it is. Otherwise, as [`arrive`].
+///
+/// Why only an idle tenant: a tenant that fills its host itself (a flood) must wait for that host, or its backlog
+/// would spread over every host and hold back the tenants there; a tenant returning from idle holds nothing
+/// anywhere, so moving one request costs only that request's cache hit.
+pub fn arrive_around(
+    q: &mut FairQueue,
+    w: Waiter,
+    now_ms: u64,
+    capacity: impl Into<Capacity>,
+    max_queue: usize,
+    alternates: &[u32],
+) -> Arrival {
+    let cap = capacity.into();
+    q.expire(now_ms);
+    let idle = q.tenant(w.tenant).is_none_or(|t| t.active == 0);
+    if idle && !q.host_has_room(w.host, cap) && q.running() < cap.backend && !q.any_could_go(cap) {
+        let room = alternates
+            .iter()
+            .copied()
+            .find(|h| *h != w.host && *h != NO_HOST && q.host_has_room(*h, cap));
+        if let Some(h) = room {
+            q.admit_now(w.tenant, w.weight, w.input_tokens, h);
+            return Arrival::Moved(h);
+        }
+    }
+    arrive(q, w, now_ms, cap, max_queue)
 }
 
 /// A tenant's id: the xxh3 of its name (an API key's name, or a tenant header's value), so the queue never holds

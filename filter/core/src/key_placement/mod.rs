@@ -122,15 +122,20 @@ pub enum PlacementReason {
     /// The key's host reports more queued requests than [`Bounds::spill_queue`]; this request goes to the next
     /// host whose queue is within it, the key stays.
     Queued,
+    /// The key's host runs `host_max_inflight` requests, none of them this tenant's: this request, of a tenant with
+    /// nothing waiting or running, goes to the next host in the key's order with room instead of waiting behind
+    /// others (see `crate::fairness::arrive_around`); the key stays.
+    HostFull,
 }
 
 impl PlacementReason {
-    pub const ALL: [PlacementReason; 5] = [
+    pub const ALL: [PlacementReason; 6] = [
         PlacementReason::Pinned,
         PlacementReason::Placed,
         PlacementReason::Moved,
         PlacementReason::Spilled,
         PlacementReason::Queued,
+        PlacementReason::HostFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -140,6 +145,7 @@ impl PlacementReason {
             PlacementReason::Moved => "moved",
             PlacementReason::Spilled => "spilled",
             PlacementReason::Queued => "queued",
+            PlacementReason::HostFull => "host_full",
         }
     }
 }
