@@ -450,7 +450,10 @@ fn a_request_waits_for_its_full_host_while_another_host_serves_a_quiet_tenant() 
 fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
     let fake = FakeHost::new();
     let config = fair_config(8)
-        .replace(r#""max_inflight": 1 }"#, r#""max_inflight": 8, "host_max_inflight": 1 }"#)
+        .replace(
+            r#""max_inflight": 1 }"#,
+            r#""max_inflight": 8, "host_max_inflight": 1 }"#,
+        )
         .replace(
             r#""affinity": { "session_headers": ["x-session-id"] }"#,
             r#""affinity": { "session_headers": ["x-session-id"], "placement": "bounded_keys" }"#,
@@ -458,7 +461,9 @@ fn the_in_flight_rebuild_counts_the_requests_waiting_for_each_host() {
     let root = root(&fake, &config);
     let key = [("x-session-id", "flood-doc")];
     let _running = arrive_with(&fake, &root, 1, "flood", &key, None);
-    let _waiting: Vec<_> = (2..5).map(|id| arrive_with(&fake, &root, id, "flood", &key, None)).collect();
+    let _waiting: Vec<_> = (2..5)
+        .map(|id| arrive_with(&fake, &root, id, "flood", &key, None))
+        .collect();
     let cfg = llmroute_core::load_config(&config).unwrap();
     let addresses = ["127.0.0.1:8081", "127.0.0.1:8082"];
     let host = queue(&fake).waiters[0].host;
