@@ -10,7 +10,8 @@
 //!   on; else it joins the queue and pauses, unless the queue is full or the client asked not to wait (a 429 at
 //!   once). It is admitted at once if a slot is free and its tenant is the least served. With
 //!   `host_max_inflight`, a slot is a place on the backend and on the host its pin names ([`capacity`]), and
-//!   waiters whose host is full are passed over (see `llmroute_core::fairness`).
+//!   waiters whose host is full are passed over; a request of an idle tenant whose host is full goes at once to
+//!   one of its pin's alternates with room ([`Gate::Moved`]; see `llmroute_core::fairness::arrive_around`).
 //! - **Release.** A waiter is named by the worker that holds it (a number each worker VM draws once at random)
 //!   and its context id. Each worker releases only its own: on the root context's tick (every [`TICK_MS`] while
 //!   this worker holds a waiter) and when one of its requests ends, it admits its waiters while one of them goes

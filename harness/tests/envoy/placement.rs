@@ -336,7 +336,7 @@ async fn clients_cannot_pick_the_host() {
             "a client header moved the request to engine {other}"
         );
     }
-    assert_eq!(PlacementReason::ALL.len(), 5);
+    assert_eq!(PlacementReason::ALL.len(), 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
