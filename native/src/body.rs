@@ -19,6 +19,8 @@
 //!   received chunk Envoy may not put behind a new buffered one) has that part's rest copied and put back behind
 //!   `value`.
 
+use std::cell::RefCell;
+
 use proxy_wasm::types::BufferType;
 
 use crate::abi::{self, EnvoyBuffer, FilterEnvoyPtr, ModuleBuffer};
@@ -105,12 +107,10 @@ impl View {
         with_slices(self.filter, &parts, |slices| copy_range(slices, start, max))
     }
 
-    /// The glue's `set_buffer`: bytes `start..start + size` become `value`. False when Envoy refused a call.
+    /// The glue's `set_buffer` anywhere but at offset 0 (see [`set_prefix`]): bytes `start..start + size` become
+    /// `value`. False when Envoy refused a call.
     pub fn write(&self, start: usize, size: usize, value: &[u8]) -> bool {
         let b = self.buffered.map_or(0, |t| self.part_len(t));
-        if start == 0 {
-            return self.prepend(size, value, b);
-        }
         let total = b.saturating_add(self.received.map_or(0, |t| self.part_len(t)));
         if start >= total {
             let last = self.received.or(self.buffered).unwrap_or(self.buffered_type());
@@ -121,39 +121,74 @@ impl View {
         let from = start.min(body.len());
         let to = start.saturating_add(size).clamp(from, body.len());
         body.splice(from..to, value.iter().copied());
-        self.prepend(total, &body, b)
+        self.prepend(total, &[&body], b)
+    }
+
+    /// Drains the first `d` bytes of the body and puts `pieces` (in order) before the rest, keeping in place the
+    /// longest run of the old body that the new head repeats where the parts allow it (see the module's doc).
+    pub fn replace_head(&self, d: usize, pieces: &[&[u8]]) -> bool {
+        let b = self.buffered.map_or(0, |t| self.part_len(t));
+        let f = self.filter;
+        if let Some(rt) = self
+            .received
+            .filter(|_| d >= b && (self.buffered.is_some() || self.may_start_buffered()))
+        {
+            let parts: Vec<u32> = self.parts().collect();
+            let (same, moved) = with_slices(f, &parts, |body| {
+                let same = common_prefix(body, pieces, d);
+                if same < b {
+                    return (same, Vec::new());
+                }
+                // The buffered part and the received bytes before `same` stay as they are; what the received chunk
+                // held before the edit moves behind the buffered part, followed by the new bytes.
+                let kept = copy_range(body, b, same.saturating_sub(b));
+                let mut moved = Vec::with_capacity(kept.len().saturating_add(d));
+                moved.extend_from_slice(&kept);
+                moved.extend_from_slice(&copy_range(pieces, same, usize::MAX));
+                (same, moved)
+            });
+            if same >= b {
+                let ok = append(f, self.buffered_type(), &moved) && drain(f, rt, d.saturating_sub(b));
+                if ok && self.buffered.is_none() && !moved.is_empty() {
+                    note_buffered(self.request);
+                }
+                return ok;
+            }
+        }
+        self.prepend(d, pieces, b)
     }
 
     /// Drains the first `d` bytes of the body (`b` of them buffered, then the received ones; all of it when
-    /// shorter) and puts `value` before the rest.
-    fn prepend(&self, d: usize, value: &[u8], b: usize) -> bool {
+    /// shorter) and puts `pieces` before the rest.
+    fn prepend(&self, d: usize, pieces: &[&[u8]], b: usize) -> bool {
         let f = self.filter;
+        let put = |t: u32| pieces.iter().all(|p| append(f, t, p));
         match (self.buffered, self.received) {
             (Some(bt), _) if d < b => {
                 // The prefix ends inside the buffered body, which grows only at its end: its rest is copied and put
-                // back behind `value`.
-                let new = with_slices(f, &[bt], |s| behind(value, s, d));
+                // back behind the new head.
+                let new = with_slices(f, &[bt], |s| behind(pieces, s, d));
                 drain(f, bt, usize::MAX) && append(f, bt, &new)
             }
             (Some(bt), received) => {
                 let ok = b == 0 || drain(f, bt, usize::MAX);
                 let drained = received.is_none_or(|rt| drain(f, rt, d.saturating_sub(b)));
-                ok && drained && append(f, bt, value)
+                ok && drained && put(bt)
             }
             (None, Some(rt)) if self.may_start_buffered() => {
-                // Envoy holds the request here and buffers nothing yet: `value` starts the buffered body, and the
-                // received chunk, drained of the prefix in place, goes behind it.
-                let ok = drain(f, rt, d) && append(f, self.buffered_type(), value);
-                if ok && !value.is_empty() {
+                // Envoy holds the request here and buffers nothing yet: the new head starts the buffered body, and
+                // the received chunk, drained of the prefix in place, goes behind it.
+                let ok = drain(f, rt, d) && put(self.buffered_type());
+                if ok && pieces.iter().any(|p| !p.is_empty()) {
                     note_buffered(self.request);
                 }
                 ok
             }
             (None, Some(rt)) => {
-                let new = with_slices(f, &[rt], |s| behind(value, s, d));
+                let new = with_slices(f, &[rt], |s| behind(pieces, s, d));
                 drain(f, rt, usize::MAX) && append(f, rt, &new)
             }
-            (None, None) => append(f, self.buffered_type(), value),
+            (None, None) => put(self.buffered_type()),
         }
     }
 
@@ -211,17 +246,128 @@ pub fn copy_range(slices: &[&[u8]], start: usize, max: usize) -> Vec<u8> {
     out
 }
 
-/// `value`, then the concatenation of `slices` from byte `from`: what a part becomes when a prefix of it is
+/// `pieces`, then the concatenation of `slices` from byte `from`: what a part becomes when a prefix of it is
 /// replaced, built in one allocation, to be appended in one call.
-fn behind(value: &[u8], slices: &[&[u8]], from: usize) -> Vec<u8> {
+fn behind(pieces: &[&[u8]], slices: &[&[u8]], from: usize) -> Vec<u8> {
     let rest = copy_range(slices, from, usize::MAX);
-    if value.is_empty() {
+    let head = pieces.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
+    if head == 0 {
         return rest;
     }
-    let mut out = Vec::with_capacity(value.len().saturating_add(rest.len()));
-    out.extend_from_slice(value);
+    let mut out = Vec::with_capacity(head.saturating_add(rest.len()));
+    for p in pieces {
+        out.extend_from_slice(p);
+    }
     out.extend_from_slice(&rest);
     out
+}
+
+/// How many bytes the concatenations of `xs` and `ys` share from their start, up to `limit`: compared run by run,
+/// nothing copied.
+pub fn common_prefix(xs: &[&[u8]], ys: &[&[u8]], limit: usize) -> usize {
+    let (mut xs, mut ys) = (xs.iter().copied(), ys.iter().copied());
+    let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+    let mut n = 0usize;
+    while n < limit {
+        if x.is_empty() {
+            match xs.next() {
+                Some(next) => x = next,
+                None => break,
+            }
+            continue;
+        }
+        if y.is_empty() {
+            match ys.next() {
+                Some(next) => y = next,
+                None => break,
+            }
+            continue;
+        }
+        let m = x.len().min(y.len()).min(limit.saturating_sub(n));
+        let (a, rest_x) = x.split_at(m);
+        let (b, rest_y) = y.split_at(m);
+        if a != b {
+            return n.saturating_add(a.iter().zip(b).position(|(p, q)| p != q).unwrap_or(m));
+        }
+        n = n.saturating_add(m);
+        (x, y) = (rest_x, rest_y);
+    }
+    n
+}
+
+/// A head edit the glue asked for (`set_buffer` at offset 0: drain `drain` bytes, prepend `value`) and Envoy has
+/// not been given yet.
+struct Pending {
+    view: View,
+    drain: usize,
+    value: Vec<u8>,
+}
+
+thread_local! {
+    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+}
+
+/// The glue's `set_buffer` at offset 0 on a body: drain `drain` bytes, then prepend `value`. The glue sends its
+/// `model` edit as two of these in a row (`BodyPatch::head_edit`: the replacement, then the bytes before the
+/// span), which the wasm host applies one by one; here the first is kept and the second completes it, so Envoy is
+/// given the whole new head at once and what it repeats of the old body stays in place. A kept edit is applied by
+/// [`flush`] before anything else reaches Envoy (and at the end of the hook). False when `buffer` is no body or
+/// Envoy refused a call.
+pub fn set_prefix(filter: FilterEnvoyPtr, buffer: BufferType, drain: usize, value: &[u8]) -> bool {
+    let request = match buffer {
+        BufferType::HttpRequestBody => true,
+        BufferType::HttpResponseBody => false,
+        _ => return false,
+    };
+    let first = PENDING.with(|p| {
+        p.try_borrow_mut()
+            .ok()
+            .and_then(|mut p| p.take_if(|q| q.view.filter == filter && q.view.request == request))
+    });
+    if let Some(first) = first {
+        // This edit applies to the body the first one left: `first.value` then the body after `first.drain`.
+        let v1 = first.value.as_slice();
+        return match v1.get(drain..) {
+            Some(rest) => first.view.replace_head(first.drain, &[value, rest]),
+            None => {
+                let more = drain.saturating_sub(v1.len());
+                first.view.replace_head(first.drain.saturating_add(more), &[value])
+            }
+        };
+    }
+    if !flush() {
+        return false;
+    }
+    let Some(view) = View::of(filter, buffer) else {
+        return false;
+    };
+    let pending = Pending {
+        view,
+        drain,
+        value: value.to_vec(),
+    };
+    PENDING
+        .with(|p| p.try_borrow_mut().map(|mut p| *p = Some(pending)))
+        .is_ok()
+}
+
+/// Applies the head edit kept by [`set_prefix`], if any, to the running hook's stream. False when Envoy refused a
+/// call; an edit kept for another stream (it cannot be, as every hook flushes before it ends) is dropped.
+pub fn flush() -> bool {
+    let Some(p) = PENDING.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take())) else {
+        return true;
+    };
+    if p.view.filter != current().filter {
+        return false;
+    }
+    p.view.replace_head(p.drain, &[&p.value])
+}
+
+/// Forgets a kept head edit (the hook failed).
+pub fn discard() {
+    PENDING
+        .with(|p| p.try_borrow_mut().map(|mut p| *p = None))
+        .unwrap_or_default();
 }
 
 /// Appends `bytes` to body part `t` (nothing to do when empty).

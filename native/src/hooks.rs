@@ -23,7 +23,7 @@ use proxy_wasm::traits::{HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType};
 
 use crate::abi::{self, EnvoyBuffer, FilterConfigModulePtr, FilterEnvoyPtr};
-use crate::body::View;
+use crate::body::{self, View};
 use crate::config::{self, FilterConfig};
 use crate::host::{self, Current};
 use crate::streams;
@@ -142,9 +142,15 @@ pub(crate) fn run<T>(
     f: impl FnOnce(&mut dyn HttpContext) -> T,
 ) -> Option<T> {
     let ctx = stream.ctx.as_deref_mut()?;
-    let out = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| f(ctx))));
+    // A body edit the glue left for Envoy is applied before the hook ends (see `body::set_prefix`).
+    let out = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| (f(ctx), body::flush()))));
     match out {
-        Ok(v) => Some(v),
+        Ok((v, true)) => Some(v),
+        Ok((_, false)) => {
+            log::error!("llmroute: Envoy refused a body edit; the request fails closed with a 503");
+            fail_closed(filter, stream);
+            None
+        }
         Err(_) => {
             fail_closed(filter, stream);
             None
@@ -182,6 +188,7 @@ fn hook(
 
 /// After a panic: drops the stream's context (inside its own guard) and answers 503 in the API's envelope.
 fn fail_closed(filter: FilterEnvoyPtr, stream: &mut Stream) {
+    body::discard();
     let ctx = stream.ctx.take();
     let _ = catch_unwind(AssertUnwindSafe(|| drop(ctx)));
     let body = llmroute_core::error::unavailable_body(stream.envelope, None);
@@ -380,7 +387,13 @@ pub(crate) fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnO
         return;
     };
     let current = stream.current(filter);
-    let _ = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| f(stream, current))));
+    let _ = host::with_current(current, || {
+        catch_unwind(AssertUnwindSafe(|| {
+            f(stream, current);
+            body::flush()
+        }))
+    });
+    body::discard();
 }
 
 #[no_mangle]

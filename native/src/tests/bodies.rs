@@ -207,9 +207,44 @@ fn a_prepend_replaces_the_prefix_in_every_shape() {
 }
 
 #[test]
+fn what_the_new_head_repeats_of_the_old_body_stays_in_place() {
+    // `model` in the received chunk: the buffered part stays, the received bytes before the edit move behind it.
+    bodies("0123", "4567", 1);
+    assert!(in_request_body(true, true, |v| v.replace_head(6, &[b"0123", b"45", b"XY"])));
+    ENVOY.with(|e| {
+        let e = e.borrow();
+        assert_eq!(e.bodies[1], b"012345XY");
+        assert_eq!(e.bodies[0], b"67");
+    });
+    // The new head differs inside the buffered part: it is rebuilt.
+    bodies("0123", "4567", 1);
+    assert!(in_request_body(true, true, |v| v.replace_head(6, &[b"0a23", b"45", b"XY"])));
+    assert_eq!(fake_envoy::sent_request_body(), b"0a2345XY67");
+    // One received chunk, Envoy holding the request: it starts the buffered body.
+    bodies("", "4567", 0);
+    assert!(in_request_body(false, true, |v| v.replace_head(3, &[b"45", b"Z"])));
+    ENVOY.with(|e| {
+        let e = e.borrow();
+        assert_eq!(e.bodies[1], b"45Z");
+        assert_eq!(e.bodies[0], b"7");
+    });
+}
+
+#[test]
+fn a_common_prefix_is_found_across_slices() {
+    use crate::body::common_prefix;
+    let a: [&[u8]; 3] = [b"ab", b"cde", b"f"];
+    assert_eq!(common_prefix(&a, &[b"abcdef"], usize::MAX), 6);
+    assert_eq!(common_prefix(&a, &[b"a", b"bcX"], usize::MAX), 3);
+    assert_eq!(common_prefix(&a, &[b"abcdefgh"], 4), 4);
+    assert_eq!(common_prefix(&a, &[b"", b"x"], usize::MAX), 0);
+    assert_eq!(common_prefix(&[], &[b"x"], usize::MAX), 0);
+}
+
+#[test]
 fn a_received_chunk_is_preceded_only_while_envoy_holds_the_request() {
     bodies("", "4567", 0);
-    assert!(in_request_body(false, false, |v| v.write(0, 1, b"abc")));
+    assert!(in_request_body(false, false, |v| v.replace_head(1, &[b"abc"])));
     ENVOY.with(|e| {
         let e = e.borrow();
         assert!(
