@@ -13,11 +13,19 @@
 //! - a write is the glue's `set_buffer` at offset 0 ("drain the first `size` bytes, prepend `value`": the head
 //!   edit of `model`, or a whole new body) or at the end (an append). Envoy's ABI grows a body only at its end and
 //!   shrinks it only at its front, and after the hook it sends the buffered part, then the received one. So a
-//!   prepend drains the edited prefix in place and appends `value` to the part that goes first: the buffered body,
-//!   which Envoy starts when there is none (only while it holds the request here: then it moves the received
-//!   chunk behind it). Only a prefix that ends inside a part that cannot be preceded (the buffered body, or a
-//!   received chunk Envoy may not put behind a new buffered one) has that part's rest copied and put back behind
-//!   `value`.
+//!   new head goes at the end of the part that goes first, the buffered body, which Envoy starts when there is
+//!   none (only while it holds the request here: then it moves the received chunk behind it), and the edited
+//!   prefix is drained in place. What the new head repeats of the old body from its start stays where it is when
+//!   it covers the buffered part: then only the received bytes before the edit move (with the `model` value
+//!   late in a large body, as the OpenAI SDKs send it, a part of the last chunk). A head that differs inside the
+//!   buffered part rebuilds that part (its rest is copied and put back behind the new head), as does one put
+//!   before a received chunk that Envoy may not put behind a new buffered body.
+//! - the glue sends its `model` edit as two prepends in a row (the replacement, then the bytes before it, each
+//!   borrowed from the body it read): [`set_prefix`] keeps the first and gives Envoy both as one edit when the
+//!   second comes, or before anything else reaches Envoy ([`flush`], also at the end of every hook).
+//!
+//! No body is copied on any hook but the one that reads it: the request's last chunk (or its trailers), and each
+//! response chunk the glue inspects.
 
 use std::cell::RefCell;
 
@@ -121,7 +129,8 @@ impl View {
         let from = start.min(body.len());
         let to = start.saturating_add(size).clamp(from, body.len());
         body.splice(from..to, value.iter().copied());
-        self.prepend(total, &[&body], b)
+        let starts = self.buffered.is_none() && self.received.is_some() && self.may_start_buffered();
+        self.prepend(total, &[&body], b, starts)
     }
 
     /// Drains the first `d` bytes of the body and puts `pieces` (in order) before the rest, keeping in place the
@@ -129,10 +138,8 @@ impl View {
     pub fn replace_head(&self, d: usize, pieces: &[&[u8]]) -> bool {
         let b = self.buffered.map_or(0, |t| self.part_len(t));
         let f = self.filter;
-        if let Some(rt) = self
-            .received
-            .filter(|_| d >= b && (self.buffered.is_some() || self.may_start_buffered()))
-        {
+        let starts = self.buffered.is_none() && self.received.is_some() && self.may_start_buffered();
+        if let Some(rt) = self.received.filter(|_| d >= b && (self.buffered.is_some() || starts)) {
             let parts: Vec<u32> = self.parts().collect();
             let (same, moved) = with_slices(f, &parts, |body| {
                 let same = common_prefix(body, pieces, d);
@@ -141,9 +148,7 @@ impl View {
                 }
                 // The buffered part and the received bytes before `same` stay as they are; what the received chunk
                 // held before the edit moves behind the buffered part, followed by the new bytes.
-                let kept = copy_range(body, b, same.saturating_sub(b));
-                let mut moved = Vec::with_capacity(kept.len().saturating_add(d));
-                moved.extend_from_slice(&kept);
+                let mut moved = copy_range(body, b, same.saturating_sub(b));
                 moved.extend_from_slice(&copy_range(pieces, same, usize::MAX));
                 (same, moved)
             });
@@ -155,12 +160,13 @@ impl View {
                 return ok;
             }
         }
-        self.prepend(d, pieces, b)
+        self.prepend(d, pieces, b, starts)
     }
 
     /// Drains the first `d` bytes of the body (`b` of them buffered, then the received ones; all of it when
-    /// shorter) and puts `pieces` before the rest.
-    fn prepend(&self, d: usize, pieces: &[&[u8]], b: usize) -> bool {
+    /// shorter) and puts `pieces` before the rest; `starts` when they may start the buffered body (see
+    /// [`View::may_start_buffered`]).
+    fn prepend(&self, d: usize, pieces: &[&[u8]], b: usize, starts: bool) -> bool {
         let f = self.filter;
         let put = |t: u32| pieces.iter().all(|p| append(f, t, p));
         match (self.buffered, self.received) {
@@ -175,7 +181,7 @@ impl View {
                 let drained = received.is_none_or(|rt| drain(f, rt, d.saturating_sub(b)));
                 ok && drained && put(bt)
             }
-            (None, Some(rt)) if self.may_start_buffered() => {
+            (None, Some(rt)) if starts => {
                 // Envoy holds the request here and buffers nothing yet: the new head starts the buffered body, and
                 // the received chunk, drained of the prefix in place, goes behind it.
                 let ok = drain(f, rt, d) && put(self.buffered_type());
@@ -184,6 +190,7 @@ impl View {
                 }
                 ok
             }
+            (None, Some(rt)) if d >= self.part_len(rt) => drain(f, rt, usize::MAX) && put(rt),
             (None, Some(rt)) => {
                 let new = with_slices(f, &[rt], |s| behind(pieces, s, d));
                 drain(f, rt, usize::MAX) && append(f, rt, &new)
