@@ -23,27 +23,10 @@ fn rewritten(body: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-fn reset(chunk: usize) {
-    ENVOY.with(|e| {
-        let mut e = e.borrow_mut();
-        e.headers = Default::default();
-        e.bodies = Default::default();
-        e.replies.clear();
-        e.chunk = chunk;
-        let h = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
-        e.headers[0] = vec![
-            h(":method", "POST"),
-            h(":path", "/v1/chat/completions"),
-            h(":authority", "gw"),
-            h("content-type", "application/json"),
-        ];
-    });
-}
-
 /// Sends `body` through one stream of `config`, received in pieces cut at `cuts`, each held in slices of `chunk`
 /// bytes (0: one slice); the body Envoy sends on.
 fn sent(config: *const c_void, body: &str, cuts: &[usize], chunk: usize) -> Vec<u8> {
-    reset(chunk);
+    fake_envoy::chat_request(chunk);
     let filter = std::ptr::NonNull::<c_void>::dangling().as_ptr();
     let module = envoy_dynamic_module_on_http_filter_new(config, filter);
     assert_eq!(
@@ -151,7 +134,7 @@ fn in_request_body<T>(buffering: bool, held: bool, f: impl FnOnce(View) -> T) ->
 }
 
 fn bodies(buffered: &str, received: &str, chunk: usize) {
-    reset(chunk);
+    fake_envoy::chat_request(chunk);
     ENVOY.with(|e| {
         let mut e = e.borrow_mut();
         e.bodies[1] = buffered.as_bytes().to_vec();

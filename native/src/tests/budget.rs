@@ -55,20 +55,7 @@ fn body(request: bool, chunk: &str, end: bool, filter: abi::FilterEnvoyPtr, modu
 
 /// One chat exchange through one stream of `config`, as Envoy runs it.
 fn exchange(config: *const c_void, stream: bool) {
-    ENVOY.with(|e| {
-        let mut e = e.borrow_mut();
-        e.headers = Default::default();
-        e.bodies = Default::default();
-        e.replies.clear();
-        let h = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
-        e.headers[0] = vec![
-            h(":method", "POST"),
-            h(":path", "/v1/chat/completions"),
-            h(":authority", "gw"),
-            h("content-type", "application/json"),
-            h("x-request-id", "req-0001"),
-        ];
-    });
+    fake_envoy::chat_request(0);
     let filter = std::ptr::NonNull::<c_void>::dangling().as_ptr();
     let module = envoy_dynamic_module_on_http_filter_new(config, filter);
     assert!(!module.is_null());

@@ -48,6 +48,26 @@ pub fn take_calls() -> BTreeMap<&'static str, usize> {
     ENVOY.with(|e| std::mem::take(&mut e.borrow_mut().calls))
 }
 
+/// A new chat request: no bodies, no replies, the request headers of a chat completion, each body held in slices
+/// of `chunk` bytes (0: one slice).
+pub fn chat_request(chunk: usize) {
+    ENVOY.with(|e| {
+        let mut e = e.borrow_mut();
+        e.headers = Default::default();
+        e.bodies = Default::default();
+        e.replies.clear();
+        e.chunk = chunk;
+        let h = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
+        e.headers[0] = vec![
+            h(":method", "POST"),
+            h(":path", "/v1/chat/completions"),
+            h(":authority", "gw"),
+            h("content-type", "application/json"),
+            h("x-request-id", "req-0001"),
+        ];
+    });
+}
+
 /// The request body Envoy sends on when a body hook goes on: the buffered chunks, then the received one.
 pub fn sent_request_body() -> Vec<u8> {
     ENVOY.with(|e| {
