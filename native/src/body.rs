@@ -21,13 +21,10 @@
 //!   buffered part rebuilds that part (its rest is copied and put back behind the new head), as does one put
 //!   before a received chunk that Envoy may not put behind a new buffered body.
 //! - the glue sends its `model` edit as two prepends in a row (the replacement, then the bytes before it, each
-//!   borrowed from the body it read): [`set_prefix`] keeps the first and gives Envoy both as one edit when the
-//!   second comes, or before anything else reaches Envoy ([`flush`], also at the end of every hook).
+//!   borrowed from the body it read): `head_edit` keeps the first and gives Envoy both as one edit.
 //!
 //! No body is copied on any hook but the one that reads it: the request's last chunk (or its trailers), and each
 //! response chunk the glue inspects.
-
-use std::cell::RefCell;
 
 use proxy_wasm::types::BufferType;
 
@@ -74,6 +71,16 @@ impl View {
         Some(view)
     }
 
+    /// The stream whose body this is.
+    pub fn filter(&self) -> FilterEnvoyPtr {
+        self.filter
+    }
+
+    /// A request body (else a response body).
+    pub fn is_request(&self) -> bool {
+        self.request
+    }
+
     /// Envoy's received chunk is its buffered body (a filter before this one buffered it and went on).
     fn received_is_buffered(&self) -> bool {
         // SAFETY: `filter` is the running hook's stream.
@@ -115,7 +122,7 @@ impl View {
         with_slices(self.filter, &parts, |slices| copy_range(slices, start, max))
     }
 
-    /// The glue's `set_buffer` anywhere but at offset 0 (see [`set_prefix`]): bytes `start..start + size` become
+    /// The glue's `set_buffer` anywhere but at offset 0 (see `head_edit`): bytes `start..start + size` become
     /// `value`. False when Envoy refused a call.
     pub fn write(&self, start: usize, size: usize, value: &[u8]) -> bool {
         let b = self.buffered.map_or(0, |t| self.part_len(t));
@@ -300,81 +307,6 @@ pub fn common_prefix(xs: &[&[u8]], ys: &[&[u8]], limit: usize) -> usize {
         (x, y) = (rest_x, rest_y);
     }
     n
-}
-
-/// A head edit the glue asked for (`set_buffer` at offset 0: drain `drain` bytes, prepend `value`) and Envoy has
-/// not been given yet.
-struct Pending {
-    view: View,
-    drain: usize,
-    value: Vec<u8>,
-}
-
-thread_local! {
-    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
-}
-
-/// The glue's `set_buffer` at offset 0 on a body: drain `drain` bytes, then prepend `value`. The glue sends its
-/// `model` edit as two of these in a row (`BodyPatch::head_edit`: the replacement, then the bytes before the
-/// span), which the wasm host applies one by one; here the first is kept and the second completes it, so Envoy is
-/// given the whole new head at once and what it repeats of the old body stays in place. A kept edit is applied by
-/// [`flush`] before anything else reaches Envoy (and at the end of the hook). False when `buffer` is no body or
-/// Envoy refused a call.
-pub fn set_prefix(filter: FilterEnvoyPtr, buffer: BufferType, drain: usize, value: &[u8]) -> bool {
-    let request = match buffer {
-        BufferType::HttpRequestBody => true,
-        BufferType::HttpResponseBody => false,
-        _ => return false,
-    };
-    let first = PENDING.with(|p| {
-        p.try_borrow_mut()
-            .ok()
-            .and_then(|mut p| p.take_if(|q| q.view.filter == filter && q.view.request == request))
-    });
-    if let Some(first) = first {
-        // This edit applies to the body the first one left: `first.value` then the body after `first.drain`.
-        let v1 = first.value.as_slice();
-        return match v1.get(drain..) {
-            Some(rest) => first.view.replace_head(first.drain, &[value, rest]),
-            None => {
-                let more = drain.saturating_sub(v1.len());
-                first.view.replace_head(first.drain.saturating_add(more), &[value])
-            }
-        };
-    }
-    if !flush() {
-        return false;
-    }
-    let Some(view) = View::of(filter, buffer) else {
-        return false;
-    };
-    let pending = Pending {
-        view,
-        drain,
-        value: value.to_vec(),
-    };
-    PENDING
-        .with(|p| p.try_borrow_mut().map(|mut p| *p = Some(pending)))
-        .is_ok()
-}
-
-/// Applies the head edit kept by [`set_prefix`], if any, to the running hook's stream. False when Envoy refused a
-/// call; an edit kept for another stream (it cannot be, as every hook flushes before it ends) is dropped.
-pub fn flush() -> bool {
-    let Some(p) = PENDING.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.take())) else {
-        return true;
-    };
-    if p.view.filter != current().filter {
-        return false;
-    }
-    p.view.replace_head(p.drain, &[&p.value])
-}
-
-/// Forgets a kept head edit (the hook failed).
-pub fn discard() {
-    PENDING
-        .with(|p| p.try_borrow_mut().map(|mut p| *p = None))
-        .unwrap_or_default();
 }
 
 /// Appends `bytes` to body part `t` (nothing to do when empty).

@@ -23,8 +23,9 @@ use proxy_wasm::traits::{HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType};
 
 use crate::abi::{self, EnvoyBuffer, FilterConfigModulePtr, FilterEnvoyPtr};
-use crate::body::{self, View};
+use crate::body::View;
 use crate::config::{self, FilterConfig};
+use crate::head_edit;
 use crate::host::{self, Current};
 use crate::streams;
 
@@ -142,8 +143,10 @@ pub(crate) fn run<T>(
     f: impl FnOnce(&mut dyn HttpContext) -> T,
 ) -> Option<T> {
     let ctx = stream.ctx.as_deref_mut()?;
-    // A body edit the glue left for Envoy is applied before the hook ends (see `body::set_prefix`).
-    let out = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| (f(ctx), body::flush()))));
+    // A body edit the glue left for Envoy is applied before the hook ends (see `head_edit`).
+    let out = host::with_current(current, || {
+        catch_unwind(AssertUnwindSafe(|| (f(ctx), head_edit::flush())))
+    });
     match out {
         Ok((v, true)) => Some(v),
         Ok((_, false)) => {
@@ -188,7 +191,7 @@ fn hook(
 
 /// After a panic: drops the stream's context (inside its own guard) and answers 503 in the API's envelope.
 fn fail_closed(filter: FilterEnvoyPtr, stream: &mut Stream) {
-    body::discard();
+    head_edit::discard();
     let ctx = stream.ctx.take();
     let _ = catch_unwind(AssertUnwindSafe(|| drop(ctx)));
     let body = llmroute_core::error::unavailable_body(stream.envelope, None);
@@ -390,10 +393,10 @@ pub(crate) fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnO
     let _ = host::with_current(current, || {
         catch_unwind(AssertUnwindSafe(|| {
             f(stream, current);
-            body::flush()
+            head_edit::flush()
         }))
     });
-    body::discard();
+    head_edit::discard();
 }
 
 #[no_mangle]

@@ -23,7 +23,8 @@ use llmroute_filter::{Host, HostError, HostResult, HostStatus};
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader};
-use crate::body::{self, View};
+use crate::body::View;
+use crate::head_edit;
 use crate::shared;
 
 pub use crate::current::{current, now_ms, with_answer, with_current, CalloutAnswer, Current};
@@ -131,7 +132,7 @@ impl Host for NativeHost {
             BufferType::HttpCallResponseBody => Ok(with_answer_read(|a| a.map(|a| range(&a.body)))),
             BufferType::HttpRequestBody | BufferType::HttpResponseBody => {
                 let filter = stream("get_buffer")?;
-                if !body::flush() {
+                if !head_edit::flush() {
                     return err("get_buffer", HostStatus::NotFound);
                 }
                 Ok(View::of(filter, buffer).map(|body| body.read(start, max)))
@@ -146,9 +147,9 @@ impl Host for NativeHost {
             return err("set_buffer", HostStatus::BadArgument);
         }
         let done = if start == 0 {
-            body::set_prefix(filter, buffer, size, value)
+            head_edit::set_prefix(filter, buffer, size, value)
         } else {
-            body::flush() && View::of(filter, buffer).is_some_and(|body| body.write(start, size, value))
+            head_edit::flush() && View::of(filter, buffer).is_some_and(|body| body.write(start, size, value))
         };
         if !done {
             return err("set_buffer", HostStatus::NotFound);
@@ -286,7 +287,7 @@ impl Host for NativeHost {
     fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
         let filter = stream("send_local_response")?;
         // A body edit not yet given to Envoy goes first: the reply may run other hooks before this one ends.
-        body::flush();
+        head_edit::flush();
         let c = current();
         if c.other() {
             let reply = crate::streams::Deferred::Reply {
@@ -313,7 +314,7 @@ impl Host for NativeHost {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> HostResult<u32> {
-        if !body::flush() {
+        if !head_edit::flush() {
             return err("http_call", HostStatus::NotFound);
         }
         let c = current();
@@ -388,7 +389,7 @@ impl Host for NativeHost {
 
     fn resume_request(&self) -> HostResult<()> {
         let filter = stream("resume_request")?;
-        if !body::flush() {
+        if !head_edit::flush() {
             return err("resume_request", HostStatus::NotFound);
         }
         let c = current();
@@ -410,7 +411,7 @@ impl Host for NativeHost {
     /// Makes a live stream of this worker the effective one (the fair queue releasing a waiter): header and
     /// filter-state writes apply to it at once; a resume or a reply is deferred to its own hook (`streams`).
     fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
-        if !body::flush() {
+        if !head_edit::flush() {
             return err("set_effective_context", HostStatus::NotFound);
         }
         let c = current();
