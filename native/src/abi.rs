@@ -196,12 +196,18 @@ extern "C" {
         details: ModuleBuffer,
     );
 
+    /// The body's length in bytes: the sum of its chunks' lengths, read without touching the bytes (0 when the
+    /// body is absent).
+    pub fn envoy_dynamic_module_callback_http_get_body_size(filter: FilterEnvoyPtr, body_type: u32) -> usize;
     pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(filter: FilterEnvoyPtr, body_type: u32) -> usize;
     pub fn envoy_dynamic_module_callback_http_get_body_chunks(
         filter: FilterEnvoyPtr,
         body_type: u32,
         result: *mut EnvoyBuffer,
     ) -> bool;
+    // A body changes only at its ends: `append_body` adds at the end (to the buffered body, when there is none yet,
+    // Envoy buffers the bytes, then moves the received chunk behind them), `drain_body` takes from the front.
+    // Either invalidates the chunks read before it. There is no prepend and no cut of the tail.
     pub fn envoy_dynamic_module_callback_http_append_body(
         filter: FilterEnvoyPtr,
         body_type: u32,

@@ -103,6 +103,19 @@ pub fn switch_to(current: Current) {
     CURRENT.with(|c| c.set(current));
 }
 
+/// The running hook started the buffered request (response) body (`body`): the glue sees it from now on.
+pub fn note_buffered(request: bool) {
+    CURRENT.with(|c| {
+        let mut now = c.get();
+        if request {
+            now.buffering_request = true;
+        } else {
+            now.buffering_response = true;
+        }
+        c.set(now);
+    });
+}
+
 /// Reads the callout answer of the running hook, if any.
 pub fn with_answer_read<T>(f: impl FnOnce(Option<&CalloutAnswer>) -> T) -> T {
     ANSWER.with(|a| match a.try_borrow() {

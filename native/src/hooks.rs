@@ -23,7 +23,9 @@ use proxy_wasm::traits::{HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType};
 
 use crate::abi::{self, EnvoyBuffer, FilterConfigModulePtr, FilterEnvoyPtr};
+use crate::body::View;
 use crate::config::{self, FilterConfig};
+use crate::head_edit;
 use crate::host::{self, Current};
 use crate::streams;
 
@@ -141,9 +143,17 @@ pub(crate) fn run<T>(
     f: impl FnOnce(&mut dyn HttpContext) -> T,
 ) -> Option<T> {
     let ctx = stream.ctx.as_deref_mut()?;
-    let out = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| f(ctx))));
+    // A body edit the glue left for Envoy is applied before the hook ends (see `head_edit`).
+    let out = host::with_current(current, || {
+        catch_unwind(AssertUnwindSafe(|| (f(ctx), head_edit::flush())))
+    });
     match out {
-        Ok(v) => Some(v),
+        Ok((v, true)) => Some(v),
+        Ok((_, false)) => {
+            log::error!("llmroute: Envoy refused a body edit; the request fails closed with a 503");
+            fail_closed(filter, stream);
+            None
+        }
         Err(_) => {
             fail_closed(filter, stream);
             None
@@ -172,8 +182,8 @@ fn hook(
     };
     let size = match part {
         Part::Other => 0,
-        Part::RequestBody => host::with_current(current, || body_size(BufferType::HttpRequestBody)),
-        Part::ResponseBody => host::with_current(current, || body_size(BufferType::HttpResponseBody)),
+        Part::RequestBody => host::with_current(current, || body_size(filter, BufferType::HttpRequestBody)),
+        Part::ResponseBody => host::with_current(current, || body_size(filter, BufferType::HttpResponseBody)),
     };
     let out = run(filter, stream, current, |c| f(c, size));
     answer(stream, out)
@@ -181,6 +191,7 @@ fn hook(
 
 /// After a panic: drops the stream's context (inside its own guard) and answers 503 in the API's envelope.
 fn fail_closed(filter: FilterEnvoyPtr, stream: &mut Stream) {
+    head_edit::discard();
     let ctx = stream.ctx.take();
     let _ = catch_unwind(AssertUnwindSafe(|| drop(ctx)));
     let body = llmroute_core::error::unavailable_body(stream.envelope, None);
@@ -223,14 +234,17 @@ fn envelope_of(filter: FilterEnvoyPtr) -> Envelope {
     }
 }
 
-/// The size of the body the glue would read now (see `host::get_buffer`).
-fn body_size(buffer: BufferType) -> usize {
-    use llmroute_filter::Host;
-    host::HOST
-        .get_buffer(buffer, 0, usize::MAX)
-        .ok()
-        .flatten()
-        .map_or(0, |b| b.len())
+/// The size of the body the glue would read now (see `host::get_buffer`), from its chunks' lengths: a hook that
+/// only counts the body copies none of it.
+fn body_size(filter: FilterEnvoyPtr, buffer: BufferType) -> usize {
+    View::of(filter, buffer).map_or(0, |b| b.len())
+}
+
+/// A request hook's answer `status`, noted: Envoy holds the request at this filter after any answer but "continue"
+/// (each phase's continue is 0), until it resumes (see `body`, `streams::held`).
+fn held(stream: &Stream, status: u32) -> u32 {
+    streams::hold(stream.context, status != abi::HEADERS_CONTINUE);
+    status
 }
 
 /// A request that pauses once it is whole waits (in the fair queue, or for a callout): with `fairness`, its
@@ -259,10 +273,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     let f = |c: &mut dyn HttpContext, _| c.on_http_request_headers(0, end_of_stream);
     hook(filter, module, Part::Other, abi::HEADERS_CONTINUE, f, |stream, out| {
         waits(stream, out, end_of_stream);
-        match out {
-            Some(Action::Continue) => abi::HEADERS_CONTINUE,
-            Some(_) | None => abi::HEADERS_STOP_ITERATION,
-        }
+        held(
+            stream,
+            match out {
+                Some(Action::Continue) => abi::HEADERS_CONTINUE,
+                Some(_) | None => abi::HEADERS_STOP_ITERATION,
+            },
+        )
     })
 }
 
@@ -282,12 +299,15 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
         |stream, out| {
             waits(stream, out, end_of_stream);
             stream.buffering_request = out == Some(Action::Pause);
-            match out {
-                Some(Action::Pause) => abi::BODY_STOP_ITERATION_AND_BUFFER,
-                Some(_) => abi::BODY_CONTINUE,
-                // The stream failed (answered with a 503): nothing more goes upstream.
-                None => abi::BODY_STOP_ITERATION_NO_BUFFER,
-            }
+            held(
+                stream,
+                match out {
+                    Some(Action::Pause) => abi::BODY_STOP_ITERATION_AND_BUFFER,
+                    Some(_) => abi::BODY_CONTINUE,
+                    // The stream failed (answered with a 503): nothing more goes upstream.
+                    None => abi::BODY_STOP_ITERATION_NO_BUFFER,
+                },
+            )
         },
     )
 }
@@ -300,10 +320,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     let f = |c: &mut dyn HttpContext, _| c.on_http_request_trailers(0);
     hook(filter, module, Part::Other, abi::TRAILERS_CONTINUE, f, |stream, out| {
         waits(stream, out, true);
-        match out {
-            Some(Action::Continue) | None => abi::TRAILERS_CONTINUE,
-            Some(_) => abi::TRAILERS_STOP_ITERATION,
-        }
+        held(
+            stream,
+            match out {
+                Some(Action::Continue) | None => abi::TRAILERS_CONTINUE,
+                Some(_) => abi::TRAILERS_STOP_ITERATION,
+            },
+        )
     })
 }
 
@@ -367,7 +390,13 @@ pub(crate) fn guarded(filter: FilterEnvoyPtr, module: *const c_void, f: impl FnO
         return;
     };
     let current = stream.current(filter);
-    let _ = host::with_current(current, || catch_unwind(AssertUnwindSafe(|| f(stream, current))));
+    let _ = host::with_current(current, || {
+        catch_unwind(AssertUnwindSafe(|| {
+            f(stream, current);
+            head_edit::flush()
+        }))
+    });
+    head_edit::discard();
 }
 
 #[no_mangle]

@@ -4,8 +4,8 @@
 //! naming a stream: proxy-wasm knows which stream a VM is serving. Here each event hook names its stream in a
 //! thread-local [`Current`] before it calls into the glue (see `current.rs`, `hooks.rs`), and every call below
 //! reads it. A call made with no stream (a worker's root context configuring itself) fails like a proxy-wasm call
-//! in the wrong phase, and the glue logs it. Bodies are joined and written back as proxy-wasm presents them
-//! (`body.rs`).
+//! in the wrong phase, and the glue logs it. Bodies are presented as proxy-wasm presents them, read in place and
+//! edited at their ends (`body.rs`).
 //!
 //! A request-header change clears Envoy's cached route, as Envoy's wasm host does: the route reads the headers
 //! the filter sets.
@@ -23,7 +23,8 @@ use llmroute_filter::{Host, HostError, HostResult, HostStatus};
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader};
-use crate::body::{body_parts, joined_body, put_back, splice};
+use crate::body::View;
+use crate::head_edit;
 use crate::shared;
 
 pub use crate::current::{current, now_ms, with_answer, with_current, CalloutAnswer, Current};
@@ -120,40 +121,37 @@ impl Host for NativeHost {
     }
 
     fn get_buffer(&self, buffer: BufferType, start: usize, max: usize) -> HostResult<Option<Vec<u8>>> {
-        let bytes = match buffer {
+        // Only the asked range is copied, once.
+        let range = |bytes: &[u8]| crate::body::copy_range(&[bytes], start, max);
+        match buffer {
             BufferType::PluginConfiguration => {
                 let cfg = current().config;
                 // SAFETY: the config outlives every hook that names it.
-                match unsafe { cfg.as_ref() } {
-                    Some(c) => c.config.clone(),
-                    None => return Ok(None),
-                }
+                Ok(unsafe { cfg.as_ref() }.map(|c| range(&c.config)))
             }
-            BufferType::HttpCallResponseBody => match with_answer_read(|a| a.map(|a| a.body.clone())) {
-                Some(b) => b,
-                None => return Ok(None),
-            },
-            _ => {
-                let Some((buffered, received, request)) = body_parts(buffer) else {
-                    return Ok(None);
-                };
+            BufferType::HttpCallResponseBody => Ok(with_answer_read(|a| a.map(|a| range(&a.body)))),
+            BufferType::HttpRequestBody | BufferType::HttpResponseBody => {
                 let filter = stream("get_buffer")?;
-                joined_body(filter, buffered, received, request)
+                if !head_edit::flush() {
+                    return err("get_buffer", HostStatus::NotFound);
+                }
+                Ok(View::of(filter, buffer).map(|body| body.read(start, max)))
             }
-        };
-        let from = start.min(bytes.len());
-        let to = from.saturating_add(max).min(bytes.len());
-        Ok(bytes.get(from..to).map(<[u8]>::to_vec))
+            _ => Ok(None),
+        }
     }
 
     fn set_buffer(&self, buffer: BufferType, start: usize, size: usize, value: &[u8]) -> HostResult<()> {
-        let Some((buffered, received, request)) = body_parts(buffer) else {
-            return err("set_buffer", HostStatus::BadArgument);
-        };
         let filter = stream("set_buffer")?;
-        let mut body = joined_body(filter, buffered, received, request);
-        splice(&mut body, start, size, value);
-        if !put_back(filter, buffered.is_some(), received.is_some(), request, &body) {
+        if !matches!(buffer, BufferType::HttpRequestBody | BufferType::HttpResponseBody) {
+            return err("set_buffer", HostStatus::BadArgument);
+        }
+        let done = if start == 0 {
+            head_edit::set_prefix(filter, buffer, size, value)
+        } else {
+            head_edit::flush() && View::of(filter, buffer).is_some_and(|body| body.write(start, size, value))
+        };
+        if !done {
             return err("set_buffer", HostStatus::NotFound);
         }
         Ok(())
@@ -288,6 +286,8 @@ impl Host for NativeHost {
 
     fn send_local_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
         let filter = stream("send_local_response")?;
+        // A body edit not yet given to Envoy goes first: the reply may run other hooks before this one ends.
+        head_edit::flush();
         let c = current();
         if c.other() {
             let reply = crate::streams::Deferred::Reply {
@@ -314,6 +314,9 @@ impl Host for NativeHost {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> HostResult<u32> {
+        if !head_edit::flush() {
+            return err("http_call", HostStatus::NotFound);
+        }
         let c = current();
         let hdrs: Vec<ModuleHeader> = headers.iter().map(|(k, v)| ModuleHeader::of(k, v)).collect();
         let (cluster, body) = (
@@ -386,6 +389,9 @@ impl Host for NativeHost {
 
     fn resume_request(&self) -> HostResult<()> {
         let filter = stream("resume_request")?;
+        if !head_edit::flush() {
+            return err("resume_request", HostStatus::NotFound);
+        }
         let c = current();
         if c.other() {
             // Another stream (a fair-queue waiter this worker releases): it resumes in its own hook.
@@ -405,6 +411,9 @@ impl Host for NativeHost {
     /// Makes a live stream of this worker the effective one (the fair queue releasing a waiter): header and
     /// filter-state writes apply to it at once; a resume or a reply is deferred to its own hook (`streams`).
     fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        if !head_edit::flush() {
+            return err("set_effective_context", HostStatus::NotFound);
+        }
         let c = current();
         let Some((filter, config)) = crate::streams::live(context_id) else {
             return err("set_effective_context", HostStatus::NotFound);

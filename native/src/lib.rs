@@ -20,6 +20,7 @@ mod body;
 mod config;
 mod current;
 mod events;
+mod head_edit;
 mod hooks;
 mod host;
 mod metrics;

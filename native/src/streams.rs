@@ -45,6 +45,9 @@ struct Live {
     scheduler: SchedulerPtr,
     deferred: Vec<Deferred>,
     ticking: bool,
+    /// Envoy holds the request at this filter: its last request hook answered "stop" and it has not resumed since.
+    /// Only then does Envoy send the buffered body before the received chunk (see `body`).
+    held: bool,
 }
 
 thread_local! {
@@ -59,6 +62,7 @@ pub fn register(context: u32, filter: FilterEnvoyPtr, config: *const FilterConfi
         scheduler: std::ptr::null_mut(),
         deferred: Vec::new(),
         ticking: false,
+        held: false,
     };
     let _ = LIVE.with(|l| l.try_borrow_mut().map(|mut l| l.insert(context, live)));
 }
@@ -129,16 +133,34 @@ pub fn want_ticks(context: u32) {
     });
 }
 
-/// The stream resumed: it no longer asks for ticks.
+/// The stream resumed: it no longer asks for ticks, and Envoy no longer holds its request here.
 pub fn resumed(context: u32) {
     let _ = LIVE.with(|l| {
         l.try_borrow_mut().map(|mut l| {
             if let Some(live) = l.get_mut(&context) {
                 stop_ticking(context, live);
                 live.ticking = false;
+                live.held = false;
             }
         })
     });
+}
+
+/// A request hook of the stream answered: `stop` when it stopped the request there.
+pub fn hold(context: u32, stop: bool) {
+    let _ = LIVE.with(|l| {
+        l.try_borrow_mut().map(|mut l| {
+            if let Some(live) = l.get_mut(&context) {
+                live.held = stop;
+            }
+        })
+    });
+}
+
+/// Whether Envoy holds the stream's request at this filter (see [`hold`], [`resumed`]).
+pub fn held(context: u32) -> bool {
+    LIVE.with(|l| l.try_borrow().ok()?.get(&context).map(|s| s.held))
+        .unwrap_or(false)
 }
 
 fn stop_ticking(context: u32, live: &Live) {

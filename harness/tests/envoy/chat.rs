@@ -379,3 +379,20 @@ async fn a_large_body_within_the_limit_is_routed_and_rewritten() {
     assert_eq!(got[0].body.len(), expected.len());
     assert!(got[0].body[..] == *expected.as_bytes());
 }
+
+/// `model` first in a body Envoy receives in many reads (`json!` above sorts it last): the edit lands in the first
+/// chunks, every other byte arrives as sent, on either build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_body_with_model_first_is_rewritten_byte_for_byte() {
+    let (fleet, envoy) = one_fleet(150).await;
+    let content = "z".repeat(1 << 20);
+    let big =
+        format!(r#"{{"model":"{ALIAS}","messages":[{{"role":"user","content":"{content}"}}],"temperature":0.5}}"#);
+    let resp = post_json(&client(), envoy.url("/v1/chat/completions"), big.clone(), &[]).await;
+    assert_eq!(resp.status, 200);
+    let got: Vec<_> = fleet.engines.iter().flat_map(|e| e.chat_requests()).collect();
+    assert_eq!(got.len(), 1);
+    let expected = big.replacen("\"local-chat\"", "\"qwen3-0.6b\"", 1);
+    assert_eq!(got[0].body.len(), expected.len());
+    assert!(got[0].body[..] == *expected.as_bytes());
+}

@@ -20,6 +20,8 @@ pub struct Stream {
     /// Each body's chunks by `envoy_dynamic_module_type_http_body_type`: request received, request buffered,
     /// response received, response buffered.
     pub bodies: [Vec<u8>; 4],
+    /// The most bytes of a body one chunk holds (0: each body is one chunk), as Envoy's buffers hold slices.
+    pub chunk: usize,
     pub filter_state: Vec<(Vec<u8>, Vec<u8>)>,
     pub replies: Vec<u32>,
     pub continued: usize,
@@ -44,6 +46,34 @@ fn with<T>(call: &'static str, f: impl FnOnce(&mut Stream) -> T) -> T {
 /// The calls so far, and forgets them.
 pub fn take_calls() -> BTreeMap<&'static str, usize> {
     ENVOY.with(|e| std::mem::take(&mut e.borrow_mut().calls))
+}
+
+/// A new chat request: no bodies, no replies, the request headers of a chat completion, each body held in slices
+/// of `chunk` bytes (0: one slice).
+pub fn chat_request(chunk: usize) {
+    ENVOY.with(|e| {
+        let mut e = e.borrow_mut();
+        e.headers = Default::default();
+        e.bodies = Default::default();
+        e.replies.clear();
+        e.chunk = chunk;
+        let h = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
+        e.headers[0] = vec![
+            h(":method", "POST"),
+            h(":path", "/v1/chat/completions"),
+            h(":authority", "gw"),
+            h("content-type", "application/json"),
+            h("x-request-id", "req-0001"),
+        ];
+    });
+}
+
+/// The request body Envoy sends on when a body hook goes on: the buffered chunks, then the received one.
+pub fn sent_request_body() -> Vec<u8> {
+    ENVOY.with(|e| {
+        let e = e.borrow();
+        [e.bodies[1].as_slice(), e.bodies[0].as_slice()].concat()
+    })
 }
 
 /// A body hook ended with "stop and buffer": the received chunk joins the buffered ones.
@@ -172,10 +202,23 @@ extern "C" fn envoy_dynamic_module_callback_http_send_response(
 }
 
 #[no_mangle]
+extern "C" fn envoy_dynamic_module_callback_http_get_body_size(_f: FilterEnvoyPtr, t: u32) -> usize {
+    with("http_get_body_size", |e| e.bodies[body_index(t)].len())
+}
+
+/// A body's chunks: `chunk` bytes each (the last one shorter), or the whole body.
+fn chunks(e: &Stream, t: u32) -> Vec<Vec<u8>> {
+    let body = &e.bodies[body_index(t)];
+    if body.is_empty() {
+        return Vec::new();
+    }
+    let size = if e.chunk == 0 { body.len() } else { e.chunk };
+    body.chunks(size).map(<[u8]>::to_vec).collect()
+}
+
+#[no_mangle]
 extern "C" fn envoy_dynamic_module_callback_http_get_body_chunks_size(_f: FilterEnvoyPtr, t: u32) -> usize {
-    with("http_get_body_chunks_size", |e| {
-        usize::from(!e.bodies[body_index(t)].is_empty())
-    })
+    with("http_get_body_chunks_size", |e| chunks(e, t).len())
 }
 
 #[no_mangle]
@@ -185,10 +228,11 @@ unsafe extern "C" fn envoy_dynamic_module_callback_http_get_body_chunks(
     out: *mut EnvoyBuffer,
 ) -> bool {
     with("http_get_body_chunks", |e| {
-        let body = e.bodies[body_index(t)].clone();
-        let b = hand(e, body);
-        // SAFETY: the module sized `out` by `get_body_chunks_size` (1).
-        unsafe { out.write(b) };
+        for (i, chunk) in chunks(e, t).into_iter().enumerate() {
+            let b = hand(e, chunk);
+            // SAFETY: the module sized `out` by `get_body_chunks_size`.
+            unsafe { out.add(i).write(b) };
+        }
         true
     })
 }

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use crate::abi;
 use crate::config::{envoy_dynamic_module_on_http_filter_config_new, envoy_dynamic_module_on_program_init};
 
+mod bodies;
 mod budget;
 mod fake_envoy;
 mod metrics;
