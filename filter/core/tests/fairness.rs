@@ -358,11 +358,15 @@ proptest! {
                             running.push((tenant, host));
                         }
                         Arrival::Moved(to) => {
-                            // Only an idle tenant, only around a full host, only to a host with room, jumping nobody.
+                            // Only an idle tenant that would not have gone at once on its own host, only to a host
+                            // with room that nobody waits for.
                             prop_assert!(before.tenant(tenant).is_none_or(|t| t.active == 0));
-                            prop_assert!(!before.host_has_room(host, cap) && before.host_has_room(to, cap));
+                            let would_go = before.running() < backend
+                                && before.host_has_room(host, cap)
+                                && !before.waiters.iter().any(|x| eligible(&before, x));
+                            prop_assert!(!would_go && before.running() < backend && before.host_has_room(to, cap));
                             prop_assert!(to != host && alternates.contains(&to));
-                            prop_assert!(!before.waiters.iter().any(|x| eligible(&before, x)));
+                            prop_assert!(!before.waiters.iter().any(|x| x.host == to));
                             running.push((tenant, to));
                         }
                         _ => {}
@@ -469,6 +473,53 @@ fn an_idle_tenant_goes_around_a_host_others_fill_and_the_flood_does_not() {
     let again = on_host(waiter(4, 9, 1, 10, 0), 1);
     assert_eq!(
         fairness::arrive_around(&mut q, again, 0, cap, 64, &[2]),
+        Arrival::Queued
+    );
+}
+
+/// A slot that has just freed on the flooded host would go to the flood's earliest waiter (the returning tenant
+/// starts level with it): an idle tenant whose key is there goes to a free host instead of waiting a whole flood
+/// request.
+#[test]
+fn an_idle_tenant_goes_around_a_freed_slot_the_flood_waits_for() {
+    let cap = Capacity {
+        backend: 8,
+        per_host: Some(1),
+    };
+    let mut q = FairQueue::default();
+    assert_eq!(
+        fairness::arrive(&mut q, on_host(waiter(1, 7, 1, 10, 0), 1), 0, cap, 64),
+        Arrival::Admitted
+    );
+    assert_eq!(
+        fairness::arrive(&mut q, on_host(waiter(2, 7, 1, 10, 0), 1), 0, cap, 64),
+        Arrival::Queued
+    );
+    q.complete_measured(7, 1, 1, 10, None, 0);
+    assert!(
+        q.host_has_room(1, cap),
+        "the flood's next waiter is not admitted yet (its worker has not ticked)"
+    );
+    let quiet = on_host(waiter(3, 8, 1, 10, 0), 1);
+    assert_eq!(
+        fairness::arrive_around(&mut q, quiet, 0, cap, 64, &[2]),
+        Arrival::Moved(2)
+    );
+    // A host someone waits for is not jumped: with the flood also waiting for host 2, the quiet one queues.
+    let mut q2 = FairQueue::default();
+    for (id, host) in [(1, 1), (2, 2)] {
+        fairness::arrive(&mut q2, on_host(waiter(id, 7, 1, 10, 0), host), 0, cap, 64);
+    }
+    for (id, host) in [(3, 1), (4, 2)] {
+        assert_eq!(
+            fairness::arrive(&mut q2, on_host(waiter(id, 7, 1, 10, 0), host), 0, cap, 64),
+            Arrival::Queued
+        );
+    }
+    q2.complete_measured(7, 1, 2, 10, None, 0);
+    let quiet = on_host(waiter(5, 8, 1, 10, 0), 1);
+    assert_eq!(
+        fairness::arrive_around(&mut q2, quiet, 0, cap, 64, &[2]),
         Arrival::Queued
     );
 }

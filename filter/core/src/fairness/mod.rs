@@ -489,14 +489,18 @@ pub fn arrive(q: &mut FairQueue, w: Waiter, now_ms: u64, capacity: impl Into<Cap
     }
 }
 
-/// [`arrive`], for a request that may go around its full host. A tenant with nothing waiting or running does not
-/// wait behind a host that other tenants fill: when the request's host has no room, the backend has room and no
-/// waiter could go now, it is admitted at once on the first of `alternates` (the other hosts, in its key's order)
-/// with room, and [`Arrival::Moved`] names that host. Its key stays where it is. Otherwise, as [`arrive`].
+/// [`arrive`], for a request that may go around its host. A tenant with nothing waiting or running does not wait
+/// behind a host that other tenants fill: when the request would not go at once on its own host (the host is full,
+/// or others wait for it), and the backend has room, it is admitted at once on the first of `alternates` (the other
+/// hosts, in its key's order) that has room and that nobody waits for, and [`Arrival::Moved`] names that host. Its
+/// key stays where it is. Otherwise, as [`arrive`].
 ///
 /// Why only an idle tenant: a tenant that fills its host itself (a flood) must wait for that host, or its backlog
 /// would spread over every host and hold back the tenants there; a tenant returning from idle holds nothing
-/// anywhere, so moving one request costs only that request's cache hit.
+/// anywhere, so moving one request costs only that request's cache hit. Why also when its host has room but others
+/// wait for it: a slot that has just freed on a flooded host goes, in virtual-token order, to the flood's earliest
+/// waiter as often as not (a returning tenant starts level with it), and the quiet request would then wait for a
+/// whole request of the flood.
 pub fn arrive_around(
     q: &mut FairQueue,
     w: Waiter,
@@ -508,12 +512,16 @@ pub fn arrive_around(
     let cap = capacity.into();
     q.expire(now_ms);
     let idle = q.tenant(w.tenant).is_none_or(|t| t.active == 0);
-    if idle && !q.host_has_room(w.host, cap) && q.running() < cap.backend && !q.any_could_go(cap) {
-        let room = alternates
-            .iter()
-            .copied()
-            .find(|h| *h != w.host && *h != NO_HOST && q.host_has_room(*h, cap));
-        if let Some(h) = room {
+    let backend_room = q.running() < cap.backend;
+    let goes_now = backend_room && q.host_has_room(w.host, cap) && !q.any_could_go(cap);
+    if idle && backend_room && !goes_now {
+        let free = |h: u32| {
+            h != w.host
+                && h != NO_HOST
+                && q.host_has_room(h, cap)
+                && !q.waiters.iter().any(|x| x.host == h || x.host == NO_HOST)
+        };
+        if let Some(h) = alternates.iter().copied().find(|h| free(*h)) {
             q.admit_now(w.tenant, w.weight, w.input_tokens, h);
             return Arrival::Moved(h);
         }
