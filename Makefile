@@ -154,7 +154,7 @@ real-engines: build envoy engines sdk-clients ## Real llama-server fleets behind
 
 BENCH_ENGINES_ARGS ?=
 
-bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers: tenants sharing system prompts (6 and 12 tenants, ~11 min), then one hot tenant flooding five quiet ones, llmroute with and without load and fairness (~12 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run, --workload hot_tenant for one workload
+bench-engines: build envoy engines bench-peers ## llmroute chwbl / bounded_keys / least_request / round_robin vs sglang-router and vllm-router on 3 real llama-servers: tenants sharing system prompts (6 and 12 tenants, ~11 min), then one hot tenant flooding five quiet ones, llmroute with and without load and fairness (~14 min): bench/ENGINES.md; BENCH_ENGINES_ARGS=--quick for a sanity run, --workload hot_tenant for one workload
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench-engines
 	target/release/llmroute-bench-engines $(BENCH_ENGINES_ARGS)
 

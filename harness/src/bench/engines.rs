@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use llmroute_core::envoy_contract::metrics::{labelled, PLACEMENTS};
+use llmroute_core::key_placement::PlacementReason;
+
 use super::machine::Machine;
 use super::routing::agreement::{off_home_of, HIT_SLACK};
 use super::routing::policy::{start_envoy_healthy, store_counts, StoreCounts, STORE_PREFIX};
@@ -617,6 +620,24 @@ impl Router {
             }
         }
         Err(last)
+    }
+
+    /// The filter's placement decisions so far, summed over the Envoys, by reason (`llmroute_placements_total`);
+    /// empty for a peer router.
+    pub(super) async fn placements(&self) -> Vec<(&'static str, u64)> {
+        let mut out = Vec::new();
+        for reason in PlacementReason::ALL {
+            let name = format!("wasmcustom.{}", labelled(PLACEMENTS, &[("reason", reason.as_str())]));
+            let mut n = 0;
+            for envoy in &self.envoys {
+                n += envoy.stat(&name).await.unwrap_or(0);
+            }
+            out.push((reason.as_str(), n));
+        }
+        if self.envoys.is_empty() {
+            out.clear();
+        }
+        out
     }
 }
 

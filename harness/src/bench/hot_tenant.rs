@@ -18,6 +18,10 @@
 //! the quiet tenants' TTFT p99 is at most half the best peer's (the routers that read neither load nor tenants,
 //! [`is_peer`]); the cache hit is within 0.02 of the best row's; no request is refused before it has waited
 //! [`MAX_WAIT_MS`].
+//!
+//! Beside them: the quiet tenants' p99 without each one's first request of a run (a cold prefill whatever the
+//! router does), the filter's placement decisions by reason, and control rows with the quiet tenants alone
+//! ([`ALONE`]), the floor the flooded rows are read against.
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +52,10 @@ pub const SYSTEMS: [SystemKind; 9] = [
     SystemKind::VllmConsistentHash,
 ];
 
+/// The systems also run with the quiet tenants alone: llmroute reading the engines' load, and the best peer of the
+/// runs so far.
+pub const ALONE: [SystemKind; 2] = [SystemKind::LlmrouteLoad, SystemKind::SglangCacheAware];
+
 /// The systems the goals compare with: every router that reads neither the engines' load nor tenants
 /// (llmroute's own rows with load are shown, not compared with).
 pub fn is_peer(kind: SystemKind) -> bool {
@@ -72,11 +80,14 @@ pub struct HotSettings {
     pub seed: u64,
     pub servers: usize,
     pub systems: Vec<SystemKind>,
+    /// Systems also run with the quiet tenants alone, the hot tenant's requests left out: what the quiet tenants'
+    /// TTFT is on this machine and fleet with nobody flooding it, the floor no router can go under.
+    pub alone: Vec<SystemKind>,
 }
 
 impl HotSettings {
-    /// 3 bursts of 16 long requests 8 s apart, and 48 quiet requests over the same 24 s; 3 runs of 7 systems
-    /// (about 35 s a run here, so about 12 min).
+    /// 3 bursts of 16 long requests 8 s apart, and 48 quiet requests over the same 24 s; 3 runs of 9 systems
+    /// (about 25 s a run here, with the two rows of quiet tenants alone about 14 min).
     pub fn full(seed: u64) -> Self {
         HotSettings {
             quiet_tenants: 5,
@@ -91,6 +102,7 @@ impl HotSettings {
             seed,
             servers: 3,
             systems: SYSTEMS.to_vec(),
+            alone: ALONE.to_vec(),
         }
     }
 
@@ -147,11 +159,20 @@ pub fn schedule(s: &HotSettings) -> Vec<Arrival> {
     out
 }
 
+/// One complete answer: whose, its TTFT, and whether it was its tenant's first request of the run (its system
+/// prompt then is in no engine's cache, whatever the router does: a cold prefill).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Answer {
+    pub tenant: usize,
+    pub ms: f64,
+    pub first: bool,
+}
+
 /// One run's figures.
 #[derive(Debug, Clone, Default)]
 pub struct HotRun {
-    /// `(tenant, TTFT ms)` of each complete answer.
-    pub ttft_ms: Vec<(usize, f64)>,
+    /// Every complete answer.
+    pub ttft_ms: Vec<Answer>,
     /// Engine-reported cached ÷ (prefilled + cached), from the servers' `/metrics`.
     pub cache_hit: f64,
     pub requests: usize,
@@ -161,6 +182,8 @@ pub struct HotRun {
     pub failed_early: usize,
     pub wall_s: f64,
     pub first_error: Option<String>,
+    /// The filter's placement decisions by reason (`llmroute_placements_total`); empty for a peer router.
+    pub placements: Vec<(&'static str, u64)>,
 }
 
 impl HotRun {
@@ -175,9 +198,15 @@ impl HotRun {
             },
             ..HotRun::default()
         };
+        let mut seen = std::collections::HashSet::new();
         for (o, a) in outcomes.iter().zip(arrivals) {
+            let first = seen.insert(a.tenant);
             match (o.ok, o.ttft) {
-                (true, Some(t)) => run.ttft_ms.push((a.tenant, t.as_secs_f64() * 1000.0)),
+                (true, Some(t)) => run.ttft_ms.push(Answer {
+                    tenant: a.tenant,
+                    ms: t.as_secs_f64() * 1000.0,
+                    first,
+                }),
                 _ => {
                     run.failed += 1;
                     if o.total < Duration::from_millis(MAX_WAIT_MS) {
@@ -197,20 +226,50 @@ impl HotRun {
 #[derive(Debug, Clone)]
 pub struct HotResult {
     pub kind: SystemKind,
+    /// Run with the quiet tenants alone ([`HotSettings::alone`]).
+    pub alone: bool,
     pub runs: Vec<HotRun>,
     /// Why it could not run, when it could not.
     pub missing: Option<String>,
 }
 
 impl HotResult {
+    fn new(kind: SystemKind, alone: bool) -> HotResult {
+        HotResult {
+            kind,
+            alone,
+            runs: Vec::new(),
+            missing: None,
+        }
+    }
+
+    /// The row's name: the system's, and whether the quiet tenants ran alone.
+    pub fn name(&self) -> String {
+        if self.alone {
+            format!("{} (quiet tenants alone)", self.kind.name())
+        } else {
+            self.kind.name().to_string()
+        }
+    }
+
+    /// A row the goals judge or compare with: every system with the hot tenant.
+    fn flooded(&self) -> bool {
+        self.missing.is_none() && !self.alone
+    }
+
     /// TTFT `q`-quantile over every run's answers of the tenants `which` picks.
     pub fn ttft(&self, which: impl Fn(usize) -> bool, q: f64) -> Option<f64> {
+        self.ttft_of(|a| which(a.tenant), q)
+    }
+
+    /// TTFT `q`-quantile over every run's answers that `which` picks.
+    pub fn ttft_of(&self, which: impl Fn(&Answer) -> bool, q: f64) -> Option<f64> {
         let mut v: Vec<f64> = self
             .runs
             .iter()
             .flat_map(|r| r.ttft_ms.iter())
-            .filter(|(t, _)| which(*t))
-            .map(|(_, ms)| *ms)
+            .filter(|a| which(a))
+            .map(|a| a.ms)
             .collect();
         v.sort_by(f64::total_cmp);
         quantile(&v, q)
@@ -220,12 +279,35 @@ impl HotResult {
         self.ttft(|t| t > 0, 0.99)
     }
 
+    /// The quiet tenants' TTFT p99 leaving out each one's first request of a run, whose system prompt no engine
+    /// holds yet whatever the router does: tells a tail of cold prefills from one of the router's choices.
+    pub fn quiet_warm_p99(&self) -> Option<f64> {
+        self.ttft_of(|a| a.tenant > 0 && !a.first, 0.99)
+    }
+
+    /// The median TTFT of the quiet tenants' first requests: the cold prefill's cost here.
+    pub fn quiet_cold_p50(&self) -> Option<f64> {
+        self.ttft_of(|a| a.tenant > 0 && a.first, 0.5)
+    }
+
     pub fn cache_hit(&self) -> Option<f64> {
         median(&self.runs.iter().map(|r| r.cache_hit).collect::<Vec<_>>())
     }
 
     fn sum(&self, f: impl Fn(&HotRun) -> usize) -> usize {
         self.runs.iter().map(f).sum()
+    }
+
+    /// The placement decisions of every run, by reason, in the first run's order.
+    pub fn placements(&self) -> Vec<(&'static str, u64)> {
+        let mut out: Vec<(&'static str, u64)> = Vec::new();
+        for (reason, n) in self.runs.iter().flat_map(|r| r.placements.iter()) {
+            match out.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, total)) => *total += n,
+                None => out.push((reason, *n)),
+            }
+        }
+        out
     }
 }
 
@@ -241,33 +323,27 @@ pub struct HotOutcome {
 pub async fn run(settings: HotSettings) -> Result<HotOutcome, String> {
     crate::llama::check_installed()?;
     let started = Instant::now();
-    let mut results: Vec<HotResult> = settings
-        .systems
-        .iter()
-        .map(|&kind| HotResult {
-            kind,
-            runs: Vec::new(),
-            missing: None,
-        })
+    let mut results: Vec<HotResult> = (settings.systems.iter().map(|&k| HotResult::new(k, false)))
+        .chain(settings.alone.iter().map(|&k| HotResult::new(k, true)))
         .collect();
     for round in 0..settings.runs {
         for result in results.iter_mut().filter(|r| r.missing.is_none()) {
-            match run_once(&settings, result.kind, round).await {
+            match run_once(&settings, result.kind, round, result.alone).await {
                 Ok(r) => {
                     let one = HotResult {
-                        kind: result.kind,
                         runs: vec![r.clone()],
-                        missing: None,
+                        ..HotResult::new(result.kind, result.alone)
                     };
                     eprintln!(
-                        "[{:>5.0}s] hot tenant run {}/{} {:<44} quiet ttft p50 {} ms p99 {} ms, hot p99 {} ms, cache \
-                         hit {:.3}, failed {}/{}{}",
+                        "[{:>5.0}s] hot tenant run {}/{} {:<44} quiet ttft p50 {} ms p99 {} ms (without first \
+                         requests {} ms), hot p99 {} ms, cache hit {:.3}, failed {}/{}{}",
                         started.elapsed().as_secs_f64(),
                         round + 1,
                         settings.runs,
-                        result.kind.name(),
+                        result.name(),
                         fmt(one.ttft(|t| t > 0, 0.5), 0),
                         fmt(one.quiet_p99(), 0),
+                        fmt(one.quiet_warm_p99(), 0),
                         fmt(one.ttft(|t| t == 0, 0.99), 0),
                         r.cache_hit,
                         r.failed,
@@ -279,7 +355,7 @@ pub async fn run(settings: HotSettings) -> Result<HotOutcome, String> {
                     result.runs.push(r);
                 }
                 Err(e) => {
-                    eprintln!("{} (hot tenant): cannot run: {e}", result.kind.name());
+                    eprintln!("{} (hot tenant): cannot run: {e}", result.name());
                     result.missing = Some(e);
                 }
             }
@@ -326,16 +402,19 @@ fn jobs(s: &HotSettings, kind: SystemKind, arrivals: &[Arrival], round: usize) -
         .collect()
 }
 
-async fn run_once(s: &HotSettings, kind: SystemKind, round: usize) -> Result<HotRun, String> {
+async fn run_once(s: &HotSettings, kind: SystemKind, round: usize, alone: bool) -> Result<HotRun, String> {
     let fleet = LlamaFleet::start(BACKEND, s.servers, |_, o| o.parallel = SLOTS).await?;
     let router = Router::start(kind, &fleet).await?;
     let url = router.urls.first().ok_or("the router has no URL")?.clone();
-    let arrivals = schedule(s);
+    let arrivals: Vec<Arrival> = schedule(s).into_iter().filter(|a| !alone || a.tenant > 0).collect();
     let t0 = Instant::now();
     let outcomes = run_timed(&client(), &url, jobs(s, kind, &arrivals, round)).await;
     let wall_s = t0.elapsed().as_secs_f64();
     let (prefilled, cached) = engine_prompt_tokens(&fleet).await?;
-    Ok(HotRun::of(&outcomes, &arrivals, prefilled, cached, wall_s))
+    Ok(HotRun {
+        placements: router.placements().await,
+        ..HotRun::of(&outcomes, &arrivals, prefilled, cached, wall_s)
+    })
 }
 
 /// One llmroute row's goals, each as `(figure, met)`; `met` is `None` when a figure is missing.
@@ -344,6 +423,9 @@ pub struct Goals {
     pub kind: SystemKind,
     /// The quiet tenants' TTFT p99 over the best peer's, and that peer.
     pub quiet_ratio: (Option<f64>, Option<SystemKind>),
+    /// The same with each quiet tenant's first request of a run left out ([`HotResult::quiet_warm_p99`]): shown
+    /// beside the goal, which it does not replace.
+    pub warm_ratio: (Option<f64>, Option<SystemKind>),
     /// How far the cache hit is below the best row's.
     pub hit_gap: Option<f64>,
     /// Requests refused before `max_wait_ms`.
@@ -355,28 +437,44 @@ impl Goals {
         self.quiet_ratio.0.map(|r| r <= 0.5)
     }
 
+    pub fn warm_met(&self) -> Option<bool> {
+        self.warm_ratio.0.map(|r| r <= 0.5)
+    }
+
     pub fn hit_met(&self) -> Option<bool> {
         self.hit_gap.map(|g| g <= 0.02)
+    }
+}
+
+/// A row's figure over the lowest peer's ([`is_peer`]), and that peer.
+fn over_best_peer(
+    o: &HotOutcome,
+    r: &HotResult,
+    f: impl Fn(&HotResult) -> Option<f64>,
+) -> (Option<f64>, Option<SystemKind>) {
+    let best = o
+        .results
+        .iter()
+        .filter(|p| p.flooded() && is_peer(p.kind))
+        .filter_map(|p| Some((f(p)?, p.kind)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    match (f(r), best) {
+        (Some(ours), Some((best, peer))) if best > 0.0 => (Some(ours / best), Some(peer)),
+        _ => (None, None),
     }
 }
 
 /// The goals of every llmroute row that reads load ([`SystemKind::HOT`]), against the best peer ([`is_peer`]) for
 /// the quiet tenants' TTFT p99 and against the best row for the cache hit.
 pub fn goals(o: &HotOutcome) -> Vec<Goals> {
-    let ran = || o.results.iter().filter(|r| r.missing.is_none());
-    let best_quiet = ran()
-        .filter(|r| is_peer(r.kind))
-        .filter_map(|r| Some((r.quiet_p99()?, r.kind)))
-        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let ran = || o.results.iter().filter(|r| r.flooded());
     let best_hit = ran().filter_map(HotResult::cache_hit).reduce(f64::max);
     ran()
         .filter(|r| !is_peer(r.kind))
         .map(|r| Goals {
             kind: r.kind,
-            quiet_ratio: match (r.quiet_p99(), best_quiet) {
-                (Some(ours), Some((best, peer))) if best > 0.0 => (Some(ours / best), Some(peer)),
-                _ => (None, None),
-            },
+            quiet_ratio: over_best_peer(o, r, HotResult::quiet_p99),
+            warm_ratio: over_best_peer(o, r, HotResult::quiet_warm_p99),
             hit_gap: r.cache_hit().zip(best_hit).map(|(ours, best)| best - ours),
             refused_early: r.sum(|x| x.failed_early),
         })
@@ -409,16 +507,22 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
     md.push_str(
         "### Goals\n\nFor each llmroute row that reads the engines' load: the quiet tenants' TTFT p99 over the best \
          peer's (a router that reads neither load nor tenants; goal ≤ 0.50), the cache hit's distance below the best \
-         row's (goal ≤ 0.02), and the requests refused before they had waited `max_wait_ms` (goal 0).\n\n| system | \
-         quiet p99 ÷ best peer | cache hit below the best | refused before max_wait_ms |\n|---|---|---|---|\n",
+         row's (goal ≤ 0.02), and the requests refused before they had waited `max_wait_ms` (goal 0). Beside the \
+         first, not in its place: the same ratio with each quiet tenant's first request of a run left out, since \
+         that request's system prompt is in no engine's cache whatever the router does (its cold prefill is the \
+         *quiet first request p50* column below).\n\n| system | quiet p99 ÷ best peer | without first requests | \
+         cache hit below the best | refused before max_wait_ms |\n|---|---|---|---|---|\n",
     );
     for g in goals(o) {
         md.push_str(&format!(
-            "| {} | {} ({}): {} | {}: {} | {}: {} |\n",
+            "| {} | {} ({}): {} | {} ({}): {} | {}: {} | {}: {} |\n",
             g.kind.name(),
             fmt(g.quiet_ratio.0, 2),
             g.quiet_ratio.1.map_or("-", SystemKind::name),
             mark(g.quiet_met()),
+            fmt(g.warm_ratio.0, 2),
+            g.warm_ratio.1.map_or("-", SystemKind::name),
+            mark(g.warm_met()),
             fmt(g.hit_gap, 3),
             mark(g.hit_met()),
             g.refused_early,
@@ -426,24 +530,26 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
         ));
     }
     md.push_str(
-        "\n### Results\n\n| system | quiet TTFT p50 ms | quiet TTFT p99 ms | worst quiet tenant p99 ms | hot TTFT p50 ms | \
-         hot TTFT p99 ms | cache hit (engines) | refused | of them before max_wait_ms | requests |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### Results\n\n| system | quiet TTFT p50 ms | quiet TTFT p99 ms | without first requests p99 ms | quiet \
+         first request p50 ms | worst quiet tenant p99 ms | hot TTFT p50 ms | hot TTFT p99 ms | cache hit (engines) | \
+         refused | of them before max_wait_ms | requests |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &o.results {
         if let Some(why) = &r.missing {
             let why = why.lines().next().unwrap_or("").replace('|', "/");
-            md.push_str(&format!("| {} | could not run: {why} |||||||||\n", r.kind.name()));
+            md.push_str(&format!("| {} | could not run: {why} |||||||||||\n", r.name()));
             continue;
         }
         let worst = (1..=s.quiet_tenants)
             .filter_map(|t| r.ttft(|x| x == t, 0.99))
             .reduce(f64::max);
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.kind.name(),
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.name(),
             fmt(r.ttft(|t| t > 0, 0.5), 0),
             fmt(r.quiet_p99(), 0),
+            fmt(r.quiet_warm_p99(), 0),
+            fmt(r.quiet_cold_p50(), 0),
             fmt(worst, 0),
             fmt(r.ttft(|t| t == 0, 0.5), 0),
             fmt(r.ttft(|t| t == 0, 0.99), 0),
@@ -461,7 +567,7 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
     md.push_str(&"---|".repeat(s.quiet_tenants));
     md.push('\n');
     for r in o.results.iter().filter(|r| r.missing.is_none()) {
-        md.push_str(&format!("| {} |", r.kind.name()));
+        md.push_str(&format!("| {} |", r.name()));
         for t in 0..=s.quiet_tenants {
             md.push_str(&format!(
                 " {} / {} |",
@@ -470,6 +576,32 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
             ));
         }
         md.push('\n');
+    }
+    let placed: Vec<&HotResult> = o
+        .results
+        .iter()
+        .filter(|r| r.placements().iter().any(|(_, n)| *n > 0))
+        .collect();
+    if let Some(first) = placed.first() {
+        md.push_str(
+            "\n### Placement decisions\n\nThe filter's `llmroute_placements_total` by reason, summed over the runs \
+             ([placement](../docs/placement.md)): how many requests stayed on their key's host, took a new one, or \
+             left it for a moment (`queued`: the engine's queue over the bound; `host_full`: around a host full of \
+             others' requests).\n\n| system |",
+        );
+        for (reason, _) in first.placements() {
+            md.push_str(&format!(" {reason} |"));
+        }
+        md.push_str("\n|---|");
+        md.push_str(&"---:|".repeat(first.placements().len()));
+        md.push('\n');
+        for r in &placed {
+            md.push_str(&format!("| {} |", r.name()));
+            for (_, n) in r.placements() {
+                md.push_str(&format!(" {n} |"));
+            }
+            md.push('\n');
+        }
     }
     md.push_str(&format!(
         "\n- **Workload**: per run, tenant-0 sends {} bursts of {} streamed chat requests at once, {} s apart, each \
@@ -499,6 +631,13 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
         md.push_str(&format!(" `{}`: {}.", kind.name(), kind.key()));
     }
     md.push('\n');
+    if !s.alone.is_empty() {
+        md.push_str(
+            "- **Quiet tenants alone**: the same run with the hot tenant's requests left out, on a fresh fleet and \
+             router as every run: the quiet tenants' TTFT on this machine and fleet with nobody flooding it, the \
+             floor for the rows above. These rows are neither judged nor compared with in the goals.\n",
+        );
+    }
     md.push_str(
         "- **TTFT**: client-side, from sending the request to the first content delta, complete answers only. \
          **Refused**: answers that were not a complete stream (a 429 or 503, a cut stream); *before max_wait_ms* \
@@ -517,10 +656,12 @@ pub fn summary(o: &HotOutcome) -> Vec<(String, Value)> {
         .iter()
         .map(|r| {
             (
-                format!("{}, hot tenant", r.kind.name()),
+                format!("{}, hot tenant", r.name()),
                 json!({
                     "quiet_ttft_p50_ms": r.ttft(|t| t > 0, 0.5),
                     "quiet_ttft_p99_ms": r.quiet_p99(),
+                    "quiet_ttft_p99_without_first_ms": r.quiet_warm_p99(),
+                    "quiet_first_request_ttft_p50_ms": r.quiet_cold_p50(),
                     "hot_ttft_p99_ms": r.ttft(|t| t == 0, 0.99),
                     "cache_hit": r.cache_hit(),
                     "refused": r.sum(|x| x.failed),
@@ -581,14 +722,20 @@ mod tests {
     fn result(kind: SystemKind, quiet_ms: f64, cache_hit: f64, failed_early: usize) -> HotResult {
         HotResult {
             kind,
+            alone: false,
             runs: vec![HotRun {
-                ttft_ms: (1..=5).map(|t| (t, quiet_ms)).chain([(0, 900.0)]).collect(),
+                ttft_ms: (1..=5)
+                    .flat_map(|t| [(t, 3.0 * quiet_ms, true), (t, quiet_ms, false)])
+                    .chain([(0, 900.0, true)])
+                    .map(|(tenant, ms, first)| Answer { tenant, ms, first })
+                    .collect(),
                 cache_hit,
-                requests: 6 + failed_early,
+                requests: 11 + failed_early,
                 failed: failed_early,
                 failed_early,
                 wall_s: 1.0,
                 first_error: None,
+                placements: vec![("pinned", 9), ("host_full", 1)],
             }],
             missing: None,
         }
@@ -611,7 +758,24 @@ mod tests {
             "llmroute + load is not a peer"
         );
         assert!((subject.quiet_ratio.0.unwrap() - 400.0 / 900.0).abs() < 1e-9);
+        assert!((subject.warm_ratio.0.unwrap() - 400.0 / 900.0).abs() < 1e-9);
+        let r = result(SystemKind::LlmrouteLoad, 100.0, 0.45, 0);
+        assert_eq!(
+            (r.quiet_p99(), r.quiet_warm_p99(), r.quiet_cold_p50()),
+            (Some(300.0), Some(100.0), Some(300.0)),
+            "the first requests are left out of the warm p99 and are the cold p50"
+        );
         assert_eq!((subject.quiet_met(), subject.hit_met()), (Some(true), Some(true)));
+        let mut with_alone = met.results.clone();
+        with_alone.push(HotResult {
+            alone: true,
+            ..result(SystemKind::SglangCacheAware, 10.0, 0.99, 0)
+        });
+        assert_eq!(
+            goals(&outcome(with_alone)),
+            g,
+            "a row with the quiet tenants alone is neither judged nor compared with"
+        );
         let missed = outcome(vec![
             result(SystemKind::LlmrouteChwbl, 600.0, 0.60, 0),
             result(SystemKind::LlmrouteLoadFairness, 400.0, 0.50, 2),
@@ -623,11 +787,34 @@ mod tests {
         );
         let md = markdown(&missed, &Machine::probe());
         assert!(md.contains("**missed**") && md.contains("| llmroute chwbl |"), "{md}");
+        assert!(md.contains("| pinned | host_full |") && md.contains(" 9 | 1 |"), "{md}");
         assert!(
             goals(&outcome(vec![result(SystemKind::LlmrouteLoadFairness, 1.0, 0.1, 0)]))[0]
                 .quiet_met()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn only_a_tenants_first_request_of_the_run_is_first() {
+        let ok = ChatOutcome {
+            ok: true,
+            ttft: Some(Duration::from_millis(10)),
+            ..ChatOutcome::default()
+        };
+        let arrivals = [1, 2, 1, 0, 2].map(|tenant| Arrival {
+            at: Duration::ZERO,
+            tenant,
+        });
+        let r = HotRun::of(
+            &[ok.clone(), ok.clone(), ok.clone(), ok.clone(), ok],
+            &arrivals,
+            1,
+            1,
+            1.0,
+        );
+        let first: Vec<(usize, bool)> = r.ttft_ms.iter().map(|a| (a.tenant, a.first)).collect();
+        assert_eq!(first, vec![(1, true), (2, true), (1, false), (0, true), (2, false)]);
     }
 
     #[test]
@@ -653,7 +840,14 @@ mod tests {
         });
         let r = HotRun::of(&[ok, refused, timed_out], &arrivals, 30, 10, 1.0);
         assert_eq!((r.failed, r.failed_early), (2, 1));
-        assert_eq!(r.ttft_ms, vec![(0, 120.0)]);
+        assert_eq!(
+            r.ttft_ms,
+            vec![Answer {
+                tenant: 0,
+                ms: 120.0,
+                first: true
+            }]
+        );
         assert!((r.cache_hit - 0.25).abs() < 1e-9);
         assert_eq!(r.first_error.as_deref(), Some("status 429"));
     }
