@@ -14,7 +14,7 @@ CARGO         ?= cargo
 VENV          := $(TOOLS)/venv
 PYTHON        := $(VENV)/bin/python
 
-.PHONY: help toolchain build build-trap build-phases native native-trap cli envoy etcd perf bench-profile bench-glue bench-ab demo test unit simd-check e2e e2e-native lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
+.PHONY: help toolchain build build-trap build-phases native native-trap native-phases cli envoy etcd perf bench-profile bench-glue bench-ab demo test unit simd-check e2e e2e-native lint docs-check fmt validate-configs render sdk-clients clean fuzz fuzz-smoke coverage
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -38,6 +38,7 @@ build-phases: toolchain ## Bench-only filter whose VM configuration switches its
 
 NATIVE        := target/release/libllmroute_native.so
 NATIVE_TRAP   := target/release/libllmroute_native_trap.so
+NATIVE_PHASES := target/release/libllmroute_native_phases.so
 
 native: ## The native build, an Envoy dynamic module (docs/native.md): target/release/libllmroute_native.so
 	$(CARGO) build --profile native -p llmroute-native
@@ -48,6 +49,11 @@ native-trap: ## Test-only native build that panics on a request header (feature 
 	$(CARGO) build --profile native -p llmroute-native --features test-trap --target-dir target/trap
 	install -D -m 0755 target/trap/native/libllmroute_native.so $(NATIVE_TRAP)
 	@ls -l $(NATIVE_TRAP)
+
+native-phases: ## Bench-only native build whose later phases LLMROUTE_BENCH_PHASE switches off (feature bench-phases, own target dir): target/release/libllmroute_native_phases.so
+	$(CARGO) build --profile native -p llmroute-native --features bench-phases --target-dir target/phases
+	install -D -m 0755 target/phases/native/libllmroute_native.so $(NATIVE_PHASES)
+	@ls -l $(NATIVE_PHASES)
 
 cli: ## Build the native CLI: target/release/llmroute
 	$(CARGO) build --release -p llmroute-envoy --bin llmroute
@@ -175,7 +181,7 @@ VLLM_ROUTER_VERSION   ?= 0.1.17
 
 bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md holds the overhead and micro figures, bench/ROUTING.md the routing ones
 
-bench-overhead: build build-phases native envoy etcd bench-peers ## Filter overhead (wasm and native builds) vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy, and bounded_keys with and without the etcd placement store vs hash (<=20 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
+bench-overhead: build build-phases native native-phases envoy etcd bench-peers ## Filter overhead (wasm and native builds) vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy of each build, and bounded_keys with and without the etcd placement store vs hash (~21 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
 

@@ -76,6 +76,15 @@ pub fn trap_native_module() -> PathBuf {
     repo_root().join("target/release/libllmroute_native_trap.so")
 }
 
+/// The bench-only native build whose later phases [`BENCH_PHASE_ENV`] switches off (`make native-phases`, feature
+/// `bench-phases`).
+pub fn phases_native_module() -> PathBuf {
+    repo_root().join("target/release/libllmroute_native_phases.so")
+}
+
+/// The environment variable the native bench build reads its last phase from (`native/src/lib.rs`).
+pub const BENCH_PHASE_ENV: &str = "LLMROUTE_BENCH_PHASE";
+
 /// The bench-only module whose later phases a VM configuration switches off (`make build-phases`, feature
 /// `bench-phases`).
 pub fn phases_wasm_module() -> PathBuf {
@@ -443,20 +452,59 @@ enum StartError {
     Failed(String),
 }
 
-/// Two distinct ports in 10000..30000, different per process and attempt.
+/// Two consecutive ports in 10000..30000, different per process and attempt, that nothing listens on now.
+///
+/// Envoy binds its listeners with `SO_REUSEPORT`, so a second Envoy given the port of a running one binds it too
+/// and the kernel shares the connections between them: no "address in use" ever tells. A port is taken here only
+/// if a plain bind of it succeeds, which fails while any process listens on it (with or without that option).
 pub fn random_ports(attempt: u32) -> (u16, u16) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let seed = xxhash_rust::xxh3::xxh3_64(
-        &[
-            nanos.to_le_bytes(),
-            std::process::id().to_le_bytes(),
-            attempt.to_le_bytes(),
-        ]
-        .concat(),
-    );
-    let base = 10000 + (seed % 19_998) as u16;
+    let draw = |n: u32| {
+        let seed = xxhash_rust::xxh3::xxh3_64(
+            &[
+                nanos.to_le_bytes(),
+                std::process::id().to_le_bytes(),
+                attempt.to_le_bytes(),
+                n.to_le_bytes(),
+            ]
+            .concat(),
+        );
+        10000 + (seed % 19_998) as u16
+    };
+    first_free_pair(draw, |port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+}
+
+/// The first of 64 draws whose port and the next are both `free`, or the last draw.
+fn first_free_pair(draw: impl Fn(u32) -> u16, free: impl Fn(u16) -> bool) -> (u16, u16) {
+    let mut base = draw(0);
+    for n in 1..64 {
+        if free(base) && free(base + 1) {
+            break;
+        }
+        base = draw(n);
+    }
     (base, base + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{first_free_pair, random_ports};
+    use std::net::TcpListener;
+
+    #[test]
+    fn random_ports_skip_a_port_something_listens_on() {
+        let held = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = held.local_addr().unwrap().port();
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        // Draws: the held port, then the port just below it (its pair holds the held one), then a free pair.
+        let (a, b) = random_ports(0);
+        let draws = [port, port - 1, a];
+        assert_eq!(first_free_pair(|n| draws[n.min(2) as usize], free), (a, b));
+        assert!(free(a) && free(b));
+        // With nothing free, the last draw is given.
+        assert_eq!(first_free_pair(|n| 20000 + n as u16, |_| false), (20063, 20064));
+    }
 }

@@ -130,6 +130,10 @@ impl Host for NativeHost {
                 Ok(unsafe { cfg.as_ref() }.map(|c| range(&c.config)))
             }
             BufferType::HttpCallResponseBody => Ok(with_answer_read(|a| a.map(|a| range(&a.body)))),
+            // Bench builds only (`make native-phases`): a dynamic module has no VM configuration, so the last phase
+            // to run (see `llmroute_filter::phases`) comes from the Envoy process's environment.
+            #[cfg(feature = "bench-phases")]
+            BufferType::VmConfiguration => Ok(std::env::var(crate::BENCH_PHASE_ENV).ok().map(|v| range(v.as_bytes()))),
             BufferType::HttpRequestBody | BufferType::HttpResponseBody => {
                 let filter = stream("get_buffer")?;
                 if !head_edit::flush() {

@@ -118,7 +118,9 @@ impl Measure {
             rps: round.rps(),
             p50_us: round.p50_us(),
             p99_us: round.p99_us(),
-            cpu_per_req: cpu.filter(|_| round.ok > 0).map(|c| c / round.ok as f64),
+            // A proxy that answered requests spent CPU: none measured means another process answered them (a
+            // port shared by mistake) or the reading failed, and the round has no CPU figure rather than a zero.
+            cpu_per_req: cpu.filter(|c| round.ok > 0 && *c > 0.0).map(|c| c / round.ok as f64),
             ok: round.ok,
             errors: round.errors,
             first_error: round.first_error.clone(),
@@ -267,6 +269,8 @@ pub struct Outcome {
     pub native: Vec<NativeCost>,
     /// The cost of each phase of the filter inside Envoy.
     pub phases: super::phases::Breakdown,
+    /// The same for the native build.
+    pub native_phases: super::phases::Breakdown,
     pub elapsed: Duration,
     /// `/proc/loadavg` before and after the run.
     pub load_before: Option<String>,
@@ -318,7 +322,8 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
     read_envoy_memory(&systems, &mut memory).await;
     // The breakdown's Envoys are its own: the main run's stop first, so they share the proxy CPU with nothing.
     drop(systems);
-    let phases = super::phases::run(&settings, &upstreams, started).await;
+    let phases = super::phases::run(&settings, &upstreams, started, super::phases::Build::Wasm).await;
+    let native_phases = super::phases::run(&settings, &upstreams, started, super::phases::Build::Native).await;
     let native = settings.sizes.iter().map(|&s| native_cost(s, settings.seed)).collect();
     Ok(Outcome {
         settings,
@@ -327,6 +332,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, String> {
         memory,
         native,
         phases,
+        native_phases,
         elapsed: started.elapsed(),
         load_before,
         load_after: procstat::load_average(),
@@ -755,6 +761,7 @@ pub(crate) mod sample {
                 ..Memory::default()
             },
             phases: super::super::phases::Breakdown::Missing("not run".into()),
+            native_phases: super::super::phases::Breakdown::Missing("not run".into()),
             native: vec![NativeCost {
                 size: 4 << 10,
                 route_us: 10.0,

@@ -17,6 +17,10 @@
 //!
 //! One request at a time (4 KiB, concurrency 1, when the run has it), the same rows give each phase's share of the
 //! unloaded added latency: the floor's share bounds the added p50 any such filter reaches here.
+//!
+//! The native build gets the same breakdown ([`Build::Native`]): its bench build (`make native-phases`) reads the
+//! last phase from the Envoy process's environment, as a dynamic module has no VM configuration. Its floor is
+//! entering the module, Envoy buffering the body and the module reading it once, and the scan.
 
 use std::fmt::Write;
 use std::time::Instant;
@@ -24,7 +28,51 @@ use std::time::Instant;
 use super::overhead::{interleaved, prepare, progress, Case, Rounds, RowRounds, Settings};
 use super::systems::bench_config;
 use super::upstream::Upstreams;
-use crate::envoy::{phases_wasm_module, Envoy, EnvoyOptions};
+use crate::envoy::{native_module, phases_native_module, phases_wasm_module, Envoy, EnvoyOptions, BENCH_PHASE_ENV};
+
+/// The build a breakdown measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    Wasm,
+    Native,
+}
+
+impl Build {
+    /// What the `enter` and `copy` phases add in this build (the other phases add the same in both).
+    fn what(self, phase: &'static str, wasm: &'static str) -> &'static str {
+        match (self, phase) {
+            (Build::Native, "enter") => {
+                "calling into the module: the stream's context and each hook, returning at once"
+            }
+            (Build::Native, "copy") => "the body buffered by Envoy and read out of its slices once",
+            _ => wasm,
+        }
+    }
+
+    /// Where the filter runs, for the section's sentences.
+    fn runs_in(self) -> &'static str {
+        match self {
+            Build::Wasm => "in a wasm VM",
+            Build::Native => "as a dynamic module",
+        }
+    }
+
+    /// The section's title.
+    fn title(self) -> &'static str {
+        match self {
+            Build::Wasm => "Where the filter's cost goes, phase by phase, inside Envoy",
+            Build::Native => "Where the native build's cost goes, phase by phase, inside Envoy",
+        }
+    }
+
+    /// The goal for the added p50 unloaded that the latency table is read against (issues 13 and 28).
+    fn p50_goal_us(self) -> u32 {
+        match self {
+            Build::Wasm => 50,
+            Build::Native => 25,
+        }
+    }
+}
 
 /// The filter's phases in the order it runs them, with what each adds (the names `filter/src/phases.rs` reads).
 pub const PHASES: [(&str, &str); 7] = [
@@ -99,15 +147,19 @@ pub enum Breakdown {
 /// then at 4 KiB one request at a time when the run has that case.
 /// Every row is an Envoy started for it, at the same moment, so none carries the main run's load: an Envoy that
 /// has buffered ten minutes of bodies up to 1 MiB costs more per large body than a fresh one.
-pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -> Breakdown {
-    let wasm = phases_wasm_module();
-    if !wasm.exists() {
-        return Breakdown::Missing(format!("{} is missing: run `make build-phases`", wasm.display()));
+pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant, build: Build) -> Breakdown {
+    let (phased, make) = match build {
+        Build::Wasm => (phases_wasm_module(), "make build-phases"),
+        Build::Native => (phases_native_module(), "make native-phases"),
+    };
+    if !phased.exists() {
+        return Breakdown::Missing(format!("{} is missing: run `{make}`", phased.display()));
     }
     let base = EnvoyOptions {
         concurrency: 1,
         log_level: "warning".into(),
         cpu_list: settings.proxy_cpus.clone(),
+        module: (build == Build::Native).then(native_module),
         ..EnvoyOptions::default()
     };
     let mut rows: Vec<(String, EnvoyOptions)> = vec![(
@@ -118,11 +170,19 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant) -
         },
     )];
     for (name, _) in PHASES {
-        let opts = EnvoyOptions {
-            wasm: Some(wasm.clone()),
-            vm_configuration: Some(name.to_string()),
-            static_route: true,
-            ..base.clone()
+        let opts = match build {
+            Build::Wasm => EnvoyOptions {
+                wasm: Some(phased.clone()),
+                vm_configuration: Some(name.to_string()),
+                static_route: true,
+                ..base.clone()
+            },
+            Build::Native => EnvoyOptions {
+                module: Some(phased.clone()),
+                env: vec![(BENCH_PHASE_ENV.to_string(), name.to_string())],
+                static_route: true,
+                ..base.clone()
+            },
         };
         rows.push((format!("the filter up to phase `{name}`"), opts));
     }
@@ -197,8 +257,8 @@ async fn run_case(
 }
 
 /// The section of `RESULTS.md`.
-pub fn markdown(md: &mut String, b: &Breakdown) {
-    let _ = writeln!(md, "## Where the filter's cost goes, phase by phase, inside Envoy\n");
+pub fn markdown(md: &mut String, b: &Breakdown, build: Build) {
+    let _ = writeln!(md, "## {}\n", build.title());
     let cases = match b {
         Breakdown::Missing(why) => {
             let _ = writeln!(md, "Not measured in this run: {}\n", why.lines().next().unwrap_or(why));
@@ -210,7 +270,7 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         cases.iter().partition(|c| c.case.concurrency == LATENCY.concurrency);
     let _ = writeln!(
         md,
-        "The filter built with its later phases switched off (`make build-phases`), one Envoy per phase, measured \
+        "The {} built with its later phases switched off (`make {}`), one Envoy per phase, measured \
          in the same interleaved rounds as plain Envoy and the shipped filter; every row is an Envoy started for \
          this section, after the main run's have stopped. Each phase's Envoy runs the filter up \
          to that phase; \"adds\" is its proxy CPU per request minus the row above's, per round, then the median over \
@@ -218,7 +278,15 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
          Envoy. `static` is the shipped build routed the same way (what it adds over `response` is the bench \
          build's own switches, noise when small); the last row is the shipped filter routing on its own cluster \
          header, so what it adds over `static` is what that routing costs Envoy. Method: \
-         [bench/README.md](README.md#where-the-cost-goes-the-phase-breakdown).\n"
+         [bench/README.md](README.md#where-the-cost-goes-the-phase-breakdown).\n",
+        match build {
+            Build::Wasm => "filter",
+            Build::Native => "native build",
+        },
+        match build {
+            Build::Wasm => "build-phases",
+            Build::Native => "native-phases; the last phase comes from the Envoy process's environment",
+        },
     );
     let mut head = String::from("| phase | what it adds |");
     let mut rule = String::from("|---|---|");
@@ -230,7 +298,7 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
     let _ = writeln!(md, "{head}\n{rule}");
     for row in 0..ROWS {
         let (name, what) = row_label(row);
-        let _ = write!(md, "| {name} | {what} |");
+        let _ = write!(md, "| {name} | {} |", build.what(name, what));
         for c in &cases {
             let added = if row == 0 {
                 "–".into()
@@ -252,13 +320,14 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
         let _ = writeln!(
             md,
             "- **{}.** The filter adds {} µs of proxy CPU per request over plain Envoy's {} µs (up to `response`). \
-             The floor (`enter` + `copy` + `scan`: what any filter that routes on the body in a wasm VM pays) is {} \
+             The floor (`enter` + `copy` + `scan`: what any filter that routes on the body {} pays) is {} \
              µs, so on proxy CPU the best ratio to plain Envoy is {}×; the whole filter reaches {}× up to `response` \
              and {}× as shipped, routed on its header. The rest, {} µs, is the header and property calls, the head \
              edit and the response path.",
             c.case.label(),
             num(whole, 1),
             num(plain, 1),
+            build.runs_in(),
             num(floor, 1),
             num(ratio(floor), 2),
             num(ratio(whole), 2),
@@ -268,7 +337,7 @@ pub fn markdown(md: &mut String, b: &Breakdown) {
     }
     md.push('\n');
     for c in latency {
-        latency_markdown(md, c);
+        latency_markdown(md, c, build);
     }
 }
 
@@ -285,7 +354,7 @@ fn row_label(row: usize) -> (&'static str, &'static str) {
 }
 
 /// The latency table of the case run one request at a time, and what its floor says of the 50 µs goal.
-fn latency_markdown(md: &mut String, c: &PhaseCase) {
+fn latency_markdown(md: &mut String, c: &PhaseCase, build: Build) {
     let l = c.case.label();
     let _ = writeln!(
         md,
@@ -312,12 +381,14 @@ fn latency_markdown(md: &mut String, c: &PhaseCase) {
         md,
         "\n- **{l}.** The filter adds {} µs at p50 over plain Envoy's {} µs up to `response` ({} as shipped). The \
          floor's phases (`enter` + `copy` + `scan`) add {} µs at p50 ({} µs of CPU): the least unloaded added \
-         latency a filter that routes on the body in a wasm VM reaches on this machine, against the goal of 50 µs.\n",
+         latency a filter that routes on the body {} reaches on this machine, against the goal of {} µs.\n",
         num(c.over_plain_p50_us(PHASES.len()), 0),
         num(c.p50_us(0), 0),
         num(c.over_plain_p50_us(PHASES.len() + 2), 0),
         num(c.floor_p50_us(), 0),
         num(c.floor_us(), 1),
+        build.runs_in(),
+        build.p50_goal_us(),
     );
 }
 
@@ -371,7 +442,7 @@ mod tests {
     #[test]
     fn the_section_names_every_phase_and_the_floor() {
         let mut md = String::new();
-        markdown(&mut md, &Breakdown::Ran(vec![sample()]));
+        markdown(&mut md, &Breakdown::Ran(vec![sample()]), Build::Wasm);
         for (name, _) in PHASES {
             assert!(md.contains(&format!("| {name} |")), "{name} missing in:\n{md}");
         }
@@ -399,7 +470,7 @@ mod tests {
             "no concurrency-1 case, no latency table"
         );
         let mut missing = String::new();
-        markdown(&mut missing, &Breakdown::Missing("no module\nmore".into()));
+        markdown(&mut missing, &Breakdown::Missing("no module\nmore".into()), Build::Wasm);
         assert!(missing.contains("Not measured in this run: no module\n"));
     }
 
@@ -413,7 +484,7 @@ mod tests {
             m.p50_us = Some(200.0 + 4.0 * over);
         }
         let mut md = String::new();
-        markdown(&mut md, &Breakdown::Ran(vec![sample(), latency]));
+        markdown(&mut md, &Breakdown::Ran(vec![sample(), latency.clone()]), Build::Wasm);
         assert!(md.contains("**One request at a time (4 KiB c=1).**"), "{md}");
         assert!(md.contains("| plain Envoy | 200 | – | 50.0 | – |"), "{md}");
         assert!(md.contains("| enter | 240 | 40.0 | 60.0 | 10.0 |"), "{md}");
@@ -424,5 +495,20 @@ mod tests {
         assert!(md.contains("add 120 µs at p50 (30.0 µs of CPU)"), "{md}");
         // The throughput table keeps only the loaded case's columns.
         assert_eq!(md.matches(": adds µs |").count(), 1, "{md}");
+        assert!(md.contains("against the goal of 50 µs"), "{md}");
+
+        let mut native = String::new();
+        markdown(&mut native, &Breakdown::Ran(vec![sample(), latency]), Build::Native);
+        assert!(native.starts_with("## Where the native build's cost goes"), "{native}");
+        assert!(native.contains("`make native-phases;"), "{native}");
+        assert!(native.contains("| enter | calling into the module"), "{native}");
+        assert!(
+            native.contains("routes on the body as a dynamic module reaches"),
+            "{native}"
+        );
+        assert!(
+            native.contains("against the goal of 25 µs") && !native.contains("wasm VM"),
+            "{native}"
+        );
     }
 }

@@ -29,7 +29,8 @@ pub fn markdown(outcome: &Outcome, machine: &Machine, micro: &Micro) -> String {
     placement(&mut md, outcome);
     memory(&mut md, outcome);
     native(&mut md, outcome);
-    super::phases::markdown(&mut md, &outcome.phases);
+    super::phases::markdown(&mut md, &outcome.phases, super::phases::Build::Wasm);
+    super::phases::markdown(&mut md, &outcome.native_phases, super::phases::Build::Native);
     micro_section(&mut md, micro);
     md
 }
