@@ -166,6 +166,9 @@ pub struct Answer {
     pub tenant: usize,
     pub ms: f64,
     pub first: bool,
+    /// The engine served at least half of the prompt from its cache (`usage.prompt_tokens_details.cached_tokens`):
+    /// its prefix was still in the slot it landed on.
+    pub cached: bool,
 }
 
 /// One run's figures.
@@ -206,6 +209,7 @@ impl HotRun {
                     tenant: a.tenant,
                     ms: t.as_secs_f64() * 1000.0,
                     first,
+                    cached: o.prompt_tokens > 0 && 2 * o.cached_tokens >= o.prompt_tokens,
                 }),
                 _ => {
                     run.failed += 1;
@@ -285,6 +289,18 @@ impl HotResult {
         self.ttft_of(|a| a.tenant > 0 && !a.first, 0.99)
     }
 
+    /// The quiet tenants' TTFT p99 over the answers whose prefix the engine still held: what is left once no
+    /// prefill of a system prompt is in the way.
+    pub fn quiet_cached_p99(&self) -> Option<f64> {
+        self.ttft_of(|a| a.tenant > 0 && a.cached, 0.99)
+    }
+
+    /// The quiet answers whose prefix the engine no longer (or not yet) held, and all quiet answers.
+    pub fn quiet_misses(&self) -> (usize, usize) {
+        let quiet = || self.runs.iter().flat_map(|r| r.ttft_ms.iter()).filter(|a| a.tenant > 0);
+        (quiet().filter(|a| !a.cached).count(), quiet().count())
+    }
+
     /// The median TTFT of the quiet tenants' first requests: the cold prefill's cost here.
     pub fn quiet_cold_p50(&self) -> Option<f64> {
         self.ttft_of(|a| a.tenant > 0 && a.first, 0.5)
@@ -336,7 +352,7 @@ pub async fn run(settings: HotSettings) -> Result<HotOutcome, String> {
                     };
                     eprintln!(
                         "[{:>5.0}s] hot tenant run {}/{} {:<44} quiet ttft p50 {} ms p99 {} ms (without first \
-                         requests {} ms), hot p99 {} ms, cache hit {:.3}, failed {}/{}{}",
+                         requests {} ms, cached {} ms, misses {}), hot p99 {} ms, cache hit {:.3}, failed {}/{}{}",
                         started.elapsed().as_secs_f64(),
                         round + 1,
                         settings.runs,
@@ -344,6 +360,8 @@ pub async fn run(settings: HotSettings) -> Result<HotOutcome, String> {
                         fmt(one.ttft(|t| t > 0, 0.5), 0),
                         fmt(one.quiet_p99(), 0),
                         fmt(one.quiet_warm_p99(), 0),
+                        fmt(one.quiet_cached_p99(), 0),
+                        one.quiet_misses().0,
                         fmt(one.ttft(|t| t == 0, 0.99), 0),
                         r.cache_hit,
                         r.failed,
@@ -531,25 +549,29 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
     }
     md.push_str(
         "\n### Results\n\n| system | quiet TTFT p50 ms | quiet TTFT p99 ms | without first requests p99 ms | quiet \
-         first request p50 ms | worst quiet tenant p99 ms | hot TTFT p50 ms | hot TTFT p99 ms | cache hit (engines) | \
-         refused | of them before max_wait_ms | requests |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         first request p50 ms | cached quiet p99 ms | quiet misses | worst quiet tenant p99 ms | hot TTFT p50 ms | \
+         hot TTFT p99 ms | cache hit (engines) | refused | of them before max_wait_ms | requests |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &o.results {
         if let Some(why) = &r.missing {
             let why = why.lines().next().unwrap_or("").replace('|', "/");
-            md.push_str(&format!("| {} | could not run: {why} |||||||||||\n", r.name()));
+            md.push_str(&format!("| {} | could not run: {why} |||||||||||||\n", r.name()));
             continue;
         }
         let worst = (1..=s.quiet_tenants)
             .filter_map(|t| r.ttft(|x| x == t, 0.99))
             .reduce(f64::max);
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} of {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.name(),
             fmt(r.ttft(|t| t > 0, 0.5), 0),
             fmt(r.quiet_p99(), 0),
             fmt(r.quiet_warm_p99(), 0),
             fmt(r.quiet_cold_p50(), 0),
+            fmt(r.quiet_cached_p99(), 0),
+            r.quiet_misses().0,
+            r.quiet_misses().1,
             fmt(worst, 0),
             fmt(r.ttft(|t| t == 0, 0.5), 0),
             fmt(r.ttft(|t| t == 0, 0.99), 0),
@@ -639,6 +661,12 @@ pub fn markdown(o: &HotOutcome, machine: &Machine) -> String {
         );
     }
     md.push_str(
+        "- **Cached, misses**: an answer counts as cached when the engine reports at least half of its prompt \
+         served from its cache (`usage.prompt_tokens_details.cached_tokens`); *cached quiet p99* is the quiet \
+         tenants' TTFT p99 over those answers, *quiet misses* the quiet answers that were not (their tenant's \
+         first request of a run, or a prefix its slot no longer held).\n",
+    );
+    md.push_str(
         "- **TTFT**: client-side, from sending the request to the first content delta, complete answers only. \
          **Refused**: answers that were not a complete stream (a 429 or 503, a cut stream); *before max_wait_ms* \
          counts those that came back sooner than the fair queue's longest wait.\n",
@@ -662,6 +690,8 @@ pub fn summary(o: &HotOutcome) -> Vec<(String, Value)> {
                     "quiet_ttft_p99_ms": r.quiet_p99(),
                     "quiet_ttft_p99_without_first_ms": r.quiet_warm_p99(),
                     "quiet_first_request_ttft_p50_ms": r.quiet_cold_p50(),
+                    "quiet_cached_ttft_p99_ms": r.quiet_cached_p99(),
+                    "quiet_misses": r.quiet_misses().0,
                     "hot_ttft_p99_ms": r.ttft(|t| t == 0, 0.99),
                     "cache_hit": r.cache_hit(),
                     "refused": r.sum(|x| x.failed),
@@ -727,7 +757,12 @@ mod tests {
                 ttft_ms: (1..=5)
                     .flat_map(|t| [(t, 3.0 * quiet_ms, true), (t, quiet_ms, false)])
                     .chain([(0, 900.0, true)])
-                    .map(|(tenant, ms, first)| Answer { tenant, ms, first })
+                    .map(|(tenant, ms, first)| Answer {
+                        tenant,
+                        ms,
+                        first,
+                        cached: !first,
+                    })
                     .collect(),
                 cache_hit,
                 requests: 11 + failed_early,
@@ -765,6 +800,7 @@ mod tests {
             (Some(300.0), Some(100.0), Some(300.0)),
             "the first requests are left out of the warm p99 and are the cold p50"
         );
+        assert_eq!((r.quiet_cached_p99(), r.quiet_misses()), (Some(100.0), (5, 10)));
         assert_eq!((subject.quiet_met(), subject.hit_met()), (Some(true), Some(true)));
         let mut with_alone = met.results.clone();
         with_alone.push(HotResult {
@@ -818,6 +854,35 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_is_cached_when_the_engine_served_half_its_prompt_from_cache() {
+        let answer = |prompt_tokens, cached_tokens| ChatOutcome {
+            ok: true,
+            ttft: Some(Duration::from_millis(10)),
+            prompt_tokens,
+            cached_tokens,
+            ..ChatOutcome::default()
+        };
+        let arrivals = [1, 1, 1, 1].map(|tenant| Arrival {
+            at: Duration::ZERO,
+            tenant,
+        });
+        let r = HotRun::of(
+            &[answer(372, 18), answer(372, 186), answer(372, 340), answer(0, 0)],
+            &arrivals,
+            1,
+            1,
+            1.0,
+        );
+        let cached: Vec<bool> = r.ttft_ms.iter().map(|a| a.cached).collect();
+        assert_eq!(cached, vec![false, true, true, false]);
+        let result = HotResult {
+            runs: vec![r],
+            ..HotResult::new(SystemKind::LlmrouteLoad, false)
+        };
+        assert_eq!(result.quiet_misses(), (2, 4));
+    }
+
+    #[test]
     fn a_failure_is_early_only_before_the_longest_wait() {
         let ok = ChatOutcome {
             ok: true,
@@ -845,7 +910,8 @@ mod tests {
             vec![Answer {
                 tenant: 0,
                 ms: 120.0,
-                first: true
+                first: true,
+                cached: false
             }]
         );
         assert!((r.cache_hit - 0.25).abs() < 1e-9);
