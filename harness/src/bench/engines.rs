@@ -626,6 +626,9 @@ impl Router {
     /// empty for a peer router.
     pub(super) async fn placements(&self) -> Vec<(&'static str, u64)> {
         let mut out = Vec::new();
+        if self.envoys.is_empty() {
+            return out;
+        }
         for reason in PlacementReason::ALL {
             let name = format!("wasmcustom.{}", labelled(PLACEMENTS, &[("reason", reason.as_str())]));
             let mut n = 0;
@@ -633,9 +636,6 @@ impl Router {
                 n += envoy.stat(&name).await.unwrap_or(0);
             }
             out.push((reason.as_str(), n));
-        }
-        if self.envoys.is_empty() {
-            out.clear();
         }
         out
     }
