@@ -171,7 +171,7 @@ bench-engines-replicas: build envoy etcd engines ## Envoy replicas on 3 real lla
 	target/release/llmroute-bench-engines --workload shared_prompt --systems $(ENGINES_REPLICA_SYSTEMS) --out bench/replicas/ENGINES.md \
 		--results bench/RESULTS.md --section placement-engines-replicas $(BENCH_ENGINES_ARGS)
 
-.PHONY: bench bench-overhead bench-micro bench-peers bench-routing bench-replicas
+.PHONY: bench bench-overhead bench-instructions bench-micro bench-peers bench-routing bench-replicas
 
 BENCH                 := target/release/llmroute-bench
 BENCH_ARGS            ?=
@@ -184,6 +184,10 @@ bench: bench-micro bench-overhead bench-routing ## Every bench: bench/RESULTS.md
 bench-overhead: build build-phases native native-phases envoy etcd bench-peers ## Filter overhead (wasm and native builds) vs plain Envoy and the peer routers, a per-phase breakdown inside Envoy of each build, and bounded_keys with and without the etcd placement store vs hash (~21 min): bench/RESULTS.md, bench/overhead.png; BENCH_ARGS=--quick for a sanity run
 	$(CARGO) build --release -p llmroute-harness --bin llmroute-bench
 	$(BENCH) overhead $(BENCH_ARGS)
+
+bench-instructions: native native-phases envoy ## Instructions per request inside Envoy, counted by callgrind (valgrind): plain Envoy, the native build phase by phase and as shipped, and the module's hooks and Envoy's callbacks by inclusive count, at 4 KiB and 256 KiB (~4 min; repeatable on a busy machine): the instructions section of bench/RESULTS.md; INSTRUCTIONS_ARGS="--wasm" adds the wasm filter
+	@command -v valgrind >/dev/null || { echo "bench-instructions: valgrind is missing (Debian package valgrind; apt-get install valgrind as root)"; exit 1; }
+	$(CARGO) run --release -p llmroute-harness --bin llmroute-bench -- instructions $(INSTRUCTIONS_ARGS)
 
 perf: ## Install perf (Debian linux-perf; apt-get as root) unless it is on PATH
 	@if command -v perf >/dev/null; then perf --version; else \

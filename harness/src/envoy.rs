@@ -138,6 +138,10 @@ pub struct EnvoyOptions {
     /// Route every request to the first backend's cluster, as plain Envoy does, even with the filter. The phase
     /// bench uses it, since a filter stopped before its headers phase names no cluster. Default false.
     pub static_route: bool,
+    /// Run Envoy under this command (its program and arguments, Envoy's path appended), e.g. valgrind; it must
+    /// keep Envoy's pid (exec it or run it in process). Envoy is given 10 times longer to become ready. Default
+    /// none.
+    pub wrapper: Vec<String>,
 }
 
 impl Default for EnvoyOptions {
@@ -153,6 +157,7 @@ impl Default for EnvoyOptions {
             module: None,
             vm_configuration: None,
             static_route: false,
+            wrapper: Vec::new(),
         }
     }
 }
@@ -263,7 +268,15 @@ impl Envoy {
         let bootstrap = dir.path().join("envoy.yaml");
         let log_path = dir.path().join("envoy.log");
         std::fs::write(&bootstrap, yaml).map_err(|e| StartError::Failed(e.to_string()))?;
-        let child = pinned_command(&envoy, opts.cpu_list.as_deref())
+        let mut command = match opts.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = pinned_command(Path::new(program), opts.cpu_list.as_deref());
+                c.args(args).arg(&envoy);
+                c
+            }
+            None => pinned_command(&envoy, opts.cpu_list.as_deref()),
+        };
+        let child = command
             .arg("-c")
             .arg(&bootstrap)
             .args(["--concurrency", &opts.concurrency.to_string()])
@@ -288,7 +301,8 @@ impl Envoy {
             native: yaml.contains("dynamic_modules.v3.DynamicModuleFilter"),
             _dir: dir,
         };
-        envoy.wait_ready(Duration::from_secs(60)).await?;
+        let slower = if opts.wrapper.is_empty() { 1 } else { 10 };
+        envoy.wait_ready(Duration::from_secs(60 * slower)).await?;
         Ok(envoy)
     }
 

@@ -77,9 +77,17 @@ fn header_pairs(filter: FilterEnvoyPtr, header_type: u32) -> Vec<(String, Vec<u8
         .map(|h| {
             // SAFETY: filled by Envoy in this hook.
             let (k, v) = unsafe { h.pair() };
-            (String::from_utf8_lossy(k).into_owned(), v.to_vec())
+            (text(k), v.to_vec())
         })
         .collect()
+}
+
+/// A header name as text: one copy when it is UTF-8 (a name always is: Envoy accepts only token characters).
+fn text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(t) => t.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
 }
 
 fn attribute_string(filter: FilterEnvoyPtr, id: u32) -> Option<Vec<u8>> {
@@ -264,12 +272,20 @@ impl Host for NativeHost {
 
     fn set_property(&self, path: &[&str], value: &[u8]) -> HostResult<()> {
         let filter = stream("set_property")?;
-        let key = format!("wasm.{}", path.join("."));
+        let size = path
+            .iter()
+            .fold(4usize, |n, p| n.saturating_add(p.len()).saturating_add(1));
+        let mut key = Vec::with_capacity(size);
+        key.extend_from_slice(b"wasm");
+        for p in path {
+            key.push(b'.');
+            key.extend_from_slice(p.as_bytes());
+        }
         // SAFETY: the buffers describe `key` and `value`, alive for the call.
         let ok = unsafe {
             abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
                 filter,
-                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(&key),
                 ModuleBuffer::of(value),
             )
         };

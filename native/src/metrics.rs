@@ -12,7 +12,6 @@
 //! of no family (a metric added to the glue and not here) is logged when defined and kept in the process only
 //! (`shared.rs` keeps every value, for `get_metric`, either way).
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use llmroute_core::envoy_contract::metrics as names;
@@ -63,7 +62,8 @@ pub const FAMILIES: &[(&str, Kind, &[&str])] = &[
     (names::ENGINE_LOAD_STALE, Counter, &["backend"]),
 ];
 
-/// A family's key: the metric and its label names, `;`-separated.
+/// A family's key: the metric and its label names, `;`-separated (tests read it).
+#[cfg(test)]
 fn family_key<'a>(metric: &str, labels: impl Iterator<Item = &'a str>) -> String {
     let mut key = String::from(metric);
     for l in labels {
@@ -73,9 +73,10 @@ fn family_key<'a>(metric: &str, labels: impl Iterator<Item = &'a str>) -> String
     key
 }
 
-/// A configuration's families, by key: kind and Envoy's id.
+/// A configuration's families, by their index in [`FAMILIES`]: kind and Envoy's id, `None` where Envoy refused
+/// it. An update finds its family by index, hashing no name.
 #[derive(Default)]
-pub struct Families(HashMap<String, (Kind, usize)>);
+pub struct Families(Vec<Option<(Kind, usize)>>);
 
 /// Defines every family on Envoy's configuration `envoy` (in `config_new`, before Envoy freezes its stats).
 pub fn define_all(envoy: FilterConfigEnvoyPtr) -> Families {
@@ -100,8 +101,9 @@ pub fn define_all(envoy: FilterConfigEnvoyPtr) -> Families {
             }
         };
         if result == abi::METRICS_SUCCESS {
-            out.0.insert(family_key(metric, labels.iter().copied()), (*kind, id));
+            out.0.push(Some((*kind, id)));
         } else {
+            out.0.push(None);
             log::warn!("llmroute: Envoy refused the stat {metric} (result {result}); it stays in the process only");
         }
     }
@@ -111,12 +113,17 @@ pub fn define_all(envoy: FilterConfigEnvoyPtr) -> Families {
 /// The family key and label values of a glue stat name (tests read it).
 #[cfg(test)]
 pub fn family_of(name: &str) -> Option<(String, Vec<String>)> {
-    parse(name).map(|e| (e.family, e.values))
+    let e = parse(name)?;
+    let (metric, _, labels) = FAMILIES.get(e.family)?;
+    Some((family_key(metric, labels.iter().copied()), e.values))
 }
 
-/// A glue stat's family and label values.
+/// The most label values a family has ([`FAMILIES`]); an update passes them from the stack.
+const MAX_LABELS: usize = 8;
+
+/// A glue stat's family (its index in [`FAMILIES`]) and label values.
 struct Export {
-    family: String,
+    family: usize,
     values: Vec<String>,
 }
 
@@ -127,7 +134,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Splits a glue stat name into its family key and label values; `None` when it is not `metric(;label=value)*`.
+/// Splits a glue stat name into its family and label values; `None` when it is not `metric(;label=value)*` of
+/// a family in [`FAMILIES`].
 fn parse(name: &str) -> Option<Export> {
     let mut parts = name.split(';');
     let metric = parts.next()?;
@@ -138,10 +146,13 @@ fn parse(name: &str) -> Option<Export> {
         labels.push(l);
         values.push(v.to_string());
     }
-    Some(Export {
-        family: family_key(metric, labels.into_iter()),
-        values,
-    })
+    if values.len() > MAX_LABELS {
+        return None;
+    }
+    let family = FAMILIES.iter().position(|(m, _, ls)| {
+        *m == metric && ls.len() == labels.len() && ls.iter().zip(&labels).all(|(a, b)| a == b)
+    })?;
+    Some(Export { family, values })
 }
 
 /// What an update does.
@@ -160,7 +171,10 @@ pub fn defined(id: u32, name: &str, families: &Families, envoy: FilterConfigEnvo
         return;
     };
     let export = parse(name);
-    if !export.as_ref().is_some_and(|e| families.0.contains_key(&e.family)) {
+    if !export
+        .as_ref()
+        .is_some_and(|e| families.0.get(e.family).is_some_and(Option::is_some))
+    {
         log::warn!("llmroute: the stat {name} has no Envoy family; it stays in the process only");
     }
     {
@@ -184,11 +198,14 @@ pub fn update(id: u32, op: Op, families: &Families, envoy: FilterConfigEnvoyPtr)
     let Some(Some(export)) = exports.get(at) else {
         return;
     };
-    let Some(&(kind, envoy_id)) = families.0.get(&export.family) else {
+    let Some(&Some((kind, envoy_id))) = families.0.get(export.family) else {
         return;
     };
-    let values: Vec<ModuleBuffer> = export.values.iter().map(|v| ModuleBuffer::of(v.as_bytes())).collect();
-    let (v, n) = (values.as_ptr(), values.len());
+    let mut values = [ModuleBuffer::NULL; MAX_LABELS];
+    for (slot, v) in values.iter_mut().zip(&export.values) {
+        *slot = ModuleBuffer::of(v.as_bytes());
+    }
+    let (v, n) = (values.as_ptr(), export.values.len().min(MAX_LABELS));
     // SAFETY: every buffer outlives the call; `envoy` is a live configuration; Envoy's stats are thread-safe.
     unsafe {
         match (kind, op) {

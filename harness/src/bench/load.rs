@@ -136,7 +136,7 @@ async fn worker(
     round
 }
 
-async fn send(client: &reqwest::Client, url: &str, request: &Prepared) -> Result<(), String> {
+pub async fn send(client: &reqwest::Client, url: &str, request: &Prepared) -> Result<(), String> {
     let mut post = client
         .post(url)
         .header(CONTENT_TYPE, "application/json")

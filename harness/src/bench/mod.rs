@@ -23,6 +23,7 @@ pub mod engines;
 pub mod glue;
 pub mod goals;
 pub mod hot_tenant;
+pub mod instructions;
 pub mod load;
 pub mod machine;
 pub mod micro;

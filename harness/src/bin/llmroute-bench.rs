@@ -32,7 +32,7 @@ use llmroute_harness::bench::machine::Machine;
 use llmroute_harness::bench::overhead::{self, progress, Settings};
 use llmroute_harness::bench::report::{self, Micro};
 use llmroute_harness::bench::systems::Kind;
-use llmroute_harness::bench::{ab, glue, goals, micro, plot, profile, replicas, sections};
+use llmroute_harness::bench::{ab, glue, goals, instructions, micro, plot, profile, replicas, sections};
 use llmroute_harness::chaos;
 use llmroute_harness::envoy::repo_root;
 
@@ -69,6 +69,36 @@ enum Cmd {
     /// The filter's own code function by function: the .wasm driven through bench requests by a JavaScript
     /// proxy-wasm host in node's V8, under its CPU profiler (build it with its names: `make bench-glue`).
     Glue(GlueArgs),
+    /// Instructions per request inside Envoy, counted by callgrind: plain Envoy, the native build phase by phase
+    /// and as shipped (and the wasm filter with `--wasm`), each sent the same requests one at a time.
+    Instructions(InstructionsArgs),
+}
+
+#[derive(clap::Args)]
+struct InstructionsArgs {
+    /// Body sizes in bytes, each counted on every row.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096, 262144])]
+    sizes: Vec<usize>,
+    /// Requests counted per row.
+    #[arg(long, default_value_t = 400)]
+    requests: usize,
+    /// Requests sent before counting.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Count the wasm filter too (V8 under valgrind: a few minutes more).
+    #[arg(long)]
+    wasm: bool,
+    /// Keep callgrind's files in DIR, for callgrind_annotate.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// The file whose `instructions` section is written.
+    #[arg(long, default_value_os_t = repo_root().join("bench/RESULTS.md"))]
+    out: PathBuf,
+    /// Print the result only; write no file.
+    #[arg(long)]
+    no_doc: bool,
 }
 
 #[derive(clap::Args)]
@@ -243,6 +273,7 @@ fn main() -> ExitCode {
         Cmd::Profile(args) => return profile(&args),
         Cmd::Ab(args) => return ab(&args),
         Cmd::Glue(args) => return glue(&args),
+        Cmd::Instructions(args) => return instructions(&args),
     };
     let machine = Machine::probe();
     let mut settings = if args.quick {
@@ -487,6 +518,42 @@ fn profile(args: &ProfileArgs) -> ExitCode {
     }
     match one_thread_runtime().and_then(|rt| rt.block_on(profile::run(&settings))) {
         Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn instructions(args: &InstructionsArgs) -> ExitCode {
+    let settings = instructions::Settings {
+        sizes: args.sizes.clone(),
+        requests: args.requests.max(1),
+        warmup: args.warmup,
+        seed: args.seed,
+        wasm: args.wasm,
+        out_dir: args.out_dir.clone(),
+    };
+    match one_thread_runtime().and_then(|rt| rt.block_on(instructions::run(&settings))) {
+        Ok(rows) => {
+            let m = Machine::probe();
+            let when = format!("{} (Envoy {}, {})", m.date, m.envoy, m.cpu_model);
+            let md = instructions::markdown(&rows, &settings, &when);
+            println!("{md}");
+            if args.no_doc {
+                return ExitCode::SUCCESS;
+            }
+            match sections::write(&args.out, "instructions", &md) {
+                Ok(()) => {
+                    println!("wrote the instructions section of {}", args.out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("llmroute-bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Err(e) => {
             eprintln!("llmroute-bench: {e}");
             ExitCode::FAILURE
