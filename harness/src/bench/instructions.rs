@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use super::load::{self, Prepared};
 use super::overhead::{prepare, progress};
-use super::phases::PHASES;
+use super::phases::{self, Build, SHIPPED_ROW};
 use super::systems::{bench_config, CHAT_PATH};
 use super::upstream::Upstreams;
-use crate::envoy::{native_module, phases_native_module, wasm_module, Envoy, EnvoyOptions, BENCH_PHASE_ENV};
+use crate::envoy::{native_module, phases_native_module, wasm_module, Envoy, EnvoyOptions};
 
 /// What to count.
 pub struct Settings {
@@ -72,7 +72,7 @@ const STATS: [&str; 4] = [
 ];
 
 /// The row whose functions are listed.
-const SHIPPED: &str = "native, shipped";
+const SHIPPED: &str = SHIPPED_ROW;
 
 /// Counts every row; one line of progress per row.
 pub async fn run(settings: &Settings) -> Result<Vec<Row>, String> {
@@ -92,35 +92,10 @@ pub async fn run(settings: &Settings) -> Result<Vec<Row>, String> {
         module: Some(native_module()),
         ..EnvoyOptions::default()
     };
-    let mut rows: Vec<(String, EnvoyOptions)> = vec![(
-        "plain Envoy".into(),
-        EnvoyOptions {
-            with_filter: false,
-            ..base.clone()
-        },
-    )];
-    for (name, _) in PHASES {
-        rows.push((
-            format!("native up to `{name}`"),
-            EnvoyOptions {
-                module: Some(phased.clone()),
-                env: vec![(BENCH_PHASE_ENV.to_string(), name.to_string())],
-                static_route: true,
-                ..base.clone()
-            },
-        ));
-    }
-    rows.push((
-        "native, routed statically".into(),
-        EnvoyOptions {
-            static_route: true,
-            ..base.clone()
-        },
-    ));
-    rows.push((SHIPPED.into(), base.clone()));
+    let mut rows = phases::rows(Build::Native, base.clone(), &phased);
     if settings.wasm {
         rows.push((
-            "wasm, shipped".into(),
+            "the shipped wasm filter".into(),
             EnvoyOptions {
                 module: None,
                 wasm: Some(wasm_module()),
@@ -316,7 +291,11 @@ fn inclusive(file: &Path) -> Result<Vec<(String, u64)>, String> {
 }
 
 /// The phases whose sum is the floor of any body-routing filter in this build (as in the phase breakdown).
-const FLOOR: [&str; 3] = ["native up to `enter`", "native up to `copy`", "native up to `scan`"];
+const FLOOR: [&str; 3] = [
+    "the filter up to phase `enter`",
+    "the filter up to phase `copy`",
+    "the filter up to phase `scan`",
+];
 
 /// The section of `bench/RESULTS.md`: per size, every row's worker count against plain Envoy's and the row above
 /// it, the floor's phases summed, the instruction budget of the 0.9x goal, and the shipped row's functions.

@@ -23,6 +23,7 @@
 //! entering the module, Envoy buffering the body and the module reading it once, and the scan.
 
 use std::fmt::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use super::overhead::{interleaved, prepare, progress, Case, Rounds, RowRounds, Settings};
@@ -162,36 +163,7 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant, b
         module: (build == Build::Native).then(native_module),
         ..EnvoyOptions::default()
     };
-    let mut rows: Vec<(String, EnvoyOptions)> = vec![(
-        "plain Envoy".into(),
-        EnvoyOptions {
-            with_filter: false,
-            ..base.clone()
-        },
-    )];
-    for (name, _) in PHASES {
-        let opts = match build {
-            Build::Wasm => EnvoyOptions {
-                wasm: Some(phased.clone()),
-                vm_configuration: Some(name.to_string()),
-                static_route: true,
-                ..base.clone()
-            },
-            Build::Native => EnvoyOptions {
-                module: Some(phased.clone()),
-                env: vec![(BENCH_PHASE_ENV.to_string(), name.to_string())],
-                static_route: true,
-                ..base.clone()
-            },
-        };
-        rows.push((format!("the filter up to phase `{name}`"), opts));
-    }
-    let statically = EnvoyOptions {
-        static_route: true,
-        ..base.clone()
-    };
-    rows.push(("the shipped filter routed statically".into(), statically));
-    rows.push(("the shipped filter".into(), base));
+    let rows = rows(build, base, &phased);
     let mut envoys = Vec::new();
     for (what, opts) in rows {
         progress(None, &format!("starting {what}"));
@@ -231,6 +203,46 @@ pub async fn run(settings: &Settings, upstreams: &Upstreams, started: Instant, b
     }
     Breakdown::Ran(cases)
 }
+
+/// The breakdown's Envoys, each with what it runs: plain Envoy, then `build` up to each phase (the bench build
+/// `phased`, routed statically), then the shipped build `base` loads routed statically and as it ships.
+pub fn rows(build: Build, base: EnvoyOptions, phased: &Path) -> Vec<(String, EnvoyOptions)> {
+    let mut rows: Vec<(String, EnvoyOptions)> = vec![(
+        "plain Envoy".into(),
+        EnvoyOptions {
+            with_filter: false,
+            ..base.clone()
+        },
+    )];
+    for (name, _) in PHASES {
+        let opts = match build {
+            Build::Wasm => EnvoyOptions {
+                wasm: Some(phased.to_path_buf()),
+                vm_configuration: Some(name.to_string()),
+                static_route: true,
+                ..base.clone()
+            },
+            Build::Native => EnvoyOptions {
+                module: Some(phased.to_path_buf()),
+                env: vec![(BENCH_PHASE_ENV.to_string(), name.to_string())],
+                static_route: true,
+                ..base.clone()
+            },
+        };
+        rows.push((format!("the filter up to phase `{name}`"), opts));
+    }
+    let statically = EnvoyOptions {
+        static_route: true,
+        ..base.clone()
+    };
+    rows.push((STATIC_ROW.into(), statically));
+    rows.push((SHIPPED_ROW.into(), base));
+    rows
+}
+
+/// The names of the last two rows of [`rows`].
+pub const STATIC_ROW: &str = "the shipped filter routed statically";
+pub const SHIPPED_ROW: &str = "the shipped filter";
 
 /// A row's short name in the progress lines: the table's name, plain Envoy shortened.
 fn row_name(row: usize) -> &'static str {

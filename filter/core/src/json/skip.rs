@@ -6,7 +6,10 @@
 //! - **wasm with SIMD128** (the filter's build: `-C target-feature=+simd128`, set once in `.cargo/config.toml`;
 //!   V8 in Envoy runs it): 64 bytes per step while the string lasts (four vectors, three compares each, one
 //!   any-true test; the bitmasks only on a hit), then 16;
-//! - **everywhere else** (native, the CLI, the tests, wasm without SIMD): word at a time, 8 bytes per step, with
+//! - **x86-64** (the native build, the CLI, the tests there): the same 64 bytes per step with SSE2, which every
+//!   x86-64 CPU has (four vectors, three compares each, one mask test); an unsigned "below 0x20" is "the byte
+//!   equals its minimum with 0x1f";
+//! - **everywhere else** (wasm without SIMD, other CPUs): word at a time, 8 bytes per step, with
 //!   the classic "has a zero byte" and "has a byte less than n" bit tricks. The lowest flagged byte is always a
 //!   real hit (a false flag can only sit above a real one, where a borrow ran on), so the first stop is exact.
 //!
@@ -17,7 +20,8 @@
 //!
 //! Each returns exactly what its byte-at-a-time definition returns ([`string_stop_simple`],
 //! [`string_stop_utf8_simple`]); a property test (`filter/core/tests/json_skip.rs`) holds the word versions to
-//! them on random input, `make simd-check` the SIMD128 ones in V8, and the real-Envoy tests run the SIMD build.
+//! them on random input (and the SSE2 ones, which are `string_stop` there, on x86-64), `make simd-check` the
+//! SIMD128 ones in V8, and the real-Envoy tests run the SIMD build.
 //! Cost: linear, no allocation, no indexing that can fail.
 
 /// The index of the first `"`, `\` or byte below 0x20 in `bytes`, if any.
@@ -27,7 +31,14 @@ pub fn string_stop(bytes: &[u8]) -> Option<usize> {
     {
         simd::string_stop(bytes)
     }
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    {
+        sse2::string_stop(bytes)
+    }
+    #[cfg(not(any(
+        all(target_arch = "wasm32", target_feature = "simd128"),
+        all(target_arch = "x86_64", target_feature = "sse2")
+    )))]
     {
         words::string_stop(bytes)
     }
@@ -40,7 +51,14 @@ pub fn string_stop_utf8(bytes: &[u8]) -> Option<usize> {
     {
         simd::string_stop_utf8(bytes)
     }
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    {
+        sse2::string_stop_utf8(bytes)
+    }
+    #[cfg(not(any(
+        all(target_arch = "wasm32", target_feature = "simd128"),
+        all(target_arch = "x86_64", target_feature = "sse2")
+    )))]
     {
         words::string_stop_utf8(bytes)
     }
@@ -196,5 +214,83 @@ mod simd {
             at = at.saturating_add(16);
         }
         simple(chunks.remainder()).map(|i| at.saturating_add(i))
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+mod sse2 {
+    //! Each function enables SSE2, so the intrinsics inside are safe calls; SSE2 is part of every x86-64 target
+    //! (the module exists only where `target_feature = "sse2"` holds), which is what makes the calls from
+    //! outside sound.
+
+    use core::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+
+    pub fn string_stop(bytes: &[u8]) -> Option<usize> {
+        // SAFETY: SSE2 is enabled on this target (see the module's cfg).
+        unsafe { first(bytes, false) }
+    }
+
+    pub fn string_stop_utf8(bytes: &[u8]) -> Option<usize> {
+        // SAFETY: as above.
+        unsafe { first(bytes, true) }
+    }
+
+    /// The bytes of `v` that stop a string scan, `0xff` each: `"`, `\`, a byte below 0x20 and, with `utf8`, a byte
+    /// from 0x80 up. Unsigned `v < 0x20` is `min(v, 0x1f) == v`; as signed bytes 0x80 and up are negative, so one
+    /// signed "below 0x20" flags them with the control bytes.
+    #[target_feature(enable = "sse2")]
+    #[inline]
+    fn hits(v: __m128i, utf8: bool) -> __m128i {
+        let low = match utf8 {
+            true => _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)),
+            false => _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1f)), v),
+        };
+        let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"'.cast_signed()));
+        let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\'.cast_signed()));
+        _mm_or_si128(_mm_or_si128(quote, backslash), low)
+    }
+
+    /// The flagged bytes of a 16-byte chunk as bits, lowest byte first.
+    #[target_feature(enable = "sse2")]
+    #[inline]
+    fn mask(chunk: &[u8; 16], utf8: bool) -> u64 {
+        // SAFETY: the chunk is 16 readable bytes and `_mm_loadu_si128` is an unaligned load.
+        let v = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
+        u64::from(_mm_movemask_epi8(hits(v, utf8)).cast_unsigned() & 0xffff)
+    }
+
+    /// The first stop: 64 bytes a step while they last (four masks, one test), then 16 bytes a step; the tail
+    /// shorter than 16 bytes goes to the byte-at-a-time definition.
+    #[target_feature(enable = "sse2")]
+    fn first(bytes: &[u8], utf8: bool) -> Option<usize> {
+        let mut at = 0usize;
+        let (blocks, rest) = bytes.as_chunks::<64>();
+        for block in blocks {
+            let (quarters, _) = block.as_chunks::<16>();
+            let mut found = 0u64;
+            for (q, shift) in quarters.iter().zip([0u32, 16, 32, 48]) {
+                found |= mask(q, utf8) << shift;
+            }
+            if found != 0 {
+                return Some(at.saturating_add(found.trailing_zeros() as usize));
+            }
+            at = at.saturating_add(64);
+        }
+        let (chunks, tail) = rest.as_chunks::<16>();
+        for chunk in chunks {
+            let m = mask(chunk, utf8);
+            if m != 0 {
+                return Some(at.saturating_add(m.trailing_zeros() as usize));
+            }
+            at = at.saturating_add(16);
+        }
+        let simple = match utf8 {
+            true => super::string_stop_utf8_simple,
+            false => super::string_stop_simple,
+        };
+        simple(tail).map(|i| at.saturating_add(i))
     }
 }
