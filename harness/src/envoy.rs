@@ -82,8 +82,7 @@ pub fn phases_native_module() -> PathBuf {
     repo_root().join("target/release/libllmroute_native_phases.so")
 }
 
-/// The environment variable the native bench build reads its last phase from (`native/src/lib.rs`).
-pub const BENCH_PHASE_ENV: &str = "LLMROUTE_BENCH_PHASE";
+pub use llmroute_core::envoy_contract::BENCH_PHASE_ENV;
 
 /// The bench-only module whose later phases a VM configuration switches off (`make build-phases`, feature
 /// `bench-phases`).

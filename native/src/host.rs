@@ -141,7 +141,9 @@ impl Host for NativeHost {
             // Bench builds only (`make native-phases`): a dynamic module has no VM configuration, so the last phase
             // to run (see `llmroute_filter::phases`) comes from the Envoy process's environment.
             #[cfg(feature = "bench-phases")]
-            BufferType::VmConfiguration => Ok(std::env::var(crate::BENCH_PHASE_ENV).ok().map(|v| range(v.as_bytes()))),
+            BufferType::VmConfiguration => Ok(std::env::var(llmroute_core::envoy_contract::BENCH_PHASE_ENV)
+                .ok()
+                .map(|v| range(v.as_bytes()))),
             BufferType::HttpRequestBody | BufferType::HttpResponseBody => {
                 let filter = stream("get_buffer")?;
                 if !head_edit::flush() {

@@ -30,8 +30,3 @@ mod streams;
 #[cfg(test)]
 mod tests;
 mod wasm_imports;
-
-/// Bench builds only: the environment variable that names the last phase a request runs (`host.rs`; the overhead
-/// bench sets it, `harness/src/bench/phases.rs`).
-#[cfg(feature = "bench-phases")]
-const BENCH_PHASE_ENV: &str = "LLMROUTE_BENCH_PHASE";

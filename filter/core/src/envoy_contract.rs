@@ -55,6 +55,10 @@ pub fn stat_token(name: &str) -> String {
     format!("{safe}~{:08x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32)
 }
 
+/// The native bench build's last phase of a request (`make native-phases`): a dynamic module has no VM
+/// configuration, so the overhead bench names the phase in this environment variable of the Envoy process.
+pub const BENCH_PHASE_ENV: &str = "LLMROUTE_BENCH_PHASE";
+
 /// The downstream role's root id, which is also its plugin name and `vm_id`.
 pub const ROOT_ID: &str = "llmroute";
 /// The upstream role's root id and `vm_id`: the filter on the failover aggregates, which rewrites `model` per

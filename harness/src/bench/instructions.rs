@@ -159,14 +159,14 @@ async fn count_row(
         let requests = prepare(size, 8, settings.seed);
         send(client, &url, &requests, settings.warmup).await.map_err(failed)?;
         if dump == 0 {
-            control(pid, "-i", "on")?;
+            control(pid, &["-i", "on"])?;
             send(client, &url, &requests, settings.warmup.div_ceil(4))
                 .await
                 .map_err(failed)?;
         }
-        control(pid, "-z", "")?;
+        control(pid, &["-z"])?;
         send(client, &url, &requests, settings.requests).await.map_err(failed)?;
-        control(pid, "-d", "")?;
+        control(pid, &["-d"])?;
         let files = dumps(dir, &format!("row{index}.{pid}.{}", dump + 1))?;
         rows.push(row_of(name, size, &files, settings.requests, attribute)?);
     }
@@ -213,21 +213,18 @@ async fn send(client: &reqwest::Client, url: &str, requests: &Arc<[Prepared]>, n
     Ok(())
 }
 
-/// `callgrind_control FLAG [ARG] PID`.
-fn control(pid: u32, flag: &str, arg: &str) -> Result<(), String> {
-    let mut c = Command::new("callgrind_control");
-    c.arg(flag);
-    if !arg.is_empty() {
-        c.arg(arg);
-    }
-    let out = c
+/// `callgrind_control ARGS... PID`.
+fn control(pid: u32, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args(args)
         .arg(pid.to_string())
         .output()
         .map_err(|e| format!("callgrind_control (valgrind's): {e}"))?;
     match out.status.success() {
         true => Ok(()),
         false => Err(format!(
-            "callgrind_control {flag} {arg} {pid}: {}",
+            "callgrind_control {} {pid}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         )),
     }
@@ -235,7 +232,6 @@ fn control(pid: u32, flag: &str, arg: &str) -> Result<(), String> {
 
 /// The files of the dump `stem` (`<prefix>.<pid>.<dump>`, one file per thread).
 fn dumps(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, String> {
-    let want = stem.to_string();
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
         let path = entry.map_err(|e| e.to_string())?.path();
@@ -243,7 +239,7 @@ fn dumps(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, String> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if name == want || name.starts_with(&format!("{want}-")) {
+        if name == stem || name.strip_prefix(stem).is_some_and(|rest| rest.starts_with('-')) {
             files.push(path);
         }
     }

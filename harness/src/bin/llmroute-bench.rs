@@ -306,16 +306,7 @@ fn replicas(args: &ReplicasArgs) -> ExitCode {
         "## Placement: how often two replicas disagree (`llmroute-bench replicas`)\n\n{}\n\n{table}",
         replicas::EXPLAINER
     );
-    match sections::write(&args.out, "replicas", &body) {
-        Ok(()) => {
-            println!("wrote the replicas section of {}", args.out.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("llmroute-bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    write_section(&args.out, "replicas", &body)
 }
 
 fn new_key(args: &NewKeyArgs) -> ExitCode {
@@ -336,16 +327,7 @@ fn new_key(args: &NewKeyArgs) -> ExitCode {
     };
     let md = new_key::markdown(&outcome, &machine);
     println!("{md}");
-    match sections::write(&args.out, "placement-store-cost", &md) {
-        Ok(()) => {
-            println!("wrote the placement-store-cost section of {}", args.out.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("llmroute-bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    write_section(&args.out, "placement-store-cost", &md)
 }
 
 fn chaos_settings(seed: u64, rps: u32, seconds: u64, base_ejection_ms: u64) -> chaos::Settings {
@@ -525,6 +507,20 @@ fn profile(args: &ProfileArgs) -> ExitCode {
     }
 }
 
+/// Writes the section `name` of `out` (see `sections`) and says so.
+fn write_section(out: &Path, name: &str, body: &str) -> ExitCode {
+    match sections::write(out, name, body) {
+        Ok(()) => {
+            println!("wrote the {name} section of {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("llmroute-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn instructions(args: &InstructionsArgs) -> ExitCode {
     let settings = instructions::Settings {
         sizes: args.sizes.clone(),
@@ -543,16 +539,7 @@ fn instructions(args: &InstructionsArgs) -> ExitCode {
             if args.no_doc {
                 return ExitCode::SUCCESS;
             }
-            match sections::write(&args.out, "instructions", &md) {
-                Ok(()) => {
-                    println!("wrote the instructions section of {}", args.out.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("llmroute-bench: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            write_section(&args.out, "instructions", &md)
         }
         Err(e) => {
             eprintln!("llmroute-bench: {e}");
